@@ -1,0 +1,22 @@
+"""Shared test configuration: hypothesis profiles and paths to ../shared."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("dev", max_examples=100, deadline=None)
+settings.register_profile(
+    "soak", max_examples=5_000, deadline=None, suppress_health_check=list(HealthCheck)
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = Path(os.environ.get("TRIO_BACKPLANE_SHARED", REPO.parent / "shared"))
+FIXTURES = SHARED / "fixtures"
+BENCH = SHARED / "bench"

@@ -1,0 +1,994 @@
+"""The schema boundary's behaviours, one test (or more) per SCH item."""
+
+from __future__ import annotations
+
+import copy
+import socket
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+import pytest
+
+from trio_backplane import Error, ErrorClass
+from trio_backplane.schema import (
+    Limits,
+    SchemaOptions,
+    cache_clear,
+    cache_info,
+    check_bounds,
+    compile,
+    compile_output,
+    validate,
+    validate_output,
+    validate_schema,
+)
+
+D2020 = "https://json-schema.org/draft/2020-12/schema"
+D07 = "http://json-schema.org/draft-07/schema#"
+
+
+def refused(exc: pytest.ExceptionInfo[Error], cls: ErrorClass) -> dict[str, Any]:
+    assert exc.value.error_class is cls, exc.value
+    return dict(exc.value.details)
+
+
+def nested(depth: int, leaf: Any = None) -> dict[str, Any]:
+    """A schema of ``depth`` JSON levels: {"not": {"not": ... {}}}."""
+    schema: dict[str, Any] = {} if leaf is None else leaf
+    for _ in range(depth - 1):
+        schema = {"not": schema}
+    return schema
+
+
+# -- dialects and vocabularies ---------------------------------------------
+
+
+@pytest.mark.parametrize("declared", [None, D2020, D2020 + "#"])
+def test_sch_01_default_and_exact_dialect(declared: str | None) -> None:
+    """SCH-01: no $schema, or the exact 2020-12 URI with or without '#'."""
+    schema: dict[str, Any] = {"type": "object", "prefixItems": [{"type": "string"}]}
+    if declared:
+        schema["$schema"] = declared
+    # prefixItems exists only in 2020-12: it must bite
+    schema = {**schema, "properties": {"a": {"prefixItems": [{"type": "string"}]}}}
+    validate(schema, {"a": ["x"]})
+    with pytest.raises(Error) as exc:
+        validate(schema, {"a": [1]})
+    refused(exc, ErrorClass.VALIDATION)
+
+
+@pytest.mark.parametrize(
+    "declared",
+    [
+        "http://json-schema.org/draft-04/schema#",
+        "http://json-schema.org/draft-06/schema#",
+        D07,
+        "https://json-schema.org/draft/2019-09/schema",
+        "http://json-schema.org/draft/2020-12/schema",
+        "https://json-schema.org/draft/2020-12/schema/",
+        "https://example.test/my-dialect",
+    ],
+)
+def test_sch_02_other_dialects_are_unsupported(declared: str) -> None:
+    """SCH-02: older drafts and near misses raise unsupported_capability."""
+    with pytest.raises(Error) as exc:
+        validate_schema({"$schema": declared, "type": "object"})
+    assert refused(exc, ErrorClass.UNSUPPORTED_CAPABILITY)["schema"] == declared
+
+
+def test_sch_02_custom_metaschema_from_registry_is_2020_12() -> None:
+    """SCH-02: a registry meta-schema whose own $schema is 2020-12 is accepted."""
+    meta = {
+        "$schema": D2020,
+        "$id": "https://example.test/meta",
+        "$vocabulary": {
+            "https://json-schema.org/draft/2020-12/vocab/core": True,
+            "https://json-schema.org/draft/2020-12/vocab/applicator": True,
+            "https://json-schema.org/draft/2020-12/vocab/validation": True,
+        },
+        "$dynamicAnchor": "meta",
+        "allOf": [
+            {"$ref": "https://json-schema.org/draft/2020-12/meta/core"},
+            {"$ref": "https://json-schema.org/draft/2020-12/meta/applicator"},
+            {"$ref": "https://json-schema.org/draft/2020-12/meta/validation"},
+        ],
+    }
+    registry = {"https://example.test/meta": meta}
+    schema = {"$schema": "https://example.test/meta", "properties": {"n": {"maximum": 3}}}
+    validate(schema, {"n": 2}, schema_registry=registry)
+    with pytest.raises(Error) as exc:
+        validate(schema, {"n": 4}, schema_registry=registry)
+    refused(exc, ErrorClass.VALIDATION)
+    # a meta-schema of another dialect is not a custom 2020-12 dialect
+    registry07 = {"https://example.test/meta": {**meta, "$schema": D07}}
+    with pytest.raises(Error) as exc:
+        validate_schema(schema, schema_registry=registry07)
+    refused(exc, ErrorClass.UNSUPPORTED_CAPABILITY)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": {"a": {"$schema": D07, "type": "string"}}},
+        {"type": "object", "$defs": {"old": {"$id": "old", "$schema": D07}}},
+        {
+            "type": "object",
+            "anyOf": [{"type": "object"}, {"not": {"$schema": "urn:unknown", "type": "null"}}],
+        },
+    ],
+)
+def test_sch_03_unsupported_dialect_anywhere(schema: dict[str, Any]) -> None:
+    """SCH-03: a nested, $defs or unreachable-branch $schema is refused at preflight."""
+    with pytest.raises(Error) as exc:
+        validate_schema(schema)
+    refused(exc, ErrorClass.UNSUPPORTED_CAPABILITY)
+
+
+def test_sch_03_referenced_registry_entries_only() -> None:
+    """SCH-03: registry entries are checked only when referenced."""
+    registry = {
+        "https://example.test/old": {"$schema": D07, "type": "string"},
+        "https://example.test/new": {"type": "string"},
+    }
+    schema = {"properties": {"a": {"$ref": "https://example.test/new"}}}
+    validate(schema, {"a": "x"}, schema_registry=registry)
+    with pytest.raises(Error) as exc:
+        validate_schema(
+            {"properties": {"a": {"$ref": "https://example.test/old"}}},
+            schema_registry=registry,
+        )
+    refused(exc, ErrorClass.UNSUPPORTED_CAPABILITY)
+
+
+def _meta(vocabulary: dict[str, bool], uri: str = "https://example.test/meta") -> dict[str, Any]:
+    return {
+        "$schema": D2020,
+        "$id": uri,
+        "$vocabulary": {"https://json-schema.org/draft/2020-12/vocab/core": True, **vocabulary},
+        "$dynamicAnchor": "meta",
+        "allOf": [{"$ref": "https://json-schema.org/draft/2020-12/meta/core"}],
+    }
+
+
+def test_sch_04_required_unknown_vocabulary() -> None:
+    """SCH-04: an unknown required vocabulary is unsupported; an optional one is ignored."""
+    schema = {"$schema": "https://example.test/meta", "type": "object"}
+    required = {"https://example.test/meta": _meta({"https://example.test/vocab/x": True})}
+    with pytest.raises(Error) as exc:
+        validate_schema(schema, schema_registry=required)
+    assert refused(exc, ErrorClass.UNSUPPORTED_CAPABILITY)["vocabulary"] == (
+        "https://example.test/vocab/x"
+    )
+    optional = {"https://example.test/meta": _meta({"https://example.test/vocab/x": False})}
+    validate_schema(schema, schema_registry=optional)
+
+
+def test_sch_05_format_assertion_vocabulary() -> None:
+    """SCH-05: supported vocabularies; a required format-assertion vocabulary asserts format."""
+    vocab = "https://json-schema.org/draft/2020-12/vocab/"
+    meta = _meta(
+        {
+            vocab + "applicator": True,
+            vocab + "validation": True,
+            vocab + "unevaluated": True,
+            vocab + "meta-data": True,
+            vocab + "content": True,
+            vocab + "format-assertion": True,
+        }
+    )
+    schema = {"$schema": "https://example.test/meta", "properties": {"ip": {"format": "ipv4"}}}
+    registry = {"https://example.test/meta": meta}
+    validate(schema, {"ip": "10.0.0.1"}, schema_registry=registry)
+    with pytest.raises(Error) as exc:
+        validate(schema, {"ip": "nope"}, schema_registry=registry, format_assertion=False)
+    refused(exc, ErrorClass.VALIDATION)
+
+
+# -- roots -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("root", [True, False])
+def test_sch_06_boolean_root(root: bool) -> None:
+    """SCH-06: a boolean tool-schema root is unsupported (root_not_object)."""
+    with pytest.raises(Error) as exc:
+        validate_schema(root)
+    assert refused(exc, ErrorClass.UNSUPPORTED_CAPABILITY)["reason"] == "root_not_object"
+
+
+@pytest.mark.parametrize("root", [[], "object", None, 3, ("type", "object")])
+def test_sch_06_non_mapping_root(root: Any) -> None:
+    """SCH-06: any other non-mapping root raises validation."""
+    with pytest.raises(Error) as exc:
+        validate_schema(root)
+    refused(exc, ErrorClass.VALIDATION)
+
+
+@pytest.mark.parametrize("root", [{}, {"type": "object"}, {"type": ["object"]}])
+def test_sch_07_object_roots(root: dict[str, Any]) -> None:
+    """SCH-07: missing type, "object" or ["object"] is accepted."""
+    validate_schema(root)
+
+
+@pytest.mark.parametrize("kind", ["array", "string", ["object", "null"], ["null"], []])
+def test_sch_07_other_root_types(kind: Any) -> None:
+    """SCH-07: any other root type raises unsupported_capability root_not_object."""
+    with pytest.raises(Error) as exc:
+        validate_schema({"type": kind})
+    assert refused(exc, ErrorClass.UNSUPPORTED_CAPABILITY)["reason"] == "root_not_object"
+
+
+def test_sch_08_boolean_subschemas() -> None:
+    """SCH-08: nested boolean subschemas."""
+    schema = {"properties": {"x": False, "y": True}}
+    validate(schema, {"y": [1, {"z": None}]})
+    with pytest.raises(Error) as exc:
+        validate(schema, {"x": 1})
+    refused(exc, ErrorClass.VALIDATION)
+
+
+# -- arguments -----------------------------------------------------------------
+
+
+def test_sch_09_returns_the_same_object_unchanged() -> None:
+    """SCH-09: the very object comes back, deep-equal to a copy taken before."""
+    schema = {
+        "properties": {"a": {"type": "integer", "default": 3}, "b": {"type": "string"}},
+        "required": ["b"],
+    }
+    arguments = {"b": "x", "extra": [1, {"k": None}]}
+    before = copy.deepcopy(arguments)
+    assert validate(schema, arguments) is arguments
+    assert compile(schema).validate(arguments) is arguments
+    assert arguments == before
+
+
+def test_sch_10_no_defaults_no_coercion_no_trimming() -> None:
+    """SCH-10: no default inserted, no coercion, unknown properties kept."""
+    schema = {"properties": {"n": {"type": "integer", "default": 5}}}
+    arguments: dict[str, Any] = {"unknown": True}
+    validate(schema, arguments)
+    assert arguments == {"unknown": True}
+    with pytest.raises(Error) as exc:
+        validate(schema, {"n": "5"})
+    refused(exc, ErrorClass.VALIDATION)
+
+
+class _Sub(dict[str, Any]):
+    pass
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        [],
+        "x",
+        None,
+        _Sub(a=1),
+        {"a": (1, 2)},
+        {"a": {1, 2}},
+        {"a": b"bytes"},
+        {1: "non-str key"},
+        {"a": {"b": {2: 3}}},
+        {"a": float("nan")},
+        {"a": [float("inf")]},
+        {"a": -float("inf")},
+        {"a": "\ud800"},
+        {"a": object()},
+    ],
+)
+def test_sch_11_non_json_arguments(arguments: Any) -> None:
+    """SCH-11: non-mappings and values outside the JSON data model raise validation."""
+    evaluated: list[Any] = []
+
+    class Spy:
+        def __init__(self, parent: Any, value: Any, path: Any) -> None:
+            pass
+
+        def validate(self, instance: Any) -> None:  # pragma: no cover - must not run
+            evaluated.append(instance)
+
+    with pytest.raises(Error) as exc:
+        validate({"type": "object"}, arguments)
+    refused(exc, ErrorClass.VALIDATION)
+    assert evaluated == []
+
+
+def test_sch_12_bool_is_not_a_number() -> None:
+    """SCH-12: True is not an integer or a number, distinct from 1; 1 == 1.0."""
+    for kind in ("integer", "number"):
+        with pytest.raises(Error):
+            validate({"properties": {"v": {"type": kind}}}, {"v": True})
+    with pytest.raises(Error):
+        validate({"properties": {"v": {"enum": [1]}}}, {"v": True})
+    with pytest.raises(Error):
+        validate({"properties": {"v": {"const": True}}}, {"v": 1})
+    validate({"properties": {"v": {"uniqueItems": True}}}, {"v": [1, True]})
+    validate({"properties": {"v": {"const": 1}}}, {"v": 1.0})
+    validate({"properties": {"v": {"type": "integer"}}}, {"v": 1.0})
+
+
+def test_sch_13_format_is_annotation_by_default() -> None:
+    """SCH-13: format annotates unless format_assertion=True."""
+    schema = {"properties": {"e": {"format": "email"}}}
+    validate(schema, {"e": "not an email"})
+    with pytest.raises(Error) as exc:
+        validate(schema, {"e": "not an email"}, format_assertion=True)
+    refused(exc, ErrorClass.VALIDATION)
+    validate(schema, {"e": "a@example.test"}, format_assertion=True)
+
+
+def test_sch_14_content_keywords() -> None:
+    """SCH-14: content keywords annotate by default, assert when asked, never decode."""
+    schema = {
+        "properties": {
+            "blob": {"contentEncoding": "base64"},
+            "doc": {
+                "contentMediaType": "application/json",
+                "contentSchema": {"type": "object", "required": ["k"]},
+            },
+        }
+    }
+    bad = {"blob": "not base64!", "doc": "[1"}
+    assert validate(schema, bad) == {"blob": "not base64!", "doc": "[1"}
+    with pytest.raises(Error) as exc:
+        validate(schema, {"blob": "not base64!"}, content_assertion=True)
+    refused(exc, ErrorClass.VALIDATION)
+    with pytest.raises(Error):
+        validate(schema, {"doc": "[1"}, content_assertion=True)
+    with pytest.raises(Error):
+        validate(schema, {"doc": '{"other": 1}'}, content_assertion=True)
+    good = {"blob": "aGVsbG8=", "doc": '{"k": 1}'}
+    assert validate(schema, good, content_assertion=True) == {
+        "blob": "aGVsbG8=",
+        "doc": '{"k": 1}',
+    }
+    with pytest.raises(Error) as exc:
+        validate_schema({"properties": {"x": {"contentEncoding": "rot13"}}}, content_assertion=True)
+    refused(exc, ErrorClass.UNSUPPORTED_CAPABILITY)
+
+
+def test_sch_15_unknown_keywords_are_annotations() -> None:
+    """SCH-15: x-mcp-header and typos annotate and change no verdict."""
+    schema = {"properties": {"a": {"type": "string", "x-mcp-header": "A", "maxLenght": 1}}}
+    validate(schema, {"a": "long string"})
+    with pytest.raises(Error):
+        validate(schema, {"a": 1})
+
+
+# -- references ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "ref", ["https://example.test/s.json", "http://example.test/s", "file:///etc/passwd", "other.json"]
+)
+def test_sch_16_external_reference_needs_a_loader(ref: str) -> None:
+    """SCH-16: a non-local reference without registry or loader is refused at preflight."""
+    with pytest.raises(Error) as exc:
+        validate_schema({"properties": {"a": {"$ref": ref}}})
+    details = refused(exc, ErrorClass.VALIDATION)
+    assert details["reference"] == ref
+    assert exc.value.message == "external schema reference requires an explicit loader"
+
+
+def test_sch_16_bundled_metaschema_is_not_external() -> None:
+    """SCH-16: a reference to the bundled 2020-12 meta-schema needs no loader."""
+    schema = {"properties": {"s": {"$ref": D2020}}}
+    validate(schema, {"s": {"type": "string"}})
+    with pytest.raises(Error):
+        validate(schema, {"s": {"type": 12}})
+
+
+def test_sch_17_registry_resolves() -> None:
+    """SCH-17: a registry entry resolves and its constraint applies."""
+    registry = {"https://example.test/name": {"type": "string"}}
+    schema = {"properties": {"n": {"$ref": "https://example.test/name"}}}
+    validate(schema, {"n": "x"}, schema_registry=registry)
+    with pytest.raises(Error) as exc:
+        validate(schema, {"n": 1}, schema_registry=registry)
+    refused(exc, ErrorClass.VALIDATION)
+
+
+def test_sch_18_loader_gets_uri_without_fragment() -> None:
+    """SCH-18: the loader sees the URI without fragment; registry + loader is refused."""
+    seen: list[str] = []
+
+    def loader(uri: str) -> Any:
+        seen.append(uri)
+        return {"$defs": {"n": {"type": "integer"}}}
+
+    schema = {"properties": {"n": {"$ref": "https://example.test/defs.json#/$defs/n"}}}
+    validate(schema, {"n": 1}, schema_loader=loader)
+    assert seen == ["https://example.test/defs.json"]
+    with pytest.raises(Error):
+        validate(schema, {"n": "x"}, schema_loader=loader)
+    with pytest.raises(Error) as exc:
+        validate_schema(schema, schema_registry={}, schema_loader=loader)
+    refused(exc, ErrorClass.VALIDATION)
+
+
+@pytest.mark.parametrize("outcome", ["raise", "list", "string", "none"])
+def test_sch_19_failing_loader(outcome: str) -> None:
+    """SCH-19: a loader that raises or returns a non-schema is execution_failure."""
+
+    def loader(uri: str) -> Any:
+        if outcome == "raise":
+            raise OSError("disk on fire")
+        return {"list": [], "string": "{}", "none": None}[outcome]
+
+    ref = "https://example.test/x.json"
+    with pytest.raises(Error) as exc:
+        validate_schema({"$ref": ref}, schema_loader=loader)
+    details = refused(exc, ErrorClass.EXECUTION_FAILURE)
+    assert details["reference"] == ref
+    assert exc.value.message == "external schema reference could not be loaded"
+
+
+@pytest.fixture
+def no_io(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Fail loudly on any socket or file open during the test."""
+    attempts: list[str] = []
+    import builtins
+    import io
+
+    def refuse(what: str) -> Any:
+        def blocked(*args: Any, **kwargs: Any) -> Any:
+            attempts.append(f"{what}{args[:1]}")
+            raise AssertionError(f"{what} attempted")
+
+        return blocked
+
+    monkeypatch.setattr(socket, "socket", refuse("socket"))
+    monkeypatch.setattr(socket, "create_connection", refuse("connect"))
+    monkeypatch.setattr(urllib.request, "urlopen", refuse("urlopen"))
+    monkeypatch.setattr(builtins, "open", refuse("open"))
+    monkeypatch.setattr(io, "open", refuse("io.open"))
+    yield attempts
+
+
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "http://127.0.0.1:9/x.json",
+        "https://example.test/x",
+        "file:///etc/hostname",
+        "/etc/hostname",
+        "x.json",
+        "#/$defs/missing",
+    ],
+)
+def test_sch_20_no_network_or_file_access(no_io: list[str], ref: str) -> None:
+    """SCH-20: compile never opens a connection or a file, whatever the options."""
+    for options in ({}, {"schema_registry": {}}, {"allow_external_refs": False}):
+        with pytest.raises(Error):
+            validate_schema({"$defs": {"unused": {"$ref": ref}}}, **options)
+    # the metaschema and unknown $schema URLs are never fetched either
+    with pytest.raises(Error):
+        validate_schema({"$schema": "https://example.test/dialect", "type": "object"})
+    assert no_io == []
+
+
+@pytest.mark.parametrize("ref", ["#/$defs/missing", "#nowhere", "#/properties/a/items"])
+def test_sch_21_local_reference_must_resolve(ref: str) -> None:
+    """SCH-21: unresolved local references fail validate_schema, even unused."""
+    with pytest.raises(Error) as exc:
+        validate_schema({"properties": {"a": {}}, "$defs": {"unused": {"$ref": ref}}})
+    assert refused(exc, ErrorClass.VALIDATION)["reference"] == ref
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"properties": {"a": {"minimum": "3"}}},
+        {"required": "a"},
+        {"properties": {"a": {"type": "strin"}}},
+        {"properties": {"a": {"minLength": -1}}},
+        {"properties": 5},
+    ],
+)
+def test_sch_22_metaschema_violations(schema: dict[str, Any]) -> None:
+    """SCH-22: a schema that breaks the Draft 2020-12 meta-schema raises validation."""
+    with pytest.raises(Error) as exc:
+        validate_schema(schema)
+    refused(exc, ErrorClass.VALIDATION)
+
+
+def test_sch_23_error_entries() -> None:
+    """SCH-23: each failure is {instance_path, schema_path, keyword, message}."""
+    schema = {
+        "properties": {
+            "n": {"type": "integer", "maximum": 3},
+            "tags": {"items": {"type": "string"}},
+        },
+        "required": ["id"],
+    }
+    with pytest.raises(Error) as exc:
+        validate(schema, {"n": 7, "tags": ["ok", 2]})
+    errors = refused(exc, ErrorClass.VALIDATION)["errors"]
+    by_keyword = {e["keyword"]: e for e in errors}
+    assert set(by_keyword) == {"maximum", "type", "required"}
+    assert by_keyword["maximum"]["instance_path"] == "/n"
+    assert by_keyword["maximum"]["schema_path"] == "/properties/n/maximum"
+    assert by_keyword["type"]["instance_path"] == "/tags/1"
+    assert by_keyword["required"]["instance_path"] == ""
+    assert all(set(e) == {"instance_path", "schema_path", "keyword", "message"} for e in errors)
+    assert all(isinstance(e["message"], str) and e["message"] for e in errors)
+
+
+def test_sch_23_error_entries_are_bounded() -> None:
+    """SCH-23: the entry list is bounded; the count says how many there were."""
+    schema = {"additionalProperties": {"type": "string"}}
+    arguments = {f"k{i}": i for i in range(100)}
+    with pytest.raises(Error) as exc:
+        validate(schema, arguments)
+    details = refused(exc, ErrorClass.VALIDATION)
+    assert len(details["errors"]) == 16
+    assert details["error_count"] == 100
+
+
+def test_sch_24_every_branch_is_preflighted() -> None:
+    """SCH-24: a malformed pattern in an anyOf branch no argument reaches fails preflight."""
+    schema = {
+        "properties": {"a": {"type": "string"}},
+        "anyOf": [{"type": "object"}, {"properties": {"never": {"pattern": "(unclosed"}}}],
+        "$defs": {"absent": {"properties": {"x": {"minimum": "1"}}}},
+    }
+    with pytest.raises(Error) as exc:
+        validate_schema(schema)
+    refused(exc, ErrorClass.VALIDATION)
+    del schema["anyOf"]
+    with pytest.raises(Error):
+        validate_schema(schema)
+
+
+# -- patterns ------------------------------------------------------------------------
+
+
+def test_sch_25_pattern_search_and_dollar() -> None:
+    """SCH-25: patterns search; $ matches only at the end of input."""
+    validate({"properties": {"s": {"pattern": "b"}}}, {"s": "abc"})
+    validate({"patternProperties": {"b": {"type": "integer"}}}, {"abc": 1})
+    with pytest.raises(Error):
+        validate({"patternProperties": {"b": {"type": "integer"}}}, {"abc": "x"})
+    with pytest.raises(Error):
+        validate({"properties": {"s": {"pattern": "^abc$"}}}, {"s": "abc\n"})
+
+
+def test_sch_26_ecma_digit_and_dot() -> None:
+    """SCH-26: \\d is ASCII only; . matches no line terminator."""
+    digit = {"properties": {"s": {"pattern": "^\\d$"}}}
+    validate(digit, {"s": "7"})
+    with pytest.raises(Error):
+        validate(digit, {"s": "\u0663"})
+    dot = {"properties": {"s": {"pattern": "^.$"}}}
+    validate(dot, {"s": "x"})
+    for terminator in ("\n", "\r", "\u2028", "\u2029"):
+        with pytest.raises(Error):
+            validate(dot, {"s": terminator})
+
+
+@pytest.mark.parametrize("pattern", ["(?P<n>a)", "(?i)abc", "\\Aabc\\z", "a++", "[[:alpha:]]"])
+def test_sch_27_non_ecma_patterns(pattern: str) -> None:
+    """SCH-27: non-ECMA-262 pattern syntax raises validation at preflight."""
+    with pytest.raises(Error) as exc:
+        validate_schema({"properties": {"s": {"pattern": pattern}}})
+    refused(exc, ErrorClass.VALIDATION)
+    with pytest.raises(Error):
+        validate_schema({"patternProperties": {pattern: {}}})
+
+
+def test_sch_28_pattern_length() -> None:
+    """SCH-28: patterns over 1 024 UTF-8 bytes are pattern_too_long."""
+    ok = "a" * 1024
+    validate_schema({"properties": {"s": {"pattern": ok}}})
+    for too_long in ("a" * 1025, "\u00e9" * 513):
+        with pytest.raises(Error) as exc:
+            validate_schema({"properties": {"s": {"pattern": too_long}}})
+        details = refused(exc, ErrorClass.EXECUTION_FAILURE)
+        assert details["reason"] == "pattern_too_long"
+        with pytest.raises(Error) as exc:
+            validate_schema({"patternProperties": {too_long: {}}})
+        assert refused(exc, ErrorClass.EXECUTION_FAILURE)["reason"] == "pattern_too_long"
+
+
+EXPLOSIVE = "^(\\w+\\s?)*$(?<=x)"  # backtracking only: lookbehind defeats the linear engine
+VICTIM = "a" * 40 + "!"
+
+
+def test_sch_29_regex_work_limit() -> None:
+    """SCH-29: exhausting the regex work limit is execution_failure, not a mismatch."""
+    with pytest.raises(Error) as exc:
+        validate({"properties": {"s": {"pattern": EXPLOSIVE}}}, {"s": VICTIM})
+    assert refused(exc, ErrorClass.EXECUTION_FAILURE)["reason"] == "regex_work_limit"
+
+
+@pytest.mark.parametrize(
+    "wrap",
+    [
+        lambda p: {"not": p},
+        lambda p: {"anyOf": [p, {"type": "integer"}]},
+        lambda p: {"oneOf": [p, {"type": "integer"}]},
+        lambda p: {"if": p, "then": {"minLength": 100}},
+        lambda p: {"if": p, "then": True, "else": {"minLength": 100}},
+    ],
+)
+def test_sch_30_regex_failure_propagates(wrap: Any) -> None:
+    """SCH-30: a work-limit failure propagates through not, anyOf, oneOf and if."""
+    schema = {"properties": {"s": wrap({"pattern": EXPLOSIVE})}}
+    with pytest.raises(Error) as exc:
+        validate(schema, {"s": VICTIM})
+    refused(exc, ErrorClass.EXECUTION_FAILURE)
+
+
+# -- limits -------------------------------------------------------------------------
+
+
+def test_sch_31_schema_depth() -> None:
+    """SCH-31: 129 JSON levels raise too_deep under the host preset; 128 pass the limit."""
+    deep = {"properties": {"a": nested(127)}}  # root + properties object + 127 = 129
+    with pytest.raises(Error) as exc:
+        validate_schema(deep)
+    details = refused(exc, ErrorClass.EXECUTION_FAILURE)
+    assert {k: details[k] for k in ("reason", "limit", "maximum")} == {
+        "reason": "too_deep",
+        "limit": "max_json_depth",
+        "maximum": 128,
+    }
+    assert exc.value.message == "JSON Schema resource limit exceeded"
+    # exactly 128 levels pass the JSON-depth limit (the subschema depth, 127, too)
+    validate_schema({"properties": {"a": nested(126)}})
+
+
+def _deep_list(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def test_sch_32_argument_depth() -> None:
+    """SCH-32: arguments nested 129 levels raise input_too_deep before evaluation."""
+    recursive = {"properties": {"a": {"$ref": "#/$defs/any"}}, "$defs": {"any": {"items": {"$ref": "#/$defs/any"}}}}
+    validate(recursive, {"a": _deep_list(127)})  # root + 127 = 128
+    with pytest.raises(Error) as exc:
+        validate(recursive, {"a": _deep_list(128)})
+    details = refused(exc, ErrorClass.EXECUTION_FAILURE)
+    assert details["reason"] == "input_too_deep"
+    assert details["limit"] == "max_input_depth"
+
+
+def test_sch_33_host_preset_sizes_and_counts() -> None:
+    """SCH-33: too_large, too_many_subschemas, too_many_refs, input_too_large."""
+    big = {"description": "x" * 1_048_576}
+    with pytest.raises(Error) as exc:
+        validate_schema(big)
+    assert refused(exc, ErrorClass.EXECUTION_FAILURE)["reason"] == "too_large"
+    many = {"allOf": [True] * 100_000}  # + root = 100 001 subschemas in ~500 KB
+    with pytest.raises(Error) as exc:
+        validate_schema(many)
+    assert refused(exc, ErrorClass.EXECUTION_FAILURE)["reason"] == "too_many_subschemas"
+    refs = {"$defs": {"t": {}}, "allOf": [{"$ref": "#/$defs/t"}] * 10_001}
+    with pytest.raises(Error) as exc:
+        validate_schema(refs)
+    assert refused(exc, ErrorClass.EXECUTION_FAILURE)["reason"] == "too_many_refs"
+    with pytest.raises(Error) as exc:
+        validate({}, {"blob": "x" * 1_048_576})
+    details = refused(exc, ErrorClass.EXECUTION_FAILURE)
+    assert details["reason"] == "input_too_large"
+    assert details["maximum"] == 1_048_576
+
+
+def test_sch_34_limits_per_call() -> None:
+    """SCH-34: any Limits field is configurable per call and reported as maximum."""
+    tight = attrs.evolve(Limits(), max_input_depth=3, max_subschemas=5, max_pattern_bytes=4)
+    with pytest.raises(Error) as exc:
+        validate({}, {"a": [[[1]]]}, limits=tight)
+    validate({}, {"a": [[1]]}, limits=tight)
+    assert refused(exc, ErrorClass.EXECUTION_FAILURE)["maximum"] == 3
+    with pytest.raises(Error) as exc:
+        validate_schema({"properties": {str(i): {} for i in range(5)}}, limits=tight)
+    assert refused(exc, ErrorClass.EXECUTION_FAILURE)["maximum"] == 5
+    with pytest.raises(Error) as exc:
+        validate_schema({"properties": {"s": {"pattern": "abcde"}}}, limits=tight)
+    assert refused(exc, ErrorClass.EXECUTION_FAILURE)["maximum"] == 4
+    with pytest.raises(Error):
+        Limits(max_input_depth=0)
+    assert Limits() == Limits.host()
+    assert attrs.astuple(Limits.host()) == (128, 128, 100_000, 1_048_576, 10_000, 1_024, 128, 1_048_576)
+    assert attrs.astuple(Limits.mcp()) == (64, 32, 1_000, 262_144, 10_000, 1_024, 128, 1_048_576)
+
+
+def test_sch_35_no_recursion_error() -> None:
+    """SCH-35: 100 000 levels or a self-containing dict give a classed Error."""
+    deep_schema: dict[str, Any] = {}
+    for _ in range(100_000):
+        deep_schema = {"not": deep_schema}
+    with pytest.raises(Error) as exc:
+        validate_schema({"properties": {"a": deep_schema}})
+    refused(exc, ErrorClass.EXECUTION_FAILURE)
+    with pytest.raises(Error):
+        check_bounds(deep_schema)
+    loop: dict[str, Any] = {}
+    loop["not"] = loop
+    with pytest.raises(Error) as exc:
+        validate_schema(loop)
+    refused(exc, ErrorClass.EXECUTION_FAILURE)
+    arguments: dict[str, Any] = {}
+    arguments["self"] = arguments
+    with pytest.raises(Error) as exc:
+        validate({}, arguments)
+    refused(exc, ErrorClass.EXECUTION_FAILURE)
+    with pytest.raises(Error):
+        validate({}, {"a": _deep_list(100_000)})
+
+
+# -- check_bounds (spec 003) ------------------------------------------------------
+
+
+@pytest.mark.parametrize("ok", [{"type": "object"}, True, False])
+def test_sch_36_check_bounds_accepts(ok: Any) -> None:
+    """SCH-36: check_bounds returns None for an object schema and booleans."""
+    assert check_bounds(ok) is None
+
+
+@pytest.mark.parametrize("bad", [None, [], "schema", 3, 1.5])
+def test_sch_36_check_bounds_invalid_schema(bad: Any) -> None:
+    """SCH-36: anything else is validation invalid_schema."""
+    with pytest.raises(Error) as exc:
+        check_bounds(bad)
+    assert refused(exc, ErrorClass.VALIDATION)["reason"] == "invalid_schema"
+
+
+def _json_depth_schema(levels: int) -> dict[str, Any]:
+    """A schema whose JSON nesting is exactly ``levels`` (a nested examples value)."""
+    value: Any = []
+    for _ in range(levels - 2):
+        value = [value]
+    return {"examples": value}
+
+
+def test_sch_37_mcp_depths() -> None:
+    """SCH-37: more than 64 JSON levels or 32 subschema levels are too_deep; exactly pass."""
+    check_bounds(_json_depth_schema(64))
+    with pytest.raises(Error) as exc:
+        check_bounds(_json_depth_schema(65))
+    assert refused(exc, ErrorClass.EXECUTION_FAILURE)["reason"] == "too_deep"
+    check_bounds(nested(32))
+    with pytest.raises(Error) as exc:
+        check_bounds(nested(33))
+    details = refused(exc, ErrorClass.EXECUTION_FAILURE)
+    assert details["reason"] == "too_deep"
+    assert details["limit"] == "max_subschema_depth"
+
+
+def test_sch_38_mcp_subschema_count() -> None:
+    """SCH-38: more than 1 000 subschemas are too_many_subschemas; exactly 1 000 pass."""
+    check_bounds({"properties": {str(i): {} for i in range(999)}})
+    with pytest.raises(Error) as exc:
+        check_bounds({"properties": {str(i): {} for i in range(1000)}})
+    assert refused(exc, ErrorClass.EXECUTION_FAILURE)["reason"] == "too_many_subschemas"
+    # values inside enum, const, default, examples and unknown keywords do not count
+    check_bounds(
+        {
+            "properties": {str(i): {} for i in range(999)},
+            "enum": [{}] * 5000,
+            "x-extra": {"properties": {str(i): {} for i in range(5000)}},
+        }
+    )
+
+
+def test_sch_39_mcp_size() -> None:
+    """SCH-39: over 262 144 encoded bytes is too_large; exactly 262 144 pass."""
+    overhead = len('{"description":""}')
+    check_bounds({"description": "x" * (262_144 - overhead)})
+    with pytest.raises(Error) as exc:
+        check_bounds({"description": "x" * (262_144 - overhead + 1)})
+    assert refused(exc, ErrorClass.EXECUTION_FAILURE)["reason"] == "too_large"
+    # UTF-8 bytes, not characters
+    with pytest.raises(Error):
+        check_bounds({"description": "\u00e9" * ((262_144 - overhead) // 2 + 1)})
+
+
+@pytest.mark.parametrize(
+    "ref", ["http://169.254.169.254/", "file:other.json", "other.json", "https://a.test/x#/y"]
+)
+def test_sch_40_remote_refs(ref: str, no_io: list[str]) -> None:
+    """SCH-40: with allow_external_refs=False any non-'#' reference is remote_ref."""
+    for key in ("$ref", "$dynamicRef"):
+        with pytest.raises(Error) as exc:
+            check_bounds({"properties": {"a": {key: ref}}})
+        assert refused(exc, ErrorClass.VALIDATION)["reason"] == "remote_ref"
+        with pytest.raises(Error) as exc:
+            validate_schema({"properties": {"a": {key: ref}}}, allow_external_refs=False)
+        assert refused(exc, ErrorClass.VALIDATION)["reason"] == "remote_ref"
+    check_bounds({"$defs": {"a": {}}, "$ref": "#/$defs/a"})
+    assert no_io == []
+
+
+# -- composition, suite, fixtures (see test_fixtures.py / conformance/) ----------
+
+
+ONE_OF_BRANCHES = [
+    {"properties": {"kind": {"const": "a"}, "n": {"type": "integer"}}, "required": ["kind"]},
+    {"properties": {"kind": {"const": "b"}, "s": {"type": "string"}}, "required": ["kind", "s"]},
+]
+
+
+@pytest.mark.parametrize("where", ["root", "property", "items"])
+def test_sch_41_one_of_beside_object_keywords(where: str) -> None:
+    """SCH-41: siblings hold and exactly one oneOf branch matches (issue #45 form)."""
+    form = {
+        "type": "object",
+        "properties": {"id": {"type": "string"}},
+        "required": ["id"],
+        "oneOf": ONE_OF_BRANCHES,
+    }
+
+    def wrap(value: Any) -> Any:
+        if where == "root":
+            return value
+        if where == "property":
+            return {"p": value}
+        return {"p": [value]}
+
+    if where == "root":
+        schema: dict[str, Any] = form
+    elif where == "property":
+        schema = {"properties": {"p": form}}
+    else:
+        schema = {"properties": {"p": {"type": "array", "items": form}}}
+    validate(schema, wrap({"id": "1", "kind": "a", "n": 1}))
+    validate(schema, wrap({"id": "1", "kind": "b", "s": "x"}))
+    for bad in ({"kind": "a"}, {"id": "1", "kind": "c"}, {"id": "1", "kind": "b"}, {"id": 1, "kind": "a"}):
+        with pytest.raises(Error) as exc:
+            validate(schema, wrap(bad))
+        refused(exc, ErrorClass.VALIDATION)
+
+
+# -- cache and fingerprints ----------------------------------------------------------
+
+
+def test_sch_46_fingerprints() -> None:
+    """SCH-46: equal JSON (key order aside) shares a fingerprint; every option splits it."""
+    a = {"type": "object", "properties": {"x": {"type": "string"}, "y": {}}}
+    b = {"properties": {"y": {}, "x": {"type": "string"}}, "type": "object"}
+    assert compile(a).fingerprint == compile(b).fingerprint
+    assert compile({"properties": {"c": {"const": True}}}).fingerprint != compile(
+        {"properties": {"c": {"const": 1}}}
+    ).fingerprint
+    base = compile(a).fingerprint
+    variants = [
+        {"format_assertion": True},
+        {"content_assertion": True},
+        {"dialects": {"2020-12", "draft-07"}},
+        {"schema_registry": {"https://example.test/x": {}}},
+        {"limits": attrs.evolve(Limits(), max_input_bytes=10)},
+        {"allow_external_refs": False},
+    ]
+    prints = {compile(a, **v).fingerprint for v in variants}  # type: ignore[arg-type]
+    assert base not in prints
+    assert len(prints) == len(variants)
+    assert compile(a).fingerprint != compile_output(a).fingerprint
+
+
+def test_sch_46_cache_compiles_once_and_caches_refusals() -> None:
+    """SCH-46: repeated validate compiles once; refusals are cached, loader ones never."""
+    cache_clear()
+    schema = {"properties": {"n": {"type": "integer"}}}
+    for i in range(5):
+        validate(copy.deepcopy(schema), {"n": i})
+    info = cache_info()
+    assert (info["misses"], info["hits"]) == (1, 4)
+    bad = {"$schema": D07}
+    for _ in range(3):
+        with pytest.raises(Error):
+            validate_schema(bad)
+    info = cache_info()
+    assert (info["misses"], info["hits"]) == (2, 6)
+    calls: list[str] = []
+
+    def loader(uri: str) -> Any:
+        calls.append(uri)
+        raise OSError("down")
+
+    for _ in range(2):
+        with pytest.raises(Error):
+            validate_schema({"$ref": "https://example.test/x"}, schema_loader=loader)
+    assert len(calls) == 2  # the refusal was not cached
+
+
+def test_sch_46_cache_is_bounded() -> None:
+    """SCH-46: the cache holds at most 4 096 entries."""
+    cache_clear()
+    for i in range(4100):
+        validate_schema({"properties": {"n": {"maximum": i}}})
+    assert cache_info()["size"] == 4096
+
+
+def test_sch_47_output_schemas() -> None:
+    """SCH-47: any root and any JSON value for output schemas."""
+    for schema, value in [
+        (True, [1, 2]),
+        ({"type": "array", "items": {"type": "integer"}}, [1, 2]),
+        ({}, "text"),
+        ({"type": "string"}, "text"),
+    ]:
+        assert validate_output(schema, value) is value
+    with pytest.raises(Error) as exc:
+        validate_output({"type": "array"}, {"a": 1})
+    assert refused(exc, ErrorClass.VALIDATION)["errors"]
+    with pytest.raises(Error):
+        validate_output(False, None)
+
+
+def test_sch_48_draft_07_opt_in() -> None:
+    """SCH-48: draft-07 only with dialects=, and evaluated as draft-07."""
+    schema = {
+        "$schema": D07,
+        "type": "object",
+        "definitions": {"n": {"type": "integer"}},
+        "properties": {
+            "pair": {"items": [{"type": "string"}, {"$ref": "#/definitions/n"}]},
+            "a": {},
+        },
+        "dependencies": {"a": ["b"]},
+    }
+    with pytest.raises(Error) as exc:
+        validate_schema(schema)
+    refused(exc, ErrorClass.UNSUPPORTED_CAPABILITY)
+    both = {"2020-12", "draft-07"}
+    validate(schema, {"pair": ["x", 1]}, dialects=both)
+    with pytest.raises(Error):  # array items keep their draft-07 tuple meaning
+        validate(schema, {"pair": ["x", "y"]}, dialects=both)
+    with pytest.raises(Error):  # dependencies keep their draft-07 meaning
+        validate(schema, {"a": 1}, dialects=both)
+    # without $schema a schema is still 2020-12 (array items is a meta-schema error)
+    with pytest.raises(Error):
+        validate_schema({"properties": {"p": {"items": [{}]}}}, dialects=both)
+    with pytest.raises(Error):
+        validate_schema({}, dialects={"draft-04"})
+    assert SchemaOptions(dialects=["2020-12", "draft-07"]).dialects == frozenset(both)
+
+
+def test_sch_49_integers_beyond_the_engine() -> None:
+    """SCH-49: an integer over 4 300 digits is execution_failure integer_too_large."""
+    schema = {"properties": {"n": {"maximum": 5}}}
+    for n in (10**4300, -(10**4300), 10**5000):
+        with pytest.raises(Error) as exc:
+            validate(schema, {"n": n})
+        details = refused(exc, ErrorClass.EXECUTION_FAILURE)
+        assert details["reason"] == "integer_too_large"
+        assert details["maximum"] == 4300
+        assert "limit" not in details
+    with pytest.raises(Error):
+        validate(schema, {"n": 10**4300 - 1})  # 4300 digits: compared faithfully, > 5
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$ref": "#"},
+        {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}},
+        {"allOf": [{"$ref": "#"}]},
+        {"$dynamicAnchor": "x", "$dynamicRef": "#x"},
+        {"properties": {"p": {"$ref": "#/properties/p"}}},
+        {"$defs": {"a": {"not": {"anyOf": [{"$ref": "#/$defs/a"}]}}}},
+    ],
+)
+def test_sch_50_non_progressing_cycles(schema: dict[str, Any]) -> None:
+    """SCH-50: reference cycles that consume no input raise validation ref_cycle."""
+    with pytest.raises(Error) as exc:
+        validate_schema(schema)
+    assert refused(exc, ErrorClass.VALIDATION)["reason"] == "ref_cycle"
+
+
+def test_sch_50_descending_recursion_is_fine() -> None:
+    """SCH-50: recursion that descends into the instance validates trees."""
+    tree = {
+        "properties": {"value": {"type": "integer"}, "child": {"$ref": "#"}},
+        "required": ["value"],
+    }
+    validate(tree, {"value": 1, "child": {"value": 2, "child": {"value": 3}}})
+    with pytest.raises(Error):
+        validate(tree, {"value": 1, "child": {"child": {"value": 3}}})

@@ -1,0 +1,88 @@
+"""The one exception type of trio_backplane, and the classes that say why.
+
+Every refusal the library makes is an :class:`Error` whose
+:attr:`~Error.error_class` names the reason and whose :attr:`~Error.details`
+are JSON data a person (or a program) can act on.  ``trio.Cancelled``,
+``KeyboardInterrupt`` and ``SystemExit`` are never wrapped.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+__all__ = ["Error", "ErrorClass"]
+
+
+class ErrorClass(enum.StrEnum):
+    """Why an operation was refused."""
+
+    VALIDATION = "validation"
+    FORBIDDEN = "forbidden"
+    APPROVAL_REQUIRED = "approval_required"
+    NOT_FOUND = "not_found"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+    TRANSIENT_TRANSPORT = "transient_transport"
+    RESOURCE_CONFLICT = "resource_conflict"
+    EXECUTION_FAILURE = "execution_failure"
+    MALFORMED_RESULT = "malformed_result"
+    BUDGET_EXCEEDED = "budget_exceeded"
+    UNSUPPORTED_CAPABILITY = "unsupported_capability"
+    UNKNOWN_OUTCOME = "unknown_outcome"
+    OVERLOADED = "overloaded"
+    STORAGE_FAILED = "storage_failed"
+
+
+class Error(Exception):
+    """A classed refusal.
+
+    ``details`` is a read-only mapping of JSON data (``str`` keys; ``dict``,
+    ``list``, ``str``, ``int``, ``float``, ``bool`` and ``None`` values).
+    """
+
+    __slots__ = ("details", "error_class", "message")
+
+    error_class: ErrorClass
+    message: str
+    details: Mapping[str, Any]
+
+    def __init__(
+        self,
+        error_class: ErrorClass | str,
+        message: str,
+        details: Mapping[str, Any] | None = None,
+    ) -> None:
+        cls = ErrorClass(error_class)
+        super().__init__(message)
+        self.error_class = cls
+        self.message = message
+        self.details = MappingProxyType(dict(details) if details else {})
+
+    def __str__(self) -> str:
+        return f"{self.error_class}: {self.message}"
+
+    def __repr__(self) -> str:
+        return f"Error({self.error_class.value!r}, {self.message!r}, {dict(self.details)!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.error_class.value, self.message, dict(self.details)))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The error as JSON data: ``{"class", "message", "details"}``."""
+        return {
+            "class": self.error_class.value,
+            "message": self.message,
+            "details": _plain(self.details),
+        }
+
+
+def _plain(value: Any) -> Any:
+    """Copy mappings and sequences of ``details`` into plain JSON containers."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value

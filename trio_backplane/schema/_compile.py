@@ -1,0 +1,484 @@
+"""Compiled schemas, the fingerprint-keyed cache and the validation entry points."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Iterator, Mapping
+from typing import Any, Final, Literal
+
+import attrs
+import jsonschema_rs
+
+from ..errors import Error, ErrorClass
+from . import _instance
+from ._content import CONTENT_KEYWORDS
+from ._errors import failure, invalid, limit_error, unsupported
+from ._options import Limits, SchemaLoader, SchemaOptions, normalize_dialects
+from ._preflight import DEFAULT_BASE, Preflight, preflight
+
+__all__ = [
+    "CACHE_SIZE",
+    "CompiledSchema",
+    "MAX_ERROR_ENTRIES",
+    "REGEX_BACKTRACK_LIMIT",
+    "cache_clear",
+    "cache_info",
+    "check_bounds",
+    "compile",
+    "compile_output",
+    "compile_with",
+    "validate",
+    "validate_output",
+    "validate_schema",
+]
+
+#: Entries the compiled-validator cache keeps (spec 003).
+CACHE_SIZE: Final = 4096
+#: The fixed regex work limit: backtracking steps per match (SCH-29).
+REGEX_BACKTRACK_LIMIT: Final = 100_000
+#: At most this many error entries are reported per failure (SCH-23).
+MAX_ERROR_ENTRIES: Final = 16
+_MAX_MESSAGE: Final = 500
+_PATTERN_OPTIONS: Final = jsonschema_rs.FancyRegexOptions(backtrack_limit=REGEX_BACKTRACK_LIMIT)
+_REGEX_FAILURE_KINDS: Final = (
+    jsonschema_rs.ValidationErrorKind.BacktrackLimitExceeded,
+    jsonschema_rs.ValidationErrorKind.RegexEngineFailure,
+)
+_CONTEXT_KINDS: Final = (
+    jsonschema_rs.ValidationErrorKind.AnyOf,
+    jsonschema_rs.ValidationErrorKind.OneOfNotValid,
+    jsonschema_rs.ValidationErrorKind.OneOfMultipleValid,
+)
+
+Root = Literal["tool", "any"]
+
+
+def _pointer(parts: list[str | int]) -> str:
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+def _raise_input(violation: _instance.Violation, limits: Limits, role: str) -> None:
+    reason, path, detail = violation
+    if reason == "input_too_deep":
+        raise limit_error("input_too_deep", "max_input_depth", limits.max_input_depth, path=path)
+    if reason == "input_too_large":
+        raise limit_error("input_too_large", "max_input_bytes", limits.max_input_bytes, path=path)
+    if reason == "integer_too_large":
+        raise failure(
+            "integer is too large to compare faithfully",
+            reason="integer_too_large",
+            maximum=_instance.INT_DIGITS_LIMIT,
+            path=path,
+        )
+    raise invalid(f"{role} are not JSON data: {detail}", reason="not_json", path=path)
+
+
+def _has_regex_failure(errors: list[jsonschema_rs.ValidationError]) -> str | None:
+    """The message of a regex engine failure anywhere in ``errors`` (contexts included)."""
+    stack = list(errors)
+    while stack:
+        error = stack.pop()
+        kind = error.kind
+        if isinstance(kind, _REGEX_FAILURE_KINDS):
+            return error.message
+        if isinstance(kind, _CONTEXT_KINDS):
+            for branch in kind.context:
+                stack.extend(branch)
+    return None
+
+
+@attrs.frozen(eq=False)
+class CompiledSchema:
+    """A schema that passed preflight, built once for repeated validation.
+
+    ``validate`` returns its argument itself, unchanged (SCH-09): no default
+    is inserted, nothing is coerced, nothing is removed.
+    """
+
+    schema: Any
+    fingerprint: str
+    options: SchemaOptions
+    root: Root
+    _is_valid: Callable[[Any], bool] = attrs.field(repr=False, alias="_is_valid")
+    _iter_errors: Callable[[Any], Iterator[jsonschema_rs.ValidationError]] = attrs.field(
+        repr=False, alias="_iter_errors"
+    )
+    _limits: Limits = attrs.field(repr=False, alias="_limits")
+
+    def validate(self, arguments: Any) -> Any:
+        """Return ``arguments`` if they satisfy the schema; raise ``Error`` otherwise."""
+        if self.root == "tool" and type(arguments) is not dict:
+            raise invalid(
+                "tool arguments must be a JSON object",
+                reason="not_json",
+                type=type(arguments).__name__,
+            )
+        limits = self._limits
+        check = _instance.fast_check
+        if check is None or check(arguments, limits.max_input_depth, limits.max_input_bytes):
+            violation = _instance.check_python(
+                arguments, limits.max_input_depth, limits.max_input_bytes
+            )
+            if violation is not None:
+                _raise_input(violation, limits, self._role)
+        try:
+            if self._is_valid(arguments):
+                return arguments
+        except Exception as exc:  # the engine must never fail open or escape unclassed
+            raise failure(
+                "schema validator failed", reason="engine_failure", cause=_cause(exc)
+            ) from exc
+        self._raise_mismatch(arguments)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @property
+    def _role(self) -> str:
+        return "arguments" if self.root == "tool" else "structured content"
+
+    def errors(self, instance: Any) -> list[dict[str, str]]:
+        """Up to ``MAX_ERROR_ENTRIES`` error entries for ``instance`` (empty if valid)."""
+        try:
+            self.validate(instance)
+        except Error as error:
+            entries = error.details.get("errors")
+            if entries is not None:
+                return [dict(e) for e in entries]
+            raise
+        return []
+
+    def _raise_mismatch(self, instance: Any) -> None:
+        try:
+            collected = list(self._iter_errors(instance))
+        except Exception as exc:
+            raise failure(
+                "schema validator failed", reason="engine_failure", cause=_cause(exc)
+            ) from exc
+        regex_failure = _has_regex_failure(collected)
+        if regex_failure is not None:
+            raise failure(
+                "pattern matching exceeded the regex work limit",
+                reason="regex_work_limit",
+                limit=REGEX_BACKTRACK_LIMIT,
+                cause=regex_failure[:_MAX_MESSAGE],
+            )
+        entries = [
+            {
+                "instance_path": _pointer(e.instance_path),
+                "schema_path": _pointer(e.schema_path),
+                "keyword": e.kind.name,
+                "message": e.message[:_MAX_MESSAGE],
+            }
+            for e in collected[:MAX_ERROR_ENTRIES]
+        ]
+        what = "tool arguments" if self.root == "tool" else "structured content"
+        raise invalid(
+            f"{what} do not match the schema",
+            errors=entries,
+            error_count=len(collected),
+        )
+
+
+def _cause(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:_MAX_MESSAGE]
+
+
+# -- the cache -----------------------------------------------------------
+
+_cache: OrderedDict[str, CompiledSchema | Error] = OrderedDict()
+_cache_lock = threading.Lock()
+_stats = {"hits": 0, "misses": 0}
+
+
+def cache_clear() -> None:
+    """Empty the compiled-validator cache."""
+    with _cache_lock:
+        _cache.clear()
+        _stats["hits"] = _stats["misses"] = 0
+
+
+def cache_info() -> dict[str, int]:
+    """``{"hits", "misses", "size", "maxsize"}`` of the compiled-validator cache."""
+    with _cache_lock:
+        return {**_stats, "size": len(_cache), "maxsize": CACHE_SIZE}
+
+
+_canonical = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":")
+).encode
+
+
+def _fingerprint(schema: Any, options: SchemaOptions, limits: Limits, root: Root) -> str:
+    """SHA-256 of the schema as canonical JSON and every option that changes
+    its meaning (SCH-46).  ``true`` and ``1`` encode differently, so they never
+    share an entry; key order does not matter."""
+    registry = options.schema_registry
+    loader = options.schema_loader
+    meta = {
+        "root": root,
+        "dialects": sorted(options.dialects or ("2020-12",)),
+        "format_assertion": options.format_assertion,
+        "content_assertion": options.content_assertion,
+        "allow_external_refs": options.allow_external_refs,
+        "limits": list(attrs.astuple(limits)),
+        "registry": None if registry is None else dict(registry),
+        "loader": None if loader is None else f"{type(loader).__qualname__}@{id(loader):x}",
+    }
+    try:
+        text = _canonical([schema, meta])
+    except (TypeError, ValueError, RecursionError):
+        # Not JSON data: preflight will say exactly why; key it by identity so
+        # the refusal is not cached under a colliding key.
+        text = f"not-json:{id(schema)}:{_canonical(meta) if registry is None else ''}"
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _options(
+    dialects: Collection[str] | None,
+    schema_registry: Mapping[str, Any] | None,
+    schema_loader: SchemaLoader | None,
+    format_assertion: bool,
+    content_assertion: bool,
+    limits: Limits | None,
+    allow_external_refs: bool,
+) -> SchemaOptions:
+    return SchemaOptions(
+        dialects=dialects,
+        schema_registry=schema_registry,
+        schema_loader=schema_loader,
+        format_assertion=format_assertion,
+        content_assertion=content_assertion,
+        limits=limits,
+        allow_external_refs=allow_external_refs,
+    )
+
+
+def _compile_cached(schema: Any, options: SchemaOptions, root: Root) -> CompiledSchema:
+    limits = options.limits or Limits.host()
+    _check_root(schema, root)
+    key = _fingerprint(schema, options, limits, root)
+    with _cache_lock:
+        hit = _cache.get(key)
+        if hit is not None:
+            _cache.move_to_end(key)
+            _stats["hits"] += 1
+    if hit is not None:
+        if isinstance(hit, Error):
+            raise Error(hit.error_class, hit.message, hit.details)
+        return hit
+    try:
+        compiled = _build(schema, options, limits, root, key)
+    except Error as error:
+        if options.schema_loader is None:  # a loader's refusals may be transient
+            _store(key, error)
+        raise
+    _store(key, compiled)
+    return compiled
+
+
+def _store(key: str, value: CompiledSchema | Error) -> None:
+    with _cache_lock:
+        _stats["misses"] += 1
+        _cache[key] = value
+        _cache.move_to_end(key)
+        while len(_cache) > CACHE_SIZE:
+            _cache.popitem(last=False)
+
+
+def _check_root(schema: Any, root: Root) -> None:
+    if root == "any":
+        if type(schema) is bool or isinstance(schema, Mapping):
+            return
+        raise invalid(
+            "a schema must be a mapping or a boolean",
+            reason="invalid_schema",
+            type=type(schema).__name__,
+        )
+    if type(schema) is bool:
+        raise unsupported("tool schema root must be an object schema", reason="root_not_object")
+    if not isinstance(schema, Mapping):
+        raise invalid(
+            "tool schema must be a mapping", reason="invalid_schema", type=type(schema).__name__
+        )
+    if "type" in schema and schema["type"] not in ("object", ["object"]):
+        raise unsupported(
+            "tool schema root type must be object",
+            reason="root_not_object",
+            type=schema["type"] if isinstance(schema["type"], str | list) else None,
+        )
+
+
+def _build(
+    schema: Any, options: SchemaOptions, limits: Limits, root: Root, key: str
+) -> CompiledSchema:
+    dialects = normalize_dialects(options.dialects)
+    result = preflight(
+        schema,
+        limits=limits,
+        dialects=dialects,
+        registry=options.schema_registry,
+        loader=options.schema_loader,
+        allow_external_refs=options.allow_external_refs,
+        content_assertion=options.content_assertion,
+    )
+    validator = _engine(schema, options, result)
+    return CompiledSchema(
+        schema=schema,
+        fingerprint=key,
+        options=options,
+        root=root,
+        _is_valid=validator.is_valid,
+        _iter_errors=validator.iter_errors,
+        _limits=limits,
+    )
+
+
+def _engine(schema: Any, options: SchemaOptions, result: Preflight) -> jsonschema_rs.Validator:
+    kwargs: dict[str, Any] = {
+        "offline": True,  # never fetch (SCH-20): every resource is in the registry
+        "base_uri": DEFAULT_BASE,
+        "pattern_options": _PATTERN_OPTIONS,
+        "validate_formats": options.format_assertion or result.format_assertion_vocabulary,
+    }
+    if result.external:
+        kwargs["registry"] = jsonschema_rs.Registry(list(result.external.items()))
+    if options.content_assertion:
+        kwargs["keywords"] = CONTENT_KEYWORDS
+    if type(schema) is not bool and not isinstance(schema, dict):
+        schema = dict(schema)
+    try:
+        if result.root_dialect == "draft-07":
+            return jsonschema_rs.Draft7Validator(schema, **kwargs)
+        if result.metaschemas and type(schema) is dict and "$schema" in schema:
+            return jsonschema_rs.validator_for(schema, **kwargs)
+        return jsonschema_rs.Draft202012Validator(schema, **kwargs)
+    except jsonschema_rs.ValidationError as exc:
+        if 'is not a "regex"' in exc.message:
+            raise unsupported(
+                "pattern uses ECMA-262 syntax the regex engine does not support",
+                reason="unsupported_pattern",
+                path=_pointer(exc.instance_path),
+                cause=exc.message[:_MAX_MESSAGE],
+            ) from exc
+        raise invalid(
+            "schema is not a valid JSON Schema",
+            reason="invalid_schema",
+            errors=[
+                {
+                    "instance_path": _pointer(exc.instance_path),
+                    "schema_path": _pointer(exc.schema_path),
+                    "keyword": exc.kind.name,
+                    "message": exc.message[:_MAX_MESSAGE],
+                }
+            ],
+        ) from exc
+    except (jsonschema_rs.ReferencingError, ValueError) as exc:
+        raise invalid(
+            "schema could not be built", reason="invalid_schema", cause=_cause(exc)
+        ) from exc
+    except Exception as exc:
+        raise failure(
+            "schema engine failed", reason="engine_failure", cause=_cause(exc)
+        ) from exc
+
+
+# -- public entry points ---------------------------------------------------
+
+
+def compile(
+    schema: Any,
+    *,
+    schema_registry: Mapping[str, Any] | None = None,
+    schema_loader: SchemaLoader | None = None,
+    format_assertion: bool = False,
+    content_assertion: bool = False,
+    dialects: Collection[str] | None = None,
+    limits: Limits | None = None,
+    allow_external_refs: bool = True,
+) -> CompiledSchema:
+    """Preflight and build a tool (input) schema: an object root (SCH-06/07).
+
+    Cached by fingerprint; raises ``Error`` for any refusal.
+    """
+    options = _options(
+        dialects,
+        schema_registry,
+        schema_loader,
+        format_assertion,
+        content_assertion,
+        limits,
+        allow_external_refs,
+    )
+    return _compile_cached(schema, options, "tool")
+
+
+def compile_output(
+    schema: Any,
+    *,
+    schema_registry: Mapping[str, Any] | None = None,
+    schema_loader: SchemaLoader | None = None,
+    format_assertion: bool = False,
+    content_assertion: bool = False,
+    dialects: Collection[str] | None = None,
+    limits: Limits | None = None,
+    allow_external_refs: bool = True,
+) -> CompiledSchema:
+    """Like :func:`compile` for an output schema: any root, any JSON value (SCH-47)."""
+    options = _options(
+        dialects,
+        schema_registry,
+        schema_loader,
+        format_assertion,
+        content_assertion,
+        limits,
+        allow_external_refs,
+    )
+    return _compile_cached(schema, options, "any")
+
+
+def compile_with(schema: Any, options: SchemaOptions | None, *, output: bool = False) -> CompiledSchema:
+    """Compile with a descriptor's ``SchemaOptions`` (``None`` = defaults)."""
+    return _compile_cached(schema, options or SchemaOptions(), "any" if output else "tool")
+
+
+def validate_schema(schema: Any, **options: Any) -> None:
+    """Preflight a tool schema without arguments (SCH-24)."""
+    compile(schema, **options)
+
+
+def validate(schema: Any, arguments: Any, **options: Any) -> Any:
+    """Compile ``schema`` (cached) and validate ``arguments``; returns ``arguments``."""
+    return compile(schema, **options).validate(arguments)
+
+
+def validate_output(output_schema: Any, structured_content: Any, **options: Any) -> Any:
+    """Validate ``structured_content`` against an output schema (no root rule)."""
+    return compile_output(output_schema, **options).validate(structured_content)
+
+
+def check_bounds(
+    schema: Any, limits: Limits | None = None, allow_external_refs: bool = False
+) -> None:
+    """Spec 003 bounds for a server-supplied schema; raises with ``details["reason"]``.
+
+    Returns ``None`` for a schema within bounds.  Nothing is compiled or fetched.
+    """
+    if limits is None:
+        limits = Limits.mcp()
+    if type(schema) is not bool and not isinstance(schema, Mapping):
+        raise invalid(
+            "schema must be a mapping or a boolean",
+            reason="invalid_schema",
+            type=type(schema).__name__,
+        )
+    result = Preflight(
+        limits,
+        frozenset({"2020-12", "draft-07"}),
+        None,
+        None,
+        allow_external_refs,
+        bounds_only=True,
+    )
+    result.add_document(schema, DEFAULT_BASE, role="schema")

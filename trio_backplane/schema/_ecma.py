@@ -1,0 +1,492 @@
+"""A syntax check for ECMA-262 regular expressions in Unicode mode.
+
+JSON Schema says ``pattern`` and the keys of ``patternProperties`` are ECMA-262
+regular expressions with Unicode semantics, so a schema is checked against the
+ES2024 grammar with the ``u`` flag (``Pattern[+UnicodeMode, +NamedCaptureGroups]``,
+no Annex B relaxations) before any engine sees it.  Python- and PCRE-only syntax
+(``(?P<n>...)``, inline flags, ``\\A``, possessive quantifiers, atomic groups,
+POSIX classes, ...) is refused, as is everything else the grammar and its early
+errors refuse.
+
+:func:`pattern_syntax_error` is a single left-to-right pass with no Python
+recursion: open groups live on an explicit stack, so nesting depth costs memory,
+not stack frames.  Every code point is looked at a bounded number of times, so
+the pass is linear in the pattern length.  Backreferences are checked once the
+whole pattern is read (``\\2`` and ``\\k<n>`` may refer to a later group).
+
+Known deliberate deviations from a full ECMA-262 engine:
+
+* ``\\p{...}`` / ``\\P{...}`` are checked for syntax only (``Name`` or
+  ``Name=Value``); the property names and values are not looked up in the
+  Unicode tables, so ``\\p{Foo}`` is accepted here although an engine refuses it.
+* ES2025 pattern modifiers ``(?i:...)`` / ``(?-s:...)`` are refused (ES2024 has
+  none), as are ES2025 duplicate named groups in different alternatives.
+* ID_Start / ID_Continue for group names are derived from the general categories
+  of the Python ``unicodedata`` tables (plus Other_ID_Start / Other_ID_Continue,
+  minus Pattern_Syntax), whose Unicode version may lag the engine's.
+* Quantifier bounds are compared exactly (``{3000000000,2147483648}`` is out of
+  order); V8 clamps both bounds to 2**31-1 and accepts such a quantifier.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from typing import Final
+
+__all__ = ["pattern_syntax_error"]
+
+# SyntaxCharacter :: one of ^ $ \ . * + ? ( ) [ ] { } |
+_SYNTAX_CHARS: Final = frozenset("^$\\.*+?()[]{}|")
+_IDENTITY_ESCAPES: Final = _SYNTAX_CHARS | {"/"}
+_CONTROL_ESCAPES: Final = frozenset("fnrtv")
+_CLASS_ESCAPES: Final = frozenset("dDsSwW")
+_DIGITS: Final = frozenset("0123456789")
+_HEX_DIGITS: Final = frozenset("0123456789abcdefABCDEF")
+_ASCII_LETTERS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+# UnicodePropertyNameCharacter :: ControlLetter | _
+_PROPERTY_NAME_CHARS: Final = _ASCII_LETTERS | {"_"}
+# UnicodePropertyValueCharacter :: UnicodePropertyNameCharacter | DecimalDigit
+_PROPERTY_VALUE_CHARS: Final = _PROPERTY_NAME_CHARS | _DIGITS
+
+_MAX_CODE_POINT: Final = 0x10FFFF
+_LEAD_SURROGATES: Final = range(0xD800, 0xDC00)
+_TRAIL_SURROGATES: Final = range(0xDC00, 0xE000)
+
+# Unicode derived properties (DerivedCoreProperties.txt / PropList.txt):
+# ID_Start = L* + Nl + Other_ID_Start - Pattern_Syntax - Pattern_White_Space;
+# ID_Continue = ID_Start + Mn + Mc + Nd + Pc + Other_ID_Continue - Pattern_Syntax - ...
+_ID_START_CATEGORIES: Final = frozenset({"Lu", "Ll", "Lt", "Lm", "Lo", "Nl"})
+_ID_CONTINUE_CATEGORIES: Final = _ID_START_CATEGORIES | {"Mn", "Mc", "Nd", "Pc"}
+_OTHER_ID_START: Final = frozenset("\u1885\u1886\u2118\u212e\u309b\u309c")
+_OTHER_ID_CONTINUE: Final = frozenset(
+    "\u00b7\u0387\u1369\u136a\u136b\u136c\u136d\u136e\u136f\u1370\u1371\u19da"
+)
+# The only letters in Pattern_Syntax (U+2E2F VERTICAL TILDE is Lm).
+_PATTERN_SYNTAX_LETTERS: Final = frozenset("\u2e2f")
+_ZWNJ: Final = "\u200c"
+_ZWJ: Final = "\u200d"
+
+# Group kinds on the open-group stack.
+_GROUP: Final = 0  # ( (?: (?<name> : quantifiable once closed
+_LOOKAHEAD: Final = 1  # (?= (?! : not quantifiable in Unicode mode
+_LOOKBEHIND: Final = 2  # (?<= (?<! : never quantifiable
+
+
+class _PatternError(Exception):
+    """Internal: carries the reason out of the scanner."""
+
+
+def _is_id_start(ch: str) -> bool:
+    if ch in {"$", "_"} or ch in _OTHER_ID_START:
+        return True
+    return ch not in _PATTERN_SYNTAX_LETTERS and (unicodedata.category(ch) in _ID_START_CATEGORIES)
+
+
+def _is_id_part(ch: str) -> bool:
+    if ch in {"$", _ZWNJ, _ZWJ} or ch in _OTHER_ID_START or ch in _OTHER_ID_CONTINUE:
+        return True
+    return ch not in _PATTERN_SYNTAX_LETTERS and (
+        unicodedata.category(ch) in _ID_CONTINUE_CATEGORIES
+    )
+
+
+def _join_surrogate_pairs(pattern: str) -> str:
+    """Read a UTF-16 surrogate pair left in a ``str`` as the one code point it encodes.
+
+    An ECMAScript string holds UTF-16 code units and Unicode mode reads the
+    pattern by code points, so a pair is one character there; a lone
+    surrogate stays a character of its own, as in the engine.
+    """
+    if not any("\ud800" <= ch <= "\udfff" for ch in pattern):
+        return pattern
+    out: list[str] = []
+    i = 0
+    n = len(pattern)
+    while i < n:
+        ch = pattern[i]
+        if "\ud800" <= ch <= "\udbff" and i + 1 < n and "\udc00" <= pattern[i + 1] <= "\udfff":
+            out.append(chr(0x10000 + ((ord(ch) - 0xD800) << 10) + (ord(pattern[i + 1]) - 0xDC00)))
+            i += 2
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
+
+
+def _normalized_digits(digits: str) -> str:
+    stripped = digits.lstrip("0")
+    return stripped or "0"
+
+
+def _digits_greater(a: str, b: str) -> bool:
+    """Compare two decimal digit strings as integers, without building huge ints."""
+    a, b = _normalized_digits(a), _normalized_digits(b)
+    return (len(a), a) > (len(b), b)
+
+
+def _show(text: str) -> str:
+    return repr(text)
+
+
+class _Scanner:
+    """One left-to-right pass over the pattern; raises :class:`_PatternError`."""
+
+    __slots__ = ("backrefs", "capture_count", "group_names", "n", "named_refs", "pos", "src")
+
+    def __init__(self, pattern: str) -> None:
+        self.src = _join_surrogate_pairs(pattern)
+        self.n = len(self.src)
+        self.pos = 0
+        self.capture_count = 0
+        self.group_names: set[str] = set()
+        self.backrefs: list[tuple[str, int]] = []  # (digits, position of the backslash)
+        self.named_refs: list[tuple[str, int]] = []  # (name, position of the backslash)
+
+    # -- small helpers -------------------------------------------------------------------
+
+    def _peek(self, offset: int = 0) -> str:
+        i = self.pos + offset
+        return self.src[i] if i < self.n else ""
+
+    def _fail(self, reason: str, at: int) -> _PatternError:
+        return _PatternError(f"{reason} at {at}")
+
+    def _hex_run(self, start: int, count: int) -> int | None:
+        """The value of exactly ``count`` hex digits at ``start``, or None."""
+        end = start + count
+        if end > self.n:
+            return None
+        text = self.src[start:end]
+        if not all(ch in _HEX_DIGITS for ch in text):
+            return None
+        return int(text, 16)
+
+    # -- the scan ------------------------------------------------------------------------
+
+    def run(self) -> None:
+        src = self.src
+        n = self.n
+        stack: list[tuple[int, int]] = []  # (group kind, position of '(')
+        quantifiable = False  # may the next token be a quantifier?
+        while self.pos < n:
+            ch = src[self.pos]
+            start = self.pos
+            if ch == "|":
+                self.pos += 1
+                quantifiable = False
+            elif ch == "(":
+                stack.append((self._open_group(), start))
+                quantifiable = False
+            elif ch == ")":
+                if not stack:
+                    raise self._fail("unmatched ')'", start)
+                kind, _ = stack.pop()
+                self.pos += 1
+                quantifiable = kind == _GROUP
+            elif ch in "*+?":
+                if not quantifiable:
+                    raise self._fail(f"nothing to repeat {_show(ch)}", start)
+                self.pos += 1
+                self._lazy_suffix()
+                quantifiable = False
+            elif ch == "{":
+                if not quantifiable:
+                    raise self._fail("nothing to repeat or lone '{'", start)
+                self._braced_quantifier()
+                self._lazy_suffix()
+                quantifiable = False
+            elif ch in "}]":
+                raise self._fail(f"lone {_show(ch)}", start)
+            elif ch in "^$":
+                self.pos += 1
+                quantifiable = False
+            elif ch == "[":
+                self._character_class()
+                quantifiable = True
+            elif ch == "\\":
+                quantifiable = self._atom_escape()
+            else:  # "." or a PatternCharacter
+                self.pos += 1
+                quantifiable = True
+        if stack:
+            raise self._fail("unterminated group", stack[-1][1])
+        self._check_references()
+
+    def _lazy_suffix(self) -> None:
+        if self._peek() == "?":
+            self.pos += 1
+
+    def _braced_quantifier(self) -> None:
+        """``{n}``, ``{n,}`` or ``{n,m}`` with n <= m; ``pos`` is at the ``{``."""
+        start = self.pos
+        i = start + 1
+        src, n = self.src, self.n
+        while i < n and src[i] in _DIGITS:
+            i += 1
+        low = src[start + 1 : i]
+        high: str | None = None
+        if low and i < n and src[i] == ",":
+            i += 1
+            j = i
+            while i < n and src[i] in _DIGITS:
+                i += 1
+            high = src[j:i]
+        if not low or i >= n or src[i] != "}":
+            raise self._fail("incomplete quantifier or lone '{'", start)
+        if high and _digits_greater(low, high):
+            raise self._fail(f"numbers out of order in quantifier {src[start : i + 1]!r}", start)
+        self.pos = i + 1
+
+    def _open_group(self) -> int:
+        """Consume a group opener; ``pos`` is at the ``(``.  Returns the group kind."""
+        start = self.pos
+        if self._peek(1) != "?":
+            self.pos += 1
+            self.capture_count += 1
+            return _GROUP
+        nxt = self._peek(2)
+        if nxt == ":":
+            self.pos += 3
+            return _GROUP
+        if nxt in {"=", "!"}:
+            self.pos += 3
+            return _LOOKAHEAD
+        if nxt == "<":
+            after = self._peek(3)
+            if after in {"=", "!"}:
+                self.pos += 4
+                return _LOOKBEHIND
+            self.pos += 2
+            name = self._group_name()
+            if name in self.group_names:
+                raise self._fail(f"duplicate capture group name {name!r}", start)
+            self.group_names.add(name)
+            self.capture_count += 1
+            return _GROUP
+        # (?P<n>, (?P=n), (?i), (?i:...) (ES2025 modifiers), (?>, (?#, (?| ...
+        raise self._fail(f"invalid group {self.src[start : start + 3]!r}", start)
+
+    def _group_name(self) -> str:
+        """``<RegExpIdentifierName>``; ``pos`` is at the ``<``.  Returns the name's value."""
+        start = self.pos
+        self.pos += 1
+        chars: list[str] = []
+        while True:
+            ch = self._peek()
+            if ch == ">":
+                break
+            at = self.pos
+            if ch == "\\":
+                # RegExpIdentifierStart/Part also allow \uHHHH, \u{...} and a pair
+                # \uLEAD\uTRAIL; the escaped code point must itself be a valid name char.
+                if self._peek(1) != "u":
+                    raise self._fail("invalid escape in capture group name", at)
+                self.pos += 2
+                value = self._unicode_escape_value(at)
+                if value in _LEAD_SURROGATES or value in _TRAIL_SURROGATES:
+                    raise self._fail("invalid capture group name", at)
+                ch = chr(value)
+            elif ch == "":
+                raise self._fail("unterminated capture group name", start)
+            else:
+                self.pos += 1
+            valid = _is_id_part(ch) if chars else _is_id_start(ch)
+            if not valid:
+                raise self._fail("invalid capture group name", at)
+            chars.append(ch)
+        if not chars:
+            raise self._fail("empty capture group name", start)
+        self.pos += 1  # the '>'
+        return "".join(chars)
+
+    def _unicode_escape_value(self, backslash: int) -> int:
+        """RegExpUnicodeEscapeSequence[+UnicodeMode] after ``\\u``; returns the code point."""
+        if self._peek() == "{":
+            i = self.pos + 1
+            value = 0
+            while i < self.n and self.src[i] in _HEX_DIGITS:
+                value = value * 16 + int(self.src[i], 16)
+                if value > _MAX_CODE_POINT:
+                    raise self._fail("invalid unicode escape: code point above 10FFFF", backslash)
+                i += 1
+            if i == self.pos + 1 or i >= self.n or self.src[i] != "}":
+                raise self._fail("invalid unicode escape", backslash)
+            self.pos = i + 1
+            return value
+        value_or_none = self._hex_run(self.pos, 4)
+        if value_or_none is None:
+            raise self._fail("invalid unicode escape", backslash)
+        value = value_or_none
+        self.pos += 4
+        if value in _LEAD_SURROGATES and self._peek() == "\\" and self._peek(1) == "u":
+            trail = self._hex_run(self.pos + 2, 4)
+            if trail is not None and trail in _TRAIL_SURROGATES:
+                self.pos += 6
+                value = 0x10000 + ((value - 0xD800) << 10) + (trail - 0xDC00)
+        return value
+
+    def _property_escape(self, backslash: int) -> None:
+        """``\\p{...}`` / ``\\P{...}``; ``pos`` is after the ``p``.  Syntax only."""
+        if self._peek() != "{":
+            raise self._fail("invalid property name", backslash)
+        i = self.pos + 1
+        src, n = self.src, self.n
+        j = i
+        while j < n and src[j] in _PROPERTY_VALUE_CHARS:
+            j += 1
+        if j < n and src[j] == "=":
+            name = src[i:j]
+            if not name or not all(ch in _PROPERTY_NAME_CHARS for ch in name):
+                raise self._fail("invalid property name", backslash)
+            k = j + 1
+            while k < n and src[k] in _PROPERTY_VALUE_CHARS:
+                k += 1
+            if k == j + 1:
+                raise self._fail("invalid property name", backslash)
+            j = k
+        elif j == i:
+            raise self._fail("invalid property name", backslash)
+        if j >= n or src[j] != "}":
+            raise self._fail("invalid property name", backslash)
+        self.pos = j + 1
+
+    def _character_escape(self, ch: str, backslash: int, *, in_class: bool) -> int:
+        """CharacterEscape[+UnicodeMode] whose first char ``ch`` is at ``pos``.
+
+        Returns the character value.  Everything not listed is refused:
+        identity escapes exist only for SyntaxCharacter and ``/`` (and ``-``
+        in a class, handled by the caller).
+        """
+        if ch in _CONTROL_ESCAPES:
+            self.pos += 1
+            return {"f": 0x0C, "n": 0x0A, "r": 0x0D, "t": 0x09, "v": 0x0B}[ch]
+        if ch == "c":
+            letter = self._peek(1)
+            if letter not in _ASCII_LETTERS or letter == "":
+                raise self._fail("invalid control escape '\\c'", backslash)
+            self.pos += 2
+            return ord(letter) % 32
+        if ch == "0":
+            if self._peek(1) in _DIGITS and self._peek(1) != "":
+                raise self._fail("invalid decimal escape", backslash)
+            self.pos += 1
+            return 0
+        if ch == "x":
+            value = self._hex_run(self.pos + 1, 2)
+            if value is None:
+                raise self._fail("invalid escape '\\x'", backslash)
+            self.pos += 3
+            return value
+        if ch == "u":
+            self.pos += 1
+            return self._unicode_escape_value(backslash)
+        if ch in _IDENTITY_ESCAPES:
+            self.pos += 1
+            return ord(ch)
+        where = " in character class" if in_class else ""
+        raise self._fail(f"invalid escape {_show(chr(92) + ch)}{where}", backslash)
+
+    def _atom_escape(self) -> bool:
+        """An escape outside a class; ``pos`` is at the backslash.  Returns quantifiability."""
+        backslash = self.pos
+        ch = self._peek(1)
+        if ch == "":
+            raise self._fail("'\\' at end of pattern", backslash)
+        self.pos += 1
+        if ch in {"b", "B"}:
+            self.pos += 1
+            return False
+        if ch in _CLASS_ESCAPES:
+            self.pos += 1
+        elif ch in {"p", "P"}:
+            self.pos += 1
+            self._property_escape(backslash)
+        elif ch == "k":
+            self.pos += 1
+            if self._peek() != "<":
+                raise self._fail("invalid named reference '\\k'", backslash)
+            self.named_refs.append((self._group_name(), backslash))
+        elif ch in _DIGITS and ch != "0":
+            i = self.pos
+            while i < self.n and self.src[i] in _DIGITS:
+                i += 1
+            self.backrefs.append((self.src[self.pos : i], backslash))
+            self.pos = i
+        else:
+            self._character_escape(ch, backslash, in_class=False)
+        return True
+
+    def _class_atom(self) -> int | None:
+        """One ClassAtom; returns its character value, or None for a class escape."""
+        ch = self._peek()
+        if ch != "\\":
+            self.pos += 1
+            return ord(ch)
+        backslash = self.pos
+        ch = self._peek(1)
+        if ch == "":
+            raise self._fail("'\\' at end of pattern", backslash)
+        self.pos += 1
+        if ch == "b":
+            self.pos += 1
+            return 0x08
+        if ch == "-":
+            self.pos += 1
+            return 0x2D
+        if ch in _CLASS_ESCAPES:
+            self.pos += 1
+            return None
+        if ch in {"p", "P"}:
+            self.pos += 1
+            self._property_escape(backslash)
+            return None
+        return self._character_escape(ch, backslash, in_class=True)
+
+    def _character_class(self) -> None:
+        """``[...]`` / ``[^...]``; ``pos`` is at the ``[``."""
+        start = self.pos
+        self.pos += 1
+        if self._peek() == "^":
+            self.pos += 1
+        while True:
+            ch = self._peek()
+            if ch == "":
+                raise self._fail("unterminated character class", start)
+            if ch == "]":
+                self.pos += 1
+                return
+            atom_start = self.pos
+            low = self._class_atom()
+            if self._peek() == "-" and self._peek(1) not in {"]", ""}:
+                self.pos += 1
+                high = self._class_atom()
+                if low is None or high is None:
+                    raise self._fail("invalid character class range", atom_start)
+                if low > high:
+                    raise self._fail("character class range out of order", atom_start)
+
+    def _check_references(self) -> None:
+        count = self.capture_count
+        for digits, at in self.backrefs:
+            if _digits_greater(digits, str(count)):
+                raise self._fail(
+                    f"backreference \\{digits} exceeds the {count} capturing group(s)", at
+                )
+        for name, at in self.named_refs:
+            if name not in self.group_names:
+                raise self._fail(f"reference to undefined group name {name!r}", at)
+
+
+def pattern_syntax_error(pattern: str) -> str | None:
+    """Why ``pattern`` is not an ECMA-262 (ES2024) regular expression in Unicode mode.
+
+    Returns None for a valid pattern, else a short reason ending with the
+    offending position (a code point index into ``pattern``), for example
+    ``"invalid group '(?P' at 0"``.
+    """
+    scanner = _Scanner(pattern)
+    try:
+        scanner.run()
+    except _PatternError as exc:
+        return str(exc)
+    return None

@@ -1,0 +1,161 @@
+"""The JSON data check every instance passes before the engine sees it.
+
+jsonschema-rs reads Python objects lazily and trusts them: a set in an
+unconstrained property passes, an integer over 4 300 digits reads as 0,
+``nan`` passes every numeric bound, and an instance nested deep enough
+overflows the native stack.  One pass here closes all of that: exact JSON
+types (``dict`` with ``str`` keys, ``list``, ``str`` without lone surrogates,
+``int``, finite ``float``, ``bool``, ``None``), nesting and encoded size.
+
+The pass is a depth-first, pre-order walk with an explicit stack (no Python
+recursion), dictionaries in insertion order.  The first violation met wins;
+the running size is checked after each node, so a shared sub-list repeated
+into a billion-node tree is refused after ``max_bytes`` steps.  The C
+accelerator (``_speedups.check``) implements exactly this walk; the Python
+walk is the reference and the failure path (it also reports the path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Final
+
+__all__ = [
+    "INT_DIGITS_LIMIT",
+    "Violation",
+    "check_python",
+    "encoded_size",
+    "fast_check",
+    "first_violation",
+]
+
+#: The engine cannot compare an integer with more decimal digits than this.
+INT_DIGITS_LIMIT: Final = 4300
+_TEN_POW: Final = 10**INT_DIGITS_LIMIT  # the smallest integer with 4301 digits
+
+# Bytes that ``json.dumps(ensure_ascii=False)`` writes for one code point
+# below 0x80: the two-character escapes, ``\u00XX`` for other controls.
+_ASCII_COST: Final = tuple(
+    2 if c in '"\\\b\f\n\r\t' else 6 if ord(c) < 0x20 else 1 for c in map(chr, range(128))
+)
+
+#: (reason, JSON pointer path, human-readable detail)
+Violation = tuple[str, str, str]
+
+
+def _string_size(s: str) -> int:
+    """Bytes of ``s`` as a compact UTF-8 JSON string, quotes included.
+
+    Raises ``UnicodeEncodeError`` for a lone surrogate.
+    """
+    if s.isascii():
+        n = len(s)
+        if s.isprintable() and '"' not in s and "\\" not in s:
+            return n + 2
+        return sum(_ASCII_COST[ord(c)] for c in s) + 2
+    data = s.encode("utf-8")  # raises for lone surrogates
+    extra = sum(_ASCII_COST[ord(c)] - 1 for c in s if ord(c) < 128)
+    return len(data) + extra + 2
+
+
+def _pointer(path: list[str | int]) -> str:
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
+
+
+def check_python(obj: Any, max_depth: int, max_bytes: int) -> Violation | None:
+    """Walk ``obj``; return the first violation, or ``None`` if it is JSON data
+    within ``max_depth`` nesting and ``max_bytes`` encoded bytes.
+
+    Reasons: ``"not_json"`` (a type, key, lone surrogate or non-finite float
+    outside the JSON data model), ``"integer_too_large"``,
+    ``"input_too_deep"``, ``"input_too_large"``.
+    """
+    size = 0
+    path: list[str | int] = []
+    # One frame per open container: [iterator over (key, value), is_dict, index].
+    stack: list[list[Any]] = []
+    value: Any = obj
+    while True:
+        t = type(value)
+        if t is dict or t is list:
+            if len(stack) >= max_depth:
+                return ("input_too_deep", _pointer(path), f"nesting exceeds {max_depth}")
+            size += 2
+            if t is dict:
+                stack.append([iter(value.items()), True, 0])
+            else:
+                stack.append([enumerate(value), False, 0])
+        elif t is str:
+            try:
+                size += _string_size(value)
+            except UnicodeEncodeError:
+                return ("not_json", _pointer(path), "string holds a lone surrogate")
+        elif t is int:
+            if value >= _TEN_POW or value <= -_TEN_POW:
+                return (
+                    "integer_too_large",
+                    _pointer(path),
+                    f"integer has more than {INT_DIGITS_LIMIT} digits",
+                )
+            size += len(str(value))
+        elif t is float:
+            if value - value != 0.0:
+                return ("not_json", _pointer(path), f"{value!r} is not a JSON number")
+            size += len(repr(value))
+        elif value is True or value is None:
+            size += 4
+        elif value is False:
+            size += 5
+        else:
+            return ("not_json", _pointer(path), f"{t.__name__} is not a JSON type")
+        if size > max_bytes:
+            return ("input_too_large", _pointer(path), f"encoding exceeds {max_bytes} bytes")
+        # Advance to the next value in pre-order.
+        while stack:
+            frame = stack[-1]
+            nxt = next(frame[0], None)
+            if nxt is None:
+                stack.pop()
+                continue
+            key, value = nxt
+            del path[len(stack) - 1 :]
+            path.append(key)
+            if frame[2]:
+                size += 1  # the comma before every member but the first
+            frame[2] += 1
+            if frame[1]:
+                if type(key) is not str:
+                    return (
+                        "not_json",
+                        _pointer(path[:-1]),
+                        f"object key {key!r} is a {type(key).__name__}, not a str",
+                    )
+                try:
+                    size += _string_size(key) + 1  # the key and its colon
+                except UnicodeEncodeError:
+                    return ("not_json", _pointer(path), "object key holds a lone surrogate")
+            break
+        else:
+            return None
+
+
+def encoded_size(obj: Any) -> int:
+    """Bytes of the compact UTF-8 JSON encoding of JSON data ``obj``."""
+    import json
+
+    return len(
+        json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    )
+
+
+try:  # the C accelerator; the Python walk is the reference and the fallback
+    from ._speedups import check as fast_check
+except ImportError:  # pragma: no cover - exercised where no compiler was available
+    fast_check = None
+
+
+def first_violation(obj: Any, max_depth: int, max_bytes: int) -> Violation | None:
+    """The first violation of ``obj`` (see :func:`check_python`), fast when it has none."""
+    if fast_check is not None and fast_check(obj, max_depth, max_bytes) is None:
+        return None
+    return check_python(obj, max_depth, max_bytes)

@@ -1,0 +1,520 @@
+"""Preflight: everything we check about a schema before the engine builds it.
+
+The engine (jsonschema-rs) evaluates Draft 2020-12 faithfully, but it builds
+lazily and trusts what it is given.  This pass walks the whole document, every
+branch included, without Python recursion, and refuses with a class:
+
+* JSON data, nesting, size (``Limits``), subschema depth and count, the
+  number of references and the length and ECMA-262 syntax of patterns;
+* the dialect of every ``$schema`` (2020-12, draft-07 when opted in, or a
+  custom meta-schema from the registry/loader whose vocabularies we know);
+* every ``$ref``/``$dynamicRef``: local ones must resolve, external ones come
+  only from ``schema_registry``/``schema_loader`` (never fetched), and a cycle
+  of references that consumes no input is refused.
+
+The result names the external resources the engine needs, and nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+from urllib.parse import unquote
+
+from ..errors import Error
+from . import _ecma, _uri
+from ._content import check_content_keywords
+from ._errors import failure, invalid, limit_error, unsupported
+from ._instance import first_violation
+from ._options import Limits
+
+__all__ = ["DEFAULT_BASE", "Preflight", "preflight"]
+
+#: The base URI of a document without ``$id`` (the engine uses the same one).
+DEFAULT_BASE: Final = "json-schema:///"
+
+DRAFT_2020_12: Final = "https://json-schema.org/draft/2020-12/schema"
+DRAFT_07: Final = "http://json-schema.org/draft-07/schema"
+_VOCAB: Final = "https://json-schema.org/draft/2020-12/vocab/"
+KNOWN_VOCABULARIES: Final = frozenset(
+    _VOCAB + v
+    for v in (
+        "core",
+        "applicator",
+        "unevaluated",
+        "validation",
+        "meta-data",
+        "format-annotation",
+        "format-assertion",
+        "content",
+    )
+)
+FORMAT_ASSERTION_VOCABULARY: Final = _VOCAB + "format-assertion"
+_META: Final = "https://json-schema.org/draft/2020-12/meta/"
+#: Meta-schemas the engine bundles: a reference to one is never external.
+BUNDLED_2020_12: Final = frozenset(
+    {DRAFT_2020_12}
+    | {
+        _META + m
+        for m in (
+            "core",
+            "applicator",
+            "unevaluated",
+            "validation",
+            "meta-data",
+            "format-annotation",
+            "format-assertion",
+            "content",
+        )
+    }
+)
+
+# Schema-valued keywords (API.md, "Subschema positions").
+_MAP_2020: Final = ("$defs", "properties", "patternProperties", "dependentSchemas")
+_LIST_2020: Final = ("prefixItems", "allOf", "anyOf", "oneOf")
+_ONE_2020: Final = (
+    "additionalProperties",
+    "propertyNames",
+    "items",
+    "contains",
+    "not",
+    "if",
+    "then",
+    "else",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+    "contentSchema",
+)
+_MAP_07: Final = (*_MAP_2020, "definitions", "dependencies")
+_ONE_07: Final = (*_ONE_2020, "additionalItems")
+#: Keywords whose subschemas apply to the same instance location.
+_IN_PLACE: Final = frozenset(
+    {"allOf", "anyOf", "oneOf", "not", "if", "then", "else", "dependentSchemas", "dependencies"}
+)
+
+Path = tuple[str | int, ...]
+Location = tuple[int, Path]  # (document number, path from the document root)
+
+
+def _dialect_uri(uri: str) -> str:
+    return uri[:-1] if uri.endswith("#") else uri
+
+
+class Preflight:
+    """What preflight learnt: the engine's inputs and the analysis behind them."""
+
+    __slots__ = (
+        "_dialects",
+        "_limits",
+        "_loader",
+        "_registry",
+        "allow_external_refs",
+        "anchors",
+        "bounds_only",
+        "content_assertion",
+        "bases",
+        "docs",
+        "dynamic_anchors",
+        "edges",
+        "external",
+        "format_assertion_vocabulary",
+        "loader_used",
+        "metaschemas",
+        "refs",
+        "resources",
+        "root_dialect",
+        "subschemas",
+    )
+
+    def __init__(
+        self,
+        limits: Limits,
+        dialects: frozenset[str],
+        registry: Mapping[str, Any] | None,
+        loader: Callable[[str], Any] | None,
+        allow_external_refs: bool,
+        *,
+        content_assertion: bool = False,
+        bounds_only: bool = False,
+    ) -> None:
+        self.content_assertion = content_assertion
+        self.bounds_only = bounds_only
+        self._limits = limits
+        self._dialects = dialects
+        self._registry = (
+            None if registry is None else {_uri.split_fragment(str(k))[0]: v for k, v in registry.items()}
+        )
+        self._loader = loader
+        self.allow_external_refs = allow_external_refs
+        self.docs: list[Any] = []
+        self.resources: dict[str, Location] = {}
+        self.anchors: dict[str, Location] = {}
+        self.dynamic_anchors: dict[str, list[Location]] = {}
+        self.bases: dict[Location, str] = {}
+        self.edges: dict[Location, list[Location]] = {}
+        self.refs: list[tuple[Location, str, str]] = []  # (where, keyword, reference)
+        #: external resources the engine needs, by URI (registry/loader entries)
+        self.external: dict[str, Any] = {}
+        #: custom meta-schemas in use, by URI
+        self.metaschemas: dict[str, Any] = {}
+        self.format_assertion_vocabulary = False
+        self.loader_used = False
+        self.subschemas = 0
+        self.root_dialect = "2020-12"
+
+    # -- documents -------------------------------------------------------
+
+    def add_document(self, doc: Any, base: str, *, role: str) -> int:
+        """Check ``doc`` as JSON data within the limits and walk it."""
+        limits = self._limits
+        violation = first_violation(doc, limits.max_json_depth, limits.max_schema_bytes)
+        if violation is not None:
+            reason, pointer, detail = violation
+            where = {"role": role, "path": pointer}
+            if reason == "input_too_deep":
+                raise limit_error("too_deep", "max_json_depth", limits.max_json_depth, **where)
+            if reason == "input_too_large":
+                raise limit_error("too_large", "max_schema_bytes", limits.max_schema_bytes, **where)
+            if reason == "integer_too_large":
+                raise failure(
+                    "schema integer is too large to compare faithfully",
+                    reason="integer_too_large",
+                    maximum=4300,
+                    **where,
+                )
+            raise invalid(f"schema is not JSON data: {detail}", reason="not_json", **where)
+        number = len(self.docs)
+        self.docs.append(doc)
+        self._walk(number, doc, base)
+        return number
+
+    def _walk(self, number: int, doc: Any, base: str) -> None:
+        limits = self._limits
+        # (node, path, base URI, dialect, subschema depth)
+        stack: list[tuple[Any, Path, str, str, int]] = [(doc, (), base, "2020-12", 1)]
+        first = True
+        while stack:
+            node, path, base, dialect, depth = stack.pop()
+            self.subschemas += 1
+            if self.subschemas > limits.max_subschemas:
+                raise limit_error("too_many_subschemas", "max_subschemas", limits.max_subschemas)
+            if depth > limits.max_subschema_depth:
+                raise limit_error(
+                    "too_deep",
+                    "max_subschema_depth",
+                    limits.max_subschema_depth,
+                    path=_pointer(path),
+                )
+            if type(node) is not dict:
+                continue  # booleans; anything else is the meta-schema's to refuse
+            loc = (number, path)
+            declared = node.get("$schema")
+            if type(declared) is str and not self.bounds_only:
+                dialect = self._dialect(declared, path)
+                if first:
+                    self.root_dialect = dialect
+            first = False
+            ident = node.get("$id")
+            if type(ident) is str:
+                if dialect == "draft-07" and ident.startswith("#"):
+                    self.anchors[base + ident] = loc
+                else:
+                    base = _uri.split_fragment(_uri.resolve(base, ident))[0]
+                    self.resources.setdefault(base, loc)
+            for key in ("$anchor", "$dynamicAnchor"):
+                name = node.get(key)
+                if type(name) is str:
+                    self.anchors.setdefault(f"{base}#{name}", loc)
+                    if key == "$dynamicAnchor":
+                        self.dynamic_anchors.setdefault(name, []).append(loc)
+            self.bases[loc] = base
+            for key in ("$ref", "$dynamicRef"):
+                ref = node.get(key)
+                if type(ref) is str:
+                    self._note_ref(loc, key, ref)
+            if self.content_assertion:
+                check_content_keywords(node, _pointer(path))
+            pattern = node.get("pattern")
+            if type(pattern) is str:
+                self._check_pattern(pattern, path + ("pattern",))
+            pattern_props = node.get("patternProperties")
+            if type(pattern_props) is dict:
+                for pat in pattern_props:
+                    self._check_pattern(pat, path + ("patternProperties", pat))
+            # children, pushed in reverse so the walk is in document order
+            children: list[tuple[Any, Path, str, str, int]] = []
+            edges: list[Location] = []
+            draft07 = dialect == "draft-07"
+            for key in _MAP_07 if draft07 else _MAP_2020:
+                value = node.get(key)
+                if type(value) is dict:
+                    for name, sub in value.items():
+                        if key == "dependencies" and type(sub) is list:
+                            continue
+                        child = path + (key, name)
+                        children.append((sub, child, base, dialect, depth + 1))
+                        if key in _IN_PLACE:
+                            edges.append((number, child))
+            for key in _LIST_2020:
+                value = node.get(key)
+                if type(value) is list:
+                    for i, sub in enumerate(value):
+                        child = path + (key, i)
+                        children.append((sub, child, base, dialect, depth + 1))
+                        if key in _IN_PLACE:
+                            edges.append((number, child))
+            for key in _ONE_07 if draft07 else _ONE_2020:
+                if key in node:
+                    value = node[key]
+                    if key == "items" and type(value) is list:
+                        if draft07:
+                            for i, sub in enumerate(value):
+                                children.append((sub, path + (key, i), base, dialect, depth + 1))
+                        continue
+                    child = path + (key,)
+                    children.append((value, child, base, dialect, depth + 1))
+                    if key in _IN_PLACE:
+                        edges.append((number, child))
+            if edges:
+                self.edges[loc] = edges
+            stack.extend(reversed(children))
+
+    # -- dialects ----------------------------------------------------------
+
+    def _dialect(self, declared: str, path: Path) -> str:
+        uri = _dialect_uri(declared)
+        if uri == DRAFT_2020_12:
+            return "2020-12"
+        if uri == DRAFT_07:
+            if "draft-07" in self._dialects:
+                return "draft-07"
+            raise unsupported(
+                "draft-07 schemas need dialects={'2020-12', 'draft-07'}",
+                schema=declared,
+                path=_pointer(path),
+            )
+        meta = self._custom_metaschema(declared)
+        if meta is None:
+            raise unsupported(
+                "unsupported JSON Schema dialect", schema=declared, path=_pointer(path)
+            )
+        return "2020-12"
+
+    def _custom_metaschema(self, declared: str) -> Any:
+        """A meta-schema from the registry or loader whose own dialect is
+        2020-12, with only vocabularies we support required (SCH-02, SCH-04)."""
+        uri = _uri.split_fragment(declared)[0]
+        if uri in self.metaschemas:
+            return self.metaschemas[uri]
+        if self._registry is None and self._loader is None:
+            return None
+        try:
+            meta = self._fetch(uri, declared)
+        except Error:
+            return None
+        own = meta.get("$schema") if type(meta) is dict else None
+        if type(own) is not str or _dialect_uri(own) != DRAFT_2020_12:
+            raise unsupported(
+                "custom meta-schema is not a Draft 2020-12 meta-schema", schema=declared
+            )
+        vocabulary = meta.get("$vocabulary")
+        if type(vocabulary) is dict:
+            for vocab, required in vocabulary.items():
+                if required is True and vocab not in KNOWN_VOCABULARIES:
+                    raise unsupported(
+                        "meta-schema requires an unsupported vocabulary",
+                        schema=declared,
+                        vocabulary=vocab,
+                    )
+                if required is True and vocab == FORMAT_ASSERTION_VOCABULARY:
+                    self.format_assertion_vocabulary = True
+        self.metaschemas[uri] = meta
+        if uri not in self.resources:
+            self.resources[uri] = (self.add_document(meta, uri, role="metaschema"), ())
+        self.external[uri] = meta
+        return meta
+
+    # -- references ------------------------------------------------------
+
+    def _note_ref(self, loc: Location, keyword: str, ref: str) -> None:
+        if len(self.refs) >= self._limits.max_refs:
+            raise limit_error("too_many_refs", "max_refs", self._limits.max_refs)
+        if not self.allow_external_refs and not ref.startswith("#"):
+            raise invalid(
+                "schema reference is not local",
+                reason="remote_ref",
+                reference=ref,
+                path=_pointer(loc[1] + (keyword,)),
+            )
+        if not self.bounds_only:
+            self.refs.append((loc, keyword, ref))
+
+    def _fetch(self, uri: str, reference: str) -> Any:
+        """An external resource from the registry or the loader, never the network."""
+        if self._registry is not None:
+            if uri not in self._registry:
+                raise invalid(
+                    "external schema reference is not in schema_registry", reference=reference
+                )
+            return self._registry[uri]
+        if self._loader is None:
+            raise invalid(
+                "external schema reference requires an explicit loader", reference=reference
+            )
+        self.loader_used = True
+        try:
+            loaded = self._loader(uri)
+        except Exception as exc:
+            raise failure(
+                "external schema reference could not be loaded",
+                reference=reference,
+                cause=f"{type(exc).__name__}: {exc}"[:500],
+            ) from exc
+        if type(loaded) is not bool and not isinstance(loaded, Mapping):
+            raise failure(
+                "external schema reference could not be loaded",
+                reference=reference,
+                cause=f"loader returned {type(loaded).__name__}, not a schema",
+            )
+        return loaded
+
+    def resolve_references(self) -> None:
+        """Resolve every reference (loading external resources as needed,
+        which may add references) and build the in-place reference edges."""
+        done = 0
+        while done < len(self.refs):
+            loc, keyword, ref = self.refs[done]
+            done += 1
+            target = self._resolve(loc, ref)
+            if target is None:
+                continue
+            self.edges.setdefault(loc, []).append(target)
+            if keyword == "$dynamicRef":
+                fragment = _uri.split_fragment(ref)[1]
+                if fragment and not fragment.startswith("/"):
+                    self.edges[loc].extend(self.dynamic_anchors.get(fragment, ()))
+
+    def _resolve(self, loc: Location, ref: str) -> Location | None:
+        absolute = _uri.resolve(self.bases[loc], ref)
+        resource, fragment = _uri.split_fragment(absolute)
+        root = self.resources.get(resource)
+        if root is None:
+            if resource in BUNDLED_2020_12 or (
+                "draft-07" in self._dialects and resource == DRAFT_07
+            ):
+                return None
+            if resource in self.metaschemas:
+                return None
+            loaded = self._fetch(resource, ref)
+            number = self.add_document(loaded, resource, role="reference")
+            root = (number, ())
+            self.resources.setdefault(resource, root)
+            self.external[resource] = loaded
+        if fragment == "":
+            return root
+        if fragment.startswith("/"):
+            return self._follow_pointer(root, fragment, ref)
+        target = self.anchors.get(f"{resource}#{fragment}")
+        if target is None:
+            raise invalid("schema reference does not resolve", reference=ref, reason="unresolved")
+        return target
+
+    def _follow_pointer(self, root: Location, fragment: str, ref: str) -> Location:
+        number, path = root
+        node = self.docs[number]
+        for part in path:
+            node = node[part]
+        steps: list[str | int] = []
+        for raw in unquote(fragment).split("/")[1:]:
+            token = raw.replace("~1", "/").replace("~0", "~")
+            if type(node) is dict and token in node:
+                node = node[token]
+                steps.append(token)
+            elif type(node) is list and token.isdigit() and int(token) < len(node):
+                node = node[int(token)]
+                steps.append(int(token))
+            else:
+                raise invalid(
+                    "schema reference does not resolve", reference=ref, reason="unresolved"
+                )
+        return (number, path + tuple(steps))
+
+    def check_cycles(self) -> None:
+        """Refuse a cycle of in-place applicators and references: it consumes
+        no input, and the engine would accept every instance (SCH-50)."""
+        WHITE, GREY, BLACK = 0, 1, 2
+        colour: dict[Location, int] = {}
+        for start in list(self.edges):
+            if colour.get(start, WHITE) != WHITE:
+                continue
+            colour[start] = GREY
+            stack: list[tuple[Location, int]] = [(start, 0)]
+            while stack:
+                node, i = stack[-1]
+                successors = self.edges.get(node, ())
+                if i < len(successors):
+                    stack[-1] = (node, i + 1)
+                    nxt = successors[i]
+                    state = colour.get(nxt, WHITE)
+                    if state == GREY:
+                        raise invalid(
+                            "schema references form a cycle that consumes no input",
+                            reason="ref_cycle",
+                            path=_pointer(node[1]),
+                        )
+                    if state == WHITE:
+                        colour[nxt] = GREY
+                        stack.append((nxt, 0))
+                else:
+                    colour[node] = BLACK
+                    stack.pop()
+
+    # -- patterns --------------------------------------------------------
+
+    def _check_pattern(self, pattern: str, path: Path) -> None:
+        maximum = self._limits.max_pattern_bytes
+        if len(pattern) * 4 > maximum and len(pattern.encode("utf-8", "surrogatepass")) > maximum:
+            raise limit_error(
+                "pattern_too_long", "max_pattern_bytes", maximum, path=_pointer(path)
+            )
+        if self.bounds_only:
+            return
+        reason = _ecma.pattern_syntax_error(pattern)
+        if reason is not None:
+            raise invalid(
+                "pattern is not an ECMA-262 regular expression",
+                reason="invalid_pattern",
+                pattern=pattern,
+                detail=reason,
+                path=_pointer(path),
+            )
+
+
+def _pointer(path: Path) -> str:
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
+
+
+def preflight(
+    schema: Any,
+    *,
+    limits: Limits,
+    dialects: frozenset[str],
+    registry: Mapping[str, Any] | None,
+    loader: Callable[[str], Any] | None,
+    allow_external_refs: bool,
+    content_assertion: bool = False,
+) -> Preflight:
+    """Analyse ``schema`` fully; raise a classed ``Error`` for any refusal."""
+    result = Preflight(
+        limits,
+        dialects,
+        registry,
+        loader,
+        allow_external_refs,
+        content_assertion=content_assertion,
+    )
+    number = result.add_document(schema, DEFAULT_BASE, role="schema")
+    result.resources.setdefault(DEFAULT_BASE, (number, ()))
+    result.resolve_references()
+    result.check_cycles()
+    return result
