@@ -47,7 +47,11 @@ def load_tools(data: Any) -> list[dict[str, Any]]:
 
 def _reason(error: Error) -> str:
     reason = error.details.get("reason")
-    extra = [f"{k}={error.details[k]}" for k in ("schema", "reference", "path") if k in error.details]
+    extra = [
+        f"{k}={error.details[k]}"
+        for k in ("schema", "reference", "path")
+        if error.details.get(k) not in (None, "")
+    ]
     head = f"{error.error_class.value}"
     if reason:
         head += f" ({reason})"
@@ -98,7 +102,10 @@ def _print_rows(rows: list[tuple[str, bool, str]], out: TextIO) -> None:
         from rich.console import Console
     except ImportError:  # the cli extra is optional: plain lines then
         for name, ok, reason in rows:
-            print(f"{'accepted' if ok else 'rejected'}  {name}" + (f"  {reason}" if reason else ""), file=out)
+            print(
+                f"{'accepted' if ok else 'rejected'}  {name}" + (f"  {reason}" if reason else ""),
+                file=out,
+            )
         print(summary, file=out)
         return
     console = Console(file=out, highlight=False, soft_wrap=True)

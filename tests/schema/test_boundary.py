@@ -361,7 +361,8 @@ def test_sch_15_unknown_keywords_are_annotations() -> None:
 
 
 @pytest.mark.parametrize(
-    "ref", ["https://example.test/s.json", "http://example.test/s", "file:///etc/passwd", "other.json"]
+    "ref",
+    ["https://example.test/s.json", "http://example.test/s", "file:///etc/passwd", "other.json"],
 )
 def test_sch_16_external_reference_needs_a_loader(ref: str) -> None:
     """SCH-16: a non-local reference without registry or loader is refused at preflight."""
@@ -444,7 +445,7 @@ def no_io(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     monkeypatch.setattr(urllib.request, "urlopen", refuse("urlopen"))
     monkeypatch.setattr(builtins, "open", refuse("open"))
     monkeypatch.setattr(io, "open", refuse("io.open"))
-    yield attempts
+    return attempts
 
 
 @pytest.mark.parametrize(
@@ -649,7 +650,10 @@ def _deep_list(depth: int) -> list[Any]:
 
 def test_sch_32_argument_depth() -> None:
     """SCH-32: arguments nested 129 levels raise input_too_deep before evaluation."""
-    recursive = {"properties": {"a": {"$ref": "#/$defs/any"}}, "$defs": {"any": {"items": {"$ref": "#/$defs/any"}}}}
+    recursive = {
+        "properties": {"a": {"$ref": "#/$defs/any"}},
+        "$defs": {"any": {"items": {"$ref": "#/$defs/any"}}},
+    }
     validate(recursive, {"a": _deep_list(127)})  # root + 127 = 128
     with pytest.raises(Error) as exc:
         validate(recursive, {"a": _deep_list(128)})
@@ -695,7 +699,16 @@ def test_sch_34_limits_per_call() -> None:
     with pytest.raises(Error):
         Limits(max_input_depth=0)
     assert Limits() == Limits.host()
-    assert attrs.astuple(Limits.host()) == (128, 128, 100_000, 1_048_576, 10_000, 1_024, 128, 1_048_576)
+    assert attrs.astuple(Limits.host()) == (
+        128,
+        128,
+        100_000,
+        1_048_576,
+        10_000,
+        1_024,
+        128,
+        1_048_576,
+    )
     assert attrs.astuple(Limits.mcp()) == (64, 32, 1_000, 262_144, 10_000, 1_024, 128, 1_048_576)
 
 
@@ -840,7 +853,12 @@ def test_sch_41_one_of_beside_object_keywords(where: str) -> None:
         schema = {"properties": {"p": {"type": "array", "items": form}}}
     validate(schema, wrap({"id": "1", "kind": "a", "n": 1}))
     validate(schema, wrap({"id": "1", "kind": "b", "s": "x"}))
-    for bad in ({"kind": "a"}, {"id": "1", "kind": "c"}, {"id": "1", "kind": "b"}, {"id": 1, "kind": "a"}):
+    for bad in (
+        {"kind": "a"},
+        {"id": "1", "kind": "c"},
+        {"id": "1", "kind": "b"},
+        {"id": 1, "kind": "a"},
+    ):
         with pytest.raises(Error) as exc:
             validate(schema, wrap(bad))
         refused(exc, ErrorClass.VALIDATION)
@@ -854,9 +872,10 @@ def test_sch_46_fingerprints() -> None:
     a = {"type": "object", "properties": {"x": {"type": "string"}, "y": {}}}
     b = {"properties": {"y": {}, "x": {"type": "string"}}, "type": "object"}
     assert compile(a).fingerprint == compile(b).fingerprint
-    assert compile({"properties": {"c": {"const": True}}}).fingerprint != compile(
-        {"properties": {"c": {"const": 1}}}
-    ).fingerprint
+    assert (
+        compile({"properties": {"c": {"const": True}}}).fingerprint
+        != compile({"properties": {"c": {"const": 1}}}).fingerprint
+    )
     base = compile(a).fingerprint
     variants = [
         {"format_assertion": True},

@@ -12,7 +12,7 @@ from typing import Any, Final, Literal
 import attrs
 import jsonschema_rs
 
-from ..errors import Error, ErrorClass
+from ..errors import Error
 from . import _instance
 from ._content import CONTENT_KEYWORDS
 from ._errors import failure, invalid, limit_error, unsupported
@@ -95,7 +95,9 @@ class CompiledSchema:
     """A schema that passed preflight, built once for repeated validation.
 
     ``validate`` returns its argument itself, unchanged (SCH-09): no default
-    is inserted, nothing is coerced, nothing is removed.
+    is inserted, nothing is coerced, nothing is removed.  ``schema`` is the
+    object first compiled under this fingerprint (equal as JSON to any later
+    one); a tool descriptor keeps its own schema object.
     """
 
     schema: Any
@@ -235,7 +237,7 @@ def _fingerprint(schema: Any, options: SchemaOptions, limits: Limits, root: Root
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _options(
+def _options(  # noqa: PLR0917 - mirrors compile()'s keywords
     dialects: Collection[str] | None,
     schema_registry: Mapping[str, Any] | None,
     schema_loader: SchemaLoader | None,
@@ -379,9 +381,7 @@ def _engine(schema: Any, options: SchemaOptions, result: Preflight) -> jsonschem
             "schema could not be built", reason="invalid_schema", cause=_cause(exc)
         ) from exc
     except Exception as exc:
-        raise failure(
-            "schema engine failed", reason="engine_failure", cause=_cause(exc)
-        ) from exc
+        raise failure("schema engine failed", reason="engine_failure", cause=_cause(exc)) from exc
 
 
 # -- public entry points ---------------------------------------------------
@@ -438,7 +438,9 @@ def compile_output(
     return _compile_cached(schema, options, "any")
 
 
-def compile_with(schema: Any, options: SchemaOptions | None, *, output: bool = False) -> CompiledSchema:
+def compile_with(
+    schema: Any, options: SchemaOptions | None, *, output: bool = False
+) -> CompiledSchema:
     """Compile with a descriptor's ``SchemaOptions`` (``None`` = defaults)."""
     return _compile_cached(schema, options or SchemaOptions(), "any" if output else "tool")
 

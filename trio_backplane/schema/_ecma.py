@@ -23,7 +23,8 @@ Known deliberate deviations from a full ECMA-262 engine:
   none), as are ES2025 duplicate named groups in different alternatives.
 * ID_Start / ID_Continue for group names are derived from the general categories
   of the Python ``unicodedata`` tables (plus Other_ID_Start / Other_ID_Continue,
-  minus Pattern_Syntax), whose Unicode version may lag the engine's.
+  minus Pattern_Syntax), whose Unicode version may lag the engine's: a letter
+  assigned after that version is refused in a group name.
 * Quantifier bounds are compared exactly (``{3000000000,2147483648}`` is out of
   order); V8 clamps both bounds to 2**31-1 and accepts such a quantifier.
 """
@@ -58,8 +59,10 @@ _TRAIL_SURROGATES: Final = range(0xDC00, 0xE000)
 _ID_START_CATEGORIES: Final = frozenset({"Lu", "Ll", "Lt", "Lm", "Lo", "Nl"})
 _ID_CONTINUE_CATEGORIES: Final = _ID_START_CATEGORIES | {"Mn", "Mc", "Nd", "Pc"}
 _OTHER_ID_START: Final = frozenset("\u1885\u1886\u2118\u212e\u309b\u309c")
+# (U+30FB and U+FF65 joined Other_ID_Continue in Unicode 15.1; ZWNJ/ZWJ are allowed anyway.)
 _OTHER_ID_CONTINUE: Final = frozenset(
     "\u00b7\u0387\u1369\u136a\u136b\u136c\u136d\u136e\u136f\u1370\u1371\u19da"
+    "\u30fb\uff65"
 )
 # The only letters in Pattern_Syntax (U+2E2F VERTICAL TILDE is Lm).
 _PATTERN_SYNTAX_LETTERS: Final = frozenset("\u2e2f")

@@ -17,7 +17,7 @@ walk is the reference and the failure path (it also reports the path).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any, Final
 
 __all__ = [
@@ -143,11 +143,10 @@ def encoded_size(obj: Any) -> int:
     """Bytes of the compact UTF-8 JSON encoding of JSON data ``obj``."""
     import json
 
-    return len(
-        json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-    )
+    return len(json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode())
 
 
+fast_check: Callable[[Any, int, int], str | None] | None
 try:  # the C accelerator; the Python walk is the reference and the fallback
     from ._speedups import check as fast_check
 except ImportError:  # pragma: no cover - exercised where no compiler was available

@@ -135,7 +135,7 @@ class SchemaOptions:
 
     dialects: frozenset[str] | None = attrs.field(
         default=None,
-        converter=attrs.converters.optional(lambda d: normalize_dialects(d)),
+        converter=attrs.converters.optional(normalize_dialects),
         validator=_check_dialects,
     )
     schema_registry: Mapping[str, Any] | None = attrs.field(

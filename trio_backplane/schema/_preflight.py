@@ -110,9 +110,9 @@ class Preflight:
         "_registry",
         "allow_external_refs",
         "anchors",
+        "bases",
         "bounds_only",
         "content_assertion",
-        "bases",
         "docs",
         "dynamic_anchors",
         "edges",
@@ -142,7 +142,9 @@ class Preflight:
         self._limits = limits
         self._dialects = dialects
         self._registry = (
-            None if registry is None else {_uri.split_fragment(str(k))[0]: v for k, v in registry.items()}
+            None
+            if registry is None
+            else {_uri.split_fragment(str(k))[0]: v for k, v in registry.items()}
         )
         self._loader = loader
         self.allow_external_refs = allow_external_refs
@@ -236,11 +238,11 @@ class Preflight:
                 check_content_keywords(node, _pointer(path))
             pattern = node.get("pattern")
             if type(pattern) is str:
-                self._check_pattern(pattern, path + ("pattern",))
+                self._check_pattern(pattern, (*path, "pattern"))
             pattern_props = node.get("patternProperties")
             if type(pattern_props) is dict:
                 for pat in pattern_props:
-                    self._check_pattern(pat, path + ("patternProperties", pat))
+                    self._check_pattern(pat, (*path, "patternProperties", pat))
             # children, pushed in reverse so the walk is in document order
             children: list[tuple[Any, Path, str, str, int]] = []
             edges: list[Location] = []
@@ -251,7 +253,7 @@ class Preflight:
                     for name, sub in value.items():
                         if key == "dependencies" and type(sub) is list:
                             continue
-                        child = path + (key, name)
+                        child = (*path, key, name)
                         children.append((sub, child, base, dialect, depth + 1))
                         if key in _IN_PLACE:
                             edges.append((number, child))
@@ -259,7 +261,7 @@ class Preflight:
                 value = node.get(key)
                 if type(value) is list:
                     for i, sub in enumerate(value):
-                        child = path + (key, i)
+                        child = (*path, key, i)
                         children.append((sub, child, base, dialect, depth + 1))
                         if key in _IN_PLACE:
                             edges.append((number, child))
@@ -269,9 +271,9 @@ class Preflight:
                     if key == "items" and type(value) is list:
                         if draft07:
                             for i, sub in enumerate(value):
-                                children.append((sub, path + (key, i), base, dialect, depth + 1))
+                                children.append((sub, (*path, key, i), base, dialect, depth + 1))
                         continue
-                    child = path + (key,)
+                    child = (*path, key)
                     children.append((value, child, base, dialect, depth + 1))
                     if key in _IN_PLACE:
                         edges.append((number, child))
@@ -474,9 +476,7 @@ class Preflight:
     def _check_pattern(self, pattern: str, path: Path) -> None:
         maximum = self._limits.max_pattern_bytes
         if len(pattern) * 4 > maximum and len(pattern.encode("utf-8", "surrogatepass")) > maximum:
-            raise limit_error(
-                "pattern_too_long", "max_pattern_bytes", maximum, path=_pointer(path)
-            )
+            raise limit_error("pattern_too_long", "max_pattern_bytes", maximum, path=_pointer(path))
         if self.bounds_only:
             return
         reason = _ecma.pattern_syntax_error(pattern)

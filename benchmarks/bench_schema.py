@@ -1,0 +1,144 @@
+"""How much does the schema boundary cost on the hot path?
+
+    python benchmarks/bench_schema.py [--quick]
+
+Workloads: ``../shared/bench/schemas.json`` (``tool`` and ``big_defs``, one
+valid and one invalid instance each).  Contenders, all in this process:
+
+* ``raw is_valid``: a compiled ``jsonschema_rs`` validator's ``is_valid``
+  (offline), the baseline every ratio divides by;
+* ``ours compiled``: ``CompiledSchema.validate`` (input checks + engine; on an
+  invalid instance it also collects the error entries);
+* ``ours validate()``: ``validate(schema, args)``, which fingerprints the
+  schema on every call to find the cached compiled validator;
+* ``python jsonschema``: ``Draft202012Validator.is_valid`` (jsonschema 4.26);
+* ``fastjsonschema``: a draft-07 rewrite (it cannot express 2020-12).
+
+Each figure is the median of 5 repeats, in microseconds per call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import jsonschema_rs
+
+from trio_backplane import Error, schema
+from trio_backplane.schema._instance import fast_check
+
+HERE = Path(__file__).resolve().parent
+SHARED = Path(os.environ.get("TRIO_BACKPLANE_SHARED", HERE.parent.parent / "shared"))
+
+
+def per_call(fn: Callable[[], Any], budget: float) -> float:
+    """Median microseconds per call over 5 repeats of ~budget/5 seconds each."""
+    fn()
+    number = 1
+    while True:
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        elapsed = time.perf_counter() - start
+        if elapsed > budget / 25:
+            break
+        number *= 2
+    number = max(1, int(number * (budget / 5) / max(elapsed, 1e-9)))
+    samples = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        samples.append((time.perf_counter() - start) / number * 1e6)
+    return statistics.median(samples)
+
+
+def swallow(fn: Callable[[Any], Any], value: Any) -> Callable[[], Any]:
+    def call() -> Any:
+        try:
+            return fn(value)
+        except Error:
+            return None
+
+    return call
+
+
+def to_draft07(node: Any) -> Any:
+    if isinstance(node, dict):
+        out = {}
+        for key, value in node.items():
+            if key == "$schema":
+                out[key] = "http://json-schema.org/draft-07/schema#"
+            elif key == "$defs":
+                out["definitions"] = to_draft07(value)
+            elif key == "$ref" and isinstance(value, str):
+                out[key] = value.replace("#/$defs/", "#/definitions/")
+            else:
+                out[key] = to_draft07(value)
+        return out
+    if isinstance(node, list):
+        return [to_draft07(v) for v in node]
+    return node
+
+
+def main(argv: list[str]) -> int:
+    budget = 0.25 if "--quick" in argv else 1.0
+    workloads = json.loads((SHARED / "bench" / "schemas.json").read_text())
+    contenders: dict[str, Callable[[dict[str, Any]], Callable[[Any], Any]]] = {}
+    contenders["raw is_valid"] = lambda s: jsonschema_rs.validator_for(s, offline=True).is_valid
+    contenders["ours compiled"] = lambda s: schema.compile(s).validate
+    contenders["ours validate()"] = lambda s: lambda args: schema.validate(s, args)
+    try:
+        import jsonschema
+
+        contenders["python jsonschema"] = lambda s: jsonschema.Draft202012Validator(s).is_valid
+    except ImportError:  # pragma: no cover
+        print("python jsonschema not installed: skipped")
+    try:
+        import fastjsonschema
+
+        contenders["fastjsonschema (07)"] = lambda s: fastjsonschema.compile(to_draft07(s))
+    except ImportError:  # pragma: no cover
+        print("fastjsonschema not installed: skipped")
+
+    print(
+        f"python {sys.version.split()[0]}, jsonschema_rs {version('jsonschema_rs')}, "
+        f"C input check: {'yes' if fast_check is not None else 'no (pure Python)'}"
+    )
+    print(f"{'workload':<18}{'contender':<22}{'us/call':>10}{'x raw':>9}")
+    for name, work in workloads.items():
+        for kind in ("valid", "invalid"):
+            instance = work[kind]
+            base = None
+            for label, make in contenders.items():
+                fn = make(work["schema"])
+                if label.startswith("fastjsonschema"):
+                    call = swallow_any(fn, instance)
+                else:
+                    call = swallow(fn, instance)
+                us = per_call(call, budget)
+                if base is None:
+                    base = us
+                print(f"{name + '/' + kind:<18}{label:<22}{us:>10.2f}{us / base:>9.2f}")
+    return 0
+
+
+def swallow_any(fn: Callable[[Any], Any], value: Any) -> Callable[[], Any]:
+    def call() -> Any:
+        try:
+            return fn(value)
+        except Exception:
+            return None
+
+    return call
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
