@@ -14,7 +14,8 @@ valid and one invalid instance each).  Contenders, all in this process:
 * ``python jsonschema``: ``Draft202012Validator.is_valid`` (jsonschema 4.26);
 * ``fastjsonschema``: a draft-07 rewrite (it cannot express 2020-12).
 
-Each figure is the median of 5 repeats, in microseconds per call.
+Each figure is the median of 7 interleaved repeats, in microseconds per call;
+the ratio divides by ``raw is_valid`` on the same workload and instance.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ HERE = Path(__file__).resolve().parent
 SHARED = Path(os.environ.get("TRIO_BACKPLANE_SHARED", HERE.parent.parent / "shared"))
 
 
-def per_call(fn: Callable[[], Any], budget: float) -> float:
-    """Median microseconds per call over 5 repeats of ~budget/5 seconds each."""
+def calibrate(fn: Callable[[], Any], seconds: float) -> int:
+    """How many calls of ``fn`` take about ``seconds``."""
     fn()
     number = 1
     while True:
@@ -47,17 +48,24 @@ def per_call(fn: Callable[[], Any], budget: float) -> float:
         for _ in range(number):
             fn()
         elapsed = time.perf_counter() - start
-        if elapsed > budget / 25:
-            break
+        if elapsed > seconds / 5:
+            return max(1, int(number * seconds / elapsed))
         number *= 2
-    number = max(1, int(number * (budget / 5) / max(elapsed, 1e-9)))
-    samples = []
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        samples.append((time.perf_counter() - start) / number * 1e6)
-    return statistics.median(samples)
+
+
+def measure(calls: dict[str, Callable[[], Any]], budget: float) -> dict[str, float]:
+    """Median microseconds per call of each contender over 7 interleaved
+    repeats (contenders alternate, so a noisy neighbour hits all alike)."""
+    numbers = {label: calibrate(fn, budget / 7) for label, fn in calls.items()}
+    samples: dict[str, list[float]] = {label: [] for label in calls}
+    for _ in range(7):
+        for label, fn in calls.items():
+            number = numbers[label]
+            start = time.perf_counter()
+            for _ in range(number):
+                fn()
+            samples[label].append((time.perf_counter() - start) / number * 1e6)
+    return {label: statistics.median(values) for label, values in samples.items()}
 
 
 def swallow(fn: Callable[[Any], Any], value: Any) -> Callable[[], Any]:
@@ -116,16 +124,14 @@ def main(argv: list[str]) -> int:
     for name, work in workloads.items():
         for kind in ("valid", "invalid"):
             instance = work[kind]
-            base = None
+            calls = {}
             for label, make in contenders.items():
                 fn = make(work["schema"])
-                if label.startswith("fastjsonschema"):
-                    call = swallow_any(fn, instance)
-                else:
-                    call = swallow(fn, instance)
-                us = per_call(call, budget)
-                if base is None:
-                    base = us
+                guard = swallow_any if label.startswith("fastjsonschema") else swallow
+                calls[label] = guard(fn, instance)
+            figures = measure(calls, budget)
+            base = figures["raw is_valid"]
+            for label, us in figures.items():
                 print(f"{name + '/' + kind:<18}{label:<22}{us:>10.2f}{us / base:>9.2f}")
     return 0
 

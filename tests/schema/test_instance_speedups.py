@@ -158,13 +158,14 @@ def test_numbers_cost_their_repr() -> None:
     """SCH-35, SCH-49: ints cost len(str(v)) up to 4300 digits, 10**4300 and
     beyond in either sign are refused, floats cost len(repr(v))."""
     ints = [0, 1, -1, 2**63, -(2**63), 2**64, _LIMIT - 1, 1 - _LIMIT]
-    ints += [s * (b + d) for k in range(70) for b in (2**k, 10**k) for d in (-1, 0, 1) for s in (1, -1)]
-    for v in ints:
-        n = len(str(v))
-        assert _speedups.check(v, 1, n) is None, v
-        assert _speedups.check(v, 1, n - 1) == "input_too_large", v
-    for v in (_LIMIT, -_LIMIT, _LIMIT + 1, 2**14285, -(2**20000)):
-        assert _speedups.check(v, 1, 1 << 40) == "integer_too_large"
+    for k in range(70):
+        ints += [s * (b + d) for b in (2**k, 10**k) for d in (-1, 0, 1) for s in (1, -1)]
+    for i in ints:
+        n = len(str(i))
+        assert _speedups.check(i, 1, n) is None, i
+        assert _speedups.check(i, 1, n - 1) == "input_too_large", i
+    for i in (_LIMIT, -_LIMIT, _LIMIT + 1, 2**14285, -(2**20000)):
+        assert _speedups.check(i, 1, 1 << 40) == "integer_too_large"
     floats = [0.0, -0.0, 0.1, 0.1 + 0.2, 1e-4, 9.999999999999999e-05, 1e15 + 0.5, 1e16, 1e16 - 2]
     floats += [5e-324, 1.7976931348623157e308, 123456.789, 1 / 3, -2 / 3, 2.0**50 + 0.5]
     for v in floats:
@@ -218,7 +219,11 @@ def _bench_instances() -> list[tuple[str, Any]]:
             pytest.fail(reason)
         pytest.skip(reason)
     workloads = json.loads(_SCHEMAS.read_text(encoding="utf-8"))
-    return [(f"{name}/{kind}", workloads[name][kind]) for name in ("tool", "big_defs") for kind in ("valid", "invalid")]
+    return [
+        (f"{name}/{kind}", workloads[name][kind])
+        for name in ("tool", "big_defs")
+        for kind in ("valid", "invalid")
+    ]
 
 
 def test_bench_instances_size_boundary() -> None:
@@ -239,7 +244,16 @@ def test_bad_arguments() -> None:
         with pytest.raises(ValueError, match="max_"):
             _speedups.check([], depth, size)
     assert _speedups.check([], 100_000, 10**30) is None  # a huge max_bytes is no limit
-    for args in ((), ([],), ([], 5), ([], 5, 10, 1), ([], "5", 10), ([], 5, 1.5), ([], None, 10)):
+    bad_args: tuple[tuple[Any, ...], ...] = (
+        (),
+        ([],),
+        ([], 5),
+        ([], 5, 10, 1),
+        ([], "5", 10),
+        ([], 5, 1.5),
+        ([], None, 10),
+    )
+    for args in bad_args:
         with pytest.raises(TypeError):
             _speedups.check(*args)
     with pytest.raises(TypeError):

@@ -54,6 +54,7 @@ _CONTEXT_KINDS: Final = (
 )
 
 Root = Literal["tool", "any"]
+_DEFAULT_OPTIONS: Final = SchemaOptions()
 
 
 def _pointer(parts: list[str | int]) -> str:
@@ -216,8 +217,31 @@ def _fingerprint(schema: Any, options: SchemaOptions, limits: Limits, root: Root
     """SHA-256 of the schema as canonical JSON and every option that changes
     its meaning (SCH-46).  ``true`` and ``1`` encode differently, so they never
     share an entry; key order does not matter."""
+    meta = _meta_text(options, limits, root)
+    try:
+        text = _canonical(schema)
+    except (TypeError, ValueError, RecursionError):
+        # Not JSON data: preflight will say exactly why; key it by identity so
+        # the refusal is not cached under a colliding key.
+        text = f"not-json:{id(schema)}"
+    digest = hashlib.sha256(meta.encode("utf-8", "surrogatepass"))
+    digest.update(text.encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
+
+
+_meta_texts: dict[tuple[SchemaOptions, Limits, Root], str] = {}
+
+
+def _meta_text(options: SchemaOptions, limits: Limits, root: Root) -> str:
+    """The options part of a fingerprint, memoized when no registry or loader
+    (whose contents may change under an equal record) takes part."""
     registry = options.schema_registry
     loader = options.schema_loader
+    plain = registry is None and loader is None
+    if plain:
+        known = _meta_texts.get((options, limits, root))
+        if known is not None:
+            return known
     meta = {
         "root": root,
         "dialects": sorted(options.dialects or ("2020-12",)),
@@ -229,12 +253,14 @@ def _fingerprint(schema: Any, options: SchemaOptions, limits: Limits, root: Root
         "loader": None if loader is None else f"{type(loader).__qualname__}@{id(loader):x}",
     }
     try:
-        text = _canonical([schema, meta])
-    except (TypeError, ValueError, RecursionError):
-        # Not JSON data: preflight will say exactly why; key it by identity so
-        # the refusal is not cached under a colliding key.
-        text = f"not-json:{id(schema)}:{_canonical(meta) if registry is None else ''}"
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+        text = _canonical(meta) + "\n"
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise invalid(
+            "schema_registry is not JSON data", reason="not_json", cause=_cause(exc)
+        ) from exc
+    if plain and len(_meta_texts) < 1024:
+        _meta_texts[(options, limits, root)] = text
+    return text
 
 
 def _options(  # noqa: PLR0917 - mirrors compile()'s keywords
@@ -246,6 +272,16 @@ def _options(  # noqa: PLR0917 - mirrors compile()'s keywords
     limits: Limits | None,
     allow_external_refs: bool,
 ) -> SchemaOptions:
+    if (
+        dialects is None
+        and schema_registry is None
+        and schema_loader is None
+        and format_assertion is False
+        and content_assertion is False
+        and limits is None
+        and allow_external_refs is True
+    ):
+        return _DEFAULT_OPTIONS
     return SchemaOptions(
         dialects=dialects,
         schema_registry=schema_registry,

@@ -61,8 +61,7 @@ _ID_CONTINUE_CATEGORIES: Final = _ID_START_CATEGORIES | {"Mn", "Mc", "Nd", "Pc"}
 _OTHER_ID_START: Final = frozenset("\u1885\u1886\u2118\u212e\u309b\u309c")
 # (U+30FB and U+FF65 joined Other_ID_Continue in Unicode 15.1; ZWNJ/ZWJ are allowed anyway.)
 _OTHER_ID_CONTINUE: Final = frozenset(
-    "\u00b7\u0387\u1369\u136a\u136b\u136c\u136d\u136e\u136f\u1370\u1371\u19da"
-    "\u30fb\uff65"
+    "\u00b7\u0387\u1369\u136a\u136b\u136c\u136d\u136e\u136f\u1370\u1371\u19da\u30fb\uff65"
 )
 # The only letters in Pattern_Syntax (U+2E2F VERTICAL TILDE is Lm).
 _PATTERN_SYNTAX_LETTERS: Final = frozenset("\u2e2f")

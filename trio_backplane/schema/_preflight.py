@@ -328,7 +328,9 @@ class Preflight:
                         schema=declared,
                         vocabulary=vocab,
                     )
-                if required is True and vocab == FORMAT_ASSERTION_VOCABULARY:
+                if vocab == FORMAT_ASSERTION_VOCABULARY:
+                    # We support this vocabulary, so an optional (false) listing
+                    # asserts format too, as a supporting implementation must.
                     self.format_assertion_vocabulary = True
         self.metaschemas[uri] = meta
         if uri not in self.resources:
