@@ -1,0 +1,53 @@
+"""The durable run kernel: a pure state machine over JSON-data records.
+
+Sans-I/O (like h11): no Trio, no clock, no store.  ``transition(record,
+command)`` returns the next record and its events or raises ``Error``.
+"""
+
+from ._codec import decode_event, decode_record, encode_event, encode_record
+from ._records import (
+    ACTIVE_STATES,
+    RUN_STATES,
+    SCHEMA_VERSION,
+    TERMINAL_STATES,
+    Budget,
+    Command,
+    FrozenDict,
+    FrozenList,
+    RunEvent,
+    RunRecord,
+    assoc,
+    check_json,
+    dissoc,
+    freeze,
+    reserve,
+    thaw,
+)
+from ._transition import COMMANDS, cleanup_requirements, fence, transition
+
+__all__ = [
+    "ACTIVE_STATES",
+    "COMMANDS",
+    "RUN_STATES",
+    "SCHEMA_VERSION",
+    "TERMINAL_STATES",
+    "Budget",
+    "Command",
+    "FrozenDict",
+    "FrozenList",
+    "RunEvent",
+    "RunRecord",
+    "assoc",
+    "check_json",
+    "cleanup_requirements",
+    "decode_event",
+    "decode_record",
+    "dissoc",
+    "encode_event",
+    "encode_record",
+    "fence",
+    "freeze",
+    "reserve",
+    "thaw",
+    "transition",
+]

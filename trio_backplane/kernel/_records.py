@@ -1,0 +1,351 @@
+"""The run record, its budget, commands and events: frozen JSON-data records."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+import attrs
+
+from ..errors import Error, ErrorClass
+
+__all__ = [
+    "ACTIVE_STATES",
+    "INTENT_STATUSES",
+    "RUN_STATES",
+    "SCHEMA_VERSION",
+    "TERMINAL_STATES",
+    "Budget",
+    "Command",
+    "RunEvent",
+    "RunRecord",
+    "FrozenDict",
+    "FrozenList",
+    "assoc",
+    "check_json",
+    "dissoc",
+    "freeze",
+    "thaw",
+    "reserve",
+]
+
+#: Version of the record layout written by this code (the codec checks it).
+SCHEMA_VERSION: Final = 1
+
+TERMINAL_STATES: Final = frozenset(
+    {"completed", "failed", "cancelled", "timed_out", "unknown_outcome"}
+)
+ACTIVE_STATES: Final = frozenset({"queued", "running", "waiting_approval", "waiting_result"})
+RUN_STATES: Final = ACTIVE_STATES | {"cancelling"} | TERMINAL_STATES
+INTENT_STATUSES: Final = frozenset({"started", "consumed", "cancelled", "uncertain"})
+
+
+class FrozenDict(dict[str, Any]):
+    """A ``dict`` that refuses mutation: the mapping type of committed records.
+
+    A ``dict`` subclass so JSON encoders write it at C speed; only
+    :func:`freeze` builds one, after checking every value is JSON data, so a
+    ``FrozenDict`` (or ``FrozenList``) met again is known frozen and reused as
+    is: evolving a record copies only what changed.
+    """
+
+    __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("committed records are read-only")
+
+    __setitem__ = __delitem__ = __ior__ = _refuse
+    clear = pop = popitem = setdefault = update = _refuse
+
+    def __copy__(self) -> FrozenDict:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> FrozenDict:
+        return self
+
+    def __reduce__(self) -> Any:
+        return (_frozen_dict, (dict(self),))
+
+
+def _frozen_dict(data: dict[str, Any]) -> FrozenDict:
+    return FrozenDict(data)
+
+
+class FrozenList(tuple[Any, ...]):
+    """A tuple of frozen JSON values: the array type of committed records."""
+
+    __slots__ = ()
+
+
+_EMPTY: Final[Mapping[str, Any]] = FrozenDict()
+
+
+def check_json(value: Any, what: str = "committed intent") -> None:
+    """Raise ``validation`` unless ``value`` is JSON data (KER-11)."""
+    freeze(value, what)
+
+
+def freeze(value: Any, what: str = "committed intent") -> Any:
+    """A read-only deep copy of JSON data (``FrozenDict``/``FrozenList``),
+    reusing values that are already frozen; iterative, so depth is no danger.
+
+    Raises ``validation`` "<what> contains a runtime handle" for a callable, a
+    channel, a task or any other non-JSON object (KER-11).
+    """
+    t = type(value)
+    if t is FrozenDict or t is FrozenList or t is str or t is int or t is bool or value is None:
+        return value
+    if t is float:
+        if value - value != 0.0:
+            raise Error(ErrorClass.VALIDATION, f"{what} contains a non-finite number")
+        return value
+    # Containers: build bottom-up with an explicit stack.
+    root: list[Any] = [None]
+    stack: list[tuple[Any, list[Any], Any]] = [(value, root, 0)]
+    pending: list[tuple[list[Any], Any, Any, bool]] = []
+    while stack:
+        item, holder, slot = stack.pop()
+        kind = type(item)
+        if (
+            kind is FrozenDict
+            or kind is FrozenList
+            or kind is str
+            or kind is int
+            or kind is bool
+            or item is None
+        ):
+            holder[slot] = item
+        elif kind is float:
+            if item - item != 0.0:
+                raise Error(ErrorClass.VALIDATION, f"{what} contains a non-finite number")
+            holder[slot] = item
+        elif isinstance(item, Mapping):
+            keys = list(item.keys())
+            for key in keys:
+                if type(key) is not str:
+                    raise Error(
+                        ErrorClass.VALIDATION,
+                        f"{what} contains a runtime handle",
+                        {"type": type(key).__name__},
+                    )
+            values: list[Any] = [None] * len(keys)
+            pending.append((holder, slot, (keys, values), True))
+            for i, key in enumerate(keys):
+                stack.append((item[key], values, i))
+        elif kind is list or kind is tuple:
+            values = [None] * len(item)
+            pending.append((holder, slot, values, False))
+            for i, sub in enumerate(item):
+                stack.append((sub, values, i))
+        else:
+            raise Error(
+                ErrorClass.VALIDATION, f"{what} contains a runtime handle", {"type": kind.__name__}
+            )
+    # Containers were registered parent-first: build them child-first.
+    for holder, slot, data, is_map in reversed(pending):
+        if is_map:
+            keys, values = data
+            holder[slot] = FrozenDict(zip(keys, values, strict=True))
+        else:
+            holder[slot] = FrozenList(data)
+    return root[0]
+
+
+def thaw(value: Any) -> Any:
+    """Plain ``dict``/``list`` JSON data from a frozen value."""
+    if isinstance(value, Mapping):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [thaw(v) for v in value]
+    return value
+
+
+def _frozen_mapping(value: Any) -> Mapping[str, Any]:
+    if value is None:
+        return _EMPTY
+    frozen = freeze(value)
+    if not isinstance(frozen, Mapping):
+        raise Error(ErrorClass.VALIDATION, "expected a mapping")
+    return frozen
+
+
+def _quota(instance: Any, attribute: Any, value: Any) -> None:
+    if type(value) is not int or value < 1:
+        raise Error(
+            ErrorClass.VALIDATION, "work must be an int of at least 1", {"work": repr(value)}
+        )
+
+
+@attrs.frozen
+class Budget:
+    """A finite work quota; every provider attempt and tool invocation reserves
+    one unit under its reservation id (``"provider:<attempt>"``, ``"tool:<id>"``)."""
+
+    quota: int = attrs.field(validator=_quota)
+    used: int = 0
+    reservations: Mapping[str, int] = attrs.field(default=_EMPTY, converter=_frozen_mapping)
+
+
+def reserve(budget: Budget, reservation_id: str, amount: int = 1) -> Budget:
+    """Reserve ``amount`` under ``reservation_id``; idempotent for the same
+    amount (KER-12), ``budget_exceeded`` beyond the quota (KER-13)."""
+    if type(amount) is not int or amount < 1:
+        raise Error(ErrorClass.VALIDATION, "reservation amount must be a positive int")
+    held = budget.reservations.get(reservation_id)
+    if held is not None:
+        if held == amount:
+            return budget
+        raise Error(
+            ErrorClass.RESOURCE_CONFLICT,
+            "reservation id already used with another amount",
+            {"reservation_id": reservation_id, "held": held, "requested": amount},
+        )
+    if budget.used + amount > budget.quota:
+        raise Error(
+            ErrorClass.BUDGET_EXCEEDED,
+            "work quota exhausted",
+            {"used": budget.used, "requested": amount, "quota": budget.quota},
+        )
+    return Budget(
+        quota=budget.quota,
+        used=budget.used + amount,
+        reservations=assoc(budget.reservations, reservation_id, amount),
+    )
+
+
+def _state(instance: Any, attribute: Any, value: Any) -> None:
+    if value not in RUN_STATES:
+        raise Error(ErrorClass.VALIDATION, "unknown run state", {"state": repr(value)})
+
+
+def _positive(instance: Any, attribute: attrs.Attribute[int], value: Any) -> None:
+    if type(value) is not int or value < 1:
+        raise Error(ErrorClass.VALIDATION, f"{attribute.name} must be a positive int")
+
+
+def _non_negative(instance: Any, attribute: attrs.Attribute[int], value: Any) -> None:
+    if type(value) is not int or value < 0:
+        raise Error(ErrorClass.VALIDATION, f"{attribute.name} must be a non-negative int")
+
+
+def _run_id(instance: Any, attribute: Any, value: Any) -> None:
+    if type(value) is not str or not value or len(value) > 256:
+        raise Error(ErrorClass.VALIDATION, "run_id must be a non-empty str of at most 256 chars")
+
+
+def _optional_mapping(value: Any) -> Mapping[str, Any] | None:
+    return None if value is None else _frozen_mapping(value)
+
+
+@attrs.frozen
+class RunRecord:
+    """One run, as committed: JSON data only (KER-11), frozen all the way down.
+
+    ``intents`` maps ``"provider:<attempt_id>"``/``"tool:<invocation_id>"`` to
+    ``{"kind", "status", "effect_class", "dispatch_state", ...}``;
+    ``active_tools`` maps invocation ids to their identity; ``tool_results``
+    holds each completed invocation's result until its transcript projection.
+    """
+
+    run_id: str = attrs.field(validator=_run_id)
+    incarnation: int = attrs.field(default=1, validator=_positive)
+    revision: int = attrs.field(default=0, validator=_non_negative)
+    state: str = attrs.field(default="queued", validator=_state)
+    admitted: bool = False
+    deadline: float | None = None
+    budget: Budget = attrs.field(factory=lambda: Budget(quota=100))
+    step_id: str | None = None
+    counters: Mapping[str, int] = attrs.field(default=_EMPTY, converter=_frozen_mapping)
+    active_provider: Mapping[str, Any] | None = attrs.field(
+        default=None, converter=_optional_mapping
+    )
+    active_tools: Mapping[str, Any] = attrs.field(default=_EMPTY, converter=_frozen_mapping)
+    intents: Mapping[str, Any] = attrs.field(default=_EMPTY, converter=_frozen_mapping)
+    tool_results: Mapping[str, Any] = attrs.field(default=_EMPTY, converter=_frozen_mapping)
+    provider_result: Mapping[str, Any] | None = attrs.field(
+        default=None, converter=_optional_mapping
+    )
+    active_wait: Mapping[str, Any] | None = attrs.field(default=None, converter=_optional_mapping)
+    dependencies: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    children: Mapping[str, Any] = attrs.field(default=_EMPTY, converter=_frozen_mapping)
+    stop_reason: str | None = None
+    cleanup_required: Mapping[str, Any] | None = attrs.field(
+        default=None, converter=_optional_mapping
+    )
+    outcome: Mapping[str, Any] | None = attrs.field(default=None, converter=_optional_mapping)
+    context: Mapping[str, Any] = attrs.field(default=_EMPTY, converter=_frozen_mapping)
+    schema_version: int = SCHEMA_VERSION
+
+    @classmethod
+    def new(
+        cls,
+        run_id: str,
+        *,
+        incarnation: int = 1,
+        work: int = 100,
+        context: Mapping[str, Any] | None = None,
+    ) -> RunRecord:
+        """A fresh ``queued`` run at revision 0."""
+        if context is not None:
+            check_json(dict(context), "run context")
+        return cls(
+            run_id=run_id, incarnation=incarnation, budget=Budget(quota=work), context=context
+        )
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def conversation(self) -> Mapping[str, Any] | None:
+        """The conversation state checkpointed in ``context["conversation"]``."""
+        value = self.context.get("conversation")
+        return value if isinstance(value, Mapping) else None
+
+
+def _input(value: Any) -> Mapping[str, Any]:
+    if value is None:
+        return _EMPTY
+    if not isinstance(value, Mapping):
+        raise Error(ErrorClass.VALIDATION, "command input must be a mapping")
+    return freeze(value)  # type: ignore[no-any-return]
+
+
+def assoc(mapping: Mapping[str, Any], key: str, value: Any) -> FrozenDict:
+    """``mapping`` with ``key`` set to frozen ``value``: one C-speed copy, the
+    other (already frozen) values shared."""
+    new = dict(mapping)
+    new[key] = freeze(value)
+    return FrozenDict(new)
+
+
+def dissoc(mapping: Mapping[str, Any], key: str) -> FrozenDict:
+    """``mapping`` without ``key``."""
+    new = dict(mapping)
+    new.pop(key, None)
+    return FrozenDict(new)
+
+
+def _at(instance: Any, attribute: Any, value: Any) -> None:
+    if type(value) not in (int, float) or value - value != 0:
+        raise Error(ErrorClass.VALIDATION, "command time must be a finite number")
+
+
+@attrs.frozen
+class Command:
+    """A request to change a run: ``kind``, the time ``at`` (the caller's clock;
+    the kernel never reads one, KER-01) and JSON ``input``."""
+
+    kind: str
+    at: float = attrs.field(validator=_at)
+    input: Mapping[str, Any] = attrs.field(default=None, converter=_input)
+
+
+@attrs.frozen
+class RunEvent:
+    """``"run.<command>"`` with ``{"state", "input"}``; the store assigns ``sequence``."""
+
+    type: str
+    occurred_at: float
+    payload: Mapping[str, Any] = attrs.field(converter=_frozen_mapping)
+    sequence: int | None = None

@@ -1,0 +1,491 @@
+"""``transition(record, command) -> (record, events)``: the pure run state machine.
+
+In the spirit of h11: explicit states, one function per command, no I/O, no
+clock (time comes inside the command).  A command the state does not allow
+raises ``validation``; a stale or foreign identity or a duplicate raises
+``resource_conflict``; an accepted command raises the revision by exactly one
+and yields one ``"run.<command>"`` event (KER-01..08).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+import attrs
+
+from ..errors import Error, ErrorClass
+from ._records import (
+    ACTIVE_STATES,
+    TERMINAL_STATES,
+    Command,
+    RunEvent,
+    RunRecord,
+    assoc,
+    dissoc,
+    freeze,
+    reserve,
+    thaw,
+)
+
+__all__ = ["COMMANDS", "cleanup_requirements", "fence", "transition"]
+
+_Handler = Callable[[RunRecord, Command], dict[str, Any]]
+
+#: Commands that still apply after the run deadline (KER-08).
+_AFTER_DEADLINE: Final = frozenset(
+    {"cancel", "deadline_exceeded", "cleanup_settled", "conversation_updated"}
+)
+#: Input keys whose (possibly large) values events summarise, so the event
+#: log does not repeat the transcript at every checkpoint.
+_DIGESTED: Final = frozenset({"conversation", "result"})
+
+
+def _invalid(record: RunRecord, command: Command) -> Error:
+    return Error(
+        ErrorClass.VALIDATION,
+        "command is invalid in the current run state",
+        {"state": record.state, "command": command.kind},
+    )
+
+
+def _conflict(message: str, **details: Any) -> Error:
+    return Error(ErrorClass.RESOURCE_CONFLICT, message, details)
+
+
+def _require_state(record: RunRecord, command: Command, *states: str) -> None:
+    if record.state not in states:
+        raise _invalid(record, command)
+
+
+def _check_identity(record: RunRecord, command: Command) -> None:
+    """A command naming another run or incarnation is foreign (KER-04)."""
+    given = command.input
+    if "run_id" in given and given["run_id"] != record.run_id:
+        raise _conflict("command belongs to another run", run_id=given["run_id"])
+    if "incarnation" in given and given["incarnation"] != record.incarnation:
+        raise _conflict(
+            "command belongs to another incarnation",
+            expected=record.incarnation,
+            received=given["incarnation"],
+        )
+
+
+def _next_id(record: RunRecord, kind: str) -> tuple[str, dict[str, int]]:
+    counters = dict(record.counters)
+    counters[kind] = counters.get(kind, 0) + 1
+    return f"{kind}-{record.incarnation}-{counters[kind]}", counters
+
+
+def _conversation(command: Command) -> dict[str, Any]:
+    if "conversation" in command.input:
+        conversation = command.input["conversation"]
+        if not isinstance(conversation, Mapping):
+            raise Error(ErrorClass.VALIDATION, "conversation state must be a mapping")
+        return {"conversation": conversation}
+    return {}
+
+
+def _with_context(record: RunRecord, command: Command) -> dict[str, Any]:
+    update = _conversation(command)
+    if not update:
+        return {}
+    return {"context": assoc(record.context, "conversation", update["conversation"])}
+
+
+# -- handlers: each returns the changes to apply --------------------------------
+
+
+def _admit(record: RunRecord, command: Command) -> dict[str, Any]:
+    if record.admitted or record.state != "queued":
+        raise _invalid(record, command)
+    target = command.input.get("state", "queued")
+    if target not in ("queued", "running"):
+        raise Error(
+            ErrorClass.VALIDATION,
+            "admission state must be queued or running",
+            {"state": repr(target)},
+        )
+    deadline = command.input.get("deadline")
+    if deadline is not None and (type(deadline) not in (int, float) or deadline - deadline != 0):
+        raise Error(ErrorClass.VALIDATION, "deadline must be a finite number")
+    return {
+        "admitted": True,
+        "state": target,
+        "deadline": deadline,
+        **_with_context(record, command),
+    }
+
+
+def _start(record: RunRecord, command: Command) -> dict[str, Any]:
+    if not record.admitted:
+        raise _invalid(record, command)
+    _require_state(record, command, "queued", "running")
+    return {"state": "running"}
+
+
+def _conversation_updated(record: RunRecord, command: Command) -> dict[str, Any]:
+    _require_state(record, command, "running", "waiting_approval", "waiting_result", "cancelling")
+    changes = _with_context(record, command)
+    later = command.input.get("execution_deadline")
+    if later is not None:
+        if type(later) not in (int, float) or later - later != 0:
+            raise Error(ErrorClass.VALIDATION, "execution_deadline must be a finite number")
+        if record.deadline is None or later > record.deadline:
+            changes["deadline"] = later
+    return changes
+
+
+def _provider_started(record: RunRecord, command: Command) -> dict[str, Any]:
+    _require_state(record, command, "running")
+    if record.active_provider is not None or record.active_tools or record.active_wait:
+        raise _conflict("another effect is active", active=_active(record))
+    attempt_id, counters = _next_id(record, "attempt")
+    step_id, counters = _next_id(attrs.evolve(record, counters=counters), "step")
+    key = f"provider:{attempt_id}"
+    budget = reserve(record.budget, key)
+    intent = {
+        "kind": "provider",
+        "status": "started",
+        "effect_class": "read_only",
+        "dispatch_state": "unknown",
+        "attempt_id": attempt_id,
+        "step_id": step_id,
+        "started_at": command.at,
+    }
+    provider = {"attempt_id": attempt_id, "step_id": step_id}
+    if "turn_id" in command.input:
+        provider["turn_id"] = command.input["turn_id"]
+        intent["turn_id"] = command.input["turn_id"]
+    return {
+        "counters": counters,
+        "step_id": step_id,
+        "active_provider": provider,
+        "intents": assoc(record.intents, key, intent),
+        "budget": budget,
+    }
+
+
+def _active(record: RunRecord) -> dict[str, Any]:
+    return {
+        "provider": None
+        if record.active_provider is None
+        else record.active_provider["attempt_id"],
+        "tools": sorted(record.active_tools),
+        "wait": None if record.active_wait is None else record.active_wait.get("wait_id"),
+    }
+
+
+def _provider_completed(record: RunRecord, command: Command) -> dict[str, Any]:
+    _require_state(record, command, "running")
+    provider = record.active_provider
+    attempt_id = command.input.get("attempt_id")
+    if provider is None:
+        if attempt_id is not None and f"provider:{attempt_id}" in record.intents:
+            raise _conflict("provider attempt already completed", attempt_id=attempt_id)
+        raise _invalid(record, command)
+    if attempt_id is not None and attempt_id != provider["attempt_id"]:
+        raise _conflict(
+            "stale provider attempt", expected=provider["attempt_id"], received=attempt_id
+        )
+    key = f"provider:{provider['attempt_id']}"
+    intent = {**record.intents[key], "status": "consumed", "completed_at": command.at}
+    changes: dict[str, Any] = {
+        "active_provider": None,
+        "intents": assoc(record.intents, key, intent),
+        "provider_result": {
+            "attempt_id": provider["attempt_id"],
+            "result": command.input.get("result"),
+        },
+        **_with_context(record, command),
+    }
+    if command.input.get("final") is True:
+        pending = attrs.evolve(record, active_provider=None)
+        _require_settled(pending)
+        changes["state"] = "completed"
+        changes["outcome"] = command.input.get("outcome") or {"status": "completed"}
+    return changes
+
+
+def _tool_invoked(record: RunRecord, command: Command) -> dict[str, Any]:
+    _require_state(record, command, "running")
+    if record.active_provider is not None:
+        raise _conflict("a provider attempt is active", active=_active(record))
+    if record.step_id is None:
+        raise _invalid(record, command)
+    step_id = command.input.get("step_id", record.step_id)
+    if step_id != record.step_id:
+        raise _conflict("stale step", expected=record.step_id, received=step_id)
+    call_id = command.input.get("tool_call_id")
+    if call_id is not None:
+        for key, intent in record.intents.items():
+            if (
+                key.startswith("tool:")
+                and intent.get("step_id") == step_id
+                and intent.get("tool_call_id") == call_id
+            ):
+                raise _conflict("tool call already invoked", tool_call_id=call_id)
+    invocation_id, counters = _next_id(record, "invocation")
+    key = f"tool:{invocation_id}"
+    budget = reserve(record.budget, key)
+    effect_class = command.input.get("effect_class", "mutation")
+    identity = {
+        "invocation_id": invocation_id,
+        "step_id": step_id,
+        **{
+            k: command.input[k]
+            for k in ("tool_name", "tool_revision", "tool_call_id", "turn_id", "arguments_digest")
+            if k in command.input
+        },
+    }
+    intent = {
+        "kind": "tool",
+        "status": "started",
+        "effect_class": effect_class,
+        "dispatch_state": command.input.get("dispatch_state", "unknown"),
+        "started_at": command.at,
+        **identity,
+    }
+    return {
+        "counters": counters,
+        "active_tools": assoc(record.active_tools, invocation_id, identity),
+        "intents": assoc(record.intents, key, intent),
+        "budget": budget,
+    }
+
+
+def _tool_completed(record: RunRecord, command: Command) -> dict[str, Any]:
+    _require_state(record, command, "running")
+    invocation_id = command.input.get("invocation_id")
+    if invocation_id not in record.active_tools:
+        if invocation_id in record.tool_results:
+            raise _conflict("tool invocation already completed", invocation_id=invocation_id)
+        raise _conflict("unknown tool invocation", invocation_id=invocation_id)
+    key = f"tool:{invocation_id}"
+    intent = {**record.intents[key], "status": "consumed", "completed_at": command.at}
+    return {
+        "active_tools": dissoc(record.active_tools, str(invocation_id)),
+        "intents": assoc(record.intents, key, intent),
+        "tool_results": assoc(record.tool_results, str(invocation_id), command.input.get("result")),
+        **_with_context(record, command),
+    }
+
+
+def _wait_started(record: RunRecord, command: Command) -> dict[str, Any]:
+    _require_state(record, command, "running")
+    if record.active_wait is not None:
+        raise _conflict("a wait is already active", wait_id=record.active_wait.get("wait_id"))
+    wait_id, counters = _next_id(record, "wait")
+    dependency = command.input.get("dependency", wait_id)
+    return {
+        "counters": counters,
+        "state": "waiting_result",
+        "active_wait": {"wait_id": wait_id, "dependency": dependency, "started_at": command.at},
+        "dependencies": (*record.dependencies, dependency),
+    }
+
+
+def _wait_resolved(record: RunRecord, command: Command) -> dict[str, Any]:
+    _require_state(record, command, "waiting_result")
+    wait = record.active_wait
+    assert wait is not None
+    if command.input.get("wait_id") != wait["wait_id"]:
+        raise _conflict(
+            "stale wait", expected=wait["wait_id"], received=command.input.get("wait_id")
+        )
+    dependencies = tuple(d for d in record.dependencies if d != wait["dependency"])
+    return {"state": "running", "active_wait": None, "dependencies": dependencies}
+
+
+def _child_settled(record: RunRecord, command: Command) -> dict[str, Any]:
+    _require_state(record, command, "running")
+    child_id = command.input.get("child_id")
+    child = record.children.get(child_id) if isinstance(child_id, str) else None
+    if child is None or child.get("settled"):
+        raise _conflict("not an owned unsettled child", child_id=child_id)
+    settled = {**child, "settled": True, "outcome": command.input.get("outcome")}
+    return {"children": assoc(record.children, str(child_id), settled)}
+
+
+def _unsettled(record: RunRecord) -> dict[str, list[str]]:
+    return {
+        "provider": []
+        if record.active_provider is None
+        else [record.active_provider["attempt_id"]],
+        "tools": sorted(record.active_tools),
+        "children": sorted(k for k, c in record.children.items() if not c.get("settled")),
+        "dependencies": sorted(set(record.dependencies)),
+    }
+
+
+def _require_settled(record: RunRecord) -> None:
+    unsettled = _unsettled(record)
+    if any(unsettled.values()) or record.active_wait is not None:
+        raise _conflict("required work remains unsettled", unsettled=unsettled)
+
+
+def _finish(record: RunRecord, command: Command) -> dict[str, Any]:
+    _require_state(record, command, "running")
+    status = command.input.get("status")
+    if status not in ("completed", "failed"):
+        raise Error(ErrorClass.VALIDATION, "finish status must be completed or failed")
+    _require_settled(record)
+    return {
+        "state": status,
+        "outcome": {"status": status, **dict(command.input.get("outcome") or {})},
+    }
+
+
+def _stop(reason: str) -> _Handler:
+    def handler(record: RunRecord, command: Command) -> dict[str, Any]:
+        _require_state(record, command, *sorted(ACTIVE_STATES))
+        return {
+            "state": "cancelling",
+            "stop_reason": reason,
+            "cleanup_required": cleanup_requirements(record),
+        }
+
+    return handler
+
+
+def _cleanup_settled(record: RunRecord, command: Command) -> dict[str, Any]:
+    _require_state(record, command, "cancelling")
+    certainty = command.input.get("certainty")
+    required = thaw(record.cleanup_required or cleanup_requirements(record))
+    if certainty == "confirmed":
+        settled = command.input.get("settled", {})
+        normal = (
+            {k: sorted(settled.get(k, ())) for k in required}
+            if isinstance(settled, Mapping)
+            else None
+        )
+        if normal != {k: sorted(v) for k, v in required.items()} or (
+            isinstance(settled, Mapping) and set(settled) - set(required)
+        ):
+            raise _conflict(
+                "confirmed cleanup must settle exactly the outstanding work",
+                required=required,
+                settled=thaw(settled),
+            )
+        intents = {
+            k: ({**v, "status": "cancelled"} if v.get("status") == "started" else v)
+            for k, v in record.intents.items()
+        }
+        final = "timed_out" if record.stop_reason == "deadline_exceeded" else "cancelled"
+        return {
+            "state": final,
+            "intents": intents,
+            "active_provider": None,
+            "active_tools": {},
+            "active_wait": None,
+            "dependencies": (),
+            "outcome": {"status": final, "stop_reason": record.stop_reason, "cleanup": "confirmed"},
+        }
+    if certainty == "uncertain":
+        evidence = command.input.get("evidence")
+        if not evidence:
+            raise Error(ErrorClass.VALIDATION, "uncertain cleanup needs evidence")
+        intents = {
+            k: ({**v, "status": "uncertain"} if v.get("status") == "started" else v)
+            for k, v in record.intents.items()
+        }
+        return {
+            "state": "unknown_outcome",
+            "intents": intents,
+            "outcome": {
+                "status": "unknown_outcome",
+                "stop_reason": record.stop_reason,
+                "cleanup": "uncertain",
+                "evidence": evidence,
+            },
+        }
+    raise Error(ErrorClass.VALIDATION, "cleanup certainty must be confirmed or uncertain")
+
+
+COMMANDS: Final[Mapping[str, _Handler]] = {
+    "admit": _admit,
+    "start": _start,
+    "conversation_updated": _conversation_updated,
+    "provider_started": _provider_started,
+    "provider_completed": _provider_completed,
+    "tool_invoked": _tool_invoked,
+    "tool_completed": _tool_completed,
+    "wait_started": _wait_started,
+    "wait_resolved": _wait_resolved,
+    "child_settled": _child_settled,
+    "finish": _finish,
+    "cancel": _stop("cancelled"),
+    "deadline_exceeded": _stop("deadline_exceeded"),
+    "cleanup_settled": _cleanup_settled,
+}
+
+
+def cleanup_requirements(record: RunRecord) -> Mapping[str, Any]:
+    """The outstanding work a confirmed cleanup must settle, exactly:
+    ``{"provider", "tools", "children", "dependencies"}`` (sorted id lists)."""
+    return freeze(_unsettled(record))  # type: ignore[no-any-return]
+
+
+def _summary(value: Any) -> Any:
+    """What an event says of a large input: its shape, in constant time."""
+    if isinstance(value, Mapping):
+        summary: dict[str, Any] = {"keys": sorted(value)[:32]}
+        messages = value.get("messages")
+        if isinstance(messages, tuple | list):
+            summary["messages"] = len(messages)
+        return summary
+    return {"type": type(value).__name__}
+
+
+def _event_input(command: Command) -> dict[str, Any]:
+    return {k: (_summary(v) if k in _DIGESTED else v) for k, v in command.input.items()}
+
+
+def transition(record: RunRecord, command: Command) -> tuple[RunRecord, list[RunEvent]]:
+    """Apply ``command`` to ``record``: a new record (revision + 1) and one event."""
+    if not isinstance(command, Command):
+        raise Error(ErrorClass.VALIDATION, "transition needs a Command")
+    handler = COMMANDS.get(command.kind)
+    if handler is None:
+        raise Error(ErrorClass.VALIDATION, "unknown command", {"command": command.kind})
+    if record.state in TERMINAL_STATES:
+        raise _invalid(record, command)
+    _check_identity(record, command)
+    if (
+        record.deadline is not None
+        and command.at > record.deadline
+        and command.kind not in _AFTER_DEADLINE
+    ):
+        raise Error(
+            ErrorClass.TIMEOUT,
+            "run deadline has expired",
+            {"boundary": "before_store", "deadline": record.deadline, "at": command.at},
+        )
+    changes = handler(record, command)
+    new = attrs.evolve(record, revision=record.revision + 1, **changes)
+    event = RunEvent(
+        type=f"run.{command.kind}",
+        occurred_at=command.at,
+        payload={"state": new.state, "input": _event_input(command)},
+    )
+    return new, [event]
+
+
+def fence(
+    record: RunRecord, incarnation: int, *, at: float = 0.0
+) -> tuple[RunRecord, list[RunEvent]]:
+    """Advance ``record`` to a newer ``incarnation`` (STO-08): the old one can
+    never commit again.  ``resource_conflict`` unless it is strictly newer."""
+    if type(incarnation) is not int or incarnation <= record.incarnation:
+        raise _conflict(
+            "fence must raise the incarnation",
+            stored=record.incarnation,
+            requested=incarnation,
+        )
+    new = attrs.evolve(record, incarnation=incarnation, revision=record.revision + 1)
+    event = RunEvent(
+        type="run.fence",
+        occurred_at=at,
+        payload={"state": new.state, "input": {"incarnation": incarnation}},
+    )
+    return new, [event]

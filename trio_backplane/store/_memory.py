@@ -1,0 +1,71 @@
+"""``MemoryStore``: ephemeral, for tests and demos; it cannot fence."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from ..errors import Error, ErrorClass
+from ..kernel import RunEvent, RunRecord, decode_event
+from ._protocol import Receipt, RunSummary, prepare_commit, prepare_create
+
+__all__ = ["MemoryStore"]
+
+
+class MemoryStore:
+    """Runs in a dict.  Same compare-and-set as the durable stores; ``fence``
+    raises ``unsupported_capability`` "durable store required" (STO-07)."""
+
+    durable = False
+
+    def __init__(self) -> None:
+        self._records: dict[str, RunRecord] = {}
+        self._events: dict[str, list[RunEvent]] = {}
+
+    async def create(self, record: RunRecord) -> Receipt:
+        prepare_create(record)
+        if record.run_id in self._records:
+            raise Error(
+                ErrorClass.RESOURCE_CONFLICT, "run already exists", {"run_id": record.run_id}
+            )
+        self._records[record.run_id] = record
+        self._events[record.run_id] = []
+        return Receipt(record.run_id, record.incarnation, record.revision)
+
+    async def load(self, run_id: str) -> RunRecord | None:
+        return self._records.get(run_id)
+
+    async def commit(
+        self,
+        run_id: str,
+        *,
+        incarnation: int,
+        expected_revision: int,
+        record: RunRecord,
+        events: Sequence[RunEvent],
+    ) -> Receipt:
+        prepared = prepare_commit(
+            self._records.get(run_id),
+            run_id,
+            incarnation=incarnation,
+            expected_revision=expected_revision,
+            record=record,
+            events=events,
+        )
+        log = self._events[run_id]
+        for data in prepared.events:
+            log.append(decode_event({**data, "sequence": len(log) + 1}))
+        self._records[run_id] = record
+        return Receipt(run_id, incarnation, record.revision)
+
+    async def fence(self, run_id: str, *, incarnation: int) -> Receipt:
+        raise Error(ErrorClass.UNSUPPORTED_CAPABILITY, "durable store required")
+
+    async def list_runs(self, *, states: Collection[str] | None = None) -> list[RunSummary]:
+        return [
+            RunSummary(r.run_id, r.incarnation, r.revision, r.state)
+            for r in sorted(self._records.values(), key=lambda r: r.run_id)
+            if states is None or r.state in states
+        ]
+
+    async def events(self, run_id: str, *, after: int = 0) -> list[RunEvent]:
+        return [e for e in self._events.get(run_id, ()) if (e.sequence or 0) > after]

@@ -1,0 +1,152 @@
+"""The ``Store`` protocol and the checks every store shares.
+
+A store does atomic compare-and-set on ``(run_id, incarnation, revision)``
+and nothing else: the kernel decides what a record may become, the store
+decides only whether this writer may still write it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import attrs
+
+from ..errors import Error, ErrorClass
+from ..kernel import RunEvent, RunRecord, check_json, encode_event, encode_record
+
+__all__ = [
+    "PreparedCommit",
+    "Receipt",
+    "RunSummary",
+    "Store",
+    "prepare_commit",
+    "prepare_create",
+    "verify_receipt",
+]
+
+
+@attrs.frozen
+class Receipt:
+    """What a store acknowledges: the run, its incarnation and the revision now stored."""
+
+    run_id: str
+    incarnation: int
+    revision: int
+
+
+@attrs.frozen
+class RunSummary:
+    run_id: str
+    incarnation: int
+    revision: int
+    state: str
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Durable (or not) storage of run records and their event log."""
+
+    async def create(self, record: RunRecord) -> Receipt: ...
+
+    async def load(self, run_id: str) -> RunRecord | None: ...
+
+    async def commit(
+        self,
+        run_id: str,
+        *,
+        incarnation: int,
+        expected_revision: int,
+        record: RunRecord,
+        events: Sequence[RunEvent],
+    ) -> Receipt: ...
+
+    async def fence(self, run_id: str, *, incarnation: int) -> Receipt: ...
+
+    async def list_runs(self, *, states: Collection[str] | None = None) -> list[RunSummary]: ...
+
+    async def events(self, run_id: str, *, after: int = 0) -> list[RunEvent]: ...
+
+
+def verify_receipt(receipt: Receipt, *, run_id: str, expected_revision: int) -> Receipt:
+    """The runtime's check of an acknowledgement (STO-03)."""
+    if receipt.run_id != run_id or receipt.revision != expected_revision + 1:
+        raise Error(
+            ErrorClass.RESOURCE_CONFLICT,
+            "store acknowledged another revision",
+            {"expected": expected_revision + 1, "received": receipt.revision},
+        )
+    return receipt
+
+
+@attrs.frozen
+class PreparedCommit:
+    """A validated commit, encoded: what a store writes in one transaction."""
+
+    record: RunRecord
+    encoded: dict[str, Any]
+    events: list[dict[str, Any]]
+
+
+def _encode(record: RunRecord, events: Sequence[RunEvent]) -> PreparedCommit:
+    if not isinstance(record, RunRecord):
+        raise Error(ErrorClass.VALIDATION, "a store commits RunRecord values")
+    for event in events:
+        if not isinstance(event, RunEvent):
+            raise Error(ErrorClass.VALIDATION, "a store commits RunEvent values")
+    encoded = encode_record(record)
+    check_json(encoded)  # KER-11: a runtime handle never reaches storage
+    encoded_events = [encode_event(e) for e in events]
+    check_json(encoded_events)
+    return PreparedCommit(record=record, encoded=encoded, events=encoded_events)
+
+
+def prepare_create(record: RunRecord) -> PreparedCommit:
+    """Validate a new record (revision 0)."""
+    if isinstance(record, RunRecord) and record.revision != 0:
+        raise Error(ErrorClass.VALIDATION, "a new run starts at revision 0")
+    return _encode(record, ())
+
+
+def prepare_commit(
+    stored: RunRecord | None,
+    run_id: str,
+    *,
+    incarnation: int,
+    expected_revision: int,
+    record: RunRecord,
+    events: Sequence[RunEvent],
+) -> PreparedCommit:
+    """The compare-and-set decision, against the ``stored`` record (STO-01..04).
+
+    Stores call this inside their transaction, with the row they locked.
+    """
+    if not isinstance(record, RunRecord):
+        raise Error(ErrorClass.VALIDATION, "a store commits RunRecord values")
+    if record.run_id != run_id or record.incarnation != incarnation:
+        raise Error(
+            ErrorClass.VALIDATION,
+            "record identity does not match the commit",
+            {"run_id": run_id, "incarnation": incarnation},
+        )
+    if record.revision != expected_revision + 1:
+        raise Error(
+            ErrorClass.VALIDATION,
+            "record revision must be expected_revision + 1",
+            {"expected": expected_revision + 1, "received": record.revision},
+        )
+    if stored is None:
+        raise Error(ErrorClass.RESOURCE_CONFLICT, "run does not exist", {"run_id": run_id})
+    if stored.incarnation != incarnation:
+        raise Error(
+            ErrorClass.RESOURCE_CONFLICT,
+            "incarnation is fenced",
+            {"stored": stored.incarnation, "received": incarnation},
+        )
+    if stored.revision != expected_revision:
+        raise Error(
+            ErrorClass.RESOURCE_CONFLICT,
+            "stale revision",
+            {"stored": stored.revision, "expected": expected_revision},
+        )
+    return _encode(record, events)
