@@ -77,3 +77,81 @@ def test_usage_errors_exit_2() -> None:
     with pytest.raises(SystemExit) as exc:
         main(["schema"])
     assert exc.value.code == 2
+
+
+def test_catalog_admit_live_catalog_strict(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """CAT-15: ``catalog admit`` admits the 58-tool capture strictly and warns about
+    names outside MCP's advisory character set (CAT-01)."""
+    path = FIXTURES / "issue_46_live_catalog.json"
+    status, text = run("catalog", "admit", str(path))
+    assert status == 0
+    assert "58 tools: 58 accepted, 0 rejected" in text
+    assert "github::get_me" in text
+    assert "rejected" not in text.replace("0 rejected", "")
+    assert "github::get_me" in capsys.readouterr().err
+
+
+def test_catalog_admit_strict_and_quarantine(tmp_path: Path) -> None:
+    """CAT-03, CAT-04: strict fails the batch (exit 1, class and message); quarantine
+    prints the rejected tool with its class and reason."""
+    tools = [
+        {"name": "good", "inputSchema": {"type": "object"}},
+        {"name": "old", "inputSchema": {"$schema": "http://json-schema.org/draft-07/schema#"}},
+    ]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(tools))
+    status, text = run("catalog", "admit", str(path))
+    assert status == 1
+    assert "unsupported_capability" in text
+    assert "draft-07" in text
+    status, text = run("catalog", "admit", str(path), "--mode", "quarantine")
+    assert status == 0
+    assert "2 tools: 1 accepted, 1 rejected" in text
+    old_row = next(line for line in text.splitlines() if " old " in line)
+    assert "rejected" in old_row
+    assert "unsupported_capability" in old_row
+    assert run("catalog", "admit", str(path), "--draft-07")[0] == 0
+
+
+def test_catalog_admit_fatal_and_bad_input(tmp_path: Path) -> None:
+    """CAT-05, CAT-06: quarantine never hides a validation error or duplicate names."""
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps([{"name": "a", "inputSchema": {"$ref": "#/$defs/missing"}}]))
+    status, text = run("catalog", "admit", str(path), "--mode", "quarantine")
+    assert status == 1
+    assert "validation" in text
+    path.write_text(json.dumps([{"name": "a", "inputSchema": {}}] * 2))
+    status, text = run("catalog", "admit", str(path), "--mode", "quarantine")
+    assert status == 1
+    assert "duplicate tool names" in text
+    path.write_text(json.dumps([{"name": "has space", "inputSchema": {}}]))
+    assert run("catalog", "admit", str(path))[0] == 1
+    path.write_text("{not json")
+    assert run("catalog", "admit", str(path))[0] == 2
+    with pytest.raises(SystemExit) as exc:
+        main(["catalog", "admit", str(path), "--mode", "lenient"])
+    assert exc.value.code == 2
+
+
+def test_catalog_admit_plain_output_without_rich(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without rich the same rows are printed as plain lines."""
+    monkeypatch.setitem(sys.modules, "rich.console", None)
+    path = tmp_path / "t.json"
+    path.write_text(
+        json.dumps(
+            [
+                {"name": "a::b", "inputSchema": {}},
+                {"name": "x", "inputSchema": {"$defs": {"u": {"$schema": "urn:nope"}}}},
+            ]
+        )
+    )
+    status, text = run("catalog", "admit", str(path), "--mode", "quarantine")
+    assert status == 0
+    lines = text.strip().splitlines()
+    assert lines[0] == "accepted  a::b (!)"
+    assert lines[1].startswith("rejected  x  unsupported_capability")
+    assert lines[-1] == "2 tools: 1 accepted, 1 rejected"

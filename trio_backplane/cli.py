@@ -4,6 +4,9 @@
 ``{name, inputSchema}`` records or an MCP ``tools/list`` result) through the
 same boundary the runtime uses and prints one line per tool and a summary.
 ``--example`` checks the example catalog shipped inside the package.
+``backplane catalog admit FILE [--mode quarantine]`` admits the same file as
+one batch (``trio_backplane.tools.admit_batch``) and prints a table of the
+accepted and rejected tools.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from collections.abc import Sequence
 from importlib import resources
 from typing import Any, TextIO
 
-from . import schema
+from . import schema, tools
 from .errors import Error, ErrorClass
 
 __all__ = ["main"]
@@ -117,6 +120,79 @@ def _print_rows(rows: list[tuple[str, bool, str]], out: TextIO) -> None:
     console.print(summary)
 
 
+class _NoopBackend:
+    """The backend ``catalog admit`` gives each tool: admission only checks its shape."""
+
+    async def execute(self, *args: Any, **kwargs: Any) -> None:  # pragma: no cover
+        return None
+
+
+def _field(record: dict[str, Any], key: str) -> Any:
+    return record.get(key)
+
+
+def _admit(args: argparse.Namespace, out: TextIO) -> int:
+    try:
+        records = load_tools(json.loads(_read(args.file)))
+    except (OSError, ValueError, Error) as exc:
+        print(f"backplane: cannot read tools: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    options = schema.SchemaOptions(dialects={"2020-12", "draft-07"}) if args.draft_07 else None
+    backend = _NoopBackend()
+    try:
+        descriptors = [
+            tools.ToolDescriptor(
+                name=_field(record, "name"),
+                schema=record.get("inputSchema"),
+                backend=backend,
+                description=record.get("description") or "",
+                schema_options=options,
+            )
+            for record in records
+        ]
+        registry = tools.ToolRegistry(descriptors)
+        authority = tools.Authority.for_registry(registry, caller="backplane", run_id="cli")
+        bundle = tools.admit_batch(registry, authority, mode=args.mode)
+    except Error as error:
+        print(f"batch refused: {_reason(error)}", file=out)
+        return EXIT_REJECTED
+    warned = [name for name in bundle.accepted if not tools.is_mcp_name(name)]
+    warned += [r.name for r in bundle.rejected if not tools.is_mcp_name(r.name)]
+    for name in sorted(warned):
+        print(
+            f"backplane: warning: tool name {name!r} is outside MCP's advisory [A-Za-z0-9_.-] set",
+            file=sys.stderr,
+        )
+    rows = [(name, "accepted", "") for name in bundle.accepted]
+    rows += [(r.name, "rejected", _reason(r.error)) for r in bundle.rejected]
+    rows.sort(key=lambda row: row[0])
+    summary = f"{len(rows)} tools: {len(bundle.accepted)} accepted, {len(bundle.rejected)} rejected"
+    _print_table(rows, set(warned), summary, out)
+    return EXIT_OK
+
+
+def _print_table(
+    rows: list[tuple[str, str, str]], warned: set[str], summary: str, out: TextIO
+) -> None:
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:  # the cli extra is optional: plain lines then
+        for name, status, reason in rows:
+            mark = " (!)" if name in warned else ""
+            print(f"{status}  {name}{mark}" + (f"  {reason}" if reason else ""), file=out)
+        print(summary, file=out)
+        return
+    table = Table(title="tool admission", caption=summary)
+    table.add_column("tool", overflow="fold")
+    table.add_column("status")
+    table.add_column("class and reason", overflow="fold")
+    for name, status, reason in rows:
+        label = f"{name} (!)" if name in warned else name
+        table.add_row(label, status, reason)
+    Console(file=out, highlight=False, width=120).print(table)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="backplane", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -145,6 +221,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--strict", action="store_true", help="exit with status 1 when any tool is rejected"
     )
     check.set_defaults(handler=_check)
+    catalog_cmd = commands.add_parser("catalog", help="tool catalogs")
+    catalog_sub = catalog_cmd.add_subparsers(dest="catalog_command", required=True)
+    admit = catalog_sub.add_parser(
+        "admit", help="admit every tool of a file as one batch and report the bundle"
+    )
+    admit.add_argument("file", help="a JSON tools file, or - for standard input")
+    admit.add_argument(
+        "--mode",
+        choices=sorted(tools.MODES),
+        default="strict",
+        help="strict fails the batch on any refusal; quarantine omits unsupported schemas",
+    )
+    admit.add_argument(
+        "--draft-07", action="store_true", help="also accept schemas that declare draft-07"
+    )
+    admit.set_defaults(handler=_admit)
     return parser
 
 

@@ -64,6 +64,8 @@ _TEXT = st.one_of(
         ),
         max_size=8,
     ),
+    # long ASCII runs (the C side skips those 8 bytes at a time)
+    st.text(st.sampled_from('abcdefgh ~"\\\n\x00\x1f\x7f'), min_size=16, max_size=40),
 )
 
 _INTS = st.one_of(
@@ -152,6 +154,23 @@ def test_size_limit_is_the_exact_encoded_size(value: Any) -> None:
         assert _speedups.check(value, 100, size) is None
         if size:
             assert _speedups.check(value, 100, size - 1) == "input_too_large"
+
+
+def test_strings_cost_their_escaped_utf8() -> None:
+    """SCH-35, SCH-11: a string costs its compact UTF-8 JSON encoding wherever
+    an escape sits in it; a lone surrogate anywhere is not JSON."""
+    for length in (1, 7, 8, 9, 16, 17, 24, 33):
+        for pos in range(length):
+            for char in map(chr, [*range(0x80), 0xE9, 0x7FF, 0x800, 0xFFFF, 0x10000]):
+                for text in ("a" * pos + char + "~" * (length - pos - 1), "x" * length + char):
+                    n = len(json.dumps(text, ensure_ascii=False).encode())
+                    assert _speedups.check(text, 1, n) is None, text
+                    assert _speedups.check(text, 1, n - 1) == "input_too_large", text
+                    assert _speedups.check({text: 0}, 1, n + 4) is None, text
+            for code in (0xD800, 0xDBFF, 0xDC00, 0xDFFF):
+                text = "a" * pos + chr(code) + "\U0001f600" * (length - pos - 1)
+                assert _speedups.check(text, 1, 1000) == "not_json"
+                assert _speedups.check({"k": 0, text: 0}, 1, 1000) == "not_json"
 
 
 def test_numbers_cost_their_repr() -> None:

@@ -17,6 +17,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #define INT_DIGITS_LIMIT 4300   /* as _instance.INT_DIGITS_LIMIT */
@@ -48,6 +49,33 @@ fill_extra_cost(void)
     extra_cost['\r'] = extra_cost['\t'] = 1;
 }
 
+/* Whether one of the 8 ASCII bytes in w is a control, `"` or `\`
+ * (the usual "has a byte below n" / "has a zero byte" word tricks). */
+static inline uint64_t
+escapes_in_word(uint64_t w)
+{
+    const uint64_t ones = 0x0101010101010101ULL, high = ones * 0x80;
+    uint64_t q = w ^ (ones * '"'), b = w ^ (ones * '\\');
+    return (((w - ones * 0x20) & ~w) | ((q - ones) & ~q) | ((b - ones) & ~b)) & high;
+}
+
+/* cost plus the extra bytes of n ASCII characters (n >= 16): words without
+ * escapes are skipped 8 bytes at a time, the rest is summed from the table.
+ * Not inlined: it would make str_cost save registers for short strings. */
+static Py_NO_INLINE Py_ssize_t
+ascii_cost(const Py_UCS1 *p, Py_ssize_t n, Py_ssize_t cost)
+{
+    Py_ssize_t i = 0;
+    for (uint64_t w; i + 8 <= n; i += 8) {
+        memcpy(&w, p + i, 8);
+        if (escapes_in_word(w))
+            break;
+    }
+    for (; i < n; i++)
+        cost += extra_cost[p[i]];
+    return cost;
+}
+
 /* Encoded bytes of an exact str, quotes included; -1 for a lone surrogate
  * (any code point in U+D800..U+DFFF: Python strings never pair them); -2
  * with an exception set if a legacy string cannot be made ready. */
@@ -63,6 +91,8 @@ str_cost(PyObject *s)
     switch (PyUnicode_KIND(s)) {
     case PyUnicode_1BYTE_KIND: {
         const Py_UCS1 *p = data;
+        if (n >= 16 && PyUnicode_IS_ASCII(s))
+            return ascii_cost(p, n, cost);
         for (Py_ssize_t i = 0; i < n; i++)
             cost += extra_cost[p[i]];
         break;
@@ -104,7 +134,7 @@ static Py_ssize_t
 u64_digits(unsigned long long u)
 {
 #if defined(__GNUC__) || defined(__clang__)
-    /* bits*1233/4096 ~ bits*log10(2): the digit count or one more. */
+    /* bits*1233/4096 ~ bits*log10(2): the digit count or one less. */
     int t = ((64 - __builtin_clzll(u | 1)) * 1233) >> 12;
     return t + (t < 20 && (u | 1) >= pow10_u64[t]);  /* u | 1: 0 has a digit */
 #else
@@ -115,6 +145,8 @@ u64_digits(unsigned long long u)
 #endif
 }
 
+/* 10**k for 19 <= k <= 4300, computed once per k actually met (all of them
+ * together would hold about 4 MB). */
 static PyObject *
 pow10_get(module_state *st, Py_ssize_t k)
 {
@@ -138,7 +170,9 @@ int_cost(module_state *st, PyObject *v)
     if (!overflow) {
         if (x == -1 && PyErr_Occurred())
             return -2;
-        return x < 0 ? 1 + u64_digits(0ULL - (unsigned long long)x) : u64_digits((unsigned long long)x);
+        if (x < 0)
+            return 1 + u64_digits(0ULL - (unsigned long long)x);
+        return u64_digits((unsigned long long)x);
     }
     size_t nbits = _PyLong_NumBits(v);  /* bit length of |v| */
     if (nbits == (size_t)-1)
@@ -358,7 +392,7 @@ module_exec(PyObject *module)
     if (limit == NULL)
         return -1;
     st->limit_bits = _PyLong_NumBits(limit);
-    return PyModule_AddIntConstant(module, "INT_DIGITS_LIMIT", INT_DIGITS_LIMIT);
+    return 0;
 }
 
 static int

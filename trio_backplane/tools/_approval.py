@@ -1,0 +1,162 @@
+"""Digest-bound approvals: ``arguments_digest``, ``Approval``, ``decide_approval``."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections.abc import Mapping
+from typing import Any, Final
+
+import attrs
+import rfc8785
+
+from ..errors import Error, ErrorClass
+from ._names import check_name_validator
+
+__all__ = ["DECISIONS", "Approval", "ApprovalDecision", "arguments_digest", "decide_approval"]
+
+#: The answers a decision may carry.
+DECISIONS: Final = frozenset({"approved", "denied"})
+
+_DIGEST: Final = re.compile(r"[0-9a-f]{64}")
+_MAX_SAFE_INTEGER: Final = 2**53 - 1
+
+
+def _invalid(message: str, **details: Any) -> Error:
+    return Error(ErrorClass.VALIDATION, message, details)
+
+
+def _json(value: Any, path: str) -> Any:
+    """A plain copy of JSON data, refusing what RFC 8785 cannot encode exactly."""
+    if value is None or type(value) is bool or type(value) is str:
+        return value
+    if type(value) is int:
+        if abs(value) > _MAX_SAFE_INTEGER:
+            raise _invalid(
+                "arguments hold an integer RFC 8785 cannot encode exactly",
+                reason="integer_out_of_range",
+                path=path,
+            )
+        return value
+    if type(value) is float:
+        if not math.isfinite(value):
+            raise _invalid("arguments hold a non-finite number", reason="not_json", path=path)
+        return value
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if type(key) is not str:
+                raise _invalid("arguments hold a non-str key", reason="not_json", path=path)
+            out[key] = _json(item, f"{path}/{key}")
+        return out
+    if type(value) is list or type(value) is tuple:
+        return [_json(item, f"{path}/{i}") for i, item in enumerate(value)]
+    raise _invalid(
+        f"arguments are not JSON data ({type(value).__name__})", reason="not_json", path=path
+    )
+
+
+def arguments_digest(arguments: Any) -> str:
+    """Lower-case hex SHA-256 of the RFC 8785 (JCS) encoding of ``arguments``.
+
+    Raises ``validation`` for anything that is not JSON data or that RFC 8785
+    cannot encode exactly (an integer beyond +/-(2**53 - 1), a non-finite float).
+    """
+    plain = _json(arguments, "")
+    try:
+        encoded = rfc8785.dumps(plain)
+    except rfc8785.CanonicalizationError as exc:
+        raise _invalid("arguments cannot be canonicalized", reason="not_json") from exc
+    return hashlib.sha256(encoded).hexdigest()
+
+
+def _str(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if type(value) is not str or not value:
+        raise _invalid(f"{attribute.name} must be a non-empty str", field=attribute.name)
+
+
+def _non_negative_int(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if type(value) is not int or value < 0:
+        raise _invalid(f"{attribute.name} must be a non-negative int", field=attribute.name)
+
+
+def _positive_int(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if type(value) is not int or value < 1:
+        raise _invalid(f"{attribute.name} must be a positive int", field=attribute.name)
+
+
+def _digest(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if type(value) is not str or _DIGEST.fullmatch(value) is None:
+        raise _invalid("arguments_digest must be 64 lower-case hex digits", field=attribute.name)
+
+
+def _number(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise _invalid(f"{attribute.name} must be a finite number", field=attribute.name)
+
+
+@attrs.frozen
+class Approval:
+    """An approval request bound, field by field, to one exact invocation."""
+
+    approval_id: str = attrs.field(validator=_str)
+    run_id: str = attrs.field(validator=_str)
+    incarnation: int = attrs.field(validator=_non_negative_int)
+    tool_name: str = attrs.field(validator=check_name_validator)
+    tool_revision: int = attrs.field(validator=_positive_int)
+    arguments_digest: str = attrs.field(validator=_digest)
+    expires_at: float = attrs.field(validator=_number)
+
+
+@attrs.frozen
+class ApprovalDecision:
+    """An answer to an :class:`Approval`; ``decision`` is checked by :func:`decide_approval`."""
+
+    approval_id: str = attrs.field(validator=_str)
+    run_id: str = attrs.field(validator=_str)
+    incarnation: int = attrs.field(validator=_non_negative_int)
+    tool_name: str = attrs.field(validator=check_name_validator)
+    tool_revision: int = attrs.field(validator=_positive_int)
+    arguments_digest: str = attrs.field(validator=_digest)
+    decision: str = attrs.field(validator=attrs.validators.instance_of(str))
+    resolver_id: str = attrs.field(validator=_str)
+
+
+_BOUND: Final = (
+    "approval_id",
+    "run_id",
+    "incarnation",
+    "tool_name",
+    "tool_revision",
+    "arguments_digest",
+)
+
+
+def decide_approval(approval: Approval, decision: ApprovalDecision, *, now: float) -> str:
+    """Check ``decision`` against ``approval`` at ``now`` (the run clock); pure.
+
+    Raises ``validation`` for a decision other than ``"approved"``/``"denied"``,
+    ``forbidden`` for any differing bound field or ``approval_id``,
+    ``forbidden`` "model cannot self-approve" when ``resolver_id`` is the
+    approval's ``run_id``, and ``validation`` "approval is expired" when
+    ``now`` is later than ``expires_at``; otherwise returns the decision.
+    """
+    if not isinstance(approval, Approval) or not isinstance(decision, ApprovalDecision):
+        raise _invalid("decide_approval needs an Approval and an ApprovalDecision")
+    if type(now) not in (int, float) or not math.isfinite(now):
+        raise _invalid("now must be a finite number")
+    if decision.decision not in DECISIONS:
+        raise _invalid('decision must be "approved" or "denied"', reason="invalid_decision")
+    mismatched = [f for f in _BOUND if getattr(approval, f) != getattr(decision, f)]
+    if mismatched:
+        raise Error(
+            ErrorClass.FORBIDDEN,
+            "decision does not match the approval",
+            {"reason": "approval_mismatch", "fields": mismatched},
+        )
+    if decision.resolver_id == approval.run_id:
+        raise Error(ErrorClass.FORBIDDEN, "model cannot self-approve", {"reason": "self_approval"})
+    if now > approval.expires_at:
+        raise _invalid("approval is expired", reason="approval_expired")
+    return decision.decision
