@@ -234,7 +234,14 @@ def _tool_invoked(record: RunRecord, command: Command) -> dict[str, Any]:
         "step_id": step_id,
         **{
             k: command.input[k]
-            for k in ("tool_name", "tool_revision", "tool_call_id", "turn_id", "arguments_digest")
+            for k in (
+                "tool_name",
+                "tool_revision",
+                "tool_call_id",
+                "turn_id",
+                "arguments_digest",
+                "effective_authority",
+            )
             if k in command.input
         },
     }
@@ -329,23 +336,39 @@ def _finish(record: RunRecord, command: Command) -> dict[str, Any]:
     status = command.input.get("status")
     if status not in ("completed", "failed"):
         raise Error(ErrorClass.VALIDATION, "finish status must be completed or failed")
+    outcome = command.input.get("outcome")
+    if outcome is not None and not isinstance(outcome, Mapping):
+        raise Error(ErrorClass.VALIDATION, "finish outcome must be a mapping")
     _require_settled(record)
-    return {
-        "state": status,
-        "outcome": {"status": status, **dict(command.input.get("outcome") or {})},
-    }
+    # the outcome's status is the state's: a host's "status" key cannot contradict it
+    return {"state": status, "outcome": {**(outcome or {}), "status": status}}
 
 
 def _stop(reason: str) -> _Handler:
     def handler(record: RunRecord, command: Command) -> dict[str, Any]:
         _require_state(record, command, *sorted(ACTIVE_STATES))
+        given = command.input.get("reason")
         return {
             "state": "cancelling",
-            "stop_reason": reason,
+            "stop_reason": given if isinstance(given, str) and given else reason,
             "cleanup_required": cleanup_requirements(record),
         }
 
     return handler
+
+
+def _id_lists(settled: Any, keys: Mapping[str, Any]) -> dict[str, list[str]] | None:
+    """``settled`` as sorted id lists over ``keys`` (a missing key is empty);
+    ``None`` unless it is a mapping of those keys to lists of str."""
+    if not isinstance(settled, Mapping) or set(settled) - set(keys):
+        return None
+    lists: dict[str, list[str]] = {}
+    for key in keys:
+        ids = settled.get(key, ())
+        if not isinstance(ids, list | tuple) or any(type(i) is not str for i in ids):
+            return None
+        lists[key] = sorted(ids)
+    return lists
 
 
 def _cleanup_settled(record: RunRecord, command: Command) -> dict[str, Any]:
@@ -354,14 +377,7 @@ def _cleanup_settled(record: RunRecord, command: Command) -> dict[str, Any]:
     required = thaw(record.cleanup_required or cleanup_requirements(record))
     if certainty == "confirmed":
         settled = command.input.get("settled", {})
-        normal = (
-            {k: sorted(settled.get(k, ())) for k in required}
-            if isinstance(settled, Mapping)
-            else None
-        )
-        if normal != {k: sorted(v) for k, v in required.items()} or (
-            isinstance(settled, Mapping) and set(settled) - set(required)
-        ):
+        if _id_lists(settled, required) != {k: sorted(v) for k, v in required.items()}:
             raise _conflict(
                 "confirmed cleanup must settle exactly the outstanding work",
                 required=required,

@@ -218,12 +218,7 @@ def _fingerprint(schema: Any, options: SchemaOptions, limits: Limits, root: Root
     its meaning (SCH-46).  ``true`` and ``1`` encode differently, so they never
     share an entry; key order does not matter."""
     meta = _meta_text(options, limits, root)
-    try:
-        text = _canonical(schema)
-    except (TypeError, ValueError, RecursionError):
-        # Not JSON data: preflight will say exactly why; key it by identity so
-        # the refusal is not cached under a colliding key.
-        text = f"not-json:{id(schema)}"
+    text = _canonical(schema)  # JSON data: checked by the caller
     digest = hashlib.sha256(meta.encode("utf-8", "surrogatepass"))
     digest.update(text.encode("utf-8", "surrogatepass"))
     return digest.hexdigest()
@@ -296,6 +291,11 @@ def _options(  # noqa: PLR0917 - mirrors compile()'s keywords
 def _compile_cached(schema: Any, options: SchemaOptions, root: Root) -> CompiledSchema:
     limits = options.limits or Limits.host()
     _check_root(schema, root)
+    if _instance.first_violation(schema, limits.max_json_depth, limits.max_schema_bytes):
+        # Not JSON data (a tuple, a subclass, nan...): its canonical JSON could
+        # equal a real schema's, so it never touches the cache.  Preflight
+        # refuses it with the exact reason.
+        return _build(schema, options, limits, root, "")
     key = _fingerprint(schema, options, limits, root)
     with _cache_lock:
         hit = _cache.get(key)

@@ -17,10 +17,19 @@ from ._descriptor import DUPLICATE_NAMES, ProviderTool, ToolDescriptor, ToolRegi
 from ._names import MAX_NAME_LENGTH, check_name, is_mcp_name
 from ._publication import RECEIPT_STATUSES, CatalogUpdate, Publication, PublicationReceipt
 from ._rejected import Rejected
+from ._results import (
+    IDENTITY_FIELDS,
+    Rejection,
+    ToolResult,
+    reject,
+    settlement,
+    verify_rejection,
+)
 
 __all__ = [
     "DECISIONS",
     "DUPLICATE_NAMES",
+    "IDENTITY_FIELDS",
     "MAX_NAME_LENGTH",
     "MODES",
     "RECEIPT_STATUSES",
@@ -35,8 +44,10 @@ __all__ = [
     "Publication",
     "PublicationReceipt",
     "Rejected",
+    "Rejection",
     "ToolDescriptor",
     "ToolRegistry",
+    "ToolResult",
     "admit_batch",
     "arguments_digest",
     "authorize",
@@ -44,4 +55,7 @@ __all__ = [
     "decide_approval",
     "has_awaitable_execute",
     "is_mcp_name",
+    "reject",
+    "settlement",
+    "verify_rejection",
 ]

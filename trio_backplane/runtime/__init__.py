@@ -1,0 +1,44 @@
+"""The Conversation engine on Trio: the only layer that knows about Trio."""
+
+from ._conversation import Conversation, open_conversation
+from ._deadline import DeadlineBudget
+from ._loop import ToolContext, ToolOperation
+from ._provider import (
+    Provider,
+    ProviderEvent,
+    ProviderRequest,
+    ResponseCompleted,
+    ResponseFailed,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallArgumentsDelta,
+    ToolCallCompleted,
+    ToolCallStarted,
+    Usage,
+)
+from ._types import Continue, Event, HookContext, Hooks, ResourceCleanup, Snapshot
+
+__all__ = [
+    "Continue",
+    "Conversation",
+    "DeadlineBudget",
+    "Event",
+    "HookContext",
+    "Hooks",
+    "Provider",
+    "ProviderEvent",
+    "ProviderRequest",
+    "ResourceCleanup",
+    "ResponseCompleted",
+    "ResponseFailed",
+    "Snapshot",
+    "TextDelta",
+    "ThinkingDelta",
+    "ToolCallArgumentsDelta",
+    "ToolCallCompleted",
+    "ToolCallStarted",
+    "ToolContext",
+    "ToolOperation",
+    "Usage",
+    "open_conversation",
+]

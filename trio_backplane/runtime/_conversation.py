@@ -1,0 +1,688 @@
+"""``open_conversation`` and ``Conversation``: the turn loop on Trio.
+
+One conversation owns one nursery.  Everything durable goes through one
+commit coordinator (a FIFO lock: one commit in flight, each transition
+computed from the last acknowledged record, shielded and bounded by
+``commit_timeout``).  The turn loop runs in one worker task under the run
+deadline; each provider attempt and tool call runs under its own effect
+deadline.  Cancellation is accepted at once, then the worker is cancelled and
+a shielded cleanup settles the run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Final
+
+import attrs
+import trio
+
+from ..errors import Error, ErrorClass
+from ..kernel import (
+    TERMINAL_STATES,
+    Command,
+    FrozenList,
+    RunEvent,
+    RunRecord,
+    freeze,
+    thaw,
+    transition,
+)
+from ..store import Store, verify_receipt
+from ..tools import (
+    AdmittedBundle,
+    Authority,
+    ProviderTool,
+    ToolRegistry,
+    admit_batch,
+)
+from ._deadline import DeadlineBudget
+from ._subscribers import Hub
+from ._types import Event, HookContext, ResourceCleanup, Snapshot
+
+__all__ = ["Conversation", "open_conversation"]
+
+MAX_TIMEOUT: Final = 3600.0
+_INACTIVE_PHASES: Final = frozenset({"terminal", "recovery_required", "storage_failed"})
+
+
+class _Stop(Exception):
+    """Internal: the turn loop must stop (cancel, deadline, uncertainty, storage)."""
+
+
+class _StorageFailed(Exception):
+    def __init__(self, error: Error) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+def _check_timeout(name: str, value: Any) -> float:
+    if (
+        type(value) not in (int, float)
+        or not math.isfinite(value)
+        or value <= 0
+        or value > MAX_TIMEOUT
+    ):
+        raise Error(
+            ErrorClass.VALIDATION,
+            f"{name} must be a finite positive timeout",
+            {"option": name, "maximum": MAX_TIMEOUT},
+        )
+    return float(value)
+
+
+def _check_content(content: Any) -> Any:
+    if isinstance(content, str):
+        if not content:
+            raise Error(ErrorClass.VALIDATION, "prompt must not be empty")
+        return content
+    if isinstance(content, list | tuple):
+        if not content:
+            raise Error(ErrorClass.VALIDATION, "prompt must not be empty")
+        if not all(isinstance(block, Mapping) for block in content):
+            raise Error(ErrorClass.VALIDATION, "content must be text or content blocks")
+        return freeze(list(content))
+    raise Error(ErrorClass.VALIDATION, "content must be text or content blocks")
+
+
+@attrs.define
+class _Options:
+    run_timeout: float
+    effect_timeout: float
+    commit_timeout: float
+    cleanup_timeout: float
+    output_limit: int
+    provider_output_limit: float
+    schema_admission: str
+    work: int
+
+
+def _options(
+    *,
+    work: Any,
+    run_timeout: Any,
+    effect_timeout: Any,
+    commit_timeout: Any,
+    cleanup_timeout: Any,
+    output_limit: Any,
+    provider_output_limit: Any,
+    schema_admission: Any,
+) -> _Options:
+    timeouts = {
+        "run_timeout": _check_timeout("run_timeout", run_timeout),
+        "effect_timeout": _check_timeout("effect_timeout", effect_timeout),
+        "commit_timeout": _check_timeout("commit_timeout", commit_timeout),
+        "cleanup_timeout": _check_timeout("cleanup_timeout", cleanup_timeout),
+    }
+    if type(work) is not int or work < 1:
+        raise Error(ErrorClass.VALIDATION, "work must be an int of at least 1", {"option": "work"})
+    if type(output_limit) is not int or output_limit < 0:
+        raise Error(
+            ErrorClass.VALIDATION,
+            "output_limit must be a non-negative int",
+            {"option": "output_limit"},
+        )
+    if provider_output_limit is None:
+        provider_limit: float = output_limit
+    elif provider_output_limit == math.inf and type(provider_output_limit) is float:
+        provider_limit = math.inf
+    elif type(provider_output_limit) is int and provider_output_limit >= 0:
+        provider_limit = provider_output_limit
+    else:
+        raise Error(
+            ErrorClass.VALIDATION,
+            "provider_output_limit must be a non-negative int or math.inf",
+            {"option": "provider_output_limit"},
+        )
+    if schema_admission not in ("strict", "quarantine"):
+        raise Error(ErrorClass.VALIDATION, "admission mode must be strict or quarantine")
+    return _Options(
+        output_limit=output_limit,
+        provider_output_limit=provider_limit,
+        schema_admission=schema_admission,
+        work=work,
+        **timeouts,
+    )
+
+
+class Conversation:
+    """A live conversation: use it only inside ``open_conversation``."""
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        store: Store,
+        provider: Any,
+        bundle: AdmittedBundle,
+        provider_context: Mapping[str, Any] | None,
+        hooks: Any,
+        options: _Options,
+        record: RunRecord,
+        phase: str,
+        nursery: trio.Nursery,
+    ) -> None:
+        self.run_id = run_id
+        self._store = store
+        self._provider = provider
+        self._bundle = bundle
+        self._provider_context = provider_context
+        self._hooks = hooks
+        self._options = options
+        self._record = record
+        self._phase = phase
+        self._nursery = nursery
+        self._hub = Hub(self._dropped_event)
+        self._commit_lock = trio.Lock()
+        self._last_error: Error | None = None
+        self._resource_cleanup = ResourceCleanup()
+        self._ids = itertools.count(1)
+        self._worker: trio.CancelScope | None = None
+        self._worker_running = False
+        self._stop_reason: str | None = None  # "cancelled" | "deadline_exceeded" | "uncertain"
+        self._stop_requested = trio.Event()
+        self._settled = trio.Event()
+        self._turn_wakeup = trio.Event()
+        self._step_id: str | None = None
+        self._attempt_id: str | None = None
+        self._run_budget = DeadlineBudget("run", options.run_timeout)
+        self._unsettled_dispatch: dict[str, Any] = {}  # keys of dispatched, unsettled effects
+        self._catalog_revision = 1
+        self._dispatched: list[str] = []  # invocation ids dispatched (for invariants/tests)
+        if phase in _INACTIVE_PHASES:
+            self._settled.set()
+
+    # -- public surface ------------------------------------------------------
+
+    def status(self) -> Snapshot:
+        """The last committed state (CONV-23)."""
+        conversation = self._conversation_state()
+        return Snapshot(
+            phase=self._phase,
+            run=self._record,
+            messages=tuple(conversation.get("messages", ())),
+            steering=tuple(conversation.get("steering", ())),
+            follow_up=tuple(conversation.get("follow_up", ())),
+            queue_status=conversation.get("queue_status", "active"),
+            usage=tuple(conversation.get("usage", ())),
+            turn_id=conversation.get("turn_id"),
+            pending_interaction=conversation.get("pending_interaction"),
+            last_error=self._last_error,
+            catalog_revision=conversation.get("catalog_revision", self._catalog_revision),
+            receipts=(),
+            resource_cleanup=self._resource_cleanup,
+        )
+
+    def subscribe(self, *, buffer: int = 1024) -> trio.MemoryReceiveChannel[Event]:
+        """A channel of this conversation's events (EVT); see CONV-29 for loss."""
+        if type(buffer) is not int or buffer < 1:
+            raise Error(ErrorClass.VALIDATION, "buffer must be a positive int")
+        return self._hub.subscribe(buffer)
+
+    async def wait_settled(self) -> Snapshot:
+        """Once the run is terminal, recovery_required or storage_failed."""
+        await self._settled.wait()
+        return self.status()
+
+    async def prompt(self, content: Any) -> str:
+        """Admit the first message, or queue a follow-up while a turn runs."""
+        content = _check_content(content)
+        self._require_input()
+        if self._phase != "idle":
+            return await self._enqueue("follow_up", content)
+        self._phase = "running"
+        try:
+            await self._commit(
+                "admit",
+                {"state": "running", "deadline": trio.current_time() + self._options.run_timeout},
+            )
+            message = self._user_message(content)
+            turn_id = self._new_id("turn")
+            message = await self._prompt_hook(message, "new", turn_id)
+            await self._checkpoint(
+                lambda c: {
+                    **c,
+                    "messages": FrozenList((*c["messages"], freeze(message))),
+                    "turn_id": turn_id,
+                }
+            )
+        except _Rejected as rejected:
+            await self._start_worker(first_turn=None, failed=rejected.error)
+            raise rejected.error from None
+        except _StorageFailed as failed:
+            raise failed.error from None
+        self._publish("prompt_consumed", {"mode": "new", "message": message, "turn_id": turn_id})
+        await self._start_worker(first_turn=turn_id, failed=None)
+        return str(message["id"])
+
+    async def steer(self, content: Any) -> str:
+        content = _check_content(content)
+        self._require_input()
+        if self._phase == "idle":
+            raise Error(ErrorClass.RESOURCE_CONFLICT, "run is not accepting input")
+        return await self._enqueue("steering", content)
+
+    async def follow_up(self, content: Any) -> str:
+        content = _check_content(content)
+        self._require_input()
+        if self._phase == "idle":
+            return await self.prompt(content)
+        return await self._enqueue("follow_up", content)
+
+    async def cancel(self) -> None:
+        """Accept cancellation and return at once (CAN-01); settlement follows."""
+        if self._phase in _INACTIVE_PHASES or self._record.state in TERMINAL_STATES:
+            raise Error(ErrorClass.RESOURCE_CONFLICT, "run is not active")
+        self._request_stop("cancelled")
+
+    # -- input helpers ---------------------------------------------------------
+
+    def _require_input(self) -> None:
+        if self._phase in ("cancelling", *_INACTIVE_PHASES) or self._stop_reason is not None:
+            raise Error(ErrorClass.RESOURCE_CONFLICT, "run is not accepting input")
+
+    def _user_message(self, content: Any) -> dict[str, Any]:
+        return {"role": "user", "content": content, "id": self._new_id("msg")}
+
+    def _new_id(self, kind: str) -> str:
+        return f"{kind}-{self._record.incarnation}-{next(self._ids)}"
+
+    async def _enqueue(self, queue: str, content: Any) -> str:
+        message = self._user_message(content)
+        try:
+            await self._checkpoint(lambda c: {**c, queue: FrozenList((*c[queue], freeze(message)))})
+        except _StorageFailed as failed:
+            raise failed.error from None
+        self._turn_wakeup.set()
+        return str(message["id"])
+
+    # -- events ------------------------------------------------------------------
+
+    def _event(self, type_: str, payload: Mapping[str, Any]) -> Event:
+        return Event(
+            type=type_,
+            payload=payload,
+            run_id=self.run_id,
+            incarnation=self._record.incarnation,
+            turn_id=self._conversation_state().get("turn_id"),
+            step_id=self._step_id,
+            attempt_id=self._attempt_id,
+        )
+
+    def _dropped_event(self, count: int) -> Event:
+        return self._event("events_dropped", {"count": count})
+
+    def _publish(self, type_: str, payload: Mapping[str, Any]) -> None:
+        self._hub.publish(self._event(type_, payload))
+
+    # -- the commit coordinator ------------------------------------------------
+
+    def _conversation_state(self) -> Mapping[str, Any]:
+        state = self._record.context.get("conversation")
+        return state if isinstance(state, Mapping) else _EMPTY_CONVERSATION
+
+    async def _commit(self, kind: str, data: Mapping[str, Any] | None = None) -> RunRecord:
+        """Apply ``kind`` to the last acknowledged record and commit it: FIFO,
+        one in flight, shielded, within ``commit_timeout`` (rule 2)."""
+        async with self._commit_lock:
+            if self._phase in ("storage_failed", "recovery_required"):
+                raise _StorageFailed(self._last_error or _storage_error("store is unavailable"))
+            record = self._record
+            new, events = transition(record, Command(kind, trio.current_time(), data))
+            await self._write(record, new, events)
+            return new
+
+    async def _write(self, record: RunRecord, new: RunRecord, events: list[RunEvent]) -> None:
+        error: Error | None = None
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(self._options.commit_timeout) as scope:
+                try:
+                    receipt = await self._store.commit(
+                        record.run_id,
+                        incarnation=record.incarnation,
+                        expected_revision=record.revision,
+                        record=new,
+                        events=events,
+                    )
+                    verify_receipt(receipt, run_id=record.run_id, expected_revision=record.revision)
+                except Error as exc:
+                    error = exc
+                except Exception as exc:
+                    error = _storage_error(f"store failed: {type(exc).__name__}: {exc}"[:500])
+            if scope.cancelled_caught:
+                error = _storage_error("commit was not acknowledged within commit_timeout")
+        if error is not None:
+            self._storage_failure(error)
+            raise _StorageFailed(self._last_error or error)
+        self._record = new
+
+    def _storage_failure(self, error: Error) -> None:
+        if self._phase in ("storage_failed", "recovery_required"):
+            return
+        if error.error_class is ErrorClass.RESOURCE_CONFLICT:
+            self._phase = "recovery_required"  # a newer incarnation owns the run (CAN-19)
+            self._last_error = error
+        else:
+            if error.error_class is not ErrorClass.STORAGE_FAILED:
+                error = Error(ErrorClass.STORAGE_FAILED, error.message, error.details)
+            self._phase = "storage_failed"
+            self._last_error = error
+            self._publish("storage_failed", {"error": error.to_dict(), "recovery_required": True})
+        if self._worker is not None:
+            self._worker.cancel()
+        self._settled.set()
+
+    async def _checkpoint(self, update: Any) -> RunRecord:
+        """Commit a new conversation state computed from the acknowledged one."""
+        async with self._commit_lock:
+            if self._phase in ("storage_failed", "recovery_required"):
+                raise _StorageFailed(self._last_error or _storage_error("store is unavailable"))
+            record = self._record
+            state = dict(self._conversation_state())
+            new_state = update(state)
+            new, events = transition(
+                record,
+                Command("conversation_updated", trio.current_time(), {"conversation": new_state}),
+            )
+            await self._write(record, new, events)
+            return new
+
+    # -- hooks ---------------------------------------------------------------------
+
+    async def _prompt_hook(self, message: dict[str, Any], mode: str, turn_id: str) -> Any:
+        hook = getattr(self._hooks, "prompt", None)
+        if hook is None:
+            return message
+        context = HookContext(self.run_id, self._record.incarnation, turn_id, mode)  # type: ignore[arg-type]
+        refusal: Error | None = None
+        result: Any = None
+        try:
+            with trio.fail_after(self._options.effect_timeout):
+                result = await hook(message, context)
+        except Error as exc:
+            refusal = exc
+        except trio.TooSlowError:
+            refusal = Error(ErrorClass.TIMEOUT, "prompt hook timed out")
+        if refusal is None and (not isinstance(result, Mapping) or result.get("role") != "user"):
+            refusal = Error(ErrorClass.VALIDATION, "prompt hook must return a user message")
+        if refusal is not None:
+            self._publish(
+                "prompt_rejected", {"message_id": message["id"], "error": refusal.to_dict()}
+            )
+            raise _Rejected(refusal)
+        return {**result, "id": message["id"]}
+
+    # -- stop and settlement ------------------------------------------------------
+
+    def _request_stop(self, reason: str) -> None:
+        if self._stop_reason is None:
+            self._stop_reason = reason
+            if self._phase not in _INACTIVE_PHASES:
+                self._phase = "cancelling"
+        self._stop_requested.set()
+        if self._worker is not None:
+            self._worker.cancel()
+        if not self._worker_running and not self._settled.is_set():
+            self._nursery.start_soon(self._settle)
+
+    async def _start_worker(self, first_turn: str | None, failed: Error | None) -> None:
+        self._worker_running = True
+        self._nursery.start_soon(self._run_worker, first_turn, failed)
+
+    async def _run_worker(self, first_turn: str | None, failed: Error | None) -> None:
+        from ._loop import TurnLoop
+
+        loop = TurnLoop(self)
+        now = trio.current_time()
+        deadline = self._record.deadline
+        self._run_budget = DeadlineBudget(
+            "run", max(0.0, (deadline if deadline is not None else now) - now)
+        )
+        try:
+            with self._run_budget.arm() as scope:
+                self._worker = scope
+                if self._stop_reason is None:
+                    try:
+                        await loop.run(first_turn, failed)
+                    except _StorageFailed:
+                        pass
+                    except _Stop:
+                        pass
+            if self._run_budget.timed_out() and self._stop_reason is None:
+                self._stop_reason = "deadline_exceeded"
+                self._phase = "cancelling"
+        finally:
+            self._worker = None
+            self._worker_running = False
+            if not self._settled.is_set():
+                with trio.CancelScope(shield=True):
+                    await self._settle()
+
+    async def _settle(self) -> None:
+        """Shielded cleanup: commit cancel/deadline and a cleanup settlement,
+        publish exactly one terminal event (EVT-17)."""
+        if self._settled.is_set():
+            return
+        try:
+            if self._record.state in TERMINAL_STATES or self._phase in _INACTIVE_PHASES:
+                return
+            reason = self._stop_reason or "cancelled"
+            with trio.CancelScope(shield=True), trio.move_on_after(self._options.cleanup_timeout):
+                try:
+                    kind = "deadline_exceeded" if reason == "deadline_exceeded" else "cancel"
+                    if self._record.state != "cancelling":
+                        await self._commit(kind, {"reason": reason})
+                    await self._checkpoint(lambda c: {**c, "queue_status": "suspended"})
+                    requirements = thaw(self._record.cleanup_required or {})
+                    uncertain = self._uncertain_work()
+                    # No resource registry: resource cleanup counts as confirmed (CAN-20).
+                    self._resource_cleanup = ResourceCleanup(status="confirmed")
+                    if uncertain:
+                        await self._commit(
+                            "cleanup_settled",
+                            {"certainty": "uncertain", "evidence": uncertain},
+                        )
+                    else:
+                        await self._commit(
+                            "cleanup_settled", {"certainty": "confirmed", "settled": requirements}
+                        )
+                except _StorageFailed:
+                    return
+            if self._record.state in TERMINAL_STATES:
+                self._phase = "terminal"
+                self._publish(
+                    "run_cancelled",
+                    {"outcome": thaw(self._record.outcome), "state": self._record.state},
+                )
+        finally:
+            self._settled.set()
+            self._turn_wakeup.set()
+
+    async def _close(self) -> None:
+        """Leaving the block: cancel an active run and wait for its settlement,
+        bounded by ``cleanup_timeout`` + ``commit_timeout`` (CAN-18)."""
+        if not self._settled.is_set() and self._record.state not in TERMINAL_STATES:
+            if self._phase not in _INACTIVE_PHASES:
+                self._request_stop(self._stop_reason or "cancelled")
+            with trio.move_on_after(
+                self._options.cleanup_timeout + 2 * self._options.commit_timeout
+            ):
+                await self._settled.wait()
+        self._hub.close()
+
+    def _uncertain_work(self) -> list[dict[str, Any]]:
+        """Evidence for every effect that may have happened (rule 4)."""
+        evidence: list[dict[str, Any]] = []
+        if self._record.active_provider is not None:
+            evidence.append(
+                {
+                    "effect": f"provider:{self._record.active_provider['attempt_id']}",
+                    "reason": "provider attempt interrupted",
+                }
+            )
+        for invocation_id in sorted(self._record.active_tools):
+            if invocation_id in self._unsettled_dispatch or self._stop_reason == "uncertain":
+                evidence.append(
+                    {
+                        "effect": f"tool:{invocation_id}",
+                        "reason": self._unsettled_dispatch.get(
+                            invocation_id, "tool outcome unknown"
+                        ),
+                    }
+                )
+        return evidence
+
+
+class _Rejected(Exception):
+    def __init__(self, error: Error) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+_EMPTY_CONVERSATION: Final[Mapping[str, Any]] = freeze(
+    {
+        "messages": [],
+        "steering": [],
+        "follow_up": [],
+        "queue_status": "active",
+        "usage": [],
+        "turn_id": None,
+        "pending_interaction": None,
+        "catalog_revision": 1,
+        "last_turn": None,
+    }
+)
+
+
+def _storage_error(message: str) -> Error:
+    return Error(ErrorClass.STORAGE_FAILED, message, {"recovery_required": True})
+
+
+@asynccontextmanager
+async def open_conversation(
+    run_id: str,
+    *,
+    store: Store,
+    provider: Any,
+    registry: ToolRegistry | None = None,
+    authority: Authority | None = None,
+    tools: Sequence[ProviderTool] | None = None,
+    provider_context: Mapping[str, Any] | None = None,
+    hooks: Any = None,
+    context: Mapping[str, Any] | None = None,
+    incarnation: int = 1,
+    work: int = 100,
+    run_timeout: float = 300.0,
+    effect_timeout: float = 30.0,
+    commit_timeout: float = 5.0,
+    cleanup_timeout: float = 5.0,
+    output_limit: int = 1_048_576,
+    provider_output_limit: float | None = None,
+    schema_admission: str = "strict",
+    run: RunRecord | None = None,
+    messages: Sequence[Any] | None = None,
+) -> AsyncIterator[Conversation]:
+    """Open a conversation that owns a nursery; leaving the block cancels and
+    settles an active run (CAN-18)."""
+    options = _options(
+        work=work,
+        run_timeout=run_timeout,
+        effect_timeout=effect_timeout,
+        commit_timeout=commit_timeout,
+        cleanup_timeout=cleanup_timeout,
+        output_limit=output_limit,
+        provider_output_limit=provider_output_limit,
+        schema_admission=schema_admission,
+    )
+    if context is not None and "conversation" in context:
+        raise Error(ErrorClass.VALIDATION, "context key 'conversation' is reserved")
+    bundle = admit_batch(
+        registry if registry is not None else ToolRegistry(()),
+        authority if authority is not None else Authority(run_id=run_id),
+        tools,
+        mode=options.schema_admission,
+        run_id=run_id,
+    )
+    if run is not None:
+        if run.run_id != run_id:
+            raise Error(ErrorClass.VALIDATION, "run record belongs to another run_id")
+        record = run
+        phase = "terminal" if run.state in TERMINAL_STATES else "recovery_required"
+    else:
+        state = dict(_EMPTY_CONVERSATION)
+        if messages is not None:
+            state["messages"] = list(messages)
+        record = RunRecord.new(
+            run_id,
+            incarnation=incarnation,
+            work=options.work,
+            context={**(context or {}), "conversation": state},
+        )
+        receipt = await store.create(record)
+        if receipt.revision != 0:
+            raise Error(ErrorClass.RESOURCE_CONFLICT, "store created another revision")
+        phase = "idle"
+    body_error: BaseException | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            conversation = Conversation(
+                run_id=run_id,
+                store=store,
+                provider=provider,
+                bundle=bundle,
+                provider_context=provider_context,
+                hooks=hooks,
+                options=options,
+                record=record,
+                phase=phase,
+                nursery=nursery,
+            )
+            try:
+                yield conversation
+            except BaseException as exc:
+                body_error = exc
+                raise
+            finally:
+                with trio.CancelScope(shield=True):
+                    await conversation._close()
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        if body_error is not None and all(leaf is body_error for leaf in leaves):
+            raise body_error from None
+        error = _surface(leaves)
+        if isinstance(error, Error):
+            raise error from group
+        raise error from None
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    flat: list[BaseException] = []
+    stack: list[BaseException] = [group]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, BaseExceptionGroup):
+            stack.extend(item.exceptions)
+        else:
+            flat.append(item)
+    return flat
+
+
+def _surface(flat: list[BaseException]) -> BaseException:
+    """Cancelled, KeyboardInterrupt and SystemExit propagate unchanged (CAN-18);
+    anything else surfaces as one ``Error`` chained from the group."""
+    for kind in (KeyboardInterrupt, SystemExit, trio.Cancelled):
+        for item in flat:
+            if isinstance(item, kind):
+                return item
+    errors = [e for e in flat if isinstance(e, Error)]
+    if len(errors) == 1 and len(flat) == 1:
+        return errors[0]
+    return Error(
+        ErrorClass.EXECUTION_FAILURE,
+        "conversation failed",
+        {"errors": [f"{type(e).__name__}: {e}"[:300] for e in flat][:10]},
+    )

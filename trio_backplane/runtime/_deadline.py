@@ -1,0 +1,84 @@
+"""Deadlines as generation-tagged budgets on Trio cancel scopes.
+
+Each arming of a budget (the run, one effect, one commit, the cleanup) makes
+a fresh generation.  ``suspend`` remembers the remaining time and stops the
+clock; ``resume`` re-arms with only what remained.  A timeout decided under
+an older generation is ignored (ARCHITECTURE.md rule 5).
+"""
+
+from __future__ import annotations
+
+import math
+
+import trio
+
+__all__ = ["DeadlineBudget"]
+
+
+class DeadlineBudget:
+    """``seconds`` of time, spent only while armed and not suspended."""
+
+    __slots__ = ("_generation", "_remaining", "_scope", "_suspended", "name")
+
+    def __init__(self, name: str, seconds: float) -> None:
+        self.name = name
+        self._remaining = float(seconds)
+        self._generation = 0
+        self._scope: trio.CancelScope | None = None
+        self._suspended = False
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    @property
+    def suspended(self) -> bool:
+        return self._suspended
+
+    @property
+    def deadline(self) -> float:
+        """The absolute deadline now in force (``inf`` while suspended)."""
+        if self._scope is None:
+            return trio.current_time() + self._remaining
+        return self._scope.deadline
+
+    def remaining(self) -> float:
+        if self._scope is None or self._suspended:
+            return self._remaining
+        return max(0.0, self._scope.deadline - trio.current_time())
+
+    def arm(self, *, shield: bool = False) -> trio.CancelScope:
+        """A new cancel scope whose deadline spends this budget (new generation)."""
+        self._generation += 1
+        self._suspended = False
+        self._scope = trio.CancelScope(
+            deadline=trio.current_time() + self._remaining, shield=shield
+        )
+        return self._scope
+
+    def suspend(self) -> int:
+        """Stop the clock; returns the new generation."""
+        if self._scope is not None and not self._suspended:
+            self._remaining = max(0.0, self._scope.deadline - trio.current_time())
+            self._scope.deadline = math.inf
+        self._suspended = True
+        self._generation += 1
+        return self._generation
+
+    def resume(self) -> int:
+        """Re-arm with only the remaining time; returns the new generation."""
+        self._generation += 1
+        self._suspended = False
+        if self._scope is not None:
+            self._scope.deadline = trio.current_time() + self._remaining
+        return self._generation
+
+    def timed_out(self, generation: int | None = None) -> bool:
+        """Whether the scope was cancelled by this budget's deadline (in
+        ``generation``, when given: an older generation's verdict is ignored)."""
+        scope = self._scope
+        if scope is None or self._suspended:
+            return False
+        if generation is not None and generation != self._generation:
+            return False
+        return scope.cancelled_caught and trio.current_time() >= scope.deadline

@@ -1,0 +1,721 @@
+"""The turn loop: provider attempts and sequential tool batches."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from ..errors import Error, ErrorClass
+from ..kernel import FrozenList, RunRecord, freeze, thaw
+from ..schema import compile_with
+from ..tools import (
+    Invocation,
+    Rejection,
+    ToolDescriptor,
+    ToolResult,
+    authorize,
+    settlement,
+)
+from ._deadline import DeadlineBudget
+from ._provider import (
+    PROVIDER_EVENTS,
+    ProviderRequest,
+    ResponseCompleted,
+    ResponseFailed,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallArgumentsDelta,
+    ToolCallCompleted,
+    ToolCallStarted,
+    Usage,
+)
+from ._types import Continue, HookContext
+
+if TYPE_CHECKING:
+    from ._conversation import Conversation
+
+__all__ = ["ToolContext", "ToolOperation", "TurnLoop"]
+
+_encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
+
+
+class ToolContext:
+    """Callables bound to one effect; each raises ``resource_conflict`` once the
+    effect has ended."""
+
+    __slots__ = ("_conversation", "_live")
+
+    def __init__(self, conversation: Conversation) -> None:
+        self._conversation = conversation
+        self._live = True
+
+    def _end(self) -> None:
+        self._live = False
+
+    def emit(self, update: Mapping[str, Any]) -> None:
+        """Forward ``update`` to subscribers as a transient ``tool_update`` (TOOL-27)."""
+        if not self._live:
+            raise Error(ErrorClass.RESOURCE_CONFLICT, "stale stream")
+        if not isinstance(update, Mapping):
+            raise Error(ErrorClass.VALIDATION, "a tool update must be a mapping")
+        self._conversation._publish("tool_update", freeze(update))
+
+
+@attrs.frozen
+class ToolOperation:
+    """What a backend's ``execute`` receives (TOOL-05)."""
+
+    run_id: str
+    incarnation: int
+    step_id: str
+    attempt_id: str
+    invocation_id: str
+    tool_call_id: str
+    turn_id: str
+    tool_name: str
+    tool_revision: int
+    catalog_revision: int
+    arguments: Any
+    caller: Any
+    effective_authority: Any
+    backend_context: Any
+    context: ToolContext
+
+
+class _TurnFailed(Exception):
+    def __init__(self, error: Error) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+def _error_result(error: Error) -> dict[str, Any]:
+    return {
+        "content": error.message,
+        "structured_content": None,
+        "is_error": True,
+        "error": error.to_dict(),
+    }
+
+
+class _Accounting:
+    """Provider output per attempt (PRV-12..15): each block counts once, as the
+    larger of its summed deltas and its largest snapshot."""
+
+    def __init__(self, limit: float) -> None:
+        self.limit = limit
+        self.deltas: dict[Any, int] = {}
+        self.snapshots: dict[Any, int] = {}
+
+    def _total(self) -> int:
+        keys = self.deltas.keys() | self.snapshots.keys()
+        return sum(max(self.deltas.get(k, 0), self.snapshots.get(k, 0)) for k in keys)
+
+    def add(self, key: Any, *, delta: int = 0, snapshot: int = 0) -> None:
+        if delta:
+            self.deltas[key] = self.deltas.get(key, 0) + delta
+        if snapshot:
+            self.snapshots[key] = max(self.snapshots.get(key, 0), snapshot)
+        size = self._total()
+        if size > self.limit:
+            raise Error(
+                ErrorClass.RESOURCE_CONFLICT,
+                "provider output limit exceeded",
+                {"scope": "provider_response", "size": size, "limit": self.limit},
+            )
+
+
+def _nbytes(text: Any) -> int:
+    if isinstance(text, str):
+        return len(text.encode("utf-8", "surrogatepass"))
+    return len(_encode(thaw(text)).encode("utf-8", "surrogatepass"))
+
+
+class TurnLoop:
+    def __init__(self, conversation: Conversation) -> None:
+        self.c = conversation
+
+    # -- turns ----------------------------------------------------------------
+
+    async def run(self, first_turn: str | None, failed: Error | None) -> None:
+        c = self.c
+        turn_id = first_turn or c._new_id("turn")
+        error = failed
+        while True:
+            if error is None:
+                error = await self._turn(turn_id)
+            await self._record_turn(turn_id, error)
+            follow = await self._next_follow_up()
+            if follow is None:
+                break
+            turn_id, error = follow
+        await self._finish(turn_id, error)
+
+    async def _record_turn(self, turn_id: str, error: Error | None) -> None:
+        outcome = {
+            "turn_id": turn_id,
+            "status": "failed" if error else "completed",
+            "error": None if error is None else error.to_dict(),
+        }
+        await self.c._checkpoint(lambda s: {**s, "last_turn": outcome})
+        self.c._publish(
+            "turn_failed" if error else "turn_completed",
+            {"turn_id": turn_id, "outcome": outcome, "error": outcome["error"]},
+        )
+
+    async def _next_follow_up(self) -> tuple[str, Error | None] | None:
+        c = self.c
+        queue = c._conversation_state().get("follow_up", ())
+        if not queue:
+            return None
+        message = thaw(queue[0])
+        turn_id = c._new_id("turn")
+        try:
+            from ._conversation import _Rejected
+
+            message = await c._prompt_hook(message, "new", turn_id)
+        except _Rejected as rejected:
+            await c._checkpoint(
+                lambda s: {**s, "follow_up": FrozenList(s["follow_up"][1:]), "turn_id": turn_id}
+            )
+            return turn_id, rejected.error
+        await c._checkpoint(
+            lambda s: {
+                **s,
+                "follow_up": FrozenList(s["follow_up"][1:]),
+                "messages": FrozenList((*s["messages"], freeze(message))),
+                "turn_id": turn_id,
+            }
+        )
+        c._publish("prompt_consumed", {"mode": "new", "message": message, "turn_id": turn_id})
+        return turn_id, None
+
+    async def _finish(self, turn_id: str, error: Error | None) -> None:
+        c = self.c
+        status = "failed" if error else "completed"
+        outcome = {
+            "turn_id": turn_id,
+            "status": status,
+            "error": None if error is None else error.to_dict(),
+        }
+        await c._commit("finish", {"status": status, "outcome": outcome})
+        c._phase = "terminal"
+        c._resource_cleanup = attrs.evolve(c._resource_cleanup, status="confirmed")
+        c._publish("run_failed" if error else "run_completed", {"outcome": outcome})
+        c._settled.set()
+
+    async def _turn(self, turn_id: str) -> Error | None:
+        try:
+            while True:
+                message, calls = await self._provider_attempt(turn_id)
+                for call in calls:
+                    await self._gateway(call, turn_id)
+                steered = await self._consume_steering(turn_id)
+                if calls or steered:
+                    continue
+                if await self._stop_hook(turn_id, message):
+                    return None
+        except _TurnFailed as failed:
+            return failed.error
+
+    async def _consume_steering(self, turn_id: str) -> bool:
+        c = self.c
+        queue = c._conversation_state().get("steering", ())
+        if not queue:
+            return False
+        from ._conversation import _Rejected
+
+        message = thaw(queue[0])
+        try:
+            message = await c._prompt_hook(message, "steering", turn_id)
+        except _Rejected as rejected:
+            await c._checkpoint(lambda s: {**s, "steering": FrozenList(s["steering"][1:])})
+            raise _TurnFailed(rejected.error) from None
+        await c._checkpoint(
+            lambda s: {
+                **s,
+                "steering": FrozenList(s["steering"][1:]),
+                "messages": FrozenList((*s["messages"], freeze(message))),
+            }
+        )
+        c._publish("prompt_consumed", {"mode": "steering", "message": message, "turn_id": turn_id})
+        return True
+
+    async def _stop_hook(self, turn_id: str, message: Mapping[str, Any]) -> bool:
+        c = self.c
+        hook = getattr(c._hooks, "stop", None)
+        if hook is None:
+            return True
+        context = HookContext(c.run_id, c._record.incarnation, turn_id, "stop")
+        try:
+            with trio.fail_after(c._options.effect_timeout):
+                result = await hook({"turn_id": turn_id, "message": thaw(message)}, context)
+        except Error as error:
+            raise _TurnFailed(error) from None
+        except trio.TooSlowError:
+            raise _TurnFailed(Error(ErrorClass.TIMEOUT, "stop hook timed out")) from None
+        if result == "stop":
+            return True
+        if isinstance(result, Continue):
+            try:
+                from ._conversation import _check_content
+
+                content = _check_content(result.message)
+            except Error as error:
+                raise _TurnFailed(error) from None
+            user = c._user_message(content)
+            await c._checkpoint(
+                lambda s: {**s, "messages": FrozenList((*s["messages"], freeze(user)))}
+            )
+            return False
+        raise _TurnFailed(
+            Error(
+                ErrorClass.VALIDATION, "invalid stop hook result", {"type": type(result).__name__}
+            )
+        )
+
+    # -- effects: commits that start them ---------------------------------------
+
+    async def _effect_commit(self, kind: str, data: Mapping[str, Any]) -> RunRecord:
+        """Commit the intent of an effect; a kernel refusal fails the turn, an
+        expired deadline stops the run (KER-08)."""
+        from ._conversation import _Stop
+
+        c = self.c
+        if c._stop_reason is not None:
+            raise _Stop
+        try:
+            record = await c._commit(kind, data)
+        except Error as error:
+            if error.error_class is ErrorClass.TIMEOUT:
+                c._request_stop("deadline_exceeded")
+                raise _Stop from None
+            raise _TurnFailed(error) from None
+        if c._stop_reason is not None:
+            raise _Stop  # a cancellation raced the intent commit: never dispatch (CAN-04)
+        return record
+
+    async def _uncertain(self, error: Error) -> None:
+        from ._conversation import _Stop
+
+        self.c._last_error = error
+        self.c._request_stop("uncertain")
+        raise _Stop
+
+    # -- the provider -------------------------------------------------------------
+
+    async def _provider_attempt(
+        self, turn_id: str
+    ) -> tuple[Mapping[str, Any], list[dict[str, Any]]]:
+        c = self.c
+        record = await self._effect_commit("provider_started", {"turn_id": turn_id})
+        active = record.active_provider
+        assert active is not None
+        attempt_id, step_id = active["attempt_id"], active["step_id"]
+        c._step_id, c._attempt_id = step_id, attempt_id
+        c._publish("response_started", {})
+        state = c._conversation_state()
+        request = ProviderRequest(
+            run_id=c.run_id,
+            incarnation=record.incarnation,
+            turn_id=turn_id,
+            step_id=step_id,
+            attempt_id=attempt_id,
+            messages=tuple(thaw(m) for m in state.get("messages", ())),
+            catalog_revision=state.get("catalog_revision", 1),
+            tools=c._bundle.tools,
+        )
+        budget = DeadlineBudget("effect", c._options.effect_timeout)
+        usage: list[Any] = []
+        completed: list[dict[str, Any]] = []
+        message: Mapping[str, Any] | None = None
+        failure: Error | None = None
+        accounting = _Accounting(c._options.provider_output_limit)
+        with budget.arm():
+            try:
+                stream = c._provider.stream(request, c._provider_context)
+                try:
+                    async for event in stream:
+                        if not isinstance(event, PROVIDER_EVENTS):
+                            failure = Error(
+                                ErrorClass.VALIDATION,
+                                "unsupported normalized provider event",
+                                {"type": type(event).__name__},
+                            )
+                            break
+                        if isinstance(event, ResponseCompleted):
+                            message = event.message
+                            self._account_message(accounting, message)
+                            if event.usage is not None:
+                                usage.append(thaw(event.usage))
+                            break
+                        if isinstance(event, ResponseFailed):
+                            failure = event.error
+                            break
+                        self._forward(event, accounting, usage, completed)
+                finally:
+                    aclose = getattr(stream, "aclose", None)
+                    if aclose is not None:
+                        with trio.CancelScope(shield=True):
+                            await aclose()
+            except Error as error:
+                failure = error
+            except trio.Cancelled:
+                raise
+            except Exception as exc:
+                failure = Error(
+                    ErrorClass.EXECUTION_FAILURE,
+                    "provider stream failed",
+                    {"cause": f"{type(exc).__name__}: {exc}"[:500]},
+                )
+        if budget.timed_out():
+            await self._uncertain(
+                Error(
+                    ErrorClass.TIMEOUT,
+                    "provider attempt outlived effect_timeout",
+                    {"certainty": "uncertain", "effect": f"provider:{attempt_id}"},
+                )
+            )
+        if failure is None and message is None:
+            failure = Error(ErrorClass.VALIDATION, "provider ended without terminal event")
+        if failure is None and (
+            not isinstance(message, Mapping) or message.get("role") != "assistant"
+        ):
+            failure = Error(ErrorClass.VALIDATION, "provider message role must be assistant")
+        if failure is not None:
+            await c._commit(
+                "provider_completed",
+                {
+                    "attempt_id": attempt_id,
+                    "result": {"error": failure.to_dict()},
+                    "conversation": _append(state, usage=usage),
+                },
+            )
+            c._publish("response_failed", {"error": failure.to_dict()})
+            raise _TurnFailed(failure)
+        assert message is not None
+        calls = _tool_calls(message, completed)
+        await c._commit(
+            "provider_completed",
+            {
+                "attempt_id": attempt_id,
+                "result": {"message": thaw(message)},
+                "conversation": _append(c._conversation_state(), message=message, usage=usage),
+            },
+        )
+        c._publish(
+            "response_completed",
+            {"message": thaw(message), "usage": usage[-1] if usage else None},
+        )
+        c._attempt_id = None
+        ids = [call["id"] for call in calls]
+        if len(set(ids)) != len(ids):
+            raise _TurnFailed(Error(ErrorClass.VALIDATION, "duplicate tool call id"))
+        return message, calls
+
+    def _forward(
+        self,
+        event: Any,
+        accounting: _Accounting,
+        usage: list[Any],
+        completed: list[dict[str, Any]],
+    ) -> None:
+        c = self.c
+        if isinstance(event, TextDelta):
+            accounting.add(("text", event.index), delta=_nbytes(event.text))
+            c._publish("content_text_delta", {"delta": event.text, "index": event.index})
+        elif isinstance(event, ThinkingDelta):
+            accounting.add(("thinking", event.index), delta=_nbytes(event.text))
+            c._publish("content_thinking_delta", {"delta": event.text, "index": event.index})
+        elif isinstance(event, ToolCallStarted):
+            c._publish(
+                "tool_call_started",
+                {"tool_call": {"id": event.tool_call_id, "name": event.name, "index": event.index}},
+            )
+        elif isinstance(event, ToolCallArgumentsDelta):
+            accounting.add(("tool", event.tool_call_id), delta=_nbytes(event.delta))
+            c._publish(
+                "tool_call_arguments_delta",
+                {"delta": event.delta, "index": event.index, "tool_call_id": event.tool_call_id},
+            )
+        elif isinstance(event, ToolCallCompleted):
+            accounting.add(("tool", event.tool_call_id), snapshot=_nbytes(event.arguments))
+            call = {"id": event.tool_call_id, "name": event.name, "arguments": event.arguments}
+            completed.append(call)
+            c._publish("tool_call_completed", {"tool_call": thaw(call)})
+        elif isinstance(event, Usage):
+            usage.append(thaw(event.usage))
+            c._publish("usage_updated", {"usage": thaw(event.usage)})
+
+    def _account_message(self, accounting: _Accounting, message: Any) -> None:
+        if not isinstance(message, Mapping):
+            return
+        content = message.get("content")
+        if isinstance(content, str):
+            accounting.add(("text", 0), snapshot=_nbytes(content))
+            return
+        if isinstance(content, list | tuple):
+            text_index = 0
+            for block in content:
+                if not isinstance(block, Mapping):
+                    continue
+                kind = block.get("type")
+                if kind == "tool_call":
+                    accounting.add(
+                        ("tool", block.get("id")), snapshot=_nbytes(block.get("arguments"))
+                    )
+                elif kind in ("text", "thinking"):
+                    index = block.get("index", text_index)
+                    accounting.add(
+                        (kind, index), snapshot=_nbytes(block.get(kind, block.get("text", "")))
+                    )
+                    text_index += 1
+
+    # -- the tool gateway --------------------------------------------------------
+
+    async def _gateway(self, call: Mapping[str, Any], turn_id: str) -> None:
+        """One call: validate, authorize, reserve + intent, dispatch, commit the
+        result, then the transcript projection (rule 1, rule 3)."""
+        c = self.c
+        name = call.get("name")
+        call_id = str(call.get("id"))
+        arguments = call.get("arguments")
+        descriptor = c._bundle.registry.get(name) if isinstance(name, str) else None
+        if descriptor is None:
+            error = Error(ErrorClass.NOT_FOUND, "tool is not registered", {"tool": name})
+            await self._tool_message(call_id, name, _error_result(error))
+            return
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                error = Error(ErrorClass.VALIDATION, "tool arguments are not JSON")
+                await self._tool_message(call_id, name, _error_result(error))
+                return
+        arguments = thaw(arguments)
+        try:
+            compile_with(descriptor.schema, descriptor.schema_options).validate(arguments)
+            authority = c._bundle.authority
+            authorize(
+                authority, descriptor, Invocation(c.run_id, descriptor.name, descriptor.revision)
+            )
+            if descriptor.requires_approval:
+                raise _approval_unavailable(descriptor)
+        except Error as error:
+            await self._tool_message(call_id, descriptor.name, _error_result(error))
+            return
+        effective = {
+            "caller": authority.caller,
+            "run_id": authority.run_id,
+            "tool_revision": descriptor.revision,
+        }
+        record = await self._effect_commit(
+            "tool_invoked",
+            {
+                "tool_name": descriptor.name,
+                "tool_revision": descriptor.revision,
+                "tool_call_id": call_id,
+                "turn_id": turn_id,
+                "effect_class": "read_only" if descriptor.read_only else "mutation",
+                "effective_authority": effective,
+            },
+        )
+        invocation_id = max(record.active_tools, key=_invocation_number)
+        await self._dispatch(descriptor, record, invocation_id, call_id, turn_id, arguments)
+
+    async def _dispatch(  # noqa: PLR0917 - one call's whole identity
+        self,
+        descriptor: ToolDescriptor,
+        record: RunRecord,
+        invocation_id: str,
+        call_id: str,
+        turn_id: str,
+        arguments: Any,
+    ) -> None:
+        c = self.c
+        context = ToolContext(c)
+        operation = ToolOperation(
+            run_id=c.run_id,
+            incarnation=record.incarnation,
+            step_id=str(record.step_id),
+            attempt_id=str(record.intents[_last_provider(record)]["attempt_id"]),
+            invocation_id=invocation_id,
+            tool_call_id=call_id,
+            turn_id=turn_id,
+            tool_name=descriptor.name,
+            tool_revision=descriptor.revision,
+            catalog_revision=c._conversation_state().get("catalog_revision", 1),
+            arguments=arguments,
+            caller=c._bundle.authority.caller,
+            effective_authority=c._bundle.authority,
+            backend_context=descriptor.backend_context,
+            context=context,
+        )
+        c._publish(
+            "tool_started",
+            {
+                "invocation": {
+                    "invocation_id": invocation_id,
+                    "tool_call_id": call_id,
+                    "step_id": operation.step_id,
+                    "tool_name": descriptor.name,
+                    "tool_revision": descriptor.revision,
+                    "arguments": arguments,
+                }
+            },
+        )
+        c._unsettled_dispatch[invocation_id] = "tool dispatched; outcome unknown"
+        c._dispatched.append(invocation_id)
+        budget = DeadlineBudget("effect", c._options.effect_timeout)
+        result: Any = None
+        try:
+            with budget.arm():
+                try:
+                    result = await descriptor.backend.execute(operation)
+                except Error as error:
+                    result = error
+                except trio.Cancelled:
+                    raise
+                except Exception as exc:
+                    result = exc
+        finally:
+            context._end()
+        if budget.timed_out():
+            await self._uncertain(
+                Error(
+                    ErrorClass.TIMEOUT,
+                    "tool outlived effect_timeout",
+                    {"certainty": "uncertain", "effect": f"tool:{invocation_id}"},
+                )
+            )
+        verdict = settlement(result, descriptor, operation)
+        if verdict == "uncertain":
+            await self._uncertain_result(result, descriptor, invocation_id)
+        normalized = self._normalize(result)
+        del c._unsettled_dispatch[invocation_id]
+        from ._conversation import _Stop
+
+        try:
+            await c._commit(
+                "tool_completed", {"invocation_id": invocation_id, "result": normalized}
+            )
+        except Error as error:
+            if error.error_class is ErrorClass.TIMEOUT:
+                c._unsettled_dispatch[invocation_id] = "result not committed before the deadline"
+                c._request_stop("deadline_exceeded")
+                raise _Stop from None
+            raise
+        await self._tool_message(call_id, descriptor.name, normalized)
+
+    async def _uncertain_result(
+        self, result: Any, descriptor: ToolDescriptor, invocation_id: str
+    ) -> None:
+        """Stop the run as unknown_outcome for an uncertain tool outcome (rule 4)."""
+        if isinstance(result, Rejection):
+            reason = Error(
+                ErrorClass.UNKNOWN_OUTCOME,
+                "tool rejection does not prove exact non-dispatch",
+                {"tool": descriptor.name},
+            )
+        elif isinstance(result, Error):
+            reason = Error(
+                ErrorClass.UNKNOWN_OUTCOME,
+                "tool failed after dispatch; its effect is unknown",
+                {"tool": descriptor.name, "cause": result.to_dict()},
+            )
+        elif isinstance(result, BaseException):
+            reason = Error(
+                ErrorClass.UNKNOWN_OUTCOME,
+                "tool crashed after dispatch",
+                {"tool": descriptor.name, "cause": f"{type(result).__name__}: {result}"[:500]},
+            )
+        else:
+            reason = Error(
+                ErrorClass.UNKNOWN_OUTCOME,
+                "tool returned neither a ToolResult nor a rejection",
+                {"tool": descriptor.name, "type": type(result).__name__},
+            )
+        self.c._unsettled_dispatch[invocation_id] = reason.message
+        await self._uncertain(reason)
+
+    def _normalize(self, result: Any) -> dict[str, Any]:
+        if isinstance(result, ToolResult):
+            normalized: dict[str, Any] = thaw(result.to_dict())
+            try:
+                size = len(_encode(normalized).encode("utf-8", "surrogatepass"))
+            except (TypeError, ValueError):
+                return _error_result(Error(ErrorClass.VALIDATION, "tool result is not JSON data"))
+            if size > self.c._options.output_limit:
+                return _error_result(
+                    Error(
+                        ErrorClass.RESOURCE_CONFLICT,
+                        "tool output exceeds the configured bound",
+                        {
+                            "scope": "tool_result",
+                            "size": size,
+                            "limit": self.c._options.output_limit,
+                        },
+                    )
+                )
+            return normalized
+        if isinstance(result, Rejection):
+            return _error_result(result.error)
+        assert isinstance(result, Error)
+        return _error_result(result)
+
+    async def _tool_message(self, call_id: str, name: Any, result: Mapping[str, Any]) -> None:
+        message = {"role": "tool", "tool_call_id": call_id, "name": name, "result": result}
+        await self.c._checkpoint(
+            lambda s: {**s, "messages": FrozenList((*s["messages"], freeze(message)))}
+        )
+        self.c._publish("tool_completed", {"message": message})
+
+
+def _approval_unavailable(descriptor: ToolDescriptor) -> Error:
+    return Error(
+        ErrorClass.APPROVAL_REQUIRED,
+        "tool requires approval and no approval flow is attached",
+        {"tool": descriptor.name},
+    )
+
+
+def _invocation_number(invocation_id: str) -> int:
+    return int(invocation_id.rsplit("-", 1)[-1])
+
+
+def _last_provider(record: RunRecord) -> str:
+    return f"provider:attempt-{record.incarnation}-{record.counters.get('attempt', 0)}"
+
+
+def _append(
+    state: Mapping[str, Any], *, message: Any = None, usage: list[Any] | None = None
+) -> dict[str, Any]:
+    new = dict(state)
+    if message is not None:
+        new["messages"] = FrozenList((*state.get("messages", ()), freeze(message)))
+    if usage:
+        new["usage"] = FrozenList((*state.get("usage", ()), *(freeze(u) for u in usage)))
+    return new
+
+
+def _tool_calls(
+    message: Mapping[str, Any], completed: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """PRV-17: tool-call blocks of the terminal message are authoritative;
+    otherwise the incrementally completed calls, in completion order."""
+    content = message.get("content")
+    blocks: list[dict[str, Any]] = []
+    if isinstance(content, list | tuple):
+        for block in content:
+            if isinstance(block, Mapping) and block.get("type") == "tool_call":
+                blocks.append(
+                    {
+                        "id": block.get("id"),
+                        "name": block.get("name"),
+                        "arguments": block.get("arguments"),
+                    }
+                )
+    return blocks if blocks else completed

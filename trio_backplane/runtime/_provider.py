@@ -1,0 +1,121 @@
+"""Provider events: what a provider adapter's ``stream`` yields."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Protocol
+
+import attrs
+
+from ..errors import Error
+
+__all__ = [
+    "PROVIDER_EVENTS",
+    "Provider",
+    "ProviderEvent",
+    "ProviderRequest",
+    "ResponseCompleted",
+    "ResponseFailed",
+    "TextDelta",
+    "ThinkingDelta",
+    "ToolCallArgumentsDelta",
+    "ToolCallCompleted",
+    "ToolCallStarted",
+    "Usage",
+]
+
+
+@attrs.frozen
+class TextDelta:
+    text: str
+    index: int = 0
+
+
+@attrs.frozen
+class ThinkingDelta:
+    text: str
+    index: int = 0
+
+
+@attrs.frozen
+class ToolCallStarted:
+    tool_call_id: str
+    name: str
+    index: int = 0
+
+
+@attrs.frozen
+class ToolCallArgumentsDelta:
+    tool_call_id: str
+    delta: str
+    index: int = 0
+
+
+@attrs.frozen
+class ToolCallCompleted:
+    tool_call_id: str
+    name: str
+    arguments: Any
+
+
+@attrs.frozen
+class Usage:
+    """Provider usage, a mapping kept verbatim (PRV-16)."""
+
+    usage: Mapping[str, Any]
+
+
+@attrs.frozen
+class ResponseCompleted:
+    """The terminal event: ``message`` is ``{"role": "assistant", "content": ...}``;
+    tool calls are content blocks ``{"type": "tool_call", "id", "name", "arguments"}``."""
+
+    message: Mapping[str, Any]
+    usage: Mapping[str, Any] | None = None
+
+
+@attrs.frozen
+class ResponseFailed:
+    error: Error
+
+
+ProviderEvent = (
+    TextDelta
+    | ThinkingDelta
+    | ToolCallStarted
+    | ToolCallArgumentsDelta
+    | ToolCallCompleted
+    | Usage
+    | ResponseCompleted
+    | ResponseFailed
+)
+PROVIDER_EVENTS = (
+    TextDelta,
+    ThinkingDelta,
+    ToolCallStarted,
+    ToolCallArgumentsDelta,
+    ToolCallCompleted,
+    Usage,
+    ResponseCompleted,
+    ResponseFailed,
+)
+
+
+@attrs.frozen
+class ProviderRequest:
+    """What a provider attempt is asked (PRV-01); no trusted context inside."""
+
+    run_id: str
+    incarnation: int
+    turn_id: str
+    step_id: str
+    attempt_id: str
+    messages: tuple[Any, ...]
+    catalog_revision: int
+    tools: tuple[Any, ...]
+
+
+class Provider(Protocol):
+    def stream(
+        self, request: ProviderRequest, context: Mapping[str, Any] | None
+    ) -> AsyncIterator[ProviderEvent]: ...

@@ -1,0 +1,111 @@
+"""The Conversation's public records: events, snapshots, hooks."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal, Protocol
+
+import attrs
+
+from ..errors import Error
+from ..kernel import RunRecord
+
+__all__ = [
+    "PHASES",
+    "TRANSIENT_EVENTS",
+    "Continue",
+    "Event",
+    "HookContext",
+    "Hooks",
+    "ResourceCleanup",
+    "Snapshot",
+]
+
+PHASES = frozenset(
+    {
+        "idle",
+        "running",
+        "waiting_interaction",
+        "cancelling",
+        "terminal",
+        "recovery_required",
+        "storage_failed",
+    }
+)
+
+#: Events a slow subscriber may lose (CONV-29); every other event is always delivered.
+TRANSIENT_EVENTS = frozenset(
+    {
+        "content_text_delta",
+        "content_thinking_delta",
+        "tool_call_started",
+        "tool_call_arguments_delta",
+        "tool_call_completed",
+        "usage_updated",
+        "tool_update",
+        "events_dropped",
+    }
+)
+
+
+@attrs.frozen
+class Event:
+    """One subscriber event (the EVT section of BEHAVIOURS.md)."""
+
+    type: str
+    payload: Mapping[str, Any]
+    run_id: str
+    incarnation: int
+    turn_id: str | None
+    step_id: str | None = None
+    attempt_id: str | None = None
+
+
+@attrs.frozen
+class ResourceCleanup:
+    status: Literal["not_requested", "confirmed", "uncertain"] = "not_requested"
+    evidence: tuple[Any, ...] = ()
+
+
+@attrs.frozen
+class Snapshot:
+    """The last committed state of a conversation (CONV-23)."""
+
+    phase: str
+    run: RunRecord
+    messages: tuple[Any, ...]
+    steering: tuple[Any, ...]
+    follow_up: tuple[Any, ...]
+    queue_status: str
+    usage: tuple[Any, ...]
+    turn_id: str | None
+    pending_interaction: Mapping[str, Any] | None
+    last_error: Error | None
+    catalog_revision: int
+    receipts: tuple[Any, ...]
+    resource_cleanup: ResourceCleanup
+
+
+@attrs.frozen
+class Continue:
+    """A stop hook's synthetic continuation: ``message`` is prompt content."""
+
+    message: Any
+
+
+@attrs.frozen
+class HookContext:
+    run_id: str
+    incarnation: int
+    turn_id: str | None
+    mode: Literal["new", "steering", "stop"]
+
+
+class Hooks(Protocol):
+    """Both methods are optional (CONV-21)."""
+
+    async def prompt(
+        self, message: Mapping[str, Any], context: HookContext
+    ) -> Mapping[str, Any]: ...
+
+    async def stop(self, outcome: Mapping[str, Any], context: HookContext) -> Any: ...
