@@ -33,7 +33,7 @@ IDENTITY_FIELDS: Final = (
     "tool_revision",
     "catalog_revision",
 )
-_POSITIVE: Final = frozenset({"incarnation", "tool_revision"})
+_POSITIVE: Final = frozenset({"incarnation", "tool_revision", "catalog_revision"})
 
 
 def _bool(instance: Any, attribute: Any, value: Any) -> None:
@@ -80,8 +80,8 @@ def _identity(operation: Any) -> dict[str, Any]:
 
 def _complete(identity: Mapping[str, Any]) -> bool:
     for name, value in identity.items():
-        if name in _POSITIVE or name == "catalog_revision":
-            if type(value) is not int or value < (0 if name == "catalog_revision" else 1):
+        if name in _POSITIVE:
+            if type(value) is not int or value < 1:
                 return False
         elif type(value) is not str or not value:
             return False
