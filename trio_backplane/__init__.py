@@ -5,6 +5,7 @@ Everything public is importable from here; the subpackages hold the code.
 """
 
 from .errors import Error, ErrorClass
+from .recovery import CrashReport, EffectReport, RecoveryHarness, RecoveryReport, recover
 from .schema import (
     CompiledSchema,
     Limits,
@@ -16,6 +17,8 @@ from .schema import (
     validate_output,
     validate_schema,
 )
+from .store import PostgresStore
+from .testing import StoreConformance
 from .tools import (
     AdmittedBundle,
     Approval,
@@ -44,15 +47,21 @@ __all__ = [
     "Authority",
     "CatalogUpdate",
     "CompiledSchema",
+    "CrashReport",
+    "EffectReport",
     "Error",
     "ErrorClass",
     "Invocation",
     "Limits",
+    "PostgresStore",
     "ProviderTool",
     "Publication",
     "PublicationReceipt",
+    "RecoveryHarness",
+    "RecoveryReport",
     "Rejected",
     "SchemaOptions",
+    "StoreConformance",
     "ToolDescriptor",
     "ToolRegistry",
     "__version__",
@@ -63,6 +72,7 @@ __all__ = [
     "compile",
     "compile_output",
     "decide_approval",
+    "recover",
     "validate",
     "validate_output",
     "validate_schema",

@@ -25,11 +25,77 @@ _converter.register_unstructure_hook_func(
     lambda t: t in (_JSON_MAPPING, _OPTIONAL_JSON_MAPPING), thaw
 )
 _converter.register_unstructure_hook_func(lambda t: t == tuple[str, ...], list)
-_converter.register_structure_hook_func(
-    lambda t: t in (_JSON_MAPPING, _OPTIONAL_JSON_MAPPING), lambda v, _: v
-)
-_converter.register_structure_hook_func(lambda t: t == float | None, lambda v, _: v)
-_converter.register_structure_hook(Budget, lambda v, _: Budget(**v))
+
+
+# Structuring is strict: a stored value of the wrong type is refused, never
+# coerced (cattrs' defaults would read "false" as True and 5 as "5").
+def _wrong(value: Any, expected: str) -> Error:
+    return Error(
+        ErrorClass.VALIDATION,
+        f"stored record holds a {type(value).__name__} where {expected} belongs",
+    )
+
+
+def _exact(kind: type) -> Any:
+    def structure(value: Any, _: Any) -> Any:
+        if type(value) is not kind:
+            raise _wrong(value, kind.__name__)
+        return value
+
+    return structure
+
+
+def _mapping(value: Any, _: Any) -> Any:
+    if not isinstance(value, Mapping):
+        raise _wrong(value, "a mapping")
+    return value
+
+
+def _optional_mapping(value: Any, _: Any) -> Any:
+    return None if value is None else _mapping(value, _)
+
+
+def _time(value: Any, _: Any) -> float | None:
+    if value is None:
+        return None
+    if type(value) not in (int, float) or value - value != 0:
+        raise _wrong(value, "a finite number")
+    return value  # type: ignore[no-any-return]
+
+
+def _ids(value: Any, _: Any) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or any(type(v) is not str for v in value):
+        raise _wrong(value, "a list of str")
+    return tuple(value)
+
+
+def _counts(value: Any, _: Any) -> Mapping[str, int]:
+    if not isinstance(value, Mapping) or any(type(v) is not int for v in value.values()):
+        raise _wrong(value, "a mapping of ints")
+    return value
+
+
+def _budget(value: Any, _: Any) -> Budget:
+    if not isinstance(value, Mapping) or set(value) != {"quota", "used", "reservations"}:
+        raise _wrong(value, "a budget {quota, used, reservations}")
+    used, reservations = value["used"], value["reservations"]
+    if type(used) is not int or used < 0:
+        raise _wrong(used, "a non-negative int")
+    if not isinstance(reservations, Mapping) or any(
+        type(v) is not int or v < 1 for v in reservations.values()
+    ):
+        raise _wrong(reservations, "a mapping of positive ints")
+    return Budget(quota=value["quota"], used=used, reservations=reservations)
+
+
+for _kind in (str, int, bool):
+    _converter.register_structure_hook(_kind, _exact(_kind))
+_converter.register_structure_hook_func(lambda t: t == _JSON_MAPPING, _mapping)
+_converter.register_structure_hook_func(lambda t: t == _OPTIONAL_JSON_MAPPING, _optional_mapping)
+_converter.register_structure_hook_func(lambda t: t == float | None, _time)
+_converter.register_structure_hook_func(lambda t: t == tuple[str, ...], _ids)
+_converter.register_structure_hook_func(lambda t: t == Mapping[str, int], _counts)
+_converter.register_structure_hook(Budget, _budget)
 
 
 def encode_record(record: RunRecord) -> dict[str, Any]:

@@ -169,6 +169,60 @@ def _frozen_mapping(value: Any) -> Mapping[str, Any]:
     return frozen
 
 
+def _positive(instance: Any, attribute: attrs.Attribute[int], value: Any) -> None:
+    if type(value) is not int or value < 1:
+        raise Error(ErrorClass.VALIDATION, f"{attribute.name} must be a positive int")
+
+
+def _non_negative(instance: Any, attribute: attrs.Attribute[int], value: Any) -> None:
+    if type(value) is not int or value < 0:
+        raise Error(ErrorClass.VALIDATION, f"{attribute.name} must be a non-negative int")
+
+
+_JSON_TYPES: Final = frozenset(
+    {str, int, float, bool, type(None), list, dict, FrozenDict, FrozenList}
+)
+
+
+def _wrong(attribute: Any, value: Any, expected: str) -> Error:
+    """``validation`` for a field holding ``value``: "runtime handle" for a
+    value that is not JSON data at all (KER-11), else what was expected."""
+    details = {"field": attribute.name, "type": type(value).__name__}
+    if type(value) not in _JSON_TYPES:
+        return Error(ErrorClass.VALIDATION, "committed intent contains a runtime handle", details)
+    return Error(ErrorClass.VALIDATION, f"{attribute.name} must be {expected}", details)
+
+
+def _bool(instance: Any, attribute: Any, value: Any) -> None:
+    if type(value) is not bool:
+        raise _wrong(attribute, value, "a bool")
+
+
+def _optional_str(instance: Any, attribute: Any, value: Any) -> None:
+    if value is not None and type(value) is not str:
+        raise _wrong(attribute, value, "a str or None")
+
+
+def _optional_time(instance: Any, attribute: Any, value: Any) -> None:
+    if value is None:
+        return
+    if type(value) not in (int, float):
+        raise _wrong(attribute, value, "a finite number or None")
+    if value - value != 0:
+        raise Error(ErrorClass.VALIDATION, f"{attribute.name} must be a finite number or None")
+
+
+def _str_tuple(instance: Any, attribute: Any, value: tuple[Any, ...]) -> None:
+    for item in value:
+        if type(item) is not str:
+            raise _wrong(attribute, item, "a tuple of str")
+
+
+def _budget(instance: Any, attribute: Any, value: Any) -> None:
+    if not isinstance(value, Budget):
+        raise _wrong(attribute, value, "a Budget")
+
+
 def _quota(instance: Any, attribute: Any, value: Any) -> None:
     if type(value) is not int or value < 1:
         raise Error(
@@ -182,7 +236,7 @@ class Budget:
     one unit under its reservation id (``"provider:<attempt>"``, ``"tool:<id>"``)."""
 
     quota: int = attrs.field(validator=_quota)
-    used: int = 0
+    used: int = attrs.field(default=0, validator=_non_negative)
     reservations: Mapping[str, int] = attrs.field(default=_EMPTY, converter=_frozen_mapping)
 
 
@@ -214,18 +268,8 @@ def reserve(budget: Budget, reservation_id: str, amount: int = 1) -> Budget:
 
 
 def _state(instance: Any, attribute: Any, value: Any) -> None:
-    if value not in RUN_STATES:
+    if type(value) is not str or value not in RUN_STATES:
         raise Error(ErrorClass.VALIDATION, "unknown run state", {"state": repr(value)})
-
-
-def _positive(instance: Any, attribute: attrs.Attribute[int], value: Any) -> None:
-    if type(value) is not int or value < 1:
-        raise Error(ErrorClass.VALIDATION, f"{attribute.name} must be a positive int")
-
-
-def _non_negative(instance: Any, attribute: attrs.Attribute[int], value: Any) -> None:
-    if type(value) is not int or value < 0:
-        raise Error(ErrorClass.VALIDATION, f"{attribute.name} must be a non-negative int")
 
 
 def _run_id(instance: Any, attribute: Any, value: Any) -> None:
@@ -251,10 +295,10 @@ class RunRecord:
     incarnation: int = attrs.field(default=1, validator=_positive)
     revision: int = attrs.field(default=0, validator=_non_negative)
     state: str = attrs.field(default="queued", validator=_state)
-    admitted: bool = False
-    deadline: float | None = None
-    budget: Budget = attrs.field(factory=lambda: Budget(quota=100))
-    step_id: str | None = None
+    admitted: bool = attrs.field(default=False, validator=_bool)
+    deadline: float | None = attrs.field(default=None, validator=_optional_time)
+    budget: Budget = attrs.field(factory=lambda: Budget(quota=100), validator=_budget)
+    step_id: str | None = attrs.field(default=None, validator=_optional_str)
     counters: Mapping[str, int] = attrs.field(default=_EMPTY, converter=_frozen_mapping)
     active_provider: Mapping[str, Any] | None = attrs.field(
         default=None, converter=_optional_mapping
@@ -266,15 +310,15 @@ class RunRecord:
         default=None, converter=_optional_mapping
     )
     active_wait: Mapping[str, Any] | None = attrs.field(default=None, converter=_optional_mapping)
-    dependencies: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    dependencies: tuple[str, ...] = attrs.field(default=(), converter=tuple, validator=_str_tuple)
     children: Mapping[str, Any] = attrs.field(default=_EMPTY, converter=_frozen_mapping)
-    stop_reason: str | None = None
+    stop_reason: str | None = attrs.field(default=None, validator=_optional_str)
     cleanup_required: Mapping[str, Any] | None = attrs.field(
         default=None, converter=_optional_mapping
     )
     outcome: Mapping[str, Any] | None = attrs.field(default=None, converter=_optional_mapping)
     context: Mapping[str, Any] = attrs.field(default=_EMPTY, converter=_frozen_mapping)
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = attrs.field(default=SCHEMA_VERSION, validator=_positive)
 
     @classmethod
     def new(

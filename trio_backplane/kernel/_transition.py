@@ -202,8 +202,11 @@ def _provider_completed(record: RunRecord, command: Command) -> dict[str, Any]:
     if command.input.get("final") is True:
         pending = attrs.evolve(record, active_provider=None)
         _require_settled(pending)
+        outcome = command.input.get("outcome")
+        if outcome is not None and not isinstance(outcome, Mapping):
+            raise Error(ErrorClass.VALIDATION, "provider outcome must be a mapping")
         changes["state"] = "completed"
-        changes["outcome"] = command.input.get("outcome") or {"status": "completed"}
+        changes["outcome"] = {**(outcome or {}), "status": "completed"}
     return changes
 
 
@@ -264,6 +267,8 @@ def _tool_invoked(record: RunRecord, command: Command) -> dict[str, Any]:
 def _tool_completed(record: RunRecord, command: Command) -> dict[str, Any]:
     _require_state(record, command, "running")
     invocation_id = command.input.get("invocation_id")
+    if type(invocation_id) is not str:  # ids are str; a mapping is not even hashable
+        raise _conflict("unknown tool invocation", invocation_id=invocation_id)
     if invocation_id not in record.active_tools:
         if invocation_id in record.tool_results:
             raise _conflict("tool invocation already completed", invocation_id=invocation_id)
@@ -284,6 +289,9 @@ def _wait_started(record: RunRecord, command: Command) -> dict[str, Any]:
         raise _conflict("a wait is already active", wait_id=record.active_wait.get("wait_id"))
     wait_id, counters = _next_id(record, "wait")
     dependency = command.input.get("dependency", wait_id)
+    if type(dependency) is not str or not dependency:
+        # dependencies are ids: sorted and hashed by cleanup_requirements
+        raise Error(ErrorClass.VALIDATION, "wait dependency must be a non-empty str")
     return {
         "counters": counters,
         "state": "waiting_result",
@@ -295,10 +303,11 @@ def _wait_started(record: RunRecord, command: Command) -> dict[str, Any]:
 def _wait_resolved(record: RunRecord, command: Command) -> dict[str, Any]:
     _require_state(record, command, "waiting_result")
     wait = record.active_wait
-    assert wait is not None
-    if command.input.get("wait_id") != wait["wait_id"]:
+    if wait is None or command.input.get("wait_id") != wait["wait_id"]:
         raise _conflict(
-            "stale wait", expected=wait["wait_id"], received=command.input.get("wait_id")
+            "stale wait",
+            expected=None if wait is None else wait["wait_id"],
+            received=command.input.get("wait_id"),
         )
     dependencies = tuple(d for d in record.dependencies if d != wait["dependency"])
     return {"state": "running", "active_wait": None, "dependencies": dependencies}

@@ -185,6 +185,7 @@ class Conversation:
         self._stop_reason: str | None = None  # "cancelled" | "deadline_exceeded" | "uncertain"
         self._stop_requested = trio.Event()
         self._settled = trio.Event()
+        self._settling = False  # one settlement at a time (CAN-06)
         self._turn_wakeup = trio.Event()
         self._step_id: str | None = None
         self._attempt_id: str | None = None
@@ -250,7 +251,7 @@ class Conversation:
                 }
             )
         except _Rejected as rejected:
-            await self._start_worker(first_turn=None, failed=rejected.error)
+            await self._start_worker(first_turn=turn_id, failed=rejected.error)
             raise rejected.error from None
         except _StorageFailed as failed:
             raise failed.error from None
@@ -409,9 +410,12 @@ class Conversation:
         if refusal is None and (not isinstance(result, Mapping) or result.get("role") != "user"):
             refusal = Error(ErrorClass.VALIDATION, "prompt hook must return a user message")
         if refusal is not None:
-            self._publish(
+            event = self._event(
                 "prompt_rejected", {"message_id": message["id"], "error": refusal.to_dict()}
             )
+            # The rejected message belongs to ``turn_id`` (CONV-26), even before
+            # any checkpoint names that turn.
+            self._hub.publish(attrs.evolve(event, turn_id=turn_id))
             raise _Rejected(refusal)
         return {**result, "id": message["id"]}
 
@@ -464,8 +468,9 @@ class Conversation:
     async def _settle(self) -> None:
         """Shielded cleanup: commit cancel/deadline and a cleanup settlement,
         publish exactly one terminal event (EVT-17)."""
-        if self._settled.is_set():
-            return
+        if self._settled.is_set() or self._settling:
+            return  # a repeated cancel() must not start a second settlement (CAN-06)
+        self._settling = True
         try:
             if self._record.state in TERMINAL_STATES or self._phase in _INACTIVE_PHASES:
                 return

@@ -160,7 +160,9 @@ class TurnLoop:
             "status": "failed" if error else "completed",
             "error": None if error is None else error.to_dict(),
         }
-        await self.c._checkpoint(lambda s: {**s, "last_turn": outcome})
+        # The turn record names its turn: a turn whose prompt was rejected before
+        # any checkpoint still reports its own turn_id on its events (CONV-26).
+        await self.c._checkpoint(lambda s: {**s, "last_turn": outcome, "turn_id": turn_id})
         self.c._publish(
             "turn_failed" if error else "turn_completed",
             {"turn_id": turn_id, "outcome": outcome, "error": outcome["error"]},
@@ -296,6 +298,9 @@ class TurnLoop:
             raise _TurnFailed(error) from None
         if c._stop_reason is not None:
             raise _Stop  # a cancellation raced the intent commit: never dispatch (CAN-04)
+        # The run deadline may have expired while the (shielded) commit was in
+        # flight: never start the effect after it (CAN-10).
+        await trio.lowlevel.checkpoint_if_cancelled()
         return record
 
     async def _uncertain(self, error: Error) -> None:
@@ -458,7 +463,10 @@ class TurnLoop:
             accounting.add(("text", 0), snapshot=_nbytes(content))
             return
         if isinstance(content, list | tuple):
-            text_index = 0
+            # a block without "index" takes its position among blocks of its own
+            # kind, matching TextDelta/ThinkingDelta indexes (both start at 0), so a
+            # text block after a thinking block is not counted twice (PRV-14)
+            positions = {"text": 0, "thinking": 0}
             for block in content:
                 if not isinstance(block, Mapping):
                     continue
@@ -468,11 +476,11 @@ class TurnLoop:
                         ("tool", block.get("id")), snapshot=_nbytes(block.get("arguments"))
                     )
                 elif kind in ("text", "thinking"):
-                    index = block.get("index", text_index)
+                    index = block.get("index", positions[kind])
                     accounting.add(
                         (kind, index), snapshot=_nbytes(block.get(kind, block.get("text", "")))
                     )
-                    text_index += 1
+                    positions[kind] += 1
 
     # -- the tool gateway --------------------------------------------------------
 
@@ -595,7 +603,6 @@ class TurnLoop:
         if verdict == "uncertain":
             await self._uncertain_result(result, descriptor, invocation_id)
         normalized = self._normalize(result)
-        del c._unsettled_dispatch[invocation_id]
         from ._conversation import _Stop
 
         try:
@@ -608,6 +615,10 @@ class TurnLoop:
                 c._request_stop("deadline_exceeded")
                 raise _Stop from None
             raise
+        # Settled only once its result is committed: a result (a rejection
+        # included) returned after cancel() never commits, so the effect stays
+        # unsettled evidence and the run ends unknown_outcome (TOOL-22).
+        del c._unsettled_dispatch[invocation_id]
         await self._tool_message(call_id, descriptor.name, normalized)
 
     async def _uncertain_result(

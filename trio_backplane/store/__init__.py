@@ -1,6 +1,7 @@
 """Durable records behind one small protocol: memory, SQLite, PostgreSQL."""
 
 from ._memory import MemoryStore
+from ._postgres import PostgresStore
 from ._protocol import (
     PreparedCommit,
     Receipt,
@@ -10,12 +11,15 @@ from ._protocol import (
     prepare_create,
     verify_receipt,
 )
+from ._sqlite import SQLiteStore
 
 __all__ = [
     "MemoryStore",
+    "PostgresStore",
     "PreparedCommit",
     "Receipt",
     "RunSummary",
+    "SQLiteStore",
     "Store",
     "prepare_commit",
     "prepare_create",

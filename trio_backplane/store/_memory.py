@@ -13,7 +13,10 @@ __all__ = ["MemoryStore"]
 
 class MemoryStore:
     """Runs in a dict.  Same compare-and-set as the durable stores; ``fence``
-    raises ``unsupported_capability`` "durable store required" (STO-07)."""
+    raises ``unsupported_capability`` "durable store required" (STO-07).
+
+    It keeps the committed ``RunRecord`` itself (frozen, JSON data by
+    construction): a commit encodes nothing but its events."""
 
     durable = False
 

@@ -81,31 +81,40 @@ def verify_receipt(receipt: Receipt, *, run_id: str, expected_revision: int) -> 
 
 @attrs.frozen
 class PreparedCommit:
-    """A validated commit, encoded: what a store writes in one transaction."""
+    """A decided commit: the record to store and its events, encoded.
+
+    Encoding the record is the store's business (and costs what changed, see
+    ``_layout``): a ``RunRecord`` is JSON data by construction (every field is
+    frozen and validated, KER-11), so the decision never re-encodes it.
+    """
 
     record: RunRecord
-    encoded: dict[str, Any]
     events: list[dict[str, Any]]
 
+    @property
+    def encoded(self) -> dict[str, Any]:
+        """The whole record encoded, computed on each access: O(run length),
+        for simple stores and tests only, never on a store's hot path."""
+        return encode_record(self.record)
 
-def _encode(record: RunRecord, events: Sequence[RunEvent]) -> PreparedCommit:
+
+def _prepare(record: RunRecord, events: Sequence[RunEvent]) -> PreparedCommit:
     if not isinstance(record, RunRecord):
         raise Error(ErrorClass.VALIDATION, "a store commits RunRecord values")
+    encoded_events = []
     for event in events:
         if not isinstance(event, RunEvent):
             raise Error(ErrorClass.VALIDATION, "a store commits RunEvent values")
-    encoded = encode_record(record)
-    check_json(encoded)  # KER-11: a runtime handle never reaches storage
-    encoded_events = [encode_event(e) for e in events]
-    check_json(encoded_events)
-    return PreparedCommit(record=record, encoded=encoded, events=encoded_events)
+        encoded_events.append(encode_event(event))
+    check_json(encoded_events)  # small: events digest their input (KER-11)
+    return PreparedCommit(record=record, events=encoded_events)
 
 
 def prepare_create(record: RunRecord) -> PreparedCommit:
-    """Validate a new record (revision 0)."""
+    """Validate a new record (revision 0).  O(1): the record is not encoded."""
     if isinstance(record, RunRecord) and record.revision != 0:
         raise Error(ErrorClass.VALIDATION, "a new run starts at revision 0")
-    return _encode(record, ())
+    return _prepare(record, ())
 
 
 def prepare_commit(
@@ -120,6 +129,9 @@ def prepare_commit(
     """The compare-and-set decision, against the ``stored`` record (STO-01..04).
 
     Stores call this inside their transaction, with the row they locked.
+    Only the identity and revision of ``stored`` are read, so a store may pass
+    a stand-in ``RunRecord(run_id=..., incarnation=..., revision=...)`` built
+    from the row.  Costs the events, never the record.
     """
     if not isinstance(record, RunRecord):
         raise Error(ErrorClass.VALIDATION, "a store commits RunRecord values")
@@ -149,4 +161,4 @@ def prepare_commit(
             "stale revision",
             {"stored": stored.revision, "expected": expected_revision},
         )
-    return _encode(record, events)
+    return _prepare(record, events)

@@ -1,0 +1,343 @@
+"""What does one tool-call turn of the Conversation engine cost?
+
+    python benchmarks/bench_engine.py [--quick] [--profile]
+
+Workload (issue 5): one run whose provider answers with one tool call to a
+trivial tool, step after step, then a final text answer (a run finishes
+after a turn, so the 200 "turns" are 200 steps of one turn).  A step is one
+provider response with one tool call plus the tool's execution: the
+``provider_started``, ``provider_completed``, ``tool_invoked`` and
+``tool_completed`` commits and the tool-message checkpoint.  Figures:
+
+* µs per step over 200 steps, on ``MemoryStore`` and ``SQLiteStore``;
+* 100 concurrent conversations of 20 steps each (one store), µs per step of
+  wall time;
+* two floors measured in the same process: a raw loop doing the same schema
+  validation, provider stream and backend call without the engine, and a
+  bare Trio loop doing as many scheduler steps (checkpoints) per step as the
+  engine was measured to take, plus one memory-channel hand-off;
+* step 1000 against step 10 of one run (median of the steps around each):
+  a commit must not rewrite the whole transcript;
+* on SQLite: the raw durable commit time of the same store (commits of a
+  growing conversation record, no engine) times the commits per step.
+
+Targets: <= 250 µs per step on MemoryStore; step 1000 within 1.5x of step
+10; SQLite per step within 1.25x of commits-per-step x raw commit, and
+<= 2000 µs.  ``--profile`` prints a cProfile of the MemoryStore 200-step run.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from trio_backplane.kernel import Command, RunRecord, transition
+from trio_backplane.runtime import open_conversation
+from trio_backplane.schema import compile_with
+from trio_backplane.store import MemoryStore, SQLiteStore
+from trio_backplane.testing import ScriptedProvider
+from trio_backplane.tools import (
+    Authority,
+    Invocation,
+    ToolDescriptor,
+    ToolRegistry,
+    ToolResult,
+    authorize,
+)
+
+QUICK = "--quick" in sys.argv
+PROFILE = "--profile" in sys.argv
+STEPS = 200
+CONCURRENT, CONCURRENT_STEPS = (20, 10) if QUICK else (100, 20)
+LONG = 300 if QUICK else 1000
+ROUNDS = 3 if QUICK else 5
+
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"n": {"type": "integer"}},
+    "required": ["n"],
+    "additionalProperties": False,
+}
+RESULT = ToolResult("ok")
+
+
+class Echo:
+    """The trivial tool; ``stamps`` records when each call arrived."""
+
+    def __init__(self) -> None:
+        self.stamps: list[float] = []
+
+    async def execute(self, operation: Any) -> ToolResult:
+        self.stamps.append(time.perf_counter())
+        return RESULT
+
+
+def script(steps: int) -> list[list[Any]]:
+    responses = [
+        ScriptedProvider.tool_calls((f"call-{i}", "echo", {"n": i}), streamed=False)
+        for i in range(steps)
+    ]
+    responses.append(ScriptedProvider.text("done"))
+    return responses
+
+
+class StepCounter(trio.abc.Instrument):
+    """Counts scheduler task steps (each is one checkpoint that yielded)."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.steps += 1
+
+
+async def one_run(store: Any, run_id: str, steps: int, echo: Echo | None = None) -> float:
+    """Seconds from the prompt to the settled run of ``steps`` tool steps."""
+    echo = echo if echo is not None else Echo()
+    registry = ToolRegistry([ToolDescriptor(name="echo", schema=SCHEMA, backend=echo)])
+    authority = Authority.for_registry(registry, caller="bench", run_id=run_id)
+    async with open_conversation(
+        run_id,
+        store=store,
+        provider=ScriptedProvider(script(steps)),
+        registry=registry,
+        authority=authority,
+        work=10 * steps + 10,
+        run_timeout=3600.0,
+        effect_timeout=3600.0,
+        commit_timeout=60.0,
+    ) as conversation:
+        start = time.perf_counter()
+        await conversation.prompt("go")
+        snapshot = await conversation.wait_settled()
+        elapsed = time.perf_counter() - start
+    assert snapshot.run.state == "completed", snapshot.run.state
+    assert len(echo.stamps) == steps
+    return elapsed
+
+
+_ids = iter(range(10**9))
+
+
+def run_id() -> str:
+    return f"bench-{next(_ids)}"
+
+
+async def engine_per_step(make_store: Callable[[], Awaitable[Any]]) -> tuple[float, int]:
+    """µs per step over STEPS steps (median of ROUNDS runs) and commits per step."""
+    times = []
+    commits = 0
+    for _ in range(ROUNDS):
+        store = await make_store()
+        rid = run_id()
+        times.append(await one_run(store, rid, STEPS))
+        commits = len(await store.events(rid))
+        await close(store)
+    return statistics.median(times) / STEPS * 1e6, commits
+
+
+async def concurrent_per_step(make_store: Callable[[], Awaitable[Any]]) -> float:
+    store = await make_store()
+    start = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for _ in range(CONCURRENT):
+            nursery.start_soon(one_run, store, run_id(), CONCURRENT_STEPS)
+    elapsed = time.perf_counter() - start
+    await close(store)
+    return elapsed / (CONCURRENT * CONCURRENT_STEPS) * 1e6
+
+
+async def late_vs_early() -> tuple[float, float]:
+    """Median µs of the steps around step 10 and around step LONG of one run."""
+    echo = Echo()
+    await one_run(MemoryStore(), run_id(), LONG, echo)
+    gaps = [b - a for a, b in zip(echo.stamps, echo.stamps[1:], strict=False)]
+    early = statistics.median(gaps[5:15])
+    late = statistics.median(gaps[-10:])
+    return early * 1e6, late * 1e6
+
+
+async def scheduler_steps_per_step() -> float:
+    """Trio task steps the engine takes per tool step (MemoryStore)."""
+    counter = StepCounter()
+    trio.lowlevel.add_instrument(counter)
+    try:
+        await one_run(MemoryStore(), run_id(), STEPS)
+    finally:
+        trio.lowlevel.remove_instrument(counter)
+    return counter.steps / STEPS
+
+
+# -- floors --------------------------------------------------------------------------
+
+
+async def raw_floor() -> float:
+    """The same validation, authorization, provider stream and backend call per
+    step, without the engine: µs per step."""
+    echo = Echo()
+    registry = ToolRegistry([ToolDescriptor(name="echo", schema=SCHEMA, backend=echo)])
+    descriptor = registry["echo"]
+    authority = Authority.for_registry(registry, caller="bench", run_id="raw")
+    provider = ScriptedProvider(script(STEPS))
+    best = []
+    for _ in range(ROUNDS):
+        provider = ScriptedProvider(script(STEPS))
+        start = time.perf_counter()
+        for i in range(STEPS):
+            stream = provider.stream(None, None)  # type: ignore[arg-type]
+            async for event in stream:
+                message = getattr(event, "message", None)
+            assert message is not None
+            call = message["content"][0]
+            arguments = call["arguments"]
+            compile_with(descriptor.schema, descriptor.schema_options).validate(arguments)
+            authorize(authority, descriptor, Invocation("raw", "echo", 1))
+            await echo.execute(i)
+        best.append(time.perf_counter() - start)
+    return statistics.median(best) / STEPS * 1e6
+
+
+async def trio_floor(checkpoints: int) -> float:
+    """A bare Trio loop: ``checkpoints`` checkpoints and one channel hand-off
+    per step: µs per step."""
+    send, receive = trio.open_memory_channel[int](0)
+
+    async def consumer() -> None:
+        async for _ in receive:
+            pass
+
+    best = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(consumer)
+        for _ in range(ROUNDS):
+            start = time.perf_counter()
+            for i in range(STEPS):
+                for _ in range(checkpoints):
+                    await trio.lowlevel.checkpoint()
+                await send.send(i)
+            best.append(time.perf_counter() - start)
+        await send.aclose()
+    return statistics.median(best) / STEPS * 1e6
+
+
+async def raw_commit(store: Any, count: int = 200) -> float:
+    """µs per raw durable commit: a growing conversation record, no engine."""
+    rid = run_id()
+    record = RunRecord.new(rid, work=10, context={"conversation": {"messages": []}})
+    await store.create(record)
+    record, events = transition(record, Command("admit", 0.0, {"state": "running"}))
+    await store.commit(rid, incarnation=1, expected_revision=0, record=record, events=events)
+    messages: list[Any] = []
+    start = time.perf_counter()
+    for i in range(count):
+        messages = [*messages, {"role": "tool", "tool_call_id": f"c{i}", "result": "ok"}]
+        new, events = transition(
+            record,
+            Command("conversation_updated", float(i), {"conversation": {"messages": messages}}),
+        )
+        await store.commit(
+            rid,
+            incarnation=1,
+            expected_revision=record.revision,
+            record=new,
+            events=events,
+        )
+        record = new
+    return (time.perf_counter() - start) / count * 1e6
+
+
+# -- stores --------------------------------------------------------------------------
+
+_tmp = tempfile.TemporaryDirectory(prefix="bench_engine_")
+_files = iter(range(10**6))
+
+
+async def memory() -> Any:
+    return MemoryStore()
+
+
+async def sqlite() -> Any:
+    store = SQLiteStore(Path(_tmp.name) / f"runs-{next(_files)}.db")
+    await store.__aenter__()
+    return store
+
+
+async def close(store: Any) -> None:
+    aclose = getattr(store, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+# -- main ----------------------------------------------------------------------------
+
+
+def verdict(ok: bool) -> str:
+    return "ok" if ok else "MISSED"
+
+
+async def main() -> None:
+    print(f"python {sys.version.split()[0]}, trio {trio.__version__}, quick={QUICK}")
+    mem, commits = await engine_per_step(memory)
+    per_step_commits = commits / STEPS
+    sched = await scheduler_steps_per_step()
+    raw = await raw_floor()
+    bare = await trio_floor(round(sched))
+    bare10 = await trio_floor(10)
+    mem_conc = await concurrent_per_step(memory)
+    early, late = await late_vs_early()
+    sql, _ = await engine_per_step(sqlite)
+    sql_conc = await concurrent_per_step(sqlite)
+    store = await sqlite()
+    commit_us = statistics.median([await raw_commit(store) for _ in range(3)])
+    await close(store)
+    sql_target = per_step_commits * commit_us
+
+    print()
+    print(f"{'figure':52} {'us/step':>10}")
+    print(f"{'MemoryStore, 1 run x 200 steps':52} {mem:10.1f}")
+    many = f"{CONCURRENT} runs x {CONCURRENT_STEPS} steps (wall)"
+    print(f"{'MemoryStore, ' + many:52} {mem_conc:10.1f}")
+    print(f"{'SQLiteStore, 1 run x 200 steps':52} {sql:10.1f}")
+    print(f"{'SQLiteStore, ' + many:52} {sql_conc:10.1f}")
+    print(f"{'floor: raw validate + stream + backend call':52} {raw:10.1f}")
+    print(f"{f'floor: bare trio, {round(sched)} checkpoints + 1 hand-off':52} {bare:10.1f}")
+    print(f"{'floor: bare trio, 10 checkpoints + 1 hand-off':52} {bare10:10.1f}")
+    print(f"{'SQLite raw durable commit (per commit)':52} {commit_us:10.1f}")
+    print(f"{f'step ~10 of a {LONG}-step run (MemoryStore)':52} {early:10.1f}")
+    print(f"{f'step ~{LONG} of a {LONG}-step run (MemoryStore)':52} {late:10.1f}")
+    print()
+    print(f"commits per step: {per_step_commits:.2f}; engine scheduler steps per step: {sched:.1f}")
+    print(f"engine / raw floor: {mem / raw:.1f}x; engine / bare trio floor: {mem / bare:.1f}x")
+    print(f"MemoryStore <= 250 us/step: {mem:.1f} -> {verdict(mem <= 250)}")
+    print(f"step {LONG} / step 10 <= 1.5x: {late / early:.2f}x -> {verdict(late / early <= 1.5)}")
+    print(
+        f"SQLite <= 1.25 x {per_step_commits:.0f} commits x {commit_us:.1f} us = "
+        f"{1.25 * sql_target:.1f}: {sql:.1f} ({sql / sql_target:.2f}x) -> "
+        f"{verdict(sql <= 1.25 * sql_target)}"
+    )
+    print(f"SQLite <= 2000 us/step: {sql:.1f} -> {verdict(sql <= 2000)}")
+
+    if PROFILE:
+        profiler = cProfile.Profile()
+        profiler.enable()
+        await one_run(MemoryStore(), run_id(), STEPS)
+        profiler.disable()
+        out = io.StringIO()
+        stats = pstats.Stats(profiler, stream=out)
+        stats.sort_stats("tottime").print_stats(25)
+        stats.sort_stats("cumulative").print_stats(40)
+        print(out.getvalue())
+
+
+if __name__ == "__main__":
+    trio.run(main)

@@ -1,0 +1,355 @@
+"""How fast do the stores commit, and what does a commit cost late in a run?
+
+    python benchmarks/bench_store.py [--quick]
+
+Workload: one run alternating ``provider_started`` / ``provider_completed``
+(the latter appends one message to the transcript), each commit awaited
+before the next, as the runtime does.  Figures:
+
+* commits/s for ``MemoryStore`` and ``SQLiteStore`` (one run);
+* the ratio of ``SQLiteStore`` to a raw ``sqlite3`` loop that writes the very
+  same rows (head, changed parts, event) with the same durability settings
+  (WAL, ``synchronous=FULL``, ``foreign_keys=ON``) in this process; raw and
+  store rounds are interleaved and the median ratio reported, since the disk
+  is shared and noisy (target >= 0.8x);
+* 100 runs committing concurrently (group commit) against the single-run rate
+  (target >= 4x);
+* the cost of commit 5 000 against commit 10 of one run (target <= 1.5x):
+  a run grown to 5 000 commits and a fresh run commit alternately, and the
+  median latencies are compared;
+* ``PostgresStore`` (single run and 100 runs) when ``TRIO_BACKPLANE_PG_DSN``
+  is set and ``trio_backplane.store.PostgresStore`` is importable.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from trio_backplane.kernel import (
+    Command,
+    FrozenList,
+    RunEvent,
+    RunRecord,
+    encode_event,
+    freeze,
+)
+from trio_backplane.kernel import transition as _transition
+from trio_backplane.store import MemoryStore, SQLiteStore
+from trio_backplane.store._layout import NOTHING, diff, dumps, head_text
+from trio_backplane.store._sqlite import _SCHEMA
+
+QUICK = "--quick" in sys.argv
+Commit = tuple[RunRecord, RunRecord, list[RunEvent]]
+
+
+def fresh(run_id: str) -> RunRecord:
+    return RunRecord.new(run_id, work=1_000_000, context={"conversation": {"messages": []}})
+
+
+def step(record: RunRecord, n: int) -> tuple[RunRecord, list[RunEvent]]:
+    """Commit ``n`` of the workload from ``record``."""
+    if record.state == "queued":
+        return _transition(record, Command("admit", 0.0, {"state": "running"}))
+    if record.active_provider is None:
+        return _transition(record, Command("provider_started", float(n)))
+    # The transcript stays frozen, as the runtime keeps it (``_conversation``):
+    # the command then costs one C-speed tuple copy, not a walk of every message.
+    conversation = record.conversation or {"messages": FrozenList()}
+    message = freeze({"role": "assistant", "content": f"reply {n}: " + "lorem ipsum " * 8})
+    return _transition(
+        record,
+        Command(
+            "provider_completed",
+            float(n),
+            {
+                "result": {"text": f"reply {n}"},
+                "conversation": {
+                    **conversation,
+                    "messages": FrozenList((*conversation["messages"], message)),
+                },
+            },
+        ),
+    )
+
+
+async def commit(store: Any, record: RunRecord, n: int) -> RunRecord:
+    new, events = step(record, n)
+    await store.commit(
+        record.run_id,
+        incarnation=record.incarnation,
+        expected_revision=record.revision,
+        record=new,
+        events=events,
+    )
+    return new
+
+
+async def drive(store: Any, record: RunRecord, count: int) -> tuple[RunRecord, float]:
+    """``count`` sequential commits; returns the record and commits/s."""
+    start = time.perf_counter()
+    for n in range(count):
+        record = await commit(store, record, record.revision + n)
+    return record, count / (time.perf_counter() - start)
+
+
+# -- raw sqlite3 loop -------------------------------------------------------------
+
+
+def raw_rows(record: RunRecord, count: int) -> tuple[RunRecord, list[tuple[Any, ...]]]:
+    """The exact statements' parameters a store writes for ``count`` commits."""
+    entry = diff(NOTHING, record)[0]
+    plan = []
+    for n in range(count):
+        new, events = step(record, record.revision + n)
+        entry_new, upserts, _deletes = diff(entry, new)
+        head = head_text(new)
+        encoded = [encode_event(e) for e in events]
+        plan.append((record, new, head, upserts, encoded))
+        record, entry = new, entry_new
+    return record, plan
+
+
+def open_raw(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute("PRAGMA foreign_keys = ON")
+    for statement in _SCHEMA:
+        conn.execute(statement)
+    return conn
+
+
+def raw_create(conn: sqlite3.Connection, record: RunRecord) -> None:
+    head = head_text(record)
+    conn.execute(
+        "INSERT INTO runs VALUES (?, ?, ?, ?, ?)",
+        (record.run_id, record.incarnation, record.revision, record.state, head),
+    )
+
+
+def raw_loop(conn: sqlite3.Connection, plan: list[Any]) -> float:
+    """commits/s of the plain loop writing ``plan``."""
+    start = time.perf_counter()
+    for old, new, head, upserts, events in plan:
+        run_id = new.run_id
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(
+            "SELECT incarnation, revision FROM runs WHERE run_id = ?", (run_id,)
+        ).fetchone()
+        conn.execute(
+            "UPDATE runs SET incarnation = ?, revision = ?, state = ?, head = ?"
+            " WHERE run_id = ? AND incarnation = ? AND revision = ?",
+            (new.incarnation, new.revision, new.state, head, run_id, old.incarnation, old.revision),
+        )
+        conn.executemany(
+            "INSERT INTO run_parts VALUES (?, ?, ?, ?) ON CONFLICT (run_id, part, key)"
+            " DO UPDATE SET value = excluded.value",
+            [(run_id, *row) for row in upserts],
+        )
+        (last,) = conn.execute(
+            "SELECT COALESCE(MAX(sequence), 0) FROM run_events WHERE run_id = ?", (run_id,)
+        ).fetchone()
+        conn.executemany(
+            "INSERT INTO run_events VALUES (?, ?, ?, ?, ?)",
+            [
+                (run_id, last + i, e["type"], e["occurred_at"], dumps(e["payload"]))
+                for i, e in enumerate(events, start=1)
+            ],
+        )
+        conn.execute("COMMIT")
+    return len(plan) / (time.perf_counter() - start)
+
+
+# -- sections ---------------------------------------------------------------------
+
+
+async def single_run(root: Path) -> float:
+    rounds, per_round = (3, 100) if QUICK else (7, 300)
+    memory = MemoryStore()
+    record = fresh("m")
+    await memory.create(record)
+    _, memory_rate = await drive(memory, record, per_round * rounds)
+    print(f"MemoryStore      single run: {memory_rate:10.0f} commits/s")
+
+    conn = open_raw(root / "raw.db")
+    raw_record = fresh("raw")
+    raw_create(conn, raw_record)
+    async with SQLiteStore(root / "single.db") as store:
+        record = fresh("s")
+        await store.create(record)
+        store_rates, raw_rates, ratios = [], [], []
+        for _ in range(rounds):
+            raw_record, plan = raw_rows(raw_record, per_round)
+            raw_rate = await trio.to_thread.run_sync(raw_loop, conn, plan)
+            record, rate = await drive(store, record, per_round)
+            raw_rates.append(raw_rate)
+            store_rates.append(rate)
+            ratios.append(rate / raw_rate)
+    conn.close()
+    store_rate = statistics.median(store_rates)
+    print(f"raw sqlite3 loop single run: {statistics.median(raw_rates):10.0f} commits/s")
+    print(f"SQLiteStore      single run: {store_rate:10.0f} commits/s")
+    print(
+        f"  ratio SQLiteStore / raw loop: median {statistics.median(ratios):.2f}x "
+        f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)}; target >= 0.8x)"
+    )
+    return store_rate
+
+
+async def concurrent(make: Callable[[], Awaitable[Any]], single_rate: float, label: str) -> None:
+    runs, commits = (100, 10) if QUICK else (100, 30)
+    store = await make()
+    try:
+        records = [fresh(f"c{i:03d}") for i in range(runs)]
+        for record in records:
+            await store.create(record)
+
+        async def one(record: RunRecord) -> None:
+            for n in range(commits):
+                record = await commit(store, record, n)
+
+        start = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for record in records:
+                nursery.start_soon(one, record)
+        rate = runs * commits / (time.perf_counter() - start)
+        batches = getattr(store, "stats", {}).get("batches")
+        extra = f", {runs * commits / batches:.1f} commits per transaction" if batches else ""
+        print(
+            f"{label} 100 concurrent runs: {rate:10.0f} commits/s = "
+            f"{rate / single_rate:.1f}x the single-run rate (target >= 4x){extra}"
+        )
+    finally:
+        await store.aclose()
+
+
+async def late_vs_early(root: Path) -> None:
+    grow, window = (1000, 60) if QUICK else (5000, 200)
+    async with SQLiteStore(root / "growth.db") as store:
+        long_run = fresh("long")
+        await store.create(long_run)
+        start = time.perf_counter()
+        long_run, _ = await drive(store, long_run, grow - 1)
+        print(f"  (grew one run to {grow} commits in {time.perf_counter() - start:.1f}s)")
+        short_run = fresh("short")
+        await store.create(short_run)
+        short_run, _ = await drive(store, short_run, 9)
+        early: list[float] = []
+        late: list[float] = []
+        early_store: list[float] = []
+        late_store: list[float] = []
+        for _ in range(window):
+            for run, times, store_times in (
+                (short_run, early, early_store),
+                (long_run, late, late_store),
+            ):
+                t0 = time.perf_counter()
+                new, events = step(run, run.revision)
+                t1 = time.perf_counter()
+                await store.commit(
+                    run.run_id,
+                    incarnation=run.incarnation,
+                    expected_revision=run.revision,
+                    record=new,
+                    events=events,
+                )
+                t2 = time.perf_counter()
+                times.append(t2 - t0)
+                store_times.append(t2 - t1)
+                if run is short_run:
+                    short_run = new
+                else:
+                    long_run = new
+        rows = store.stats["last_part_rows"]
+    e, lt = statistics.median(early_store), statistics.median(late_store)
+    print(
+        f"commit {grow} vs commit 10 of one run (store.commit): {lt * 1e6:.0f}us vs "
+        f"{e * 1e6:.0f}us = {lt / e:.2f}x (target <= 1.5x; {rows} part rows per commit; "
+        f"transcript {len(long_run.conversation['messages']) if long_run.conversation else 0}"
+        " messages)"
+    )
+    e, lt = statistics.median(early), statistics.median(late)
+    print(
+        f"  with the kernel transition building it: {lt * 1e6:.0f}us vs {e * 1e6:.0f}us"
+        f" = {lt / e:.2f}x"
+    )
+
+
+async def postgres() -> None:
+    dsn = os.environ.get("TRIO_BACKPLANE_PG_DSN")
+    if not dsn:
+        print("PostgresStore: skipped (TRIO_BACKPLANE_PG_DSN not set)")
+        return
+    try:
+        from trio_backplane.store import PostgresStore
+    except ImportError as exc:
+        print(f"PostgresStore: skipped ({exc})")
+        return
+    suffix = f"{os.getpid()}-{time.time_ns()}"
+
+    async def make() -> Any:
+        return PostgresStore(dsn)
+
+    store = await make()
+    try:
+        record = fresh(f"pg-{suffix}")
+        await store.create(record)
+        _, rate = await drive(store, record, 100 if QUICK else 500)
+    finally:
+        await store.aclose()
+    print(f"PostgresStore    single run: {rate:10.0f} commits/s")
+
+    async def make_unique() -> Any:
+        return _Renamed(await make(), suffix)
+
+    await concurrent(make_unique, rate, "PostgresStore   ")
+
+
+class _Renamed:
+    """A store wrapper giving every run a unique id (a shared database)."""
+
+    def __init__(self, store: Any, suffix: str) -> None:
+        self._store, self._suffix = store, suffix
+
+    def _id(self, run_id: str) -> str:
+        return f"{run_id}-{self._suffix}"
+
+    async def create(self, record: RunRecord) -> Any:
+        return await self._store.create(attrs.evolve(record, run_id=self._id(record.run_id)))
+
+    async def commit(self, run_id: str, *, record: RunRecord, **kwargs: Any) -> Any:
+        return await self._store.commit(
+            self._id(run_id), record=attrs.evolve(record, run_id=self._id(run_id)), **kwargs
+        )
+
+    async def aclose(self) -> None:
+        await self._store.aclose()
+
+
+async def main() -> None:
+    with tempfile.TemporaryDirectory(prefix="bench_store-") as tmp:
+        root = Path(tmp)
+        print(f"sqlite {sqlite3.sqlite_version}, trio {trio.__version__}, files in {root}")
+        single = await single_run(root)
+
+        async def make() -> SQLiteStore:
+            return SQLiteStore(root / f"concurrent-{time.time_ns()}.db")
+
+        await concurrent(make, single, "SQLiteStore     ")
+        await late_vs_early(root)
+    await postgres()
+
+
+if __name__ == "__main__":
+    trio.run(main)

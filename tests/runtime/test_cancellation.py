@@ -1,0 +1,825 @@
+"""Cancellation, deadlines, storage failure and restart: every ``CAN-`` behaviour,
+plus KER-09 and KER-10 (the gateway under a failing store and an effect that
+outlives ``effect_timeout``).
+
+Everything runs on ``MemoryStore`` (wrapped in the fault-injecting
+``FaultyStore``) under ``MockClock(autojump_threshold=0)`` (the
+``autojump_clock`` fixture), so every time below is exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+from trio.testing import MockClock
+
+from trio_backplane import Error, ErrorClass
+from trio_backplane.kernel import TERMINAL_STATES, RunRecord
+from trio_backplane.runtime import Conversation, Event, open_conversation
+from trio_backplane.testing import Hang, ScriptedProvider, Sleep
+from trio_backplane.tools import ToolRegistry
+
+from .support import (
+    RUN_ID,
+    TERMINAL_EVENTS,
+    Fault,
+    FaultyStore,
+    ProbeBackend,
+    granted,
+    probe_tools,
+    task_tree_size,
+)
+
+S = ScriptedProvider
+
+
+def call(outcome: str = "ok", tool: str = "act", call_id: str = "c1", **extra: Any) -> list[Any]:
+    """A response that calls one probe tool."""
+    return S.tool_calls((call_id, tool, {"outcome": outcome, **extra}))
+
+
+class Harness:
+    """One conversation over a ``FaultyStore`` with a ``ProbeBackend`` behind
+    the tools ``look`` (read-only) and ``act`` (mutating), one subscriber."""
+
+    def __init__(self, responses: Sequence[Sequence[Any]], *faults: Fault) -> None:
+        self.store = FaultyStore(None, *faults)
+        self.provider = ScriptedProvider(responses)
+        self.backend = ProbeBackend(self.store)
+        self.registry = ToolRegistry(probe_tools(self.backend))
+        self.events: list[Event] = []
+        self._channel: trio.MemoryReceiveChannel[Event] | None = None
+        self.conversation: Conversation | None = None
+
+    @asynccontextmanager
+    async def open(self, **options: Any) -> AsyncIterator[Conversation]:
+        async with open_conversation(
+            RUN_ID,
+            store=self.store,
+            provider=self.provider,
+            registry=self.registry,
+            authority=granted(self.registry),
+            **options,
+        ) as conversation:
+            self.conversation = conversation
+            self._channel = conversation.subscribe(buffer=100_000)
+            yield conversation
+        self.drain()
+        assert self.backend.running == 0, "a backend call outlived the conversation"
+
+    def drain(self) -> list[Event]:
+        if self._channel is not None:
+            while True:
+                try:
+                    self.events.append(self._channel.receive_nowait())
+                except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                    break
+        return self.events
+
+    def types(self) -> list[str]:
+        return [e.type for e in self.drain()]
+
+    def terminal_events(self) -> list[str]:
+        return [t for t in self.types() if t in TERMINAL_EVENTS]
+
+    async def stored(self) -> RunRecord:
+        record = await self.store.load(RUN_ID)
+        assert record is not None
+        return record
+
+
+async def cancel_when(harness: Harness, kind: str) -> None:
+    """Call ``cancel()`` as soon as a commit of ``kind`` starts."""
+    await harness.store.reached(kind).wait()
+    assert harness.conversation is not None
+    await harness.conversation.cancel()
+    harness.backend.cancel_returned = True
+
+
+# -- CAN-01, CAN-03, CAN-06 ------------------------------------------------------
+
+
+async def test_can_01_cancel_returns_before_cleanup_and_settlement(
+    autojump_clock: MockClock,
+) -> None:
+    """CAN-01: cancel() returns at once; the (slow) cleanup commits and the
+    settlement come afterwards."""
+    h = Harness([[Hang()]], Fault("delay", kind="cancel", delay=2.0))
+    async with h.open() as c:
+        await c.prompt("hi")
+        await h.store.reached("provider_started").wait()
+        await trio.sleep(1)
+        before = trio.current_time()
+        await c.cancel()
+        assert trio.current_time() == before
+        assert c.status().phase == "cancelling"
+        assert c.status().run.state == "running"  # nothing committed yet
+        assert "run_cancelled" not in h.types()
+        snapshot = await c.wait_settled()
+        assert trio.current_time() == before + 2.0
+    assert snapshot.phase == "terminal"
+    assert h.terminal_events() == ["run_cancelled"]
+
+
+async def test_can_03_cancel_active_provider_stream(autojump_clock: MockClock) -> None:
+    """CAN-03: cancelling while a provider stream is active cancels it and ends
+    with run_cancelled, phase terminal."""
+    h = Harness([[Hang()]])
+    async with h.open() as c:
+        await c.prompt("hi")
+        await trio.sleep(1)
+        await c.cancel()
+        snapshot = await c.wait_settled()
+    assert snapshot.phase == "terminal"
+    assert h.terminal_events() == ["run_cancelled"]
+    assert h.provider.closed == 1  # the stream was closed by the cancellation
+
+
+async def test_can_03_cancel_active_tool_backend(autojump_clock: MockClock) -> None:
+    """CAN-03: cancelling while a tool backend runs cancels that worker's scope
+    (the backend sees trio.Cancelled) and ends with run_cancelled, phase terminal."""
+    h = Harness([call("hang"), S.text("never")])
+    async with h.open() as c:
+        await c.prompt("hi")
+        await trio.sleep(1)
+        assert h.backend.running == 1
+        await c.cancel()
+        snapshot = await c.wait_settled()
+    assert snapshot.phase == "terminal"
+    assert h.backend.cancelled == 1
+    assert h.terminal_events() == ["run_cancelled"]
+    assert h.provider.remaining == 1
+
+
+async def test_can_06_repeated_cancel_during_cleanup_publishes_one_run_cancelled(
+    autojump_clock: MockClock,
+) -> None:
+    """CAN-06: cancel() called again and again while cleanup commits are slow
+    publishes exactly one run_cancelled (and settles once)."""
+    h = Harness(
+        [call("hang")],
+        Fault("delay", kind="cancel", delay=1.0),
+        Fault("delay", kind="cleanup_settled", delay=1.0),
+    )
+    async with h.open() as c:
+        await c.prompt("hi")
+        await trio.sleep(1)
+        await c.cancel()
+        for _ in range(5):
+            await trio.sleep(0.3)
+            if c.status().phase == "terminal":
+                break
+            await c.cancel()
+        await c.wait_settled()
+    assert h.terminal_events() == ["run_cancelled"]
+    assert h.store.acknowledged_kinds().count("cleanup_settled") == 1
+    assert h.store.acknowledged_kinds().count("cancel") == 1
+    assert (await h.stored()).state == "unknown_outcome"
+
+
+# -- CAN-02 ----------------------------------------------------------------------------
+
+
+async def test_can_02_cancel_after_terminal_raises(autojump_clock: MockClock) -> None:
+    """CAN-02: cancel() in phase terminal raises resource_conflict "run is not active"."""
+    h = Harness([S.text("done")])
+    async with h.open() as c:
+        await c.prompt("hi")
+        await c.wait_settled()
+        with pytest.raises(Error) as info:
+            await c.cancel()
+    assert info.value.error_class is ErrorClass.RESOURCE_CONFLICT
+    assert info.value.message == "run is not active"
+
+
+async def test_can_02_cancel_after_storage_failed_raises(autojump_clock: MockClock) -> None:
+    """CAN-02: cancel() in phase storage_failed raises resource_conflict."""
+    h = Harness([S.text("done")], Fault("fail", kind="provider_completed"))
+    async with h.open() as c:
+        await c.prompt("hi")
+        snapshot = await c.wait_settled()
+        assert snapshot.phase == "storage_failed"
+        with pytest.raises(Error) as info:
+            await c.cancel()
+    assert info.value.error_class is ErrorClass.RESOURCE_CONFLICT
+    assert info.value.message == "run is not active"
+
+
+async def test_can_02_cancel_in_recovery_required_raises(autojump_clock: MockClock) -> None:
+    """CAN-02: cancel() in phase recovery_required raises resource_conflict."""
+    h = Harness([S.text("done")], Fault("fail", kind="provider_completed"))
+    async with h.open() as c:
+        await c.prompt("hi")
+        await c.wait_settled()
+    stored = await h.stored()
+    h2 = Harness([S.text("never")])
+    async with h2.open(run=stored) as c2:
+        assert c2.status().phase == "recovery_required"
+        with pytest.raises(Error) as info:
+            await c2.cancel()
+    assert info.value.error_class is ErrorClass.RESOURCE_CONFLICT
+    assert info.value.message == "run is not active"
+
+
+# -- CAN-04, KER-09 ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tool", ["act", "look"])
+async def test_can_04_cancel_racing_intent_commit_never_dispatches(
+    autojump_clock: MockClock, tool: str
+) -> None:
+    """CAN-04: a cancel() that arrives while the tool_invoked commit is in
+    flight: the commit completes, and the tool is never dispatched; nothing
+    was dispatched, so the run ends cancelled."""
+    h = Harness(
+        [call("ok", tool=tool), S.text("never")], Fault("delay", kind="tool_invoked", delay=1.0)
+    )
+    async with h.open() as c, trio.open_nursery() as nursery:
+        nursery.start_soon(cancel_when, h, "tool_invoked")
+        await c.prompt("hi")
+        snapshot = await c.wait_settled()
+    assert h.backend.calls == 0
+    assert h.backend.violations == []
+    assert "tool_invoked" in h.store.acknowledged_kinds()  # the intent did commit
+    assert snapshot.run.state == "cancelled"
+    assert h.terminal_events() == ["run_cancelled"]
+    assert "tool_started" not in h.types()
+
+
+@pytest.mark.parametrize("action", ["fail", "crash", "hang", "lose_ack", "lose_ack_raise"])
+async def test_ker_09_no_dispatch_when_intent_commit_fails_or_times_out(
+    autojump_clock: MockClock, action: str
+) -> None:
+    """KER-09: the gateway dispatches nothing when committing the intent fails
+    (an error, a crash, a lost acknowledgement) or times out."""
+    h = Harness([call("ok"), S.text("never")], Fault(action, kind="tool_invoked"))
+    async with h.open(commit_timeout=2.0) as c:
+        await c.prompt("hi")
+        snapshot = await c.wait_settled()
+    assert h.backend.calls == 0
+    assert snapshot.phase == "storage_failed"
+    assert h.terminal_events() == []
+    assert "tool_started" not in h.types()
+    assert h.provider.remaining == 1
+
+
+# -- CAN-05 ----------------------------------------------------------------------------
+
+
+async def test_can_05_cancel_racing_finish_commit_keeps_completed(
+    autojump_clock: MockClock,
+) -> None:
+    """CAN-05: a cancel() racing an in-flight (successful) finish commit
+    publishes only run_completed; the run stays completed."""
+    h = Harness([S.text("done")], Fault("delay", kind="finish", delay=1.0))
+    async with h.open() as c, trio.open_nursery() as nursery:
+        nursery.start_soon(cancel_when, h, "finish")
+        await c.prompt("hi")
+        snapshot = await c.wait_settled()
+    assert snapshot.run.state == "completed"
+    assert (await h.stored()).state == "completed"
+    assert h.terminal_events() == ["run_completed"]
+    assert all(kind != "cancel" for _n, kind, _at in h.store.attempts)
+
+
+# -- CAN-07, CAN-20 -----------------------------------------------------------------------
+
+
+async def test_can_07_cancel_with_unsettled_tool_ends_unknown_outcome(
+    autojump_clock: MockClock,
+) -> None:
+    """CAN-07: a cancellation while a committed tool invocation is unsettled
+    ends unknown_outcome, with the invocation as evidence."""
+    h = Harness([call("hang")])
+    async with h.open() as c:
+        await c.prompt("hi")
+        await trio.sleep(1)
+        await c.cancel()
+        snapshot = await c.wait_settled()
+    record = await h.stored()
+    assert record.state == "unknown_outcome"
+    invocation = h.backend.operations[0].invocation_id
+    assert invocation in record.active_tools
+    assert record.intents[f"tool:{invocation}"]["status"] == "uncertain"
+    assert snapshot.run == record
+
+
+async def test_can_07_cancel_with_unsettled_provider_ends_unknown_outcome(
+    autojump_clock: MockClock,
+) -> None:
+    """CAN-07: a cancellation while a committed provider attempt is unsettled
+    ends unknown_outcome."""
+    h = Harness([[Hang()]])
+    async with h.open() as c:
+        await c.prompt("hi")
+        await trio.sleep(1)
+        await c.cancel()
+        await c.wait_settled()
+    record = await h.stored()
+    assert record.state == "unknown_outcome"
+    assert record.outcome["evidence"][0]["effect"].startswith("provider:")
+
+
+class _HangingStop:
+    async def stop(self, outcome: Any, context: Any) -> Any:
+        await trio.sleep_forever()
+
+
+async def test_can_07_can_20_cancel_with_nothing_unsettled_ends_cancelled(
+    autojump_clock: MockClock,
+) -> None:
+    """CAN-07 / CAN-20: a cancellation with neither a provider attempt nor a tool
+    unsettled (here: in the stop hook, after the response committed) and, with
+    no resource registry, confirmed cleanup ends cancelled."""
+    h = Harness([S.text("done")])
+    async with h.open(hooks=_HangingStop()) as c:
+        await c.prompt("hi")
+        await trio.sleep(1)
+        await c.cancel()
+        snapshot = await c.wait_settled()
+    assert snapshot.run.state == "cancelled"
+    assert snapshot.run.outcome["cleanup"] == "confirmed"
+    assert snapshot.resource_cleanup.status == "confirmed"
+    assert h.terminal_events() == ["run_cancelled"]
+    cancelled = [e for e in h.drain() if e.type == "run_cancelled"]
+    assert cancelled[0].payload["state"] == "cancelled"
+
+
+# -- CAN-08, KER-10 -------------------------------------------------------------------------
+
+
+async def test_can_08_deadline_with_confirmed_cleanup_ends_timed_out(
+    autojump_clock: MockClock,
+) -> None:
+    """CAN-08: a run deadline (nothing unsettled: the stop hook is running)
+    ends timed_out."""
+    h = Harness([S.text("done")])
+    async with h.open(hooks=_HangingStop(), run_timeout=10.0, effect_timeout=60.0) as c:
+        start = trio.current_time()
+        await c.prompt("hi")
+        snapshot = await c.wait_settled()
+        assert trio.current_time() == start + 10.0
+    assert snapshot.run.state == "timed_out"
+    assert snapshot.run.outcome["stop_reason"] == "deadline_exceeded"
+    assert snapshot.resource_cleanup.status == "confirmed"
+    cancelled = [e for e in h.drain() if e.type == "run_cancelled"]
+    assert [e.payload["state"] for e in cancelled] == ["timed_out"]
+
+
+async def test_can_08_deadline_interrupting_provider_ends_unknown_outcome(
+    autojump_clock: MockClock,
+) -> None:
+    """CAN-08: a run deadline that interrupts an active provider attempt ends
+    unknown_outcome."""
+    h = Harness([[Hang()]])
+    async with h.open(run_timeout=10.0, effect_timeout=60.0) as c:
+        await c.prompt("hi")
+        snapshot = await c.wait_settled()
+    assert snapshot.run.state == "unknown_outcome"
+    assert snapshot.run.outcome["stop_reason"] == "deadline_exceeded"
+    assert h.terminal_events() == ["run_cancelled"]
+
+
+@pytest.mark.parametrize("tool", ["act", "look"])
+async def test_ker_10_tool_outliving_effect_timeout_is_uncertain(
+    autojump_clock: MockClock, tool: str
+) -> None:
+    """KER-10: a tool that outlives effect_timeout ends with a timeout whose
+    certainty is "uncertain", and the stored run is unknown_outcome, read_only
+    included."""
+    h = Harness([call("hang", tool=tool), S.text("never")])
+    async with h.open(effect_timeout=3.0) as c:
+        start = trio.current_time()
+        await c.prompt("hi")
+        snapshot = await c.wait_settled()
+        assert trio.current_time() == start + 3.0
+    error = snapshot.last_error
+    assert error is not None
+    assert error.error_class is ErrorClass.TIMEOUT
+    assert error.details["certainty"] == "uncertain"
+    record = await h.stored()
+    assert record.state == "unknown_outcome"
+    invocation = h.backend.operations[0].invocation_id
+    assert record.intents[f"tool:{invocation}"]["status"] == "uncertain"
+    assert h.backend.cancelled == 1
+    assert h.provider.remaining == 1
+
+
+async def test_ker_10_provider_outliving_effect_timeout_is_uncertain(
+    autojump_clock: MockClock,
+) -> None:
+    """KER-10: a provider attempt that outlives effect_timeout is a timeout with
+    certainty "uncertain" and the run ends unknown_outcome."""
+    h = Harness([[Sleep(100.0)]])
+    async with h.open(effect_timeout=3.0) as c:
+        await c.prompt("hi")
+        snapshot = await c.wait_settled()
+    assert snapshot.last_error is not None
+    assert snapshot.last_error.error_class is ErrorClass.TIMEOUT
+    assert snapshot.last_error.details["certainty"] == "uncertain"
+    assert (await h.stored()).state == "unknown_outcome"
+
+
+# -- CAN-09 ----------------------------------------------------------------------------
+
+
+async def test_can_09_queued_follow_ups_suspended_after_cancel(autojump_clock: MockClock) -> None:
+    """CAN-09: queued follow-ups stay in the stored conversation state after
+    cancellation, with queue_status "suspended"."""
+    h = Harness([[Hang()]])
+    async with h.open() as c:
+        await c.prompt("hi")
+        await c.follow_up("later")
+        await c.prompt("and this")  # a prompt while a turn runs is a follow-up
+        await c.cancel()
+        snapshot = await c.wait_settled()
+    state = (await h.stored()).context["conversation"]
+    assert [m["content"] for m in state["follow_up"]] == ["later", "and this"]
+    assert state["queue_status"] == "suspended"
+    assert snapshot.queue_status == "suspended"
+    assert [m["content"] for m in snapshot.follow_up] == ["later", "and this"]
+
+
+# -- CAN-10 ----------------------------------------------------------------------------
+
+
+def _after_turn_recorded(kind: str, record: RunRecord) -> bool:
+    state = record.context.get("conversation")
+    return kind == "conversation_updated" and state is not None and state["last_turn"] is not None
+
+
+async def test_can_10_deadline_just_before_finish_commit_settles_as_deadline(
+    autojump_clock: MockClock,
+) -> None:
+    """CAN-10: the turn's checkpoint is slow, so the run deadline expires just
+    before the finish commit: the run settles as a deadline (timed_out), never
+    storage_failed."""
+    h = Harness([S.text("done")], Fault("delay", when=_after_turn_recorded, delay=4.0))
+    async with h.open(run_timeout=3.0, commit_timeout=5.0) as c:
+        await c.prompt("hi")
+        snapshot = await c.wait_settled()
+    assert snapshot.phase == "terminal"
+    assert snapshot.run.state == "timed_out"
+    assert "storage_failed" not in h.types()
+    assert h.terminal_events() == ["run_cancelled"]
+
+
+async def test_can_10_deadline_just_before_provider_completion_commit(
+    autojump_clock: MockClock,
+) -> None:
+    """CAN-10: the deadline expires while the provider_started commit is in
+    flight, just before the completion commit: deadline settlement."""
+    h = Harness([S.text("done")], Fault("delay", kind="provider_started", delay=4.0))
+    async with h.open(run_timeout=3.0, commit_timeout=5.0) as c:
+        await c.prompt("hi")
+        snapshot = await c.wait_settled()
+    assert snapshot.phase == "terminal"
+    assert snapshot.run.state in ("timed_out", "unknown_outcome")
+    assert snapshot.run.outcome["stop_reason"] == "deadline_exceeded"
+    assert "storage_failed" not in h.types()
+
+
+async def test_can_10_deadline_just_before_tool_result_commit(autojump_clock: MockClock) -> None:
+    """CAN-10: the deadline expires while the tool_invoked commit is in flight;
+    the run settles as a deadline, not storage_failed, and the tool is never
+    dispatched after the deadline."""
+    h = Harness([call("ok"), S.text("never")], Fault("delay", kind="tool_invoked", delay=4.0))
+    async with h.open(run_timeout=3.0, commit_timeout=5.0) as c:
+        await c.prompt("hi")
+        snapshot = await c.wait_settled()
+    assert snapshot.phase == "terminal"
+    assert snapshot.run.outcome["stop_reason"] == "deadline_exceeded"
+    assert h.backend.calls == 0
+    assert snapshot.run.state == "timed_out"
+    assert "storage_failed" not in h.types()
+
+
+# -- CAN-11, CAN-12, CAN-17 ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["provider_started", "provider_completed", "tool_completed"])
+async def test_can_11_commit_timeout_moves_to_storage_failed(
+    autojump_clock: MockClock, kind: str
+) -> None:
+    """CAN-11: a commit not acknowledged within commit_timeout moves the
+    conversation to storage_failed and emits storage_failed with
+    recovery_required True."""
+    h = Harness([call("ok"), S.text("done")], Fault("hang", kind=kind))
+    async with h.open(commit_timeout=2.0) as c:
+        await c.prompt("hi")
+        snapshot = await c.wait_settled()
+    assert snapshot.phase == "storage_failed"
+    failed = [e for e in h.drain() if e.type == "storage_failed"]
+    assert len(failed) == 1
+    assert failed[0].payload["recovery_required"] is True
+    assert failed[0].payload["error"]["class"] == "storage_failed"
+    assert h.terminal_events() == []
+    assert snapshot.last_error is not None
+    assert snapshot.last_error.error_class is ErrorClass.STORAGE_FAILED
+
+
+async def test_can_12_after_storage_failed_no_effect_and_input_refused(
+    autojump_clock: MockClock,
+) -> None:
+    """CAN-12: after storage_failed no provider or tool effect starts, and
+    prompt, steer and follow_up raise resource_conflict."""
+    h = Harness([call("ok"), call("ok"), S.text("done")], Fault("fail", kind="tool_completed"))
+    async with h.open() as c:
+        await c.prompt("hi")
+        snapshot = await c.wait_settled()
+        assert snapshot.phase == "storage_failed"
+        requests, calls = len(h.provider.requests), h.backend.calls
+        for method in (c.prompt, c.steer, c.follow_up):
+            with pytest.raises(Error) as info:
+                await method("more")
+            assert info.value.error_class is ErrorClass.RESOURCE_CONFLICT
+        await trio.sleep(100)
+        assert (len(h.provider.requests), h.backend.calls) == (requests, calls) == (1, 1)
+    attempts_after = [k for _n, k, _at in h.store.attempts][-1]
+    assert attempts_after == "tool_completed"  # nothing was attempted after the failure
+
+
+async def test_can_17_every_waiting_caller_gets_storage_failed(autojump_clock: MockClock) -> None:
+    """CAN-17: on a storage failure every waiting caller (prompt, steer,
+    follow_up) gets storage_failed, no terminal state is committed and the
+    store still holds the last acknowledged record."""
+    h = Harness([[Hang()]], Fault("hang", kind="conversation_updated", occurrence=2))
+    errors: dict[str, Error] = {}
+
+    async def attempt(name: str, method: Any) -> None:
+        try:
+            await method("queued " + name)
+        except Error as error:
+            errors[name] = error
+
+    async with h.open(commit_timeout=2.0) as c:
+        await c.prompt("hi")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(attempt, "steer", c.steer)  # its commit hangs
+            await trio.sleep(0)
+            nursery.start_soon(attempt, "follow_up", c.follow_up)  # waits behind it
+            nursery.start_soon(attempt, "prompt", c.prompt)
+        snapshot = await c.wait_settled()
+    assert sorted(errors) == ["follow_up", "prompt", "steer"]
+    assert {e.error_class for e in errors.values()} == {ErrorClass.STORAGE_FAILED}
+    assert snapshot.phase == "storage_failed"
+    stored = await h.stored()
+    assert stored == h.store.last_acknowledged()
+    assert stored.state not in TERMINAL_STATES
+    assert h.terminal_events() == []
+
+
+async def test_can_17_prompt_waiting_on_admission_gets_storage_failed(
+    autojump_clock: MockClock,
+) -> None:
+    """CAN-17 (and CONV-08): the admission commit hangs: prompt raises
+    storage_failed, the provider is never called, nothing terminal is stored."""
+    h = Harness([S.text("never")], Fault("hang", kind="admit"))
+    async with h.open(commit_timeout=2.0) as c:
+        with pytest.raises(Error) as info:
+            await c.prompt("hi")
+        assert info.value.error_class is ErrorClass.STORAGE_FAILED
+        assert c.status().phase == "storage_failed"
+    assert h.provider.requests == []
+    stored = await h.stored()
+    assert stored.revision == 0
+    assert stored.state == "queued"
+
+
+# -- CAN-13 -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("action", ["lose_ack", "lose_ack_raise"])
+async def test_can_13_lost_ack_of_uncertain_settlement(
+    autojump_clock: MockClock, action: str
+) -> None:
+    """CAN-13: the acknowledgement of the uncertain settlement commit is lost:
+    the stored run is unknown_outcome with its active tools, and the
+    conversation is in storage_failed."""
+    h = Harness([call("hang")], Fault(action, kind="cleanup_settled"))
+    async with h.open(commit_timeout=2.0) as c:
+        await c.prompt("hi")
+        await trio.sleep(1)
+        await c.cancel()
+        snapshot = await c.wait_settled()
+    assert snapshot.phase == "storage_failed"
+    stored = await h.stored()
+    assert stored.state == "unknown_outcome"
+    invocation = h.backend.operations[0].invocation_id
+    assert invocation in stored.active_tools
+    assert h.terminal_events() == []
+    assert "storage_failed" in h.types()
+
+
+# -- CAN-14, CAN-15, CAN-16 ---------------------------------------------------------------
+
+
+async def _interrupted_record() -> tuple[RunRecord, ProbeBackend]:
+    """A run left non-terminal: the tool ran but its result commit failed."""
+    h = Harness([call("ok"), S.text("never")], Fault("fail", kind="tool_completed"))
+    async with h.open() as c:
+        await c.prompt("hi")
+        await c.wait_settled()
+    return await h.stored(), h.backend
+
+
+async def test_can_14_stored_non_terminal_run_is_recovery_required(
+    autojump_clock: MockClock,
+) -> None:
+    """CAN-14: opening with a stored non-terminal run reports recovery_required
+    and status().run equal to that record, refuses prompt with
+    resource_conflict, and calls neither provider nor backend."""
+    stored, _ = await _interrupted_record()
+    assert stored.state == "running"
+    h = Harness([S.text("never"), call("ok")])
+    async with h.open(run=stored) as c:
+        assert c.status().phase == "recovery_required"
+        assert c.status().run == stored
+        with pytest.raises(Error) as info:
+            await c.prompt("again")
+        assert info.value.error_class is ErrorClass.RESOURCE_CONFLICT
+        snapshot = await c.wait_settled()  # returns at once
+        assert snapshot.phase == "recovery_required"
+        await trio.sleep(10)
+    assert h.provider.requests == []
+    assert h.backend.calls == 0
+    assert h.store.attempts == []
+
+
+async def test_can_15_stored_terminal_run_is_terminal(autojump_clock: MockClock) -> None:
+    """CAN-15: opening with a stored terminal run reports phase terminal and
+    never calls the provider."""
+    h1 = Harness([S.text("done")])
+    async with h1.open() as c:
+        await c.prompt("hi")
+        await c.wait_settled()
+    stored = await h1.stored()
+    assert stored.state == "completed"
+    h = Harness([S.text("never")])
+    async with h.open(run=stored) as c:
+        assert c.status().phase == "terminal"
+        assert c.status().run == stored
+        with pytest.raises(Error):
+            await c.prompt("again")
+        await trio.sleep(10)
+    assert h.provider.requests == []
+    assert h.store.attempts == []
+
+
+async def test_can_16_restored_run_keeps_budget_and_active_tools(autojump_clock: MockClock) -> None:
+    """CAN-16: a restored run keeps the budget it had consumed and the
+    active_tools outstanding before the crash."""
+    stored, backend = await _interrupted_record()
+    invocation = backend.operations[0].invocation_id
+    assert invocation in stored.active_tools
+    h = Harness([S.text("never")])
+    async with h.open(run=stored) as c:
+        run = c.status().run
+        assert run.budget == stored.budget
+        assert run.budget.used == 2  # one provider attempt, one tool
+        assert dict(run.active_tools) == dict(stored.active_tools)
+    assert h.backend.calls == 0
+
+
+# -- CAN-18 ----------------------------------------------------------------------------
+
+
+async def test_can_18_leaving_the_block_cancels_and_settles(autojump_clock: MockClock) -> None:
+    """CAN-18: leaving the block while the run is active cancels it as cancel()
+    would, settles within cleanup_timeout + commit_timeout and leaves no
+    conversation-owned task running."""
+    h = Harness([call("hang")])
+    async with h.open(cleanup_timeout=4.0, commit_timeout=2.0) as c:
+        await c.prompt("hi")
+        await trio.sleep(1)
+        left = trio.current_time()
+    assert trio.current_time() - left <= 4.0 + 2.0
+    assert h.terminal_events() == ["run_cancelled"]
+    assert (await h.stored()).state == "unknown_outcome"
+    assert h.backend.running == 0
+    assert h.backend.cancelled == 1
+    assert task_tree_size() == 0
+
+
+async def test_can_18_exit_bounded_when_cleanup_commits_hang(autojump_clock: MockClock) -> None:
+    """CAN-18: even when every cleanup commit hangs, leaving the block takes at
+    most cleanup_timeout + commit_timeout (the cancel commit times out:
+    storage_failed), and nothing keeps running."""
+    h = Harness([call("hang")], Fault("hang", kind="cancel"))
+    async with h.open(cleanup_timeout=4.0, commit_timeout=2.0) as c:
+        await c.prompt("hi")
+        await trio.sleep(1)
+        left = trio.current_time()
+    assert trio.current_time() - left <= 4.0 + 2.0
+    assert h.terminal_events() == []
+    assert task_tree_size() == 0
+
+
+async def test_can_18_outer_cancellation_propagates_unchanged_after_settlement(
+    autojump_clock: MockClock,
+) -> None:
+    """CAN-18: an outer cancellation (trio.Cancelled) propagates unchanged out
+    of the block once the run is settled."""
+    h = Harness([[Hang()]])
+    with trio.move_on_after(5) as scope:
+        async with h.open() as c:
+            await c.prompt("hi")
+            await trio.sleep_forever()
+    assert scope.cancelled_caught
+    assert (await h.stored()).state in TERMINAL_STATES
+    assert h.terminal_events() == ["run_cancelled"]
+    assert task_tree_size() == 0
+
+
+@pytest.mark.parametrize("exc_type", [KeyboardInterrupt, ValueError])
+async def test_can_18_body_exception_propagates_after_settlement(
+    autojump_clock: MockClock,
+    exc_type: type[BaseException],
+) -> None:
+    """CAN-18: an exception leaving the block (KeyboardInterrupt included)
+    propagates unchanged, after the run was settled."""
+    h = Harness([[Hang()]])
+
+    async def body() -> None:
+        async with h.open() as c:
+            await c.prompt("hi")
+            await trio.sleep(1)
+            raise exc_type("boom")
+
+    with pytest.raises(exc_type):
+        await body()
+    assert (await h.stored()).state in TERMINAL_STATES
+    assert h.terminal_events() == ["run_cancelled"]
+
+
+# -- CAN-19 ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["provider_started", "tool_invoked", "tool_completed"])
+async def test_can_19_newer_incarnation_stops_without_further_commits(
+    autojump_clock: MockClock, kind: str
+) -> None:
+    """CAN-19: a commit refused with resource_conflict because the stored
+    incarnation is newer stops the conversation: no further commit, no effect,
+    phase recovery_required, input refused, last_error holds the conflict."""
+    h = Harness([call("ok"), call("ok"), S.text("done")], Fault("conflict", kind=kind))
+    async with h.open() as c:
+        await c.prompt("hi")
+        snapshot = await c.wait_settled()
+        assert snapshot.phase == "recovery_required"
+        assert snapshot.last_error is not None
+        assert snapshot.last_error.error_class is ErrorClass.RESOURCE_CONFLICT
+        for method in (c.prompt, c.steer, c.follow_up):
+            with pytest.raises(Error) as info:
+                await method("more")
+            assert info.value.error_class is ErrorClass.RESOURCE_CONFLICT
+        with pytest.raises(Error):
+            await c.cancel()
+        calls, requests = h.backend.calls, len(h.provider.requests)
+        await trio.sleep(50)
+        assert (h.backend.calls, len(h.provider.requests)) == (calls, requests)
+    assert h.store.attempts[-1][1] == kind  # nothing after the refused commit
+    assert (await h.stored()).incarnation == 2
+    assert h.terminal_events() == []
+    dispatches_expected = {"provider_started": 0, "tool_invoked": 0, "tool_completed": 1}
+    assert h.backend.calls == dispatches_expected[kind]
+
+
+# -- CAN-20 ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("responses", "cancel_after", "options", "state"),
+    [
+        ([S.text("done")], None, {}, "completed"),
+        ([S.failure(Error(ErrorClass.EXECUTION_FAILURE, "nope"))], None, {}, "failed"),
+        ([call("ok"), S.text("done")], None, {}, "completed"),
+        ([[Hang()]], 1.0, {}, "unknown_outcome"),
+        ([[Hang()]], None, {"run_timeout": 5.0}, "unknown_outcome"),
+        ([call("error", tool="act")], None, {}, "unknown_outcome"),
+    ],
+)
+async def test_can_20_resource_cleanup_confirmed_on_every_terminal_path(
+    autojump_clock: MockClock,
+    responses: list[Any],
+    cancel_after: float | None,
+    options: dict[str, Any],
+    state: str,
+) -> None:
+    """CAN-20: with no resource registry attached, status().resource_cleanup
+    is "confirmed" after every terminal path."""
+    h = Harness(responses)
+    async with h.open(**options) as c:
+        await c.prompt("hi")
+        if cancel_after is not None:
+            await trio.sleep(cancel_after)
+            await c.cancel()
+        snapshot = await c.wait_settled()
+    assert snapshot.run.state == state
+    assert snapshot.resource_cleanup.status == "confirmed"
+    assert c.status().resource_cleanup.status == "confirmed"
+    assert len(h.terminal_events()) == 1

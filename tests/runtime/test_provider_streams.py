@@ -1,0 +1,678 @@
+"""Provider streams and output accounting: the PRV behaviours of BEHAVIOURS.md.
+
+Every test runs on ``MemoryStore`` (wrapped in ``TimelineStore`` so subscriber
+events can be ordered against commits) under ``MockClock(autojump_threshold=0)``.
+PRV-11 is withdrawn.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from trio.testing import MockClock
+
+from trio_backplane import Error, ErrorClass
+from trio_backplane.runtime import (
+    ProviderRequest,
+    ResponseCompleted,
+    ResponseFailed,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallArgumentsDelta,
+    ToolCallCompleted,
+    ToolCallStarted,
+    Usage,
+)
+from trio_backplane.store import MemoryStore
+from trio_backplane.testing import Raise, ScriptedProvider
+from trio_backplane.tools import ProviderTool, ToolResult
+
+from .support import (
+    RUN_ID,
+    Finished,
+    RecordingBackend,
+    TimelineStore,
+    assert_no_canary,
+    make_tool,
+    run_to_settled,
+    string_schema,
+)
+
+SP = ScriptedProvider
+
+
+def assistant(content: Any) -> dict[str, Any]:
+    return {"role": "assistant", "content": content}
+
+
+def turn_error(finished: Finished) -> dict[str, Any]:
+    """The error of the run's (last) turn, as stored."""
+    last_turn = finished.conversation_state["last_turn"]
+    assert last_turn is not None
+    assert last_turn["status"] == "failed"
+    error = last_turn["error"]
+    assert error is not None
+    return dict(error)
+
+
+def assert_failed_run(finished: Finished) -> None:
+    assert finished.record.state == "failed"
+    assert finished.snapshot.phase == "terminal"
+    assert finished.types().count("run_failed") == 1
+    assert "run_completed" not in finished.types()
+
+
+class ProbingProvider(ScriptedProvider):
+    """Notes the last acknowledged record each time ``stream`` is called."""
+
+    def __init__(self, responses: Any, store: TimelineStore) -> None:
+        super().__init__(responses)
+        self.store = store
+        self.commits_at_call: list[list[str]] = []
+        self.records_at_call: list[Any] = []
+
+    def stream(self, request: ProviderRequest, context: Any) -> Any:
+        self.commits_at_call.append(self.store.commits())
+        self.records_at_call.append(self.store.records[-1])
+        return super().stream(request, context)
+
+
+# -- PRV-01, PRV-02 ----------------------------------------------------------------
+
+
+async def test_prv_01_request_carries_identity_messages_catalog_and_tools(
+    autojump_clock: MockClock,
+) -> None:
+    """PRV-01: each request carries run_id, incarnation, step_id, attempt_id,
+    turn_id, messages, catalog_revision and the pinned catalog's tools."""
+    backend = RecordingBackend(ToolResult("ok"))
+    tool = make_tool("lookup", backend, schema=string_schema("q"))
+    provider = SP([SP.tool_calls(("c1", "lookup", {"q": "x"})), SP.text("done")])
+    finished = await run_to_settled(provider, [tool], incarnation=2)
+
+    assert finished.record.state == "completed"
+    assert len(provider.requests) == 2
+    attempts = sorted(
+        (v for k, v in finished.record.intents.items() if k.startswith("provider:")),
+        key=lambda intent: intent["started_at"],
+    )
+    turn_id = finished.snapshot.turn_id
+    assert turn_id is not None
+    for request, intent in zip(provider.requests, attempts, strict=True):
+        assert isinstance(request, ProviderRequest)
+        assert request.run_id == RUN_ID
+        assert request.incarnation == 2
+        assert request.step_id == intent["step_id"]
+        assert request.attempt_id == intent["attempt_id"]
+        assert request.turn_id == turn_id == intent["turn_id"]
+        assert request.catalog_revision == 1
+        assert list(request.tools) == [
+            ProviderTool("lookup", "the lookup tool", string_schema("q"))
+        ]
+    assert provider.requests[0].attempt_id != provider.requests[1].attempt_id
+    messages = finished.messages
+    # first request: the prompt only; second: prompt, assistant tool call, tool result
+    assert [m["role"] for m in provider.requests[0].messages] == ["user"]
+    assert provider.requests[0].messages[0]["content"] == "hello"
+    assert list(provider.requests[1].messages) == [dict_of(m) for m in messages[:3]]
+    assert [m["role"] for m in provider.requests[1].messages] == ["user", "assistant", "tool"]
+
+
+def dict_of(value: Any) -> Any:
+    from trio_backplane.kernel import thaw
+
+    return thaw(value)
+
+
+async def test_prv_02_provider_started_commits_and_reserves_work_before_stream(
+    autojump_clock: MockClock,
+) -> None:
+    """PRV-02: every attempt commits provider_started, reserving one work unit,
+    before the adapter's ``stream`` is called."""
+    store = TimelineStore(MemoryStore())
+    provider = ProbingProvider(
+        [SP.tool_calls(("c1", "t", {})), SP.text("done")],
+        store,
+    )
+    backend = RecordingBackend(ToolResult("ok"))
+    finished = await run_to_settled(provider, [make_tool("t", backend)], store=store)
+
+    assert finished.record.state == "completed"
+    assert len(provider.commits_at_call) == 2
+    for call, commits in enumerate(provider.commits_at_call, 1):
+        assert commits[-1] == "run.provider_started"
+        assert commits.count("run.provider_started") == call
+    first, second = provider.records_at_call
+    assert first.active_provider is not None
+    assert first.budget.used == 1
+    assert f"provider:{first.active_provider['attempt_id']}" in first.budget.reservations
+    # second attempt: provider 1 + tool 1 + provider 2
+    assert second.budget.used == 3
+    assert f"provider:{second.active_provider['attempt_id']}" in second.budget.reservations
+    # response_started is published after that commit and before stream is called
+    timeline = finished.store
+    started = timeline.index("commit", lambda k: k == "run.provider_started")
+    response_started = timeline.index("event", lambda e: e.type == "response_started")
+    assert response_started > started
+
+
+# -- PRV-03 .. PRV-08 ----------------------------------------------------------------
+
+
+async def test_prv_03_first_response_completed_ends_the_response(autojump_clock: MockClock) -> None:
+    """PRV-03: the first ResponseCompleted ends the response: iteration stops,
+    the stream is closed, later events are ignored, the run completes once."""
+    provider = SP(
+        [
+            [
+                TextDelta("first"),
+                ResponseCompleted(assistant("first")),
+                TextDelta("late"),
+                ResponseCompleted(assistant("second")),
+                Raise(RuntimeError("iterated past the terminal event")),
+            ]
+        ]
+    )
+    finished = await run_to_settled(provider)
+
+    assert finished.record.state == "completed"
+    assert provider.closed == 1
+    assert [m["content"] for m in finished.messages if m["role"] == "assistant"] == ["first"]
+    deltas = [e.payload["delta"] for e in finished.of("content_text_delta")]
+    assert deltas == ["first"]
+    assert finished.types().count("response_completed") == 1
+    assert finished.types().count("run_completed") == 1
+    assert finished.store.commits().count("run.provider_completed") == 1
+    assert finished.store.commits().count("run.finish") == 1
+
+
+async def test_prv_04_stream_without_terminal_event_fails_the_turn(
+    autojump_clock: MockClock,
+) -> None:
+    """PRV-04: a stream that ends without a terminal event fails the turn."""
+    provider = SP([[TextDelta("partial")]])
+    finished = await run_to_settled(provider)
+
+    assert_failed_run(finished)
+    error = turn_error(finished)
+    assert error["message"] == "provider ended without terminal event"
+    assert finished.record.provider_result["result"]["error"]["message"] == error["message"]
+    assert [m["role"] for m in finished.messages] == ["user"]
+
+
+async def test_prv_05_non_assistant_terminal_message_is_rejected(autojump_clock: MockClock) -> None:
+    """PRV-05: a ResponseCompleted whose role is not "assistant" is rejected
+    and never enters the stored transcript."""
+    provider = SP([[ResponseCompleted({"role": "user", "content": "IMPOSTOR"})]])
+    finished = await run_to_settled(provider)
+
+    assert_failed_run(finished)
+    assert turn_error(finished)["class"] == "validation"
+    assert [m["content"] for m in finished.messages] == ["hello"]
+    assert "IMPOSTOR" not in repr(finished.record.context)
+    assert "response_completed" not in finished.types()
+    assert finished.types().count("response_failed") == 1
+
+
+async def test_prv_06_unsupported_event_object_fails_the_turn(autojump_clock: MockClock) -> None:
+    """PRV-06: an object that is not a provider event type fails the turn."""
+    backend = RecordingBackend(ToolResult("ok"))
+    provider = SP([[{"type": "text", "text": "a dict, not an event"}, *SP.text("x")]])
+    finished = await run_to_settled(provider, [make_tool("t", backend)])
+
+    assert_failed_run(finished)
+    error = turn_error(finished)
+    assert error["message"] == "unsupported normalized provider event"
+    assert error["details"] == {"type": "dict"}
+    assert "response_completed" not in finished.types()
+    assert provider.closed == 1
+
+
+@pytest.mark.parametrize("how", ["response_failed", "raise"])
+async def test_prv_07_failure_commits_completion_then_emits_response_failed(
+    autojump_clock: MockClock, how: str
+) -> None:
+    """PRV-07: ResponseFailed(error), or an Error raised mid-stream, commits the
+    provider completion with that error, emits response_failed after the
+    commit and fails the turn without running any tool."""
+    error = Error(ErrorClass.TRANSIENT_TRANSPORT, "upstream reset", {"status": 502})
+    failing = ResponseFailed(error) if how == "response_failed" else Raise(error)
+    backend = RecordingBackend(ToolResult("ok"))
+    provider = SP([[ToolCallCompleted("c1", "t", {}), failing]])
+    finished = await run_to_settled(provider, [make_tool("t", backend)])
+
+    assert_failed_run(finished)
+    assert backend.calls == 0
+    assert "run.tool_invoked" not in finished.store.commits()
+    assert finished.record.provider_result["result"] == {"error": error.to_dict()}
+    assert turn_error(finished) == error.to_dict()
+    timeline = finished.store
+    completion = timeline.index("commit", lambda k: k == "run.provider_completed")
+    failed = timeline.index("event", lambda e: e.type == "response_failed")
+    assert failed > completion
+    assert timeline.timeline[failed][1].payload == {"error": error.to_dict()}
+    assert finished.types().count("response_failed") == 1
+    assert "response_completed" not in finished.types()
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+async def test_prv_08_duplicate_tool_call_ids_fail_the_turn(
+    autojump_clock: MockClock, streamed: bool
+) -> None:
+    """PRV-08: two completed tool calls with one id fail the turn with
+    "duplicate tool call id", and no tool runs."""
+    backend = RecordingBackend(ToolResult("ok"))
+    provider = SP([SP.tool_calls(("c1", "t", {"n": 1}), ("c1", "t", {"n": 2}), streamed=streamed)])
+    finished = await run_to_settled(provider, [make_tool("t", backend)])
+
+    assert_failed_run(finished)
+    assert turn_error(finished)["message"] == "duplicate tool call id"
+    assert backend.calls == 0
+    assert "run.tool_invoked" not in finished.store.commits()
+    assert finished.tool_messages() == []
+    assert provider.remaining == 0
+    assert len(provider.requests) == 1
+
+
+async def test_prv_09_terminal_message_tool_calls_run_without_streamed_completions(
+    autojump_clock: MockClock,
+) -> None:
+    """PRV-09: tool-call blocks of the terminal message are executed even when
+    no ToolCallCompleted was streamed."""
+    backend = RecordingBackend(ToolResult("found"))
+    provider = SP([SP.tool_calls(("c1", "lookup", {"q": "trio"}), streamed=False), SP.text("done")])
+    finished = await run_to_settled(provider, [make_tool("lookup", backend)])
+
+    assert finished.record.state == "completed"
+    assert "tool_call_completed" not in finished.types()
+    assert backend.calls == 1
+    assert backend.operations[0].tool_call_id == "c1"
+    assert backend.operations[0].arguments == {"q": "trio"}
+    [tool_message] = finished.tool_messages()
+    assert tool_message["tool_call_id"] == "c1"
+    assert tool_message["result"]["content"] == "found"
+
+
+async def test_prv_10_incremental_events_precede_the_completion_commit(
+    autojump_clock: MockClock,
+) -> None:
+    """PRV-10 (with EVT-03..05): incremental events reach subscribers before the
+    provider completion commit, and response_completed only after it."""
+    provider = SP(
+        [
+            [
+                ThinkingDelta("hmm"),
+                TextDelta("hel"),
+                Usage({"input_tokens": 4}),
+                TextDelta("lo"),
+                ResponseCompleted(assistant("hello"), usage={"output_tokens": 2}),
+            ]
+        ]
+    )
+    finished = await run_to_settled(provider)
+
+    assert finished.record.state == "completed"
+    timeline = finished.store
+    completion = timeline.index("commit", lambda k: k == "run.provider_completed")
+    incremental = {"content_thinking_delta", "content_text_delta", "usage_updated"}
+    positions = [
+        i
+        for i, (tag, v) in enumerate(timeline.timeline)
+        if tag == "event" and v.type in incremental
+    ]
+    assert len(positions) == 4
+    assert all(i < completion for i in positions)
+    completed = timeline.index("event", lambda e: e.type == "response_completed")
+    assert completed > completion
+    assert [(e.type, dict(e.payload)) for e in finished.events if e.type in incremental] == [
+        ("content_thinking_delta", {"delta": "hmm", "index": 0}),
+        ("content_text_delta", {"delta": "hel", "index": 0}),
+        ("usage_updated", {"usage": {"input_tokens": 4}}),
+        ("content_text_delta", {"delta": "lo", "index": 0}),
+    ]
+
+
+# -- PRV-12 .. PRV-15: output accounting --------------------------------------------------
+
+
+async def test_prv_12_output_accounting_restarts_at_every_attempt(
+    autojump_clock: MockClock,
+) -> None:
+    """PRV-12: several tool continuations each below provider_output_limit never
+    trip it together."""
+    backend = RecordingBackend(ToolResult("ok"))
+    # each attempt: 8 bytes of arguments or text; together 24 > 10
+    provider = SP(
+        [
+            SP.tool_calls(("c1", "t", {"a": 12})),
+            SP.tool_calls(("c2", "t", {"a": 34})),
+            SP.text("12345678"),
+        ]
+    )
+    finished = await run_to_settled(provider, [make_tool("t", backend)], provider_output_limit=10)
+
+    assert finished.record.state == "completed"
+    assert backend.calls == 2
+    assert len(provider.requests) == 3
+    assert finished.store.commits().count("run.provider_completed") == 3
+
+
+@pytest.mark.parametrize(
+    ("first", "breach", "size"),
+    [
+        (TextDelta("12345"), TextDelta("678901"), 11),
+        (ThinkingDelta("12345"), ThinkingDelta("678901"), 11),
+        (
+            ToolCallArgumentsDelta("c1", '{"a":'),
+            ToolCallArgumentsDelta("c1", '"123456"}'),
+            14,
+        ),
+    ],
+)
+async def test_prv_13_output_limit_breach_fails_and_is_not_forwarded(
+    autojump_clock: MockClock, first: Any, breach: Any, size: int
+) -> None:
+    """PRV-13: text, thinking and tool-argument bytes beyond a finite limit fail
+    the attempt with resource_conflict "provider output limit exceeded" and
+    details {scope, size, limit}; the breaching event is not forwarded."""
+    backend = RecordingBackend(ToolResult("ok"))
+    provider = SP(
+        [[ToolCallStarted("c1", "t"), first, breach, *SP.tool_calls(("c1", "t", {"a": 1}))]]
+    )
+    finished = await run_to_settled(provider, [make_tool("t", backend)], provider_output_limit=10)
+
+    assert_failed_run(finished)
+    error = turn_error(finished)
+    assert error == {
+        "class": "resource_conflict",
+        "message": "provider output limit exceeded",
+        "details": {"scope": "provider_response", "size": size, "limit": 10},
+    }
+    assert finished.record.provider_result["result"]["error"] == error
+    forwarded = [
+        e.payload["delta"]
+        for e in finished.events
+        if e.type in ("content_text_delta", "content_thinking_delta", "tool_call_arguments_delta")
+    ]
+    assert forwarded == [first.text if hasattr(first, "text") else first.delta]
+    assert backend.calls == 0
+
+
+async def test_prv_14_a_block_counts_once_as_the_larger_of_deltas_and_snapshot(
+    autojump_clock: MockClock,
+) -> None:
+    """PRV-14: a block counts once, as the larger of its summed deltas and its
+    largest snapshot (a final message repeating streamed text does not double
+    it), and usage fields are not counted."""
+    big_usage = {"input_tokens": 10**9, "note": "u" * 500}
+    backend = RecordingBackend(ToolResult("ok"))
+    provider = SP(
+        [
+            # tool arguments: deltas 10 bytes, ToolCallCompleted and block snapshots 10 bytes
+            [
+                ToolCallStarted("c1", "t"),
+                ToolCallArgumentsDelta("c1", '{"a":'),
+                ToolCallArgumentsDelta("c1", '"xy"}'),
+                ToolCallCompleted("c1", "t", {"a": "xy"}),
+                Usage(big_usage),
+                ResponseCompleted(
+                    assistant(
+                        [{"type": "tool_call", "id": "c1", "name": "t", "arguments": {"a": "xy"}}]
+                    ),
+                    usage=big_usage,
+                ),
+            ],
+            # text: deltas 10 bytes, final message repeats it (snapshot 10 bytes)
+            [TextDelta("hello"), TextDelta("world"), ResponseCompleted(assistant("helloworld"))],
+        ]
+    )
+    finished = await run_to_settled(provider, [make_tool("t", backend)], provider_output_limit=10)
+    assert finished.record.state == "completed"
+    assert backend.calls == 1
+
+    # the larger of the two counts: 3 bytes of deltas, an 11-byte snapshot
+    provider = SP([[TextDelta("abc"), ResponseCompleted(assistant("abcdefghijk"))]])
+    finished = await run_to_settled(provider, provider_output_limit=10)
+    assert_failed_run(finished)
+    assert turn_error(finished)["details"] == {
+        "scope": "provider_response",
+        "size": 11,
+        "limit": 10,
+    }
+
+
+async def test_prv_14_thinking_then_text_message_is_not_double_counted(
+    autojump_clock: MockClock,
+) -> None:
+    """PRV-14: a terminal message repeating a streamed thinking block and a
+    streamed text block (each at index 0 of its kind) counts each block once:
+    3 + 5 bytes fit a limit of 8."""
+    message = assistant(
+        [{"type": "thinking", "thinking": "hmm"}, {"type": "text", "text": "hello"}]
+    )
+    provider = SP([[ThinkingDelta("hmm"), TextDelta("hello"), ResponseCompleted(message)]])
+    finished = await run_to_settled(provider, provider_output_limit=8)
+    assert finished.record.state == "completed"
+
+    provider = SP([[ThinkingDelta("hmm"), TextDelta("hello"), ResponseCompleted(message)]])
+    finished = await run_to_settled(provider, provider_output_limit=7)
+    assert_failed_run(finished)
+    assert turn_error(finished)["details"]["size"] == 8
+
+
+async def test_prv_15_text_indexes_count_separately_in_utf8_bytes(
+    autojump_clock: MockClock,
+) -> None:
+    """PRV-15: text blocks at different ``index`` values count separately, and
+    text counts UTF-8 bytes ("é" counts 2)."""
+    # "ééé" is 3 characters but 6 bytes
+    provider = SP([[TextDelta("ééé"), ResponseCompleted(assistant("ééé"))]])
+    finished = await run_to_settled(provider, provider_output_limit=5)
+    assert_failed_run(finished)
+    assert turn_error(finished)["details"]["size"] == 6
+
+    # the same 6 bytes fit a limit of 6
+    provider = SP([[TextDelta("ééé"), ResponseCompleted(assistant("ééé"))]])
+    finished = await run_to_settled(provider, provider_output_limit=6)
+    assert finished.record.state == "completed"
+
+    # two indexes: 6 + 5 bytes; a repeated block at one index would be 6
+    provider = SP(
+        [
+            [
+                TextDelta("ééé", index=0),
+                TextDelta("abcde", index=1),
+                ResponseCompleted(
+                    assistant([{"type": "text", "text": "ééé"}, {"type": "text", "text": "abcde"}])
+                ),
+            ]
+        ]
+    )
+    finished = await run_to_settled(provider, provider_output_limit=10)
+    assert_failed_run(finished)
+    assert turn_error(finished)["details"]["size"] == 11
+    assert [e.payload["index"] for e in finished.of("content_text_delta")] == [0]
+
+
+# -- PRV-16, PRV-17 ----------------------------------------------------------------------
+
+
+async def test_prv_16_usage_is_appended_verbatim_and_never_counts_as_work(
+    autojump_clock: MockClock,
+) -> None:
+    """PRV-16: usage from Usage events and the terminal event is appended
+    verbatim, no field is invented, and usage never counts against work."""
+    streamed = {"input_tokens": 12, "cache": {"hit": True}}
+    final = {"output_tokens": 3}
+    provider = SP([[Usage(streamed), TextDelta("ok"), ResponseCompleted(assistant("ok"), final)]])
+    finished = await run_to_settled(provider, work=1)
+
+    assert finished.record.state == "completed"
+    assert dict_of(finished.conversation_state["usage"]) == [streamed, final]
+    assert [dict_of(u) for u in finished.snapshot.usage] == [streamed, final]
+    assert finished.record.budget.used == 1
+    assert finished.record.budget.quota == 1
+    [updated] = finished.of("usage_updated")
+    assert dict_of(updated.payload["usage"]) == streamed
+
+
+async def test_prv_16_no_usage_reported_means_none_stored(autojump_clock: MockClock) -> None:
+    """PRV-16: without usage from the provider, none is invented."""
+    finished = await run_to_settled(SP([SP.text("ok")]))
+    assert finished.record.state == "completed"
+    assert list(finished.conversation_state["usage"]) == []
+    assert finished.of("response_completed")[0].payload["usage"] is None
+
+
+async def test_prv_17_terminal_blocks_are_authoritative_over_streamed_calls(
+    autojump_clock: MockClock,
+) -> None:
+    """PRV-17: tool-call blocks of the terminal message are authoritative, and
+    streamed ToolCallCompleted calls are not executed again."""
+    backend = RecordingBackend(ToolResult("ok"))
+    provider = SP(
+        [
+            [
+                ToolCallCompleted("c1", "t", {"v": "streamed"}),
+                ToolCallCompleted("c2", "t", {"v": "streamed"}),
+                ResponseCompleted(
+                    assistant(
+                        [
+                            {"type": "tool_call", "id": "c2", "name": "t", "arguments": {"v": "b"}},
+                            {"type": "tool_call", "id": "c1", "name": "t", "arguments": {"v": "a"}},
+                        ]
+                    )
+                ),
+            ],
+            SP.text("done"),
+        ]
+    )
+    finished = await run_to_settled(provider, [make_tool("t", backend)])
+
+    assert finished.record.state == "completed"
+    assert [(op.tool_call_id, op.arguments) for op in backend.operations] == [
+        ("c2", {"v": "b"}),
+        ("c1", {"v": "a"}),
+    ]
+    assert [m["tool_call_id"] for m in finished.tool_messages()] == ["c2", "c1"]
+
+
+async def test_prv_17_without_blocks_streamed_calls_run_in_completion_order(
+    autojump_clock: MockClock,
+) -> None:
+    """PRV-17: without tool-call blocks the incrementally completed calls run,
+    in completion order."""
+    backend = RecordingBackend(ToolResult("ok"))
+    provider = SP(
+        [
+            [
+                ToolCallStarted("c1", "t", index=0),
+                ToolCallStarted("c2", "t", index=1),
+                ToolCallCompleted("c2", "t", {"n": 2}),
+                ToolCallCompleted("c1", "t", {"n": 1}),
+                ResponseCompleted(assistant("calling tools")),
+            ],
+            SP.text("done"),
+        ]
+    )
+    finished = await run_to_settled(provider, [make_tool("t", backend)])
+
+    assert finished.record.state == "completed"
+    assert [(op.tool_call_id, op.arguments) for op in backend.operations] == [
+        ("c2", {"n": 2}),
+        ("c1", {"n": 1}),
+    ]
+
+
+async def test_prv_17_duplicates_are_judged_within_the_chosen_source(
+    autojump_clock: MockClock,
+) -> None:
+    """PRV-17: duplicate ids among the ignored streamed calls do not fail a turn
+    whose terminal blocks are distinct; duplicate blocks do, even when the
+    streamed calls are distinct."""
+    backend = RecordingBackend(ToolResult("ok"))
+    blocks = [
+        {"type": "tool_call", "id": "c1", "name": "t", "arguments": {}},
+        {"type": "tool_call", "id": "c2", "name": "t", "arguments": {}},
+    ]
+    provider = SP(
+        [
+            [
+                ToolCallCompleted("c1", "t", {}),
+                ToolCallCompleted("c1", "t", {}),
+                ResponseCompleted(assistant(blocks)),
+            ],
+            SP.text("done"),
+        ]
+    )
+    finished = await run_to_settled(provider, [make_tool("t", backend)])
+    assert finished.record.state == "completed"
+    assert [op.tool_call_id for op in backend.operations] == ["c1", "c2"]
+
+    backend = RecordingBackend(ToolResult("ok"))
+    provider = SP(
+        [
+            [
+                ToolCallCompleted("c1", "t", {}),
+                ToolCallCompleted("c2", "t", {}),
+                ResponseCompleted(assistant([blocks[0], blocks[0]])),
+            ]
+        ]
+    )
+    finished = await run_to_settled(provider, [make_tool("t", backend)])
+    assert_failed_run(finished)
+    assert turn_error(finished)["message"] == "duplicate tool call id"
+    assert backend.calls == 0
+
+
+# -- PRV-18 ------------------------------------------------------------------------------
+
+PROVIDER_CANARY = "canary-provider-7f3a9c"
+BACKEND_CANARY = "canary-backend-b41e2d"
+
+
+async def test_prv_18_trusted_contexts_never_reach_store_events_or_requests(
+    autojump_clock: MockClock,
+) -> None:
+    """PRV-18 (and TOOL-10): provider_context and backend_context contents never
+    appear in a stored record, the stored event log, a subscriber event or a
+    provider request, on MemoryStore (the check is ``support.assert_no_canary``)."""
+    provider_context = {"api_key": PROVIDER_CANARY}
+    backend_context = {"token": BACKEND_CANARY}
+
+    async def echo(operation: Any) -> ToolResult:
+        assert operation.backend_context == backend_context
+        operation.context.emit({"progress": 50})
+        return ToolResult("done", structured_content={"ok": True})
+
+    backend = RecordingBackend(echo)
+    tool = make_tool("t", backend, backend_context=backend_context)
+    provider = SP([SP.tool_calls(("c1", "t", {"q": "x"})), SP.text("done")])
+    store = MemoryStore()
+    finished = await run_to_settled(
+        provider, [tool], store=store, provider_context=provider_context
+    )
+
+    assert finished.record.state == "completed"
+    # the trusted contexts were delivered where they belong...
+    assert provider.contexts == [provider_context, provider_context]
+    assert backend.operations[0].backend_context == backend_context
+    assert finished.of("tool_update")
+    # ...and nowhere else
+    await assert_no_canary(
+        store,
+        RUN_ID,
+        [PROVIDER_CANARY, BACKEND_CANARY],
+        events=finished.events,
+        requests=provider.requests,
+    )
+
+
+async def test_prv_18_canary_check_detects_a_leak(autojump_clock: MockClock) -> None:
+    """PRV-18: the canary check itself fails when a canary is stored."""
+    provider = SP([SP.text(PROVIDER_CANARY)])
+    store = MemoryStore()
+    finished = await run_to_settled(provider, store=store)
+    with pytest.raises(AssertionError, match="canary leaked"):
+        await assert_no_canary(store, RUN_ID, [PROVIDER_CANARY], events=finished.events)

@@ -1,0 +1,252 @@
+"""A small durable store on files, and deliberately broken variants of it.
+
+``FileStore`` keeps every run in one JSON file, rewritten atomically (write,
+fsync, rename) on every change: slow, but durable and correct, so the
+conformance suite must pass on it.  Each broken variant breaks exactly one
+promise, and the suite must fail on each:
+
+* ``AckWithoutPersistStore``: acknowledges commits it keeps only in memory.
+* ``NoFenceStore``: an old incarnation can still commit (it checks only the
+  revision).
+* ``StaleRevisionWinsStore``: the last writer wins; a stale
+  ``expected_revision`` overwrites the newer record.
+* ``TornFailureStore``: a failed commit leaves the record written without
+  its events (a torn write).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Collection, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from trio_backplane import Error, ErrorClass
+from trio_backplane.kernel import (
+    RunEvent,
+    RunRecord,
+    decode_event,
+    decode_record,
+    encode_event,
+    encode_record,
+    fence,
+)
+from trio_backplane.store import Receipt, RunSummary, prepare_commit, prepare_create
+
+__all__ = [
+    "BROKEN_STORES",
+    "AckWithoutPersistStore",
+    "FileStore",
+    "NoFenceStore",
+    "StaleRevisionWinsStore",
+    "TornFailureStore",
+]
+
+
+class FileStore:
+    """Durable, correct and slow: one JSON file per store directory."""
+
+    durable = True
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._file = self.path / "store.json"
+        self._fail_next = False
+
+    # -- file ----------------------------------------------------------------
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            data: dict[str, Any] = json.loads(self._file.read_text("utf-8"))
+        except FileNotFoundError:
+            return {"runs": {}, "events": {}, "sequence": 0}
+        return data
+
+    def _write(self, data: dict[str, Any]) -> None:
+        tmp = self._file.with_suffix(".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._file)
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _stored(self, data: dict[str, Any], run_id: str) -> RunRecord | None:
+        encoded = data["runs"].get(run_id)
+        return None if encoded is None else decode_record(encoded)
+
+    def _append(self, data: dict[str, Any], run_id: str, events: Sequence[dict[str, Any]]) -> None:
+        log = data["events"].setdefault(run_id, [])
+        for event in events:
+            data["sequence"] += 1
+            log.append({**event, "sequence": data["sequence"]})
+
+    def _fail_next_commit(self) -> None:
+        self._fail_next = True
+
+    def _take_failure(self) -> bool:
+        fail, self._fail_next = self._fail_next, False
+        return fail
+
+    # -- Store ---------------------------------------------------------------
+
+    async def create(self, record: RunRecord) -> Receipt:
+        await trio.lowlevel.checkpoint()
+        prepared = prepare_create(record)
+        data = self._read()
+        if record.run_id in data["runs"]:
+            raise Error(ErrorClass.RESOURCE_CONFLICT, "run already exists")
+        data["runs"][record.run_id] = prepared.encoded
+        data["events"][record.run_id] = []
+        self._write(data)
+        return Receipt(record.run_id, record.incarnation, record.revision)
+
+    async def load(self, run_id: str) -> RunRecord | None:
+        await trio.lowlevel.checkpoint()
+        return self._stored(self._read(), run_id)
+
+    def _check(
+        self,
+        stored: RunRecord | None,
+        run_id: str,
+        *,
+        incarnation: int,
+        expected_revision: int,
+        record: RunRecord,
+        events: Sequence[RunEvent],
+    ) -> Any:
+        return prepare_commit(
+            stored,
+            run_id,
+            incarnation=incarnation,
+            expected_revision=expected_revision,
+            record=record,
+            events=events,
+        )
+
+    async def commit(
+        self,
+        run_id: str,
+        *,
+        incarnation: int,
+        expected_revision: int,
+        record: RunRecord,
+        events: Sequence[RunEvent],
+    ) -> Receipt:
+        await trio.lowlevel.checkpoint()
+        data = self._read()
+        prepared = self._check(
+            self._stored(data, run_id),
+            run_id,
+            incarnation=incarnation,
+            expected_revision=expected_revision,
+            record=record,
+            events=events,
+        )
+        if self._take_failure():
+            self._failed_write(data, run_id, prepared)
+            raise Error(ErrorClass.STORAGE_FAILED, "injected commit failure")
+        data["runs"][run_id] = prepared.encoded
+        self._append(data, run_id, prepared.events)
+        self._write(data)
+        return Receipt(run_id, incarnation, record.revision)
+
+    def _failed_write(self, data: dict[str, Any], run_id: str, prepared: Any) -> None:
+        """What reaches the disk when a commit fails: nothing."""
+
+    async def fence(self, run_id: str, *, incarnation: int) -> Receipt:
+        await trio.lowlevel.checkpoint()
+        data = self._read()
+        stored = self._stored(data, run_id)
+        if stored is None:
+            raise Error(ErrorClass.NOT_FOUND, "unknown run")
+        new, events = fence(stored, incarnation)
+        data["runs"][run_id] = encode_record(new)
+        self._append(data, run_id, [encode_event(e) for e in events])
+        self._write(data)
+        return Receipt(run_id, new.incarnation, new.revision)
+
+    async def list_runs(self, *, states: Collection[str] | None = None) -> list[RunSummary]:
+        await trio.lowlevel.checkpoint()
+        data = self._read()
+        records = [decode_record(v) for _, v in sorted(data["runs"].items())]
+        return [
+            RunSummary(r.run_id, r.incarnation, r.revision, r.state)
+            for r in records
+            if states is None or r.state in states
+        ]
+
+    async def events(self, run_id: str, *, after: int = 0) -> list[RunEvent]:
+        await trio.lowlevel.checkpoint()
+        log = self._read()["events"].get(run_id, [])
+        return [decode_event(e) for e in log if e["sequence"] > after]
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+class AckWithoutPersistStore(FileStore):
+    """Broken: commits are acknowledged but kept only in this instance's memory."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__(path)
+        self._overlay: dict[str, Any] | None = None
+
+    def _read(self) -> dict[str, Any]:
+        if self._overlay is not None:
+            return json.loads(json.dumps(self._overlay))  # type: ignore[no-any-return]
+        return super()._read()
+
+    async def commit(self, run_id: str, **kwargs: Any) -> Receipt:
+        real_write = self._write
+        self._write = self._remember  # type: ignore[method-assign]
+        try:
+            return await super().commit(run_id, **kwargs)
+        finally:
+            self._write = real_write  # type: ignore[method-assign]
+
+    def _remember(self, data: dict[str, Any]) -> None:
+        self._overlay = json.loads(json.dumps(data))
+
+
+class NoFenceStore(FileStore):
+    """Broken: a commit checks the revision but not the incarnation."""
+
+    def _check(self, stored: RunRecord | None, run_id: str, **kwargs: Any) -> Any:
+        if stored is not None:
+            stored = attrs.evolve(stored, incarnation=kwargs["incarnation"])
+        return super()._check(stored, run_id, **kwargs)
+
+
+class StaleRevisionWinsStore(FileStore):
+    """Broken: the last writer wins, whatever revision it expected."""
+
+    def _check(self, stored: RunRecord | None, run_id: str, **kwargs: Any) -> Any:
+        if stored is not None:
+            stored = attrs.evolve(stored, revision=kwargs["expected_revision"])
+        return super()._check(stored, run_id, **kwargs)
+
+
+class TornFailureStore(FileStore):
+    """Broken: a failed commit writes the record but not its events."""
+
+    def _failed_write(self, data: dict[str, Any], run_id: str, prepared: Any) -> None:
+        data["runs"][run_id] = prepared.encoded
+        self._write(data)
+
+
+BROKEN_STORES: tuple[type[FileStore], ...] = (
+    AckWithoutPersistStore,
+    NoFenceStore,
+    StaleRevisionWinsStore,
+    TornFailureStore,
+)

@@ -1,0 +1,101 @@
+"""``MemoryStore`` keeps the record itself: a commit encodes no record (issue 4 item 8)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+
+from trio_backplane.errors import Error, ErrorClass
+from trio_backplane.kernel import Command, FrozenList, RunRecord, freeze, transition
+from trio_backplane.store import MemoryStore, prepare_commit, prepare_create
+
+
+def _refuse(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("a MemoryStore commit encoded a record")
+
+
+@pytest.fixture
+def no_record_encoding(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every ``encode_record`` binding in the package and the SQL layout
+    encoder raise."""
+    from trio_backplane.kernel import _codec
+    from trio_backplane.store import _layout
+
+    assert hasattr(_codec, "encode_record")
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("trio_backplane") and hasattr(module, "encode_record"):
+            monkeypatch.setattr(module, "encode_record", _refuse)
+    monkeypatch.setattr(_layout, "dumps", _refuse)
+
+
+async def test_a_conversation_of_commits_encodes_no_record(no_record_encoding: None) -> None:
+    store = MemoryStore()
+    record = RunRecord.new("r1", work=10_000, context={"conversation": {"messages": []}})
+    await store.create(record)
+    record, events = transition(record, Command("admit", 1.0, {"state": "running"}))
+    await store.commit("r1", incarnation=1, expected_revision=0, record=record, events=events)
+    messages = FrozenList()
+    for n in range(200):
+        messages = FrozenList((*messages, freeze({"role": "assistant", "content": f"r{n}"})))
+        for command in (
+            Command("provider_started", float(n)),
+            Command(
+                "provider_completed",
+                float(n),
+                {"result": {"n": n}, "conversation": {"messages": messages}},
+            ),
+        ):
+            new, events = transition(record, command)
+            receipt = await store.commit(
+                "r1",
+                incarnation=1,
+                expected_revision=record.revision,
+                record=new,
+                events=events,
+            )
+            assert receipt.revision == record.revision + 1
+            record = new
+    assert await store.load("r1") is record  # the record itself, not a copy
+    assert len(await store.events("r1")) == 401
+    # the decision still refuses stale writers
+    with pytest.raises(Error) as info:
+        await store.commit("r1", incarnation=1, expected_revision=1, record=record, events=[])
+    assert info.value.error_class is ErrorClass.VALIDATION  # revision != expected + 1
+
+
+def test_prepare_encodes_no_record(no_record_encoding: None) -> None:
+    record = RunRecord.new("r1")
+    prepared = prepare_create(record)
+    assert prepared.record is record
+    assert prepared.events == []
+    new, events = transition(record, Command("admit", 1.0))
+    prepared = prepare_commit(
+        record, "r1", incarnation=1, expected_revision=0, record=new, events=events
+    )
+    assert prepared.record is new
+    assert [e["type"] for e in prepared.events] == ["run.admit"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("admitted", print),
+        ("admitted", "false"),
+        ("deadline", object()),
+        ("deadline", float("inf")),
+        ("step_id", object()),
+        ("stop_reason", 3),
+        ("dependencies", (lambda: None,)),
+        ("schema_version", 1.0),
+        ("budget", object()),
+    ],
+)
+def test_ker11_scalar_fields_refuse_non_json(field: str, value: Any) -> None:
+    """KER-11: every scalar field of a record is JSON data of its type, so a
+    record holding a runtime handle can never be built (nor committed)."""
+    with pytest.raises(Error) as info:
+        RunRecord(run_id="r1", **{field: value})
+    assert info.value.error_class is ErrorClass.VALIDATION

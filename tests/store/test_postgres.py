@@ -1,0 +1,745 @@
+"""``PostgresStore`` against a real PostgreSQL server (STO-01, 02, 04, 05, 06,
+08, 10), plus the shared conformance suite (STO-11).
+
+The server comes from ``TRIO_BACKPLANE_PG_DSN`` (``nox -s tests`` starts one
+with ``scripts/postgres.sh``); without it these tests skip, or fail in CI.
+Every test works in its own PostgreSQL schema.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import pytest
+import trio
+
+from trio_backplane import Error, ErrorClass
+from trio_backplane.kernel import Command, RunEvent, RunRecord, transition
+from trio_backplane.store import PostgresStore, Receipt, RunSummary, Store
+from trio_backplane.testing import StoreConformance
+
+if TYPE_CHECKING:  # imported by pytest_plugins, so pytest rewrites its asserts
+    from tests.store.postgres_fixture import StoreFactory
+
+pytest_plugins = ["tests.store.postgres_fixture"]
+
+
+# -- helpers ---------------------------------------------------------------------
+
+
+def _run_id(name: str = "run") -> str:
+    return f"{name}-{uuid.uuid4().hex[:12]}"
+
+
+def _step(record: RunRecord, kind: str, at: float = 1.0, **data: Any) -> Any:
+    return transition(record, Command(kind, at=at, input=data))
+
+
+async def _commit(
+    store: PostgresStore, record: RunRecord, new: RunRecord, events: list[RunEvent]
+) -> Receipt:
+    return await store.commit(
+        record.run_id,
+        incarnation=record.incarnation,
+        expected_revision=record.revision,
+        record=new,
+        events=events,
+    )
+
+
+async def _advance(store: PostgresStore, record: RunRecord, kind: str, **data: Any) -> RunRecord:
+    new, events = _step(record, kind, at=float(record.revision + 1), **data)
+    receipt = await _commit(store, record, new, events)
+    assert receipt == Receipt(record.run_id, record.incarnation, record.revision + 1)
+    return new  # type: ignore[no-any-return]
+
+
+def _messages(n: int) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": f"message {i}"} for i in range(n)]}
+
+
+async def _running(store: PostgresStore, name: str = "run") -> RunRecord:
+    record = RunRecord.new(_run_id(name), context={"tenant": "t1"})
+    assert await store.create(record) == Receipt(record.run_id, 1, 0)
+    return await _advance(store, record, "admit", state="running", deadline=1e9)
+
+
+async def _rich(store: PostgresStore, name: str = "rich") -> RunRecord:
+    """A run with a transcript, a consumed provider intent and an active tool."""
+    record = await _running(store, name)
+    record = await _advance(store, record, "conversation_updated", conversation=_messages(3))
+    record = await _advance(store, record, "provider_started", turn_id="turn-1")
+    record = await _advance(
+        store, record, "provider_completed", result={"text": "hi"}, conversation=_messages(4)
+    )
+    return await _advance(store, record, "tool_invoked", tool_name="echo", tool_call_id="call-1")
+
+
+async def _raises(error_class: ErrorClass, call: Awaitable[Any]) -> Error:
+    with pytest.raises(Error) as raised:
+        await call
+    assert raised.value.error_class is error_class, raised.value
+    return raised.value
+
+
+def _psycopg() -> Any:
+    return importlib.import_module("psycopg")
+
+
+async def _sql(dsn: str, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    def run() -> list[tuple[Any, ...]]:
+        with _psycopg().connect(dsn, autocommit=True) as conn:
+            cur = conn.execute(query, params)
+            return [tuple(row) for row in cur.fetchall()] if cur.description else []
+
+    return await trio.to_thread.run_sync(run)
+
+
+def _drop_schema(dsn: str, schema: str) -> None:
+    with _psycopg().connect(dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+class _RowLock:
+    """Holds ``FOR UPDATE`` on one run row from a third connection, so racing
+    writers provably queue on the lock before either may proceed."""
+
+    def __init__(self, dsn: str, schema: str, run_id: str) -> None:
+        self.dsn, self.schema, self.run_id = dsn, schema, run_id
+        self.conn: Any = None
+
+    async def __aenter__(self) -> _RowLock:
+        def lock() -> Any:
+            conn = _psycopg().connect(self.dsn)
+            conn.execute(
+                f'SELECT 1 FROM "{self.schema}".runs WHERE run_id = %s FOR UPDATE',
+                (self.run_id,),
+            )
+            return conn
+
+        self.conn = await trio.to_thread.run_sync(lock)
+        return self
+
+    async def wait_for_waiters(self, count: int) -> None:
+        """Until ``count`` other sessions wait on a lock for this schema."""
+        with trio.fail_after(15):
+            while True:
+                rows = await _sql(
+                    self.dsn,
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND application_name = %s",
+                    (self.schema,),
+                )
+                if rows[0][0] >= count:
+                    return
+                await trio.sleep(0.01)
+
+    async def release(self) -> None:
+        if self.conn is not None:
+            conn, self.conn = self.conn, None
+            await trio.to_thread.run_sync(conn.close)  # closing rolls back
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.release()
+
+
+async def _race(*calls: Callable[[], Awaitable[Any]]) -> list[Any]:
+    """Run ``calls`` concurrently: each one's result or ``Error``."""
+    outcomes: list[Any] = [None] * len(calls)
+
+    async def one(i: int) -> None:
+        try:
+            outcomes[i] = await calls[i]()
+        except Error as exc:
+            outcomes[i] = exc
+
+    async with trio.open_nursery() as nursery:
+        for i in range(len(calls)):
+            nursery.start_soon(one, i)
+    return outcomes
+
+
+async def _locked_race(
+    dsn: str, schema: str, run_id: str, *calls: Callable[[], Awaitable[Any]]
+) -> list[Any]:
+    """``_race`` with every call queued on the run's row lock before any may
+    proceed: the writers provably contend inside PostgreSQL."""
+    outcomes: list[Any] = []
+
+    async def race() -> None:
+        outcomes.extend(await _race(*calls))
+
+    async with _RowLock(dsn, schema, run_id) as lock, trio.open_nursery() as nursery:
+        nursery.start_soon(race)
+        await lock.wait_for_waiters(len(calls))
+        await lock.release()
+    return outcomes
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# -- construction (no server needed) ----------------------------------------------
+
+
+def test_missing_psycopg_is_unsupported_capability(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without psycopg, constructing a store names the ``postgres`` extra."""
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    with pytest.raises(Error) as raised:
+        PostgresStore("postgresql://127.0.0.1/none")
+    assert raised.value.error_class is ErrorClass.UNSUPPORTED_CAPABILITY
+    assert "postgres" in raised.value.message
+    assert raised.value.details["extra"] == "postgres"
+
+
+def test_import_does_not_need_psycopg() -> None:
+    """``import trio_backplane`` (and the store package) works without psycopg."""
+    code = (
+        "import sys; sys.modules['psycopg'] = None\n"
+        "import trio_backplane, trio_backplane.store\n"
+        "assert trio_backplane.store.PostgresStore\n"
+        "assert sys.modules['psycopg'] is None\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"max_connections": 0}, {"max_connections": True}, {"schema": "Bad-Name"}, {"schema": ""}],
+)
+def test_invalid_options_are_validation(kwargs: dict[str, Any]) -> None:
+    pytest.importorskip("psycopg")
+    with pytest.raises(Error) as raised:
+        PostgresStore("postgresql://127.0.0.1/none", **kwargs)
+    assert raised.value.error_class is ErrorClass.VALIDATION
+
+
+# -- STO-01 -------------------------------------------------------------------------
+
+
+async def test_sto01_commit_writes_record_and_events_together(
+    pg_store_factory: StoreFactory,
+) -> None:
+    """STO-01: a matching commit writes the record and its events together and
+    acknowledges ``expected_revision + 1``; events get consecutive sequences."""
+    store = pg_store_factory()
+    record = RunRecord.new(_run_id(), context={"tenant": "t1"})
+    await store.create(record)
+    assert await store.load(record.run_id) == record
+    assert await store.events(record.run_id) == []
+
+    new, events = _step(record, "admit", state="running", deadline=1e9)
+    receipt = await _commit(store, record, new, events)
+    assert receipt == Receipt(record.run_id, 1, 1)
+    assert await store.load(record.run_id) == new
+    stored = await store.events(record.run_id)
+    assert [(e.type, e.occurred_at, e.payload, e.sequence) for e in stored] == [
+        (events[0].type, events[0].occurred_at, events[0].payload, 1)
+    ]
+
+    record = await _rich(store)
+    log = await store.events(record.run_id)
+    assert [e.sequence for e in log] == list(range(1, record.revision + 1))
+    assert [e.type for e in log] == [
+        "run.admit",
+        "run.conversation_updated",
+        "run.provider_started",
+        "run.provider_completed",
+        "run.tool_invoked",
+    ]
+    assert await store.events(record.run_id, after=3) == log[3:]
+    assert await store.events(record.run_id, after=99) == []
+    assert await store.events(_run_id("missing")) == []
+    assert await store.load(_run_id("missing")) is None
+
+
+async def test_sto01_another_instance_loads_the_committed_record(
+    pg_store_factory: StoreFactory,
+) -> None:
+    """STO-01: what one host committed, another host (a new instance) loads
+    whole: transcript, intents, active tools, budget."""
+    record = await _rich(pg_store_factory())
+    other = pg_store_factory()
+    loaded = await other.load(record.run_id)
+    assert loaded == record
+    assert loaded is not None
+    assert len(loaded.context["conversation"]["messages"]) == 4
+    assert set(loaded.intents) == set(record.intents)
+    assert loaded.active_tools
+    # ... and it may continue the run from there.
+    after = await _advance(other, loaded, "conversation_updated", conversation=_messages(5))
+    assert await pg_store_factory().load(record.run_id) == after
+
+
+async def test_create_twice_is_resource_conflict(pg_store_factory: StoreFactory) -> None:
+    store = pg_store_factory()
+    record = RunRecord.new(_run_id())
+    await store.create(record)
+    await _raises(ErrorClass.RESOURCE_CONFLICT, pg_store_factory().create(record))
+    await _raises(ErrorClass.VALIDATION, store.create(attrs.evolve(record, revision=1)))
+
+
+async def test_commits_write_only_what_changed(pg_dsn: str, pg_schema: str) -> None:
+    """A commit rewrites changed parts only: an old message row keeps the
+    transaction id (xmin) of the commit that wrote it."""
+    async with PostgresStore(pg_dsn, schema=pg_schema) as store:
+        record = await _running(store)
+        record = await _advance(store, record, "conversation_updated", conversation=_messages(2))
+        query = f'SELECT part, key, xmin::text FROM "{pg_schema}".run_parts WHERE run_id = %s'
+        before = {(p, k): x for p, k, x in await _sql(pg_dsn, query, (record.run_id,))}
+        for n in range(3, 8):
+            record = await _advance(
+                store, record, "conversation_updated", conversation=_messages(n)
+            )
+        # a fresh instance (nothing cached) diffs against the stored parts
+        fresh = PostgresStore(pg_dsn, schema=pg_schema)
+        record = await _advance(fresh, record, "conversation_updated", conversation=_messages(8))
+        await fresh.aclose()
+        after = {(p, k): x for p, k, x in await _sql(pg_dsn, query, (record.run_id,))}
+        assert len(after) == 8
+        for key, xmin in before.items():
+            assert after[key] == xmin, key
+        # shrinking the transcript deletes the rows that went away
+        record = await _advance(store, record, "conversation_updated", conversation=_messages(1))
+        rows = await _sql(pg_dsn, query, (record.run_id,))
+        assert len(rows) == 1
+        assert await store.load(record.run_id) == record
+    await _sql(pg_dsn, f'DROP SCHEMA "{pg_schema}" CASCADE')
+
+
+# -- STO-02 -------------------------------------------------------------------------
+
+
+async def test_sto02_stale_revision_and_replay_are_resource_conflict(
+    pg_store_factory: StoreFactory,
+) -> None:
+    """STO-02: a stale ``expected_revision``, and a replay of an accepted
+    commit, raise ``resource_conflict`` and never overwrite the newer record."""
+    store = pg_store_factory()
+    record = await _running(store)  # revision 1
+    new, events = _step(record, "conversation_updated", conversation=_messages(1))
+    await _commit(store, record, new, events)  # revision 2
+
+    # the same commit again (a replay)
+    error = await _raises(ErrorClass.RESOURCE_CONFLICT, _commit(store, record, new, events))
+    assert error.details == {"stored": 2, "expected": 1}
+    # a different record on the stale revision, from another host too
+    other, other_events = _step(record, "conversation_updated", conversation=_messages(9))
+    for instance in (store, pg_store_factory()):
+        await _raises(ErrorClass.RESOURCE_CONFLICT, _commit(instance, record, other, other_events))
+    assert await store.load(record.run_id) == new
+    assert len(await store.events(record.run_id)) == 2
+    # a commit to a run that does not exist
+    ghost = RunRecord.new(_run_id("ghost"))
+    ghost_next, ghost_events = _step(ghost, "admit")
+    await _raises(ErrorClass.RESOURCE_CONFLICT, _commit(store, ghost, ghost_next, ghost_events))
+    assert await store.load(ghost.run_id) is None
+
+
+# -- STO-04 -------------------------------------------------------------------------
+
+
+async def test_sto04_wrong_record_revision_is_validation(pg_store_factory: StoreFactory) -> None:
+    """STO-04: a record whose own revision is not ``expected_revision + 1``
+    raises ``validation`` and writes nothing."""
+    store = pg_store_factory()
+    record = await _running(store)
+    new, events = _step(record, "conversation_updated", conversation=_messages(2))
+    for revision in (record.revision, record.revision + 2):
+        await _raises(
+            ErrorClass.VALIDATION,
+            _commit(store, record, attrs.evolve(new, revision=revision), events),
+        )
+    # a record for another run or incarnation than the commit names
+    await _raises(
+        ErrorClass.VALIDATION,
+        store.commit(
+            _run_id("other"),
+            incarnation=1,
+            expected_revision=record.revision,
+            record=new,
+            events=events,
+        ),
+    )
+    assert await store.load(record.run_id) == record
+    assert len(await store.events(record.run_id)) == 1
+    assert await _advance(store, record, "start")  # the run is unharmed
+
+
+# -- STO-05 / STO-06 ------------------------------------------------------------------
+
+
+async def test_sto05_failed_commit_leaves_the_previous_record(
+    pg_store_factory: StoreFactory,
+) -> None:
+    """STO-05, STO-06: a commit that fails before it is acknowledged raises
+    ``storage_failed`` (never ``resource_conflict``); ``load`` returns exactly
+    the previous record and the log has no partial events."""
+    store = pg_store_factory()
+    record = await _rich(store)
+    log = await store.events(record.run_id)
+    new, events = _step(record, "tool_completed", invocation_id="invocation-1-1", result={"n": 1})
+    store._fail_next_commit()
+    error = await _raises(ErrorClass.STORAGE_FAILED, _commit(store, record, new, events))
+    assert isinstance(error.__cause__, OSError)
+    for instance in (store, pg_store_factory()):
+        assert await instance.load(record.run_id) == record
+        assert await instance.events(record.run_id) == log
+    # the hook fires once; the same commit then succeeds
+    assert (await _commit(store, record, new, events)).revision == new.revision
+    assert await store.load(record.run_id) == new
+
+
+async def test_sto06_lost_acknowledgement_is_storage_failed_and_reconcilable(
+    pg_store_factory: StoreFactory,
+) -> None:
+    """STO-06: a commit applied but whose acknowledgement was lost raises
+    ``storage_failed``, not ``resource_conflict``; ``load`` reconciles it."""
+    store = pg_store_factory()
+    record = await _running(store)
+    new, events = _step(record, "conversation_updated", conversation=_messages(3))
+    store._lose_next_ack()
+    await _raises(ErrorClass.STORAGE_FAILED, _commit(store, record, new, events))
+    assert await pg_store_factory().load(record.run_id) == new
+    assert await store.load(record.run_id) == new
+    assert [e.sequence for e in await store.events(record.run_id)] == [1, 2]
+    # retrying blindly is a conflict: the caller reconciles through load
+    await _raises(ErrorClass.RESOURCE_CONFLICT, _commit(store, record, new, events))
+
+
+async def test_sto06_unreachable_server_is_storage_failed(pg_dsn: str) -> None:
+    """STO-06: a connection failure is ``storage_failed``, chained to psycopg."""
+    psycopg = _psycopg()
+    dsn = f"postgresql://postgres@127.0.0.1:{_free_port()}/backplane?connect_timeout=5"
+    async with PostgresStore(dsn, schema="unreachable") as store:
+        error = await _raises(ErrorClass.STORAGE_FAILED, store.load("run"))
+        assert isinstance(error.__cause__, psycopg.OperationalError)
+        await _raises(ErrorClass.STORAGE_FAILED, store.create(RunRecord.new("run")))
+
+
+async def test_sto06_killed_connection_is_storage_failed(
+    pg_dsn: str, pg_store_factory: StoreFactory, pg_schema: str
+) -> None:
+    """STO-06: the server dropping the store's connection mid-use is
+    ``storage_failed``; nothing is half-written and the store recovers."""
+    store = pg_store_factory(max_connections=1)
+    record = await _running(store)
+    killed = await _sql(
+        pg_dsn,
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+        (pg_schema,),
+    )
+    assert killed, "the store's pooled connection was not found"
+    new, events = _step(record, "conversation_updated", conversation=_messages(2))
+    error = await _raises(ErrorClass.STORAGE_FAILED, _commit(store, record, new, events))
+    assert isinstance(error.__cause__, _psycopg().OperationalError)
+    assert await store.load(record.run_id) == record  # a new connection
+    await _commit(store, record, new, events)
+    assert await store.load(record.run_id) == new
+
+
+async def test_closed_store_is_storage_failed(pg_dsn: str, pg_schema: str) -> None:
+    async with PostgresStore(pg_dsn, schema=pg_schema) as store:
+        record = await _running(store)
+    await _raises(ErrorClass.STORAGE_FAILED, store.load(record.run_id))
+    async with PostgresStore(pg_dsn, schema=pg_schema) as again:
+        assert await again.load(record.run_id) == record
+    await _sql(pg_dsn, f'DROP SCHEMA "{pg_schema}" CASCADE')
+
+
+# -- STO-08 -------------------------------------------------------------------------
+
+
+async def test_sto08_fence_advances_incarnation_and_revision(
+    pg_store_factory: StoreFactory,
+) -> None:
+    """STO-08: ``fence`` advances incarnation and revision atomically; the old
+    incarnation's commits and a fence that does not raise the incarnation are
+    ``resource_conflict``."""
+    store = pg_store_factory()
+    record = await _rich(store)
+    receipt = await store.fence(record.run_id, incarnation=2)
+    assert receipt == Receipt(record.run_id, 2, record.revision + 1)
+    fenced = await store.load(record.run_id)
+    assert fenced == attrs.evolve(record, incarnation=2, revision=record.revision + 1)
+    log = await store.events(record.run_id)
+    assert log[-1].type == "run.fence"
+    assert log[-1].sequence == fenced.revision
+    assert log[-1].payload["input"] == {"incarnation": 2}
+
+    # the old incarnation can never commit again, on this host or another
+    old, old_events = _step(record, "conversation_updated", conversation=_messages(9))
+    for instance in (store, pg_store_factory()):
+        await _raises(ErrorClass.RESOURCE_CONFLICT, _commit(instance, record, old, old_events))
+        stale = attrs.evolve(old, revision=fenced.revision + 1)
+        await _raises(
+            ErrorClass.RESOURCE_CONFLICT,
+            instance.commit(
+                record.run_id,
+                incarnation=1,
+                expected_revision=fenced.revision,
+                record=stale,
+                events=old_events,
+            ),
+        )
+    # a fence that does not raise the incarnation
+    for incarnation in (2, 1):
+        await _raises(
+            ErrorClass.RESOURCE_CONFLICT, store.fence(record.run_id, incarnation=incarnation)
+        )
+    await _raises(ErrorClass.RESOURCE_CONFLICT, store.fence(_run_id("ghost"), incarnation=2))
+    assert await store.load(record.run_id) == fenced
+    # the new incarnation commits
+    later = await _advance(store, fenced, "conversation_updated", conversation=_messages(6))
+    assert await pg_store_factory().load(record.run_id) == later
+    assert (await store.fence(record.run_id, incarnation=5)).incarnation == 5
+
+
+# -- STO-10 -------------------------------------------------------------------------
+
+
+async def test_sto10_two_instances_race_commits_on_one_revision(
+    pg_dsn: str, pg_schema: str, pg_store_factory: StoreFactory
+) -> None:
+    """STO-10: two ``PostgresStore`` instances on one database commit on the
+    same revision at once: exactly one succeeds, the other raises
+    ``resource_conflict``, and the stored record is the winner's."""
+    a, b = pg_store_factory(), pg_store_factory()
+    record = await _running(a)
+    for round_ in range(12):
+        candidates = [
+            _step(record, "conversation_updated", at=10.0 + round_, conversation={"w": w})
+            for w in range(2)
+        ]
+        calls = [
+            functools.partial(_commit, instance, record, *candidates[w])
+            for w, instance in enumerate((a, b))
+        ]
+        if round_ % 2:  # both provably queue on the row lock first
+            outcomes = await _locked_race(pg_dsn, pg_schema, record.run_id, *calls)
+        else:  # free-running
+            outcomes = await _race(*calls)
+        winners = [w for w, outcome in enumerate(outcomes) if isinstance(outcome, Receipt)]
+        assert len(winners) == 1, (round_, outcomes)
+        loser = outcomes[1 - winners[0]]
+        assert isinstance(loser, Error)
+        assert loser.error_class is ErrorClass.RESOURCE_CONFLICT
+        record = candidates[winners[0]][0]
+        for instance in (a, b):
+            assert await instance.load(record.run_id) == record
+    log = await a.events(record.run_id)
+    assert [e.sequence for e in log] == list(range(1, record.revision + 1))
+
+
+async def test_sto10_racing_fences_one_owner(
+    pg_dsn: str, pg_schema: str, pg_store_factory: StoreFactory
+) -> None:
+    """STO-08, STO-10: two hosts fence the same run to the same incarnation at
+    once: exactly one fence wins, so only one host believes it owns it."""
+    a, b = pg_store_factory(), pg_store_factory()
+    record = await _rich(a)
+    for incarnation in range(2, 8):
+        calls = [
+            functools.partial(instance.fence, record.run_id, incarnation=incarnation)
+            for instance in (a, b)
+        ]
+        if incarnation % 2:
+            outcomes = await _locked_race(pg_dsn, pg_schema, record.run_id, *calls)
+        else:
+            outcomes = await _race(*calls)
+        winners = [o for o in outcomes if isinstance(o, Receipt)]
+        losers = [o for o in outcomes if isinstance(o, Error)]
+        assert len(winners) == 1, outcomes
+        assert [e.error_class for e in losers] == [ErrorClass.RESOURCE_CONFLICT]
+        assert winners[0].incarnation == incarnation
+        loaded = await b.load(record.run_id)
+        assert loaded is not None
+        assert (loaded.incarnation, loaded.revision) == (incarnation, winners[0].revision)
+    fences = [e for e in await a.events(record.run_id) if e.type == "run.fence"]
+    assert len(fences) == 6
+
+
+async def test_sto10_fence_racing_an_old_incarnation_commit(
+    pg_dsn: str, pg_schema: str, pg_store_factory: StoreFactory
+) -> None:
+    """STO-08, STO-10: a fence racing the old incarnation's commit: the commit
+    either lands before the fence or is refused; never after it."""
+    a, b = pg_store_factory(), pg_store_factory()
+    for _ in range(6):
+        record = await _running(a)
+        new, events = _step(record, "conversation_updated", conversation=_messages(1))
+        outcomes = await _locked_race(
+            pg_dsn,
+            pg_schema,
+            record.run_id,
+            functools.partial(_commit, a, record, new, events),
+            functools.partial(b.fence, record.run_id, incarnation=2),
+        )
+        committed, fenced = outcomes
+        assert isinstance(fenced, Receipt), outcomes
+        assert fenced.incarnation == 2
+        loaded = await a.load(record.run_id)
+        assert loaded is not None
+        assert loaded.incarnation == 2
+        if isinstance(committed, Receipt):  # the commit came first
+            assert fenced.revision == committed.revision + 1
+            assert loaded == attrs.evolve(new, incarnation=2, revision=new.revision + 1)
+        else:
+            assert committed.error_class is ErrorClass.RESOURCE_CONFLICT
+            assert loaded == attrs.evolve(record, incarnation=2, revision=record.revision + 1)
+
+
+# -- listing, concurrency, schema ----------------------------------------------------
+
+
+async def test_list_runs(pg_store_factory: StoreFactory) -> None:
+    store = pg_store_factory()
+    queued = RunRecord.new("a-queued")
+    await store.create(queued)
+    running = await _running(store, "b-running")
+    cancelled = await _advance(store, await _running(store, "c-cancelled"), "cancel")
+    assert cancelled.state in ("cancelled", "cancelling")
+    everything = await store.list_runs()
+    assert [s.run_id for s in everything] == sorted(
+        [queued.run_id, running.run_id, cancelled.run_id]
+    )
+    assert await store.list_runs(states={"running"}) == [
+        RunSummary(running.run_id, 1, running.revision, "running")
+    ]
+    assert await store.list_runs(states=()) == []
+
+
+async def test_many_concurrent_runs_share_a_bounded_pool(
+    pg_dsn: str, pg_schema: str, pg_store_factory: StoreFactory
+) -> None:
+    """Many tasks at once on ``max_connections=2``: all commit, and the store
+    never opens more than two connections."""
+    store = pg_store_factory(max_connections=2)
+    peak = 0
+
+    async def watch() -> None:
+        nonlocal peak
+        while True:
+            rows = await _sql(
+                pg_dsn,
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                (pg_schema,),
+            )
+            peak = max(peak, rows[0][0])
+            await trio.sleep(0.005)
+
+    async def run(i: int) -> None:
+        record = await _running(store, f"pool-{i}")
+        for n in range(1, 6):
+            record = await _advance(
+                store, record, "conversation_updated", conversation=_messages(n)
+            )
+        assert await store.load(record.run_id) == record
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch)
+        async with trio.open_nursery() as runs:
+            for i in range(16):
+                runs.start_soon(run, i)
+        nursery.cancel_scope.cancel()
+    assert len(await store.list_runs()) == 16
+    assert 1 <= peak <= 2, peak
+    assert len(store._idle) <= 2
+
+
+async def test_schema_creation_races_and_isolates(
+    pg_dsn: str, pg_store_factory: StoreFactory
+) -> None:
+    """Stores on a fresh schema create it concurrently without error; a store
+    on another schema sees none of its runs."""
+    stores = [pg_store_factory() for _ in range(4)]
+    records = [RunRecord.new(_run_id(f"s{i}")) for i in range(4)]
+    await _race(*[lambda s=s, r=r: s.create(r) for s, r in zip(stores, records, strict=True)])
+    assert len(await stores[0].list_runs()) == 4
+    elsewhere = f"test_{uuid.uuid4().hex[:16]}"
+    async with PostgresStore(pg_dsn, schema=elsewhere) as other:
+        assert await other.list_runs() == []
+        assert await other.load(records[0].run_id) is None
+    await _sql(pg_dsn, f'DROP SCHEMA "{elsewhere}" CASCADE')
+
+
+# -- STO-11: the shared conformance suite ---------------------------------------------
+
+
+class TestPostgresConformance(StoreConformance):
+    """STO-11: the conformance suite passes on ``PostgresStore``; each
+    ``make_store`` is a fresh schema, ``reopen`` a new instance on it."""
+
+    dsn: str
+    schemas: list[str]
+
+    @pytest.fixture(autouse=True)
+    def _server(self, pg_dsn: str) -> Iterator[None]:
+        self.dsn = pg_dsn
+        self.schemas = []
+        yield
+        for schema in self.schemas:
+            _drop_schema(pg_dsn, schema)
+
+    async def make_store(self) -> Store:
+        schema = f"test_{uuid.uuid4().hex[:16]}"
+        self.schemas.append(schema)
+        return PostgresStore(self.dsn, schema=schema)
+
+    async def reopen(self, store: Store) -> Store:
+        assert isinstance(store, PostgresStore)
+        return PostgresStore(self.dsn, schema=store._schema)
+
+    async def fail_next_commit(self, store: Store) -> None:
+        assert isinstance(store, PostgresStore)
+        store._fail_next_commit()
+
+
+# -- issue 4 item 8: commit 5 000 costs what commit 10 did ------------------------------
+
+
+async def test_commit_5000_writes_what_commit_10_did(pg_store_factory: StoreFactory) -> None:
+    """The part rows (and head + part bytes) written by commit 5 000 of one run
+    equal those of commit 10 for the same kind of commit; a fresh instance
+    (nothing cached) reloads the run from the database and then commits
+    incrementally too."""
+    from trio_backplane.kernel import FrozenList, freeze
+
+    store = pg_store_factory()
+    record = RunRecord.new(_run_id("long"), work=100_000, context={"conversation": {}})
+    await store.create(record)
+    record = await _advance(store, record, "admit", state="running")
+    cost: dict[int, tuple[str, int, int]] = {}  # revision -> (kind, part rows, bytes)
+    messages = FrozenList()
+    n = 0
+    while record.revision < 5_001:
+        messages = FrozenList((*messages, freeze({"role": "assistant", "content": f"r{n}"})))
+        for kind, data in (
+            ("provider_started", {}),
+            ("provider_completed", {"result": {"n": n}, "conversation": {"messages": messages}}),
+        ):
+            record = await _advance(store, record, kind, **data)
+            cost[record.revision] = (kind, store.stats["last_part_rows"], store.stats["last_bytes"])
+        n += 1
+    for early, late in ((10, 5_000), (11, 4_999)):
+        (kind, rows, size), (late_kind, late_rows, late_size) = cost[early], cost[late]
+        assert kind == late_kind
+        assert rows == late_rows == 2, (early, cost[early], late, cost[late])
+        assert 0 < size <= late_size <= size + 64, (early, cost[early], late, cost[late])
+    fresh = pg_store_factory()
+    record = await _advance(fresh, record, "provider_started")
+    assert fresh.stats["last_part_rows"] == 2
+    record = await _advance(fresh, record, "provider_completed", result={"n": n})
+    assert fresh.stats["last_part_rows"] == 1  # the intent; the transcript is unchanged
+    assert await store.load(record.run_id) == record

@@ -1,0 +1,593 @@
+"""``PostgresStore``: many hosts, one PostgreSQL database (psycopg 3).
+
+Trio has no native PostgreSQL driver, so every database call runs a *sync*
+psycopg connection in a worker thread (``trio.to_thread.run_sync``), bounded
+by a ``trio.CapacityLimiter(max_connections)``.  The store keeps its own small
+pool: a list of idle connections, never more than ``max_connections`` (one
+per worker the limiter admits).  ``psycopg_pool`` would add a dependency and
+background threads for what is a list and a lock here.
+
+Tables (the layout the SQLite store shares; see ``_layout``)::
+
+    runs(run_id PK, incarnation, revision, state, head)
+    run_parts(run_id, part, key, value, PK(run_id, part, key))
+    run_events(run_id, sequence, type, occurred_at, payload, PK(run_id, sequence))
+
+JSON columns are ``text``, not ``jsonb``: the store never queries inside the
+JSON, a reload must give back exactly the text ``_layout`` wrote (jsonb
+would reorder keys and normalise numbers), and text skips the server-side
+parse on every write.
+
+A commit is one transaction: ``SELECT ... FOR UPDATE`` of the run row, the
+shared compare-and-set decision (``prepare_commit``: identity and revision
+only) against that row, an ``UPDATE ... WHERE run_id AND incarnation AND
+revision`` whose row count is checked, then only the changed parts and the
+new events with consecutive sequences.  The row lock serialises writers on
+one run across hosts: a second writer waits, then sees the new revision and
+gets ``resource_conflict`` (STO-10).  ``fence`` takes the same lock (STO-08).
+
+Incremental commits use the same mechanism as ``SQLiteStore``
+(``_layout.diff``): the store remembers, per run (LRU of ``_CACHE_RUNS``), the
+``_layout.Entry`` of the last record it committed or loaded; a commit whose
+locked row shows that entry's incarnation and revision diffs the new record
+against it by identity and encodes only what changed, so commit 5 000 of a run
+costs what commit 10 did.  Any other row (another host committed, the cache
+was evicted) makes the commit read the record back from the database first.
+
+Errors: an ``Error`` from the decision passes through; a serialization
+failure, deadlock or unique violation is ``resource_conflict``; any other
+psycopg error or ``OSError`` is ``storage_failed`` with the cause chained
+(STO-06).  psycopg is imported when a store is constructed, so
+``import trio_backplane`` works without the ``postgres`` extra.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Sequence
+from types import TracebackType
+from typing import Any, Final, TypeVar
+
+import trio
+
+from ..errors import Error, ErrorClass
+from ..kernel import RunEvent, RunRecord, decode_event, decode_record, encode_event
+from ..kernel import fence as kernel_fence
+from ._layout import NOTHING, Deletes, Entry, Parts, Upserts, diff, dumps, entry_of, head_text, join
+from ._protocol import Receipt, RunSummary, prepare_commit, prepare_create
+
+__all__ = ["PostgresStore"]
+
+_T = TypeVar("_T")
+
+_SCHEMA_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+#: Runs whose last committed entry this store remembers (for the commit diff).
+_CACHE_RUNS: Final = 256
+#: SQLSTATEs a concurrent writer causes: serialization failure, deadlock,
+#: unique violation.
+_CONFLICT_STATES: Final = frozenset({"40001", "40P01", "23505"})
+
+
+def _import_psycopg() -> Any:
+    try:
+        return importlib.import_module("psycopg")
+    except ImportError as exc:
+        raise Error(
+            ErrorClass.UNSUPPORTED_CAPABILITY,
+            "PostgresStore needs psycopg: install the 'postgres' extra "
+            "(pip install 'trio_backplane[postgres]')",
+            {"extra": "postgres"},
+        ) from exc
+
+
+class _SimulatedFailure(OSError):
+    """What the test hooks raise inside a commit (an I/O failure)."""
+
+
+class PostgresStore:
+    """Run records in PostgreSQL, shared by many hosts.
+
+    ``schema`` puts the tables in that PostgreSQL schema (created if missing),
+    so stores on one database can be isolated; by default the tables are
+    unqualified and land in the connection's ``search_path``.
+    """
+
+    durable = True
+
+    def __init__(self, dsn: str, *, max_connections: int = 4, schema: str | None = None) -> None:
+        if type(max_connections) is not int or max_connections < 1:
+            raise Error(ErrorClass.VALIDATION, "max_connections must be a positive int")
+        if schema is not None and not _SCHEMA_NAME.fullmatch(schema):
+            raise Error(
+                ErrorClass.VALIDATION,
+                "schema must be a lower-case SQL identifier",
+                {"schema": repr(schema)[:100]},
+            )
+        self._psycopg = _import_psycopg()
+        self._dsn = dsn
+        self._schema = schema
+        self._max_connections = max_connections
+        self._limiter = trio.CapacityLimiter(max_connections)
+        self._lock = threading.Lock()  # guards _idle, _cache, _closed, hooks
+        self._idle: list[Any] = []
+        self._cache: OrderedDict[str, Entry] = OrderedDict()
+        self._closed = False
+        self._ready = False
+        self._ready_lock = trio.Lock()
+        self._fail_next: str | None = None  # None, "before" or "after" the commit
+        self._sql = self._statements()
+        #: Diagnostics and tests: ``commits`` (acknowledged), ``part_rows``
+        #: (part rows upserted or deleted), ``last_part_rows`` and
+        #: ``last_bytes`` (head and part text written) of the last commit.
+        self.stats: dict[str, int] = {
+            "commits": 0,
+            "part_rows": 0,
+            "last_part_rows": 0,
+            "last_bytes": 0,
+        }
+
+    # -- SQL ---------------------------------------------------------------------
+
+    def _statements(self) -> dict[str, Any]:
+        sql = self._psycopg.sql
+
+        def table(name: str) -> Any:
+            if self._schema is None:
+                return sql.Identifier(name)
+            return sql.Identifier(self._schema, name)
+
+        names = {
+            "runs": table("runs"),
+            "parts": table("run_parts"),
+            "events": table("run_events"),
+        }
+
+        def q(text: str) -> Any:
+            return sql.SQL(text).format(**names)
+
+        statements = {
+            "runs": q(
+                "CREATE TABLE IF NOT EXISTS {runs} ("
+                " run_id text PRIMARY KEY,"
+                " incarnation bigint NOT NULL,"
+                " revision bigint NOT NULL,"
+                " state text NOT NULL,"
+                " head text NOT NULL)"
+            ),
+            "run_parts": q(
+                "CREATE TABLE IF NOT EXISTS {parts} ("
+                " run_id text NOT NULL,"
+                " part text NOT NULL,"
+                " key text NOT NULL,"
+                " value text NOT NULL,"
+                " PRIMARY KEY (run_id, part, key))"
+            ),
+            "run_events": q(
+                "CREATE TABLE IF NOT EXISTS {events} ("
+                " run_id text NOT NULL,"
+                " sequence bigint NOT NULL,"
+                " type text NOT NULL,"
+                " occurred_at double precision NOT NULL,"
+                " payload text NOT NULL,"
+                " PRIMARY KEY (run_id, sequence))"
+            ),
+            "insert_run": q(
+                "INSERT INTO {runs} (run_id, incarnation, revision, state, head)"
+                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (run_id) DO NOTHING"
+            ),
+            "lock_run": q(
+                "SELECT incarnation, revision, state, head FROM {runs} WHERE run_id = %s FOR UPDATE"
+            ),
+            "read_run": q(
+                "SELECT incarnation, revision, state, head FROM {runs} WHERE run_id = %s"
+            ),
+            "update_run": q(
+                "UPDATE {runs} SET incarnation = %s, revision = %s, state = %s, head = %s"
+                " WHERE run_id = %s AND incarnation = %s AND revision = %s"
+            ),
+            "read_parts": q("SELECT part, key, value FROM {parts} WHERE run_id = %s"),
+            "upsert_part": q(
+                "INSERT INTO {parts} (run_id, part, key, value) VALUES (%s, %s, %s, %s)"
+                " ON CONFLICT (run_id, part, key) DO UPDATE SET value = EXCLUDED.value"
+            ),
+            "delete_part": q("DELETE FROM {parts} WHERE run_id = %s AND part = %s AND key = %s"),
+            "last_sequence": q("SELECT coalesce(max(sequence), 0) FROM {events} WHERE run_id = %s"),
+            "insert_event": q(
+                "INSERT INTO {events} (run_id, sequence, type, occurred_at, payload)"
+                " VALUES (%s, %s, %s, %s, %s)"
+            ),
+            "read_events": q(
+                "SELECT sequence, type, occurred_at, payload FROM {events}"
+                " WHERE run_id = %s AND sequence > %s ORDER BY sequence"
+            ),
+            "list_runs": q(
+                "SELECT run_id, incarnation, revision, state FROM {runs} ORDER BY run_id"
+            ),
+            "list_runs_in": q(
+                "SELECT run_id, incarnation, revision, state FROM {runs}"
+                " WHERE state = ANY(%s) ORDER BY run_id"
+            ),
+        }
+        if self._schema is not None:
+            statements["schema"] = sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
+                sql.Identifier(self._schema)
+            )
+        return statements
+
+    # -- connections and errors (worker threads) ---------------------------------
+
+    def _checkout(self) -> Any:
+        with self._lock:
+            if self._closed:
+                raise Error(ErrorClass.STORAGE_FAILED, "the store is closed")
+            while self._idle:
+                conn = self._idle.pop()
+                if not conn.closed and not conn.broken:
+                    return conn
+        return self._psycopg.connect(self._dsn, autocommit=False)
+
+    def _checkin(self, conn: Any) -> None:
+        healthy = (
+            not conn.closed
+            and not conn.broken
+            and conn.info.transaction_status == self._psycopg.pq.TransactionStatus.IDLE
+        )
+        with self._lock:
+            if healthy and not self._closed and len(self._idle) < self._max_connections:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def _classify(self, exc: BaseException) -> Error:
+        if isinstance(exc, Error):
+            return exc
+        sqlstate = getattr(exc, "sqlstate", None)
+        if sqlstate in _CONFLICT_STATES:
+            return Error(
+                ErrorClass.RESOURCE_CONFLICT,
+                "a concurrent writer won",
+                {"sqlstate": sqlstate, "cause": _describe(exc)},
+            )
+        return Error(
+            ErrorClass.STORAGE_FAILED, "PostgreSQL store failed", {"cause": _describe(exc)}
+        )
+
+    def _transaction(self, body: Callable[[Any], _T]) -> _T:
+        """Run ``body(conn)`` in one transaction and commit it (worker thread)."""
+        conn: Any = None
+        try:
+            conn = self._checkout()
+            try:
+                result = body(conn)
+                conn.commit()
+            except BaseException:
+                if not conn.closed and not conn.broken:
+                    try:
+                        conn.rollback()
+                    except Exception:  # the original error is the one to report
+                        conn.close()
+                raise
+            finally:
+                self._checkin(conn)
+            return result
+        except Error:
+            raise
+        except (self._psycopg.Error, OSError) as exc:
+            raise self._classify(exc) from exc
+
+    async def _run(self, body: Callable[[Any], _T]) -> _T:
+        await self._ensure_schema()
+        return await self._in_thread(body)
+
+    async def _in_thread(self, body: Callable[[Any], _T]) -> _T:
+        # Never abandoned: a cancelled caller waits for its transaction to end,
+        # so nothing commits behind its back after it has moved on.
+        return await trio.to_thread.run_sync(self._transaction, body, limiter=self._limiter)
+
+    async def _ensure_schema(self) -> None:
+        if not self._ready:
+            async with self._ready_lock:
+                if not self._ready:  # another task may have made it meanwhile
+                    await self._in_thread(self._create_schema)
+                    self._ready = True
+
+    def _create_schema(self, conn: Any) -> None:
+        # CREATE ... IF NOT EXISTS races with itself in PostgreSQL (a unique
+        # violation in the catalog): serialise schema creation across hosts.
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (0x7472696F,))
+        if "schema" in self._sql:
+            conn.execute(self._sql["schema"])
+        for name in ("runs", "run_parts", "run_events"):
+            conn.execute(self._sql[name])
+
+    # -- the run entry cache (worker threads) --------------------------------------
+
+    def _read_record(self, conn: Any, run_id: str, head: str) -> RunRecord:
+        rows = conn.execute(self._sql["read_parts"], (run_id,)).fetchall()
+        parts: Parts = {(part, key): value for part, key, value in rows}
+        return decode_record(join(head, parts))
+
+    def _entry(self, conn: Any, run_id: str, incarnation: int, revision: int, head: str) -> Entry:
+        """The stored run whose locked row is ``(incarnation, revision, head)``:
+        the cached entry when it is that revision, else read from the database."""
+        with self._lock:
+            entry = self._cache.get(run_id)
+            if entry is not None:
+                self._cache.move_to_end(run_id)
+        if (
+            entry is not None
+            and entry.record.incarnation == incarnation
+            and entry.record.revision == revision
+        ):
+            return entry
+        return entry_of(self._read_record(conn, run_id, head))
+
+    def _remember(self, entry: Entry) -> None:
+        """Cache ``entry`` unless a later revision of its run is cached already."""
+        record = entry.record
+        with self._lock:
+            cached = self._cache.get(record.run_id)
+            if cached is not None and (cached.record.incarnation, cached.record.revision) > (
+                record.incarnation,
+                record.revision,
+            ):
+                return
+            self._cache[record.run_id] = entry
+            self._cache.move_to_end(record.run_id)
+            while len(self._cache) > _CACHE_RUNS:
+                self._cache.popitem(last=False)
+
+    def _forget(self, run_id: str) -> None:
+        with self._lock:
+            self._cache.pop(run_id, None)
+
+    def _write(
+        self,
+        conn: Any,
+        run_id: str,
+        upserts: Upserts,
+        deletes: Deletes,
+        events: Sequence[dict[str, Any]],
+    ) -> None:
+        if upserts:
+            with conn.cursor() as cur:
+                cur.executemany(
+                    self._sql["upsert_part"],
+                    [(run_id, part, key, value) for part, key, value in upserts],
+                )
+        if deletes:
+            with conn.cursor() as cur:
+                cur.executemany(
+                    self._sql["delete_part"], [(run_id, part, key) for part, key in deletes]
+                )
+        if events:
+            row = conn.execute(self._sql["last_sequence"], (run_id,)).fetchone()
+            last = int(row[0])
+            with conn.cursor() as cur:
+                cur.executemany(
+                    self._sql["insert_event"],
+                    [
+                        (
+                            run_id,
+                            last + index,
+                            data["type"],
+                            data["occurred_at"],
+                            dumps(data["payload"]),
+                        )
+                        for index, data in enumerate(events, start=1)
+                    ],
+                )
+
+    def _replace(
+        self,
+        conn: Any,
+        old: Entry,
+        new: RunRecord,
+        events: Sequence[dict[str, Any]],
+    ) -> tuple[Entry, int, int]:
+        """Compare-and-set ``old`` -> ``new`` under the row lock: the run row,
+        the changed parts and the events.  Returns ``new``'s entry, the part
+        rows written and the bytes of head and part text written."""
+        entry, upserts, deletes = diff(old, new)
+        head = head_text(new)
+        cur = conn.execute(
+            self._sql["update_run"],
+            (
+                new.incarnation,
+                new.revision,
+                new.state,
+                head,
+                new.run_id,
+                old.record.incarnation,
+                old.record.revision,
+            ),
+        )
+        if cur.rowcount != 1:  # cannot happen under the row lock; never trust it
+            raise Error(
+                ErrorClass.RESOURCE_CONFLICT,
+                "stale revision",
+                {"run_id": new.run_id, "expected": old.record.revision},
+            )
+        self._write(conn, new.run_id, upserts, deletes, events)
+        return entry, len(upserts) + len(deletes), len(head) + sum(len(r[2]) for r in upserts)
+
+    def _take_failure(self) -> str | None:
+        with self._lock:
+            failure, self._fail_next = self._fail_next, None
+            return failure
+
+    # -- the protocol --------------------------------------------------------------
+
+    async def create(self, record: RunRecord) -> Receipt:
+        prepare_create(record)
+        entry, upserts, _ = diff(NOTHING, record)
+        head = head_text(record)
+
+        def body(conn: Any) -> Receipt:
+            cur = conn.execute(
+                self._sql["insert_run"],
+                (record.run_id, record.incarnation, record.revision, record.state, head),
+            )
+            if cur.rowcount != 1:
+                raise Error(
+                    ErrorClass.RESOURCE_CONFLICT, "run already exists", {"run_id": record.run_id}
+                )
+            self._write(conn, record.run_id, upserts, [], ())
+            return Receipt(record.run_id, record.incarnation, record.revision)
+
+        receipt = await self._run(body)
+        self._remember(entry)
+        return receipt
+
+    async def load(self, run_id: str) -> RunRecord | None:
+        def body(conn: Any) -> RunRecord | None:
+            # One snapshot for the head and its parts: never a torn record.
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            row = conn.execute(self._sql["read_run"], (run_id,)).fetchone()
+            if row is None:
+                return None
+            return self._read_record(conn, run_id, row[3])
+
+        record = await self._run(body)
+        if record is None:
+            self._forget(run_id)
+            return None
+        self._remember(entry_of(record))
+        return record
+
+    async def commit(
+        self,
+        run_id: str,
+        *,
+        incarnation: int,
+        expected_revision: int,
+        record: RunRecord,
+        events: Sequence[RunEvent],
+    ) -> Receipt:
+        def body(conn: Any) -> Receipt:
+            row = conn.execute(self._sql["lock_run"], (run_id,)).fetchone()
+            # The decision needs only the locked row's identity and revision.
+            stored = None
+            if row is not None:
+                stored = RunRecord(run_id=run_id, incarnation=row[0], revision=row[1])
+            prepared = prepare_commit(
+                stored,
+                run_id,
+                incarnation=incarnation,
+                expected_revision=expected_revision,
+                record=record,
+                events=events,
+            )
+            assert row is not None  # prepare_commit refuses a missing run
+            stored_incarnation, stored_revision, _state, stored_head = row
+            old = self._entry(conn, run_id, stored_incarnation, stored_revision, stored_head)
+            entry, rows, size = self._replace(conn, old, prepared.record, prepared.events)
+            failure = self._take_failure()
+            if failure == "before":
+                raise _SimulatedFailure("simulated failure before the commit")
+            conn.commit()
+            self._remember(entry)
+            with self._lock:
+                self.stats["commits"] += 1
+                self.stats["part_rows"] += rows
+                self.stats["last_part_rows"] = rows
+                self.stats["last_bytes"] = size
+            if failure == "after":
+                raise _SimulatedFailure("simulated lost acknowledgement after the commit")
+            return Receipt(run_id, incarnation, record.revision)
+
+        return await self._run(body)
+
+    async def fence(self, run_id: str, *, incarnation: int) -> Receipt:
+        at = time.time()
+
+        def body(conn: Any) -> tuple[Receipt, Entry]:
+            row = conn.execute(self._sql["lock_run"], (run_id,)).fetchone()
+            if row is None:
+                raise Error(ErrorClass.RESOURCE_CONFLICT, "run does not exist", {"run_id": run_id})
+            stored_incarnation, stored_revision, _state, stored_head = row
+            old = self._entry(conn, run_id, stored_incarnation, stored_revision, stored_head)
+            new, events = kernel_fence(old.record, incarnation, at=at)
+            entry, _, _ = self._replace(conn, old, new, [encode_event(e) for e in events])
+            return Receipt(run_id, new.incarnation, new.revision), entry
+
+        receipt, entry = await self._run(body)
+        self._remember(entry)
+        return receipt
+
+    async def list_runs(self, *, states: Collection[str] | None = None) -> list[RunSummary]:
+        def body(conn: Any) -> list[tuple[Any, ...]]:
+            if states is None:
+                rows = conn.execute(self._sql["list_runs"]).fetchall()
+            else:
+                rows = conn.execute(self._sql["list_runs_in"], (list(states),)).fetchall()
+            return [tuple(row) for row in rows]
+
+        rows = await self._run(body)
+        return [RunSummary(str(r[0]), int(r[1]), int(r[2]), str(r[3])) for r in rows]
+
+    async def events(self, run_id: str, *, after: int = 0) -> list[RunEvent]:
+        def body(conn: Any) -> list[tuple[Any, ...]]:
+            rows = conn.execute(self._sql["read_events"], (run_id, after)).fetchall()
+            return [tuple(row) for row in rows]
+
+        rows = await self._run(body)
+        return [
+            decode_event(
+                {
+                    "sequence": int(sequence),
+                    "type": type_,
+                    "occurred_at": occurred_at,
+                    "payload": json.loads(payload),
+                }
+            )
+            for sequence, type_, occurred_at, payload in rows
+        ]
+
+    # -- lifetime ------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Close the idle connections; busy ones close when their call ends."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        if idle:
+            await trio.to_thread.run_sync(_close_all, idle)
+
+    async def __aenter__(self) -> PostgresStore:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- test hooks ----------------------------------------------------------------
+
+    def _fail_next_commit(self) -> None:
+        """The next commit raises ``storage_failed`` and persists nothing."""
+        with self._lock:
+            self._fail_next = "before"
+
+    def _lose_next_ack(self) -> None:
+        """The next commit persists, then raises ``storage_failed`` (a lost
+        acknowledgement: ``load`` shows the new revision)."""
+        with self._lock:
+            self._fail_next = "after"
+
+
+def _close_all(connections: list[Any]) -> None:
+    for conn in connections:
+        conn.close()
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:500]

@@ -1,0 +1,10 @@
+"""Helpers shipped for hosts' own test suites.
+
+``StoreConformance`` is the durable store conformance suite: subclass it as
+``class TestMyStore(StoreConformance)`` and provide its factory hooks.
+"""
+
+from ._conformance import STO_11_CHECKS, StoreConformance
+from ._scripted import Hang, Raise, ScriptedProvider, Sleep
+
+__all__ = ["STO_11_CHECKS", "Hang", "Raise", "ScriptedProvider", "Sleep", "StoreConformance"]
