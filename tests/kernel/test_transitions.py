@@ -24,6 +24,7 @@ from trio_backplane.errors import Error, ErrorClass
 from trio_backplane.kernel import (
     Budget,
     Command,
+    FrozenList,
     RunEvent,
     RunRecord,
     check_json,
@@ -858,9 +859,13 @@ def test_records_are_immutable() -> None:
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         record.state = "completed"  # type: ignore[misc]
     context = RunRecord.new(RUN, context={"list": [1, {"a": [2]}]}).context
-    assert isinstance(context["list"], tuple)
+    assert isinstance(context["list"], FrozenList)
     with pytest.raises(TypeError):
         context["list"][1]["a"] = 3
+    with pytest.raises(TypeError):
+        context["list"].append(3)
+    with pytest.raises(TypeError):
+        context["list"][0] = 5
 
 
 @given(st.data())

@@ -71,10 +71,32 @@ def _frozen_dict(data: dict[str, Any]) -> FrozenDict:
     return FrozenDict(data)
 
 
-class FrozenList(tuple[Any, ...]):
-    """A tuple of frozen JSON values: the array type of committed records."""
+class FrozenList(list[Any]):
+    """A ``list`` that refuses mutation: the array type of committed records.
+
+    A ``list`` subclass so providers, encoders and ``==`` treat it as the JSON
+    array it is; only :func:`freeze` builds one, after checking its items.
+    """
 
     __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("committed records are read-only")
+
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
+    append = clear = extend = insert = pop = remove = reverse = sort = _refuse
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(self))
+
+    def __copy__(self) -> FrozenList:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> FrozenList:
+        return self
+
+    def __reduce__(self) -> Any:
+        return (FrozenList, (list(self),))
 
 
 _EMPTY: Final[Mapping[str, Any]] = FrozenDict()
@@ -87,11 +109,46 @@ def check_json(value: Any, what: str = "committed intent") -> None:
 
 def freeze(value: Any, what: str = "committed intent") -> Any:
     """A read-only deep copy of JSON data (``FrozenDict``/``FrozenList``),
-    reusing values that are already frozen; iterative, so depth is no danger.
+    reusing values that are already frozen.
 
     Raises ``validation`` "<what> contains a runtime handle" for a callable, a
-    channel, a task or any other non-JSON object (KER-11).
+    channel, a task or any other non-JSON object (KER-11).  Shallow values take
+    a recursive fast path; anything nested deeper than ``_RECURSION`` levels
+    continues on an explicit stack, so depth is never a danger.
     """
+    return _freeze(value, what, 0)
+
+
+_RECURSION: Final = 64
+
+
+def _freeze(value: Any, what: str, depth: int) -> Any:
+    t = type(value)
+    if t is str or t is int or t is bool or value is None or t is FrozenDict or t is FrozenList:
+        return value
+    if t is float:
+        if value - value != 0.0:
+            raise Error(ErrorClass.VALIDATION, f"{what} contains a non-finite number")
+        return value
+    if depth >= _RECURSION:
+        return _freeze_iterative(value, what)
+    if t is dict or (t is not list and t is not tuple and isinstance(value, Mapping)):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if type(key) is not str:
+                raise Error(
+                    ErrorClass.VALIDATION,
+                    f"{what} contains a runtime handle",
+                    {"type": type(key).__name__},
+                )
+            out[key] = _freeze(item, what, depth + 1)
+        return FrozenDict(out)
+    if t is list or t is tuple:
+        return FrozenList([_freeze(item, what, depth + 1) for item in value])
+    raise Error(ErrorClass.VALIDATION, f"{what} contains a runtime handle", {"type": t.__name__})
+
+
+def _freeze_iterative(value: Any, what: str) -> Any:
     t = type(value)
     if t is FrozenDict or t is FrozenList or t is str or t is int or t is bool or value is None:
         return value
@@ -153,6 +210,9 @@ def freeze(value: Any, what: str = "committed intent") -> Any:
 
 def thaw(value: Any) -> Any:
     """Plain ``dict``/``list`` JSON data from a frozen value."""
+    t = type(value)
+    if t is str or t is int or t is bool or t is float or value is None:
+        return value
     if isinstance(value, Mapping):
         return {k: thaw(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

@@ -221,12 +221,14 @@ def _tool_invoked(record: RunRecord, command: Command) -> dict[str, Any]:
         raise _conflict("stale step", expected=record.step_id, received=step_id)
     call_id = command.input.get("tool_call_id")
     if call_id is not None:
-        for key, intent in record.intents.items():
-            if (
-                key.startswith("tool:")
-                and intent.get("step_id") == step_id
-                and intent.get("tool_call_id") == call_id
-            ):
+        # Intents are kept in commit order and a step begins with its provider
+        # intent: scan back to it only, so the check costs the step, not the run.
+        intents: dict[str, Any] = record.intents  # type: ignore[assignment]  # a FrozenDict
+        for key in reversed(intents):
+            intent = intents[key]
+            if intent.get("step_id") != step_id:
+                break
+            if key.startswith("tool:") and intent.get("tool_call_id") == call_id:
                 raise _conflict("tool call already invoked", tool_call_id=call_id)
     invocation_id, counters = _next_id(record, "invocation")
     key = f"tool:{invocation_id}"

@@ -329,7 +329,10 @@ class TurnLoop:
             turn_id=turn_id,
             step_id=step_id,
             attempt_id=attempt_id,
-            messages=tuple(thaw(m) for m in state.get("messages", ())),
+            # The frozen transcript itself: FrozenDict/FrozenList are dict and
+            # tuple subclasses, so providers read (and JSON-encode) them as is,
+            # and a request costs nothing per past message.
+            messages=state.get("messages", FrozenList()),
             catalog_revision=state.get("catalog_revision", 1),
             tools=c._bundle.tools,
         )

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
+import attrs
+
 from ..errors import Error, ErrorClass
-from ..kernel import RunEvent, RunRecord, decode_event
+from ..kernel import RunEvent, RunRecord
 from ._protocol import Receipt, RunSummary, prepare_commit, prepare_create
 
 __all__ = ["MemoryStore"]
@@ -55,8 +57,9 @@ class MemoryStore:
             events=events,
         )
         log = self._events[run_id]
-        for data in prepared.events:
-            log.append(decode_event({**data, "sequence": len(log) + 1}))
+        del prepared  # decided; MemoryStore keeps the frozen values themselves
+        for event in events:
+            log.append(attrs.evolve(event, sequence=len(log) + 1))
         self._records[run_id] = record
         return Receipt(run_id, incarnation, record.revision)
 

@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 
 from ..errors import Error, ErrorClass
-from ..kernel import RunEvent, RunRecord, check_json, encode_event, encode_record
+from ..kernel import RunEvent, RunRecord, encode_event, encode_record
 
 __all__ = [
     "PreparedCommit",
@@ -105,8 +105,8 @@ def _prepare(record: RunRecord, events: Sequence[RunEvent]) -> PreparedCommit:
     for event in events:
         if not isinstance(event, RunEvent):
             raise Error(ErrorClass.VALIDATION, "a store commits RunEvent values")
+        # JSON by construction: a RunEvent's payload is frozen (KER-11)
         encoded_events.append(encode_event(event))
-    check_json(encoded_events)  # small: events digest their input (KER-11)
     return PreparedCommit(record=record, events=encoded_events)
 
 
