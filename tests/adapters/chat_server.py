@@ -1,0 +1,161 @@
+"""A tiny loopback HTTP server speaking streaming chat-completions (SSE).
+
+``ChatServer`` runs a stdlib ``ThreadingHTTPServer`` on 127.0.0.1, port 0,
+in a daemon thread.  Each POST to ``/v1/chat/completions`` consumes the next
+scripted reply: :class:`Stream` (SSE chunks, optionally without ``[DONE]``,
+optionally dropping the connection mid-body) or :class:`Status` (a plain
+HTTP error).  Every request's JSON body and headers are recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import attrs
+
+
+@attrs.frozen
+class Stream:
+    """SSE ``chunks`` (objects are JSON-encoded, strings sent as they are)."""
+
+    chunks: tuple[Any, ...]
+    done: bool = True
+    drop: bool = False  # close the socket without ending the chunked body
+
+
+@attrs.frozen
+class Status:
+    status: int
+    body: Any = None
+
+
+def text_chunks(text: str, *, usage: dict[str, Any] | None = None) -> Stream:
+    chunks: list[Any] = [{"choices": [{"index": 0, "delta": {"role": "assistant"}}]}]
+    for part in (text[: len(text) // 2], text[len(text) // 2 :]):
+        chunks.append({"choices": [{"index": 0, "delta": {"content": part}}]})
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    if usage is not None:
+        chunks.append({"choices": [], "usage": usage})
+    return Stream(tuple(chunks))
+
+
+def tool_call_chunks(*calls: tuple[str, str, str], usage: dict[str, Any] | None = None) -> Stream:
+    """``(id, function name as sent, arguments JSON)`` each, arguments split in two."""
+    chunks: list[Any] = []
+    for index, (call_id, name, arguments) in enumerate(calls):
+        half = len(arguments) // 2
+        chunks.append(
+            {
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {
+                            "tool_calls": [
+                                {
+                                    "index": index,
+                                    "id": call_id,
+                                    "type": "function",
+                                    "function": {"name": name, "arguments": arguments[:half]},
+                                }
+                            ]
+                        },
+                    }
+                ]
+            }
+        )
+        chunks.append(
+            {
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {
+                            "tool_calls": [
+                                {"index": index, "function": {"arguments": arguments[half:]}}
+                            ]
+                        },
+                    }
+                ]
+            }
+        )
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    if usage is not None:
+        chunks.append({"choices": [], "usage": usage})
+    return Stream(tuple(chunks))
+
+
+class ChatServer:
+    def __init__(self) -> None:
+        self.replies: list[Stream | Status] = []
+        self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self._lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass  # quiet: no request lines on stderr
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                body = json.loads(self.rfile.read(length) or b"null")
+                with server._lock:
+                    server.requests.append(body)
+                    server.headers.append(dict(self.headers.items()))
+                    reply = server.replies.pop(0) if server.replies else Status(500, "no reply")
+                if isinstance(reply, Status):
+                    payload = json.dumps({"error": {"message": reply.body}}).encode()
+                    self.send_response(reply.status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for chunk in reply.chunks:
+                    data = chunk if isinstance(chunk, str) else json.dumps(chunk)
+                    self._chunk(f"data: {data}\n\n".encode())
+                if reply.drop:
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return
+                if reply.done:
+                    self._chunk(b"data: [DONE]\n\n")
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+
+            def _chunk(self, data: bytes) -> None:
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}/v1"
+
+    def add(self, *replies: Stream | Status) -> None:
+        with self._lock:
+            self.replies.extend(replies)
+
+    @contextmanager
+    def running(self) -> Iterator[ChatServer]:
+        self._thread.start()
+        try:
+            yield self
+        finally:
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join(timeout=5)

@@ -1,0 +1,576 @@
+"""The MCP tool source against a real SDK server subprocess (``mcp_server.py``).
+
+Each test starts its own server over stdio; leaving ``connect_stdio`` stops
+it.  A few cases the SDK's wire layer refuses to carry (a boolean or
+non-object ``inputSchema``, a non-object ``structuredContent``, an explicit
+``null``) are checked on :class:`McpCatalog`, the adapter's pure core that
+every listing and result goes through.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import types as pytypes
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from trio_backplane.adapters import mcp as mcp_adapter
+from trio_backplane.adapters.mcp import (
+    CACHE_SIZE,
+    MCP_SCHEMA_OPTIONS,
+    BoundaryValidator,
+    McpCatalog,
+    McpToolSource,
+    ValidatorCache,
+    connect_stdio,
+)
+from trio_backplane.errors import Error, ErrorClass
+from trio_backplane.kernel import thaw
+from trio_backplane.runtime import open_conversation
+from trio_backplane.schema import SchemaOptions, compile_with
+from trio_backplane.store import MemoryStore
+from trio_backplane.testing import ScriptedProvider
+from trio_backplane.tools import Rejection, ToolResult
+
+SERVER = str(Path(__file__).with_name("mcp_server.py"))
+ALWAYS_REFUSED = {"ancient", "broken_pattern", "deep", "remote_ref"}
+BAD_NAMES = {"", "has space", "x" * 129, "ctl\u0007bell"}
+LISTED = {
+    "calls",
+    "change_tools",
+    "fail",
+    "github::get_me",
+    "legacy",
+    "lookup",
+    "plain",
+    "slow",
+    "untyped_root",
+}
+
+
+@asynccontextmanager
+async def server(**options: Any) -> AsyncIterator[McpToolSource]:
+    env = options.pop("env", None)
+    with trio.fail_after(30):
+        async with connect_stdio(sys.executable, [SERVER], env=env, **options) as source:
+            yield source
+
+
+async def server_calls(source: McpToolSource) -> list[str]:
+    result = await source.call_tool("calls", {})
+    return list(result.structured_content["calls"])
+
+
+def refusal(source: McpToolSource, name: str) -> Error:
+    for rejected in source.rejected:
+        if rejected.name == name:
+            return rejected.error
+    raise AssertionError(f"{name!r} was not refused")
+
+
+def operation(name: str, arguments: Any) -> Any:
+    return pytypes.SimpleNamespace(
+        run_id="run-1",
+        incarnation=1,
+        step_id="step-1",
+        attempt_id="attempt-1",
+        invocation_id="invocation-1",
+        tool_call_id="call-1",
+        turn_id="turn-1",
+        tool_name=name,
+        tool_revision=1,
+        catalog_revision=1,
+        arguments=arguments,
+    )
+
+
+class CountingValidator:
+    """The default validator, counting what it builds (and in what order)."""
+
+    def __init__(self, log: list[tuple[str, Any]]) -> None:
+        self.inner = BoundaryValidator()
+        self.log = log
+
+    @property
+    def key(self) -> str:
+        return "counting:" + self.inner.key
+
+    def build(self, schema: Any, *, output: bool) -> Any:
+        self.log.append(("build", schema))
+        return self.inner.build(schema, output=output)
+
+    def validate(self, compiled: Any, data: Any) -> None:
+        self.inner.validate(compiled, data)
+
+
+@pytest.fixture
+def bounds_log(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
+    log: list[tuple[str, Any]] = []
+    real = mcp_adapter.check_bounds
+
+    def counting(schema: Any, limits: Any = None, allow_external_refs: bool = False) -> None:
+        log.append(("bounds", schema))
+        assert limits == mcp_adapter.Limits.mcp()
+        assert allow_external_refs is False
+        real(schema, limits, allow_external_refs)
+
+    monkeypatch.setattr(mcp_adapter, "check_bounds", counting)
+    return log
+
+
+# -- MCP-01 ------------------------------------------------------------------------
+
+
+async def test_mcp_01_validation_is_opt_in_per_client() -> None:
+    """MCP-01: without the flags nothing is validated by the adapter: invalid
+    arguments are sent and a bad structuredContent comes back as is."""
+    async with server() as source:
+        bad = {"user": {"id": "not an int"}, "mode": "bad"}
+        result = await source.call_tool("lookup", bad)
+        assert result.structured_content == {"id": "one"}
+        assert await server_calls(source) == ["lookup"]
+    async with server(validate_arguments=True, validate_structured_content=True) as source:
+        with pytest.raises(Error) as info:
+            await source.call_tool("lookup", bad)
+        assert info.value.details["reason"] == "invalid_arguments"
+        with pytest.raises(Error) as info:
+            await source.call_tool("lookup", {"user": {"id": 1}, "mode": "bad"})
+        assert info.value.error_class is ErrorClass.MALFORMED_RESULT
+
+
+# -- MCP-02 ------------------------------------------------------------------------
+
+
+async def test_mcp_02_bounds_checked_before_every_build(bounds_log: list[tuple[str, Any]]) -> None:
+    """MCP-02: every schema used passes check_bounds (Limits.mcp(), no external
+    refs) before the validator builds it, and is built with MCP options."""
+    async with server(
+        validate_structured_content=True, validator=CountingValidator(bounds_log)
+    ) as source:
+        builds = [i for i, (kind, _) in enumerate(bounds_log) if kind == "build"]
+        assert builds
+        for i in builds:
+            assert bounds_log[i - 1] == ("bounds", bounds_log[i][1])
+        deep = refusal(source, "deep")
+        assert deep.error_class is ErrorClass.EXECUTION_FAILURE
+        assert deep.details["reason"] == "too_deep"
+        # the host preset would have accepted it: Limits.mcp() decided
+        deep_schema = next(
+            s
+            for k, s in bounds_log
+            if k == "bounds"
+            and "properties" in s
+            and s["properties"].get("n", {}).get("type") == "object"
+        )
+        compile_with(deep_schema, SchemaOptions())
+        for descriptor in source.descriptors:
+            assert descriptor.schema_options == MCP_SCHEMA_OPTIONS
+        assert MCP_SCHEMA_OPTIONS.schema_registry is None
+        assert MCP_SCHEMA_OPTIONS.schema_loader is None
+        assert MCP_SCHEMA_OPTIONS.allow_external_refs is False
+
+
+# -- MCP-03 ------------------------------------------------------------------------
+
+
+def test_mcp_03_input_roots_and_any_output_root() -> None:
+    """MCP-03: a boolean or non-object inputSchema root is refused with
+    root_not_object, a missing root type is an object, any output root is fine."""
+    catalog = McpCatalog(validate_arguments=True, validate_structured_content=True)
+    catalog.admit(
+        [
+            {"name": "bool_root", "inputSchema": True},
+            {"name": "string_root", "inputSchema": {"type": "string"}},
+            {"name": "nullable_root", "inputSchema": {"type": ["object", "null"]}},
+            {"name": "no_type", "inputSchema": {"properties": {"a": {"type": "integer"}}}},
+            {
+                "name": "array_out",
+                "inputSchema": {"type": "object"},
+                "outputSchema": {"type": "array", "items": {"type": "integer"}},
+            },
+            {"name": "bool_out", "inputSchema": {"type": "object"}, "outputSchema": True},
+        ]
+    )
+    assert set(catalog.tools) == {"no_type", "array_out", "bool_out"}
+    for rejected in catalog.rejected:
+        assert rejected.error.error_class is ErrorClass.UNSUPPORTED_CAPABILITY
+        assert rejected.error.details["reason"] == "root_not_object"
+        assert rejected.error.details["unsafe_schema"] == "input"
+    with pytest.raises(Error) as info:
+        catalog.prepare("no_type", {"a": "x"})
+    assert info.value.details["reason"] == "invalid_arguments"
+    tool = catalog.prepare("array_out", {})
+    assert catalog.result(
+        tool, {"content": [], "structuredContent": [1, 2]}
+    ).structured_content == [1, 2]
+
+
+# -- MCP-04 ------------------------------------------------------------------------
+
+
+async def test_mcp_04_draft_07_validated_under_its_own_draft() -> None:
+    """MCP-04: a draft-07 tool is listed and validated as draft-07 (array-form
+    items, additionalItems); draft-04 is refused with unsupported_capability."""
+    async with server(validate_arguments=True) as source:
+        legacy = next(d for d in source.descriptors if d.name == "legacy")
+        with pytest.raises(Error) as info:
+            compile_with(legacy.schema, SchemaOptions())  # 2020-12 only: refused
+        assert info.value.error_class is ErrorClass.UNSUPPORTED_CAPABILITY
+        result = await source.call_tool("legacy", {"tags": ["a"]})
+        assert result.is_error is False
+        for tags in (["a", 1], [1]):
+            with pytest.raises(Error) as info:
+                await source.call_tool("legacy", {"tags": tags})
+            assert info.value.details["reason"] == "invalid_arguments"
+        ancient = refusal(source, "ancient")
+        assert ancient.error_class is ErrorClass.UNSUPPORTED_CAPABILITY
+        assert await server_calls(source) == ["legacy"]
+
+
+# -- MCP-05 ------------------------------------------------------------------------
+
+
+async def test_mcp_05_remote_ref_never_connects() -> None:
+    """MCP-05: a $ref at a loopback HTTP server is refused with remote_ref and
+    that server sees no connection, at listing or at a call."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    connections = 0
+
+    async def accept() -> None:
+        nonlocal connections
+        async with listeners[0] as listener:
+            while True:
+                stream = await listener.accept()
+                connections += 1
+                await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(accept)
+        env = {"MCP_TEST_REF_PORT": str(port)}
+        async with server(env=env, validate_structured_content=True) as source:
+            for name in ("remote_ref", "remote_output"):
+                error = refusal(source, name)
+                assert error.details["reason"] == "remote_ref"
+                assert str(port) in json.dumps(error.details["cause"])
+            with pytest.raises(Error) as info:
+                await source.call_tool("remote_ref", {"x": 1})
+            assert info.value.details == {
+                "tool": "remote_ref",
+                "unsafe_schema": "input",
+                "reason": "remote_ref",
+            }
+            await trio.sleep(0.2)
+        assert connections == 0
+        nursery.cancel_scope.cancel()
+
+
+# -- MCP-06 ------------------------------------------------------------------------
+
+
+async def test_mcp_06_which_refusals_leave_a_tool_out() -> None:
+    """MCP-06: a refused or unbuildable inputSchema always leaves the tool out;
+    a refused or unbuildable outputSchema only with validate_structured_content."""
+    async with server() as source:
+        names = {d.name for d in source.descriptors}
+        assert names == LISTED | {"remote_output", "unbuildable_output"}
+        assert {r.name for r in source.rejected} == ALWAYS_REFUSED | BAD_NAMES
+        ignored = next(d for d in source.descriptors if d.name == "unbuildable_output")
+        assert ignored.output_schema is None
+    async with server(validate_structured_content=True) as source:
+        assert {d.name for d in source.descriptors} == LISTED
+        assert {r.name for r in source.rejected} == (
+            ALWAYS_REFUSED | BAD_NAMES | {"remote_output", "unbuildable_output"}
+        )
+        assert refusal(source, "unbuildable_output").details["reason"] == "build_failed"
+        lookup = next(d for d in source.descriptors if d.name == "lookup")
+        assert lookup.output_schema is not None
+
+
+# -- MCP-07 ------------------------------------------------------------------------
+
+
+async def test_mcp_07_calling_a_refused_tool_raises_before_sending() -> None:
+    """MCP-07: unsafe_schema input/output with the refusal reason and class
+    (build_failed for a compile failure); nothing reaches the server."""
+    expected = {
+        "remote_ref": (ErrorClass.VALIDATION, "input", "remote_ref"),
+        "broken_pattern": (ErrorClass.VALIDATION, "input", "build_failed"),
+        "ancient": (ErrorClass.UNSUPPORTED_CAPABILITY, "input", "build_failed"),
+        "deep": (ErrorClass.EXECUTION_FAILURE, "input", "too_deep"),
+        "unbuildable_output": (ErrorClass.VALIDATION, "output", "build_failed"),
+    }
+    async with server(validate_structured_content=True) as source:
+        for name, (error_class, role, reason) in expected.items():
+            with pytest.raises(Error) as info:
+                await source.call_tool(name, {})
+            assert info.value.error_class is error_class, name
+            assert info.value.details["unsafe_schema"] == role
+            assert info.value.details["reason"] == reason
+            assert "cause" not in info.value.details  # diagnostics stay with Rejected
+        assert await server_calls(source) == []
+
+
+async def test_mcp_07_backend_refusal_is_a_rejection() -> None:
+    """MCP-07/TOOL-19: the backend turns a refusal before sending into
+    reject(operation, error): an ordinary error result, not an uncertain one."""
+    async with server(validate_arguments=True) as source:
+        lookup = next(d for d in source.descriptors if d.name == "lookup")
+        outcome = await lookup.backend.execute(operation("lookup", {"user": {"id": -1}}))
+        assert isinstance(outcome, Rejection)
+        assert outcome.error.details["reason"] == "invalid_arguments"
+        fail = next(d for d in source.descriptors if d.name == "fail")
+        result = await fail.backend.execute(operation("fail", {}))
+        assert isinstance(result, ToolResult)
+        assert result.is_error is True
+        assert await server_calls(source) == ["fail"]
+
+
+# -- MCP-08 ------------------------------------------------------------------------
+
+
+async def test_mcp_08_invalid_arguments_are_never_sent() -> None:
+    """MCP-08: validation / invalid_arguments with the validator's errors."""
+    async with server(validate_arguments=True) as source:
+        with pytest.raises(Error) as info:
+            await source.call_tool("lookup", {"user": {"id": 0}})
+        error = info.value
+        assert error.error_class is ErrorClass.VALIDATION
+        assert error.details["reason"] == "invalid_arguments"
+        assert error.details["errors"][0]["instance_path"] == "/user/id"
+        assert await server_calls(source) == []
+        ok = await source.call_tool("lookup", {"user": {"id": 7}})
+        assert ok.structured_content == {"id": 7, "name": "user-7"}
+
+
+# -- MCP-09 ------------------------------------------------------------------------
+
+
+async def test_mcp_09_structured_content_checked_against_output_schema() -> None:
+    """MCP-09: a mismatch or an absent structuredContent is malformed_result /
+    invalid_structured_content."""
+    async with server(validate_structured_content=True) as source:
+        for mode in ("bad", "missing"):
+            with pytest.raises(Error) as info:
+                await source.call_tool("lookup", {"user": {"id": 1}, "mode": mode})
+            assert info.value.error_class is ErrorClass.MALFORMED_RESULT
+            assert info.value.details["reason"] == "invalid_structured_content"
+        assert info.value.details["errors"] == []
+        ok = await source.call_tool("lookup", {"user": {"id": 2}})
+        assert ok.structured_content == {"id": 2, "name": "user-2"}
+
+
+def test_mcp_09_explicit_null_is_validated_as_a_value() -> None:
+    """MCP-09: an explicit null is a value: it fails an object schema and
+    passes a schema that allows null (the SDK's server never sends one)."""
+    catalog = McpCatalog(validate_structured_content=True)
+    catalog.admit(
+        [
+            {"name": "obj", "inputSchema": {"type": "object"}, "outputSchema": {"type": "object"}},
+            {"name": "nul", "inputSchema": {"type": "object"}, "outputSchema": {"type": "null"}},
+        ]
+    )
+    with pytest.raises(Error) as info:
+        catalog.result(catalog.prepare("obj", {}), {"content": [], "structuredContent": None})
+    assert info.value.details["errors"]
+    result = catalog.result(catalog.prepare("nul", {}), {"content": [], "structuredContent": None})
+    assert result.structured_content is None
+    with pytest.raises(Error):
+        catalog.result(catalog.prepare("nul", {}), {"content": []})  # absent is not null
+
+
+# -- MCP-10 ------------------------------------------------------------------------
+
+
+async def test_mcp_10_is_error_and_schemaless_results_unchecked() -> None:
+    """MCP-10: an isError result is never checked (even with an outputSchema),
+    nor is a tool without outputSchema; structuredContent may be any JSON."""
+    async with server(validate_structured_content=True) as source:
+        failed = await source.call_tool("fail", {})
+        assert failed.is_error is True
+        plain = await source.call_tool("plain", {"k": [1]})
+        assert plain.structured_content == {"tool": "plain", "arguments": {"k": [1]}}
+    catalog = McpCatalog(validate_structured_content=True)
+    catalog.admit([{"name": "free", "inputSchema": {"type": "object"}}])
+    tool = catalog.prepare("free", {})
+    for value in ({"a": 1}, [1, "b"], "text", 3.5, True, None):
+        raw = {"content": [], "structuredContent": value}
+        assert catalog.result(tool, raw).structured_content == value
+
+
+# -- MCP-11, MCP-12, MCP-13 -----------------------------------------------------------
+
+
+async def test_mcp_11_relisting_reuses_validators_and_refusals(
+    bounds_log: list[tuple[str, Any]],
+) -> None:
+    """MCP-11: relisting unchanged tools runs neither check_bounds nor a build."""
+    async with server(
+        validate_structured_content=True, validator=CountingValidator(bounds_log)
+    ) as source:
+        first = len(bounds_log)
+        assert first > 0
+        builds = source.catalog.cache.builds
+        await source.refresh()
+        await source.refresh()
+        assert len(bounds_log) == first
+        assert source.catalog.cache.builds == builds
+        assert {r.name for r in source.rejected} >= ALWAYS_REFUSED  # refusals cached too
+
+
+async def test_mcp_12_changed_definition_gets_new_fingerprint(
+    bounds_log: list[tuple[str, Any]],
+) -> None:
+    """MCP-12: after tools/list_changed the source is stale; a refresh rebuilds
+    only changed tools, under new fingerprints and revisions."""
+    async with server(validate_arguments=True, validator=CountingValidator(bounds_log)) as source:
+        before = {d.name: d for d in source.descriptors}
+        old_lookup = source.catalog.tools["lookup"]
+        with pytest.raises(Error):
+            await source.call_tool("legacy", {"tags": ["a", 1]})
+        assert not source.stale
+        await source.call_tool("change_tools", {})
+        with trio.fail_after(10):
+            await source.wait_stale()
+        assert source.stale
+        mark = len(bounds_log)
+        after = {d.name: d for d in await source.refresh()}
+        assert not source.stale
+        rebuilt = [s for kind, s in bounds_log[mark:] if kind == "build"]
+        assert len(rebuilt) == 3  # lookup (description), legacy (schema), added_later
+        new_lookup = source.catalog.tools["lookup"]
+        assert new_lookup.fingerprint != old_lookup.fingerprint
+        assert (after["lookup"].revision, after["legacy"].revision) == (2, 2)
+        assert after["plain"].revision == before["plain"].revision == 1
+        assert "added_later" in after
+        result = await source.call_tool("legacy", {"tags": ["a", 1]})  # new schema applies
+        assert result.is_error is False
+        stale_call = await before["lookup"].backend.execute(
+            operation("lookup", {"user": {"id": 1}})
+        )
+        assert isinstance(stale_call, Rejection)
+        assert stale_call.error.details["reason"] == "stale_tool"
+
+
+def test_mcp_13_full_cache_is_emptied_on_insertion() -> None:
+    """MCP-13: never more than 4 096 entries; inserting into a full cache empties it."""
+    assert CACHE_SIZE == 4096
+    cache = ValidatorCache()
+    assert cache.maxsize == 4096
+    for i in range(CACHE_SIZE):
+        cache.put(f"k{i}", i)
+    assert len(cache) == CACHE_SIZE
+    cache.put("k0", "again")  # an existing key is no insertion
+    assert len(cache) == CACHE_SIZE
+    cache.put("new", 1)
+    assert len(cache) == 1
+    assert "new" in cache
+    assert "k1" not in cache
+    catalog = McpCatalog(cache=ValidatorCache(maxsize=2))
+    catalog.admit([{"name": f"t{i}", "inputSchema": {"type": "object"}} for i in range(3)])
+    assert len(catalog.cache) == 1
+    assert set(catalog.tools) == {"t0", "t1", "t2"}
+
+
+# -- MCP-14 ------------------------------------------------------------------------
+
+
+async def test_mcp_14_conversation_sees_error_results_and_continues() -> None:
+    """MCP-14 (and MCP-01): in a Conversation, arguments failing the inputSchema
+    give an is_error validation result and the server is not called, even with
+    the adapter's flags off; a server isError result is an is_error result;
+    the provider continues and the run completes."""
+    async with server() as source:
+        bundle = source.admit(caller="host", run_id="run-mcp")
+        provider = ScriptedProvider(
+            [
+                ScriptedProvider.tool_calls(
+                    ("c1", "lookup", {"user": {"id": "seven"}}),
+                    ("c2", "fail", {}),
+                    ("c3", "github::get_me", {}),
+                ),
+                ScriptedProvider.text("done"),
+            ]
+        )
+        async with open_conversation(
+            "run-mcp",
+            store=MemoryStore(),
+            provider=provider,
+            registry=bundle.registry,
+            authority=bundle.authority,
+        ) as conversation:
+            await conversation.prompt("go")
+            with trio.fail_after(20):
+                snapshot = await conversation.wait_settled()
+        assert snapshot.run.state == "completed"
+        tools = {m["tool_call_id"]: m for m in map(thaw, snapshot.messages) if m["role"] == "tool"}
+        assert tools["c1"]["result"]["is_error"] is True
+        assert tools["c1"]["result"]["error"]["class"] == "validation"
+        assert tools["c2"]["result"]["is_error"] is True
+        assert tools["c2"]["result"]["content"][0]["text"] == "the tool failed"
+        assert tools["c3"]["name"] == "github::get_me"
+        assert tools["c3"]["result"]["is_error"] is False
+        assert len(provider.requests) == 2
+        assert await server_calls(source) == ["fail", "github::get_me"]
+
+
+# -- MCP-15 ------------------------------------------------------------------------
+
+
+async def test_mcp_15_names_rule_and_annotations_are_hints() -> None:
+    """MCP-15: bad names are left out without affecting others; github::get_me is
+    kept; readOnlyHint never makes a descriptor read_only."""
+    async with server() as source:
+        names = {d.name for d in source.descriptors}
+        assert "github::get_me" in names
+        assert not names & BAD_NAMES
+        for name in BAD_NAMES:
+            assert refusal(source, name).details["reason"] == "invalid_tool_name"
+        get_me = next(d for d in source.descriptors if d.name == "github::get_me")
+        assert source.catalog.tools["github::get_me"].annotations["readOnlyHint"] is True
+        assert get_me.read_only is False
+        assert all(d.read_only is False for d in source.descriptors)
+        result = await source.call_tool("github::get_me", {})
+        assert result.structured_content["tool"] == "github::get_me"
+
+
+# -- the rest: slow tools, diagnostics, teardown ---------------------------------------
+
+
+async def test_slow_tool_timeout_is_classed_and_uncertain() -> None:
+    """A call that outlives call_timeout is a timeout whose outcome is uncertain;
+    cancelling a call leaves the source usable."""
+    async with server(call_timeout=0.5) as source:
+        with pytest.raises(Error) as info:
+            await source.call_tool("slow", {"seconds": 5})
+        assert info.value.error_class is ErrorClass.TIMEOUT
+        assert info.value.details["certainty"] == "uncertain"
+        with trio.move_on_after(0.2) as scope:
+            await source.call_tool("slow", {"seconds": 5})
+        assert scope.cancelled_caught
+        assert await server_calls(source) == ["slow", "slow"]
+
+
+async def test_rejected_diagnostics_are_trusted_host_data() -> None:
+    """Refusals are kept as Rejected: unserializable, repr without details."""
+    async with server(env={"MCP_TEST_REF_PORT": "4242"}) as source:
+        rejected = next(r for r in source.rejected if r.name == "remote_ref")
+        assert "4242" not in repr(rejected)
+        with pytest.raises(TypeError):
+            json.dumps(rejected)
+    with pytest.raises(Error) as info:
+        await source.call_tool("plain", {})  # the block is left: disconnected
+    assert info.value.error_class is ErrorClass.RESOURCE_CONFLICT
+
+
+def test_validator_must_follow_the_protocol() -> None:
+    with pytest.raises(Error):
+        McpCatalog(validator=object())  # type: ignore[arg-type]
+    with pytest.raises(Error):
+        McpCatalog(validate_arguments=1)  # type: ignore[arg-type]

@@ -1,0 +1,311 @@
+"""The OpenAI-compatible provider against a loopback chat-completions server.
+
+``chat_server.ChatServer`` is a real HTTP server on 127.0.0.1 (stdlib, in a
+thread) that streams scripted SSE replies; no transport is mocked.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import trio
+
+from tests.adapters.chat_server import ChatServer, Status, Stream, text_chunks, tool_call_chunks
+from trio_backplane.adapters.openai import OPENAI_NAME, OpenAIProvider, ToolAliases
+from trio_backplane.errors import ErrorClass
+from trio_backplane.kernel import encode_record, thaw
+from trio_backplane.runtime import (
+    Event,
+    ProviderRequest,
+    ResponseCompleted,
+    ResponseFailed,
+    TextDelta,
+    ToolCallArgumentsDelta,
+    ToolCallCompleted,
+    ToolCallStarted,
+    Usage,
+    open_conversation,
+)
+from trio_backplane.store import MemoryStore
+from trio_backplane.tools import (
+    Authority,
+    ProviderTool,
+    ToolDescriptor,
+    ToolRegistry,
+    ToolResult,
+)
+
+CANARY = "sk-canary-5f1d8c0e-never-store-me"
+GET_ME = "github::get_me"
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
+
+
+@pytest.fixture
+def chat() -> Iterator[ChatServer]:
+    with ChatServer().running() as server:
+        yield server
+
+
+def request(tools: tuple[ProviderTool, ...] = (), messages: Any = None) -> ProviderRequest:
+    return ProviderRequest(
+        run_id="run-1",
+        incarnation=1,
+        turn_id="turn-1",
+        step_id="step-1",
+        attempt_id="attempt-1",
+        messages=tuple(messages or [{"role": "user", "content": "hi", "id": "m1"}]),
+        catalog_revision=1,
+        tools=tools,
+    )
+
+
+async def collect(provider: OpenAIProvider, req: ProviderRequest, key: str = CANARY) -> list[Any]:
+    events = []
+    with trio.fail_after(10):
+        async for event in provider.stream(req, {"api_key": key}):
+            events.append(event)
+    return events
+
+
+class Add:
+    def __init__(self) -> None:
+        self.calls: list[Any] = []
+
+    async def execute(self, operation: Any) -> ToolResult:
+        self.calls.append(operation.arguments)
+        total = operation.arguments["a"] + operation.arguments["b"]
+        return ToolResult([{"type": "text", "text": str(total)}], {"sum": total})
+
+
+class GetMe:
+    async def execute(self, operation: Any) -> ToolResult:
+        return ToolResult("octocat")
+
+
+# -- the whole conversation --------------------------------------------------------
+
+
+async def test_conversation_with_two_tool_calls(
+    chat: ChatServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full run through open_conversation on MemoryStore (real clock): two tool
+    calls (one aliased), tool results sent back as tool messages, usage passed
+    through, and the canary API key nowhere but the Authorization header."""
+    caplog.set_level(logging.DEBUG)
+    aliases = ToolAliases([GET_ME, "add"])
+    alias = aliases.alias(GET_ME)
+    usage = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+    chat.add(
+        tool_call_chunks(
+            ("call_a", alias, "{}"), ("call_b", "add", '{"a": 2, "b": 3}'), usage=usage
+        ),
+        text_chunks("the sum is 5", usage=usage),
+    )
+    add = Add()
+    registry = ToolRegistry(
+        [
+            ToolDescriptor(GET_ME, {"type": "object"}, GetMe(), description="who am I"),
+            ToolDescriptor("add", SCHEMA, add, description="add two integers"),
+        ]
+    )
+    store = MemoryStore()
+    provider = OpenAIProvider(chat.base_url, "test-model", timeout=10)
+    events: list[Event] = []
+    async with open_conversation(
+        "run-openai",
+        store=store,
+        provider=provider,
+        registry=registry,
+        authority=Authority.for_registry(registry, caller="host", run_id="run-openai"),
+        provider_context={"api_key": CANARY},
+    ) as conversation:
+        channel = conversation.subscribe()
+        await conversation.prompt("who am I, and what is 2 + 3?")
+        with trio.fail_after(20):
+            snapshot = await conversation.wait_settled()
+        while True:
+            try:
+                events.append(channel.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+    assert snapshot.run.state == "completed"
+    assert add.calls == [{"a": 2, "b": 3}]
+    messages = [thaw(m) for m in snapshot.messages]
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "tool", "assistant"]
+    calls = [b for b in messages[1]["content"] if b["type"] == "tool_call"]
+    assert [(c["id"], c["name"]) for c in calls] == [("call_a", GET_ME), ("call_b", "add")]
+    assert calls[1]["arguments"] == {"a": 2, "b": 3}
+    assert messages[2]["name"] == GET_ME
+    assert messages[4]["content"] == "the sum is 5"
+    assert list(snapshot.usage) == [usage, usage]
+
+    # what the server saw: aliases out, tool messages back
+    first, second = chat.requests
+    assert first["stream"] is True
+    assert [t["function"]["name"] for t in first["tools"]] == ["add", alias]  # name order
+    assert first["tools"][0]["function"]["parameters"] == SCHEMA
+    assert all(OPENAI_NAME.fullmatch(t["function"]["name"]) for t in first["tools"])
+    assistant, tool_a, tool_b = second["messages"][1:4]
+    assert [c["function"]["name"] for c in assistant["tool_calls"]] == [alias, "add"]
+    assert json.loads(assistant["tool_calls"][1]["function"]["arguments"]) == {"a": 2, "b": 3}
+    assert tool_a == {"role": "tool", "tool_call_id": "call_a", "content": "octocat"}
+    assert tool_b == {"role": "tool", "tool_call_id": "call_b", "content": "5"}
+
+    # events keep the real names
+    started = [e.payload["tool_call"]["name"] for e in events if e.type == "tool_call_started"]
+    assert started == [GET_ME, "add"]
+    assert any(e.type == "usage_updated" for e in events)
+
+    # the canary: sent as the credential, nowhere else
+    assert all(h["Authorization"] == f"Bearer {CANARY}" for h in chat.headers)
+    assert CANARY not in json.dumps(chat.requests)
+    stored = await store.load("run-openai")
+    assert stored is not None
+    assert CANARY not in json.dumps(encode_record(stored), default=repr)
+    assert CANARY not in repr(stored)
+    assert CANARY not in repr(events)
+    assert CANARY not in repr(snapshot)
+    assert CANARY not in caplog.text
+    assert CANARY not in repr(provider)
+    assert caplog.records  # httpx did log: the key is just not in it
+
+
+# -- streaming details ----------------------------------------------------------
+
+
+async def test_stream_events_and_usage(chat: ChatServer) -> None:
+    chat.add(
+        tool_call_chunks(("call_1", "add", '{"a": 1, "b": 2}'), usage={"total_tokens": 3}),
+        text_chunks("hello world"),
+    )
+    provider = OpenAIProvider(chat.base_url, "m")
+    tools = (ProviderTool("add", "", SCHEMA),)
+    events = await collect(provider, request(tools))
+    kinds = [type(e) for e in events]
+    assert kinds[0] is ToolCallStarted
+    assert ToolCallArgumentsDelta in kinds
+    deltas = "".join(e.delta for e in events if isinstance(e, ToolCallArgumentsDelta))
+    assert json.loads(deltas) == {"a": 1, "b": 2}
+    assert [e for e in events if isinstance(e, Usage)] == [Usage({"total_tokens": 3})]
+    completed = [e for e in events if isinstance(e, ToolCallCompleted)]
+    assert completed == [ToolCallCompleted("call_1", "add", {"a": 1, "b": 2})]
+    assert isinstance(events[-1], ResponseCompleted)
+    events = await collect(provider, request())
+    assert [e.text for e in events if isinstance(e, TextDelta)] == ["hello", " world"]
+    assert events[-1] == ResponseCompleted({"role": "assistant", "content": "hello world"})
+    body = chat.requests[1]
+    assert "tools" not in body
+    assert body["messages"] == [{"role": "user", "content": "hi"}]
+
+
+def test_aliases_are_reversible_and_safe() -> None:
+    long_name = "server::" + "x" * 100
+    names = [GET_ME, "plain_name", long_name, "a.b", "a_b"]
+    aliases = ToolAliases(names)
+    seen = set()
+    for name in names:
+        alias = aliases.alias(name)
+        assert OPENAI_NAME.fullmatch(alias), alias
+        assert aliases.name(alias) == name
+        seen.add(alias)
+    assert len(seen) == len(names)
+    assert aliases.alias("plain_name") == "plain_name"
+    assert aliases.alias("a_b") == "a_b"  # a real name keeps itself; a.b gets a hash
+    assert aliases.name("unknown") == "unknown"
+    # a real name equal to another name's sanitized stem never collides
+    tricky = ToolAliases(["a:b", "a_b_" + ToolAliases(["a:b"]).alias("a:b")[4:]])
+    assert (
+        len({tricky.alias("a:b"), tricky.alias("a_b_" + ToolAliases(["a:b"]).alias("a:b")[4:])})
+        == 2
+    )
+
+
+# -- error mapping -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("reply", "error_class", "reason"),
+    [
+        (Status(429, "slow down"), ErrorClass.TRANSIENT_TRANSPORT, None),
+        (Status(503, "overloaded"), ErrorClass.TRANSIENT_TRANSPORT, None),
+        (Status(500, "oops"), ErrorClass.TRANSIENT_TRANSPORT, None),
+        (Status(401, "bad key"), ErrorClass.FORBIDDEN, None),
+        (Status(403, "no"), ErrorClass.FORBIDDEN, None),
+        (Status(400, "bad request"), ErrorClass.VALIDATION, None),
+        (Status(404, "no model"), ErrorClass.VALIDATION, None),
+        (
+            Stream(({"choices": [{"index": 0, "delta": {"content": "par"}}]},), drop=True),
+            ErrorClass.TRANSIENT_TRANSPORT,
+            "connection",
+        ),
+        (
+            Stream(({"choices": [{"index": 0, "delta": {"content": "a"}}]}, "{not json")),
+            ErrorClass.EXECUTION_FAILURE,
+            "malformed_stream",
+        ),
+        (Stream(("[1, 2]",)), ErrorClass.EXECUTION_FAILURE, "malformed_stream"),
+        (
+            Stream(({"choices": [{"index": 0, "delta": {"content": "a"}}]},), done=False),
+            ErrorClass.TRANSIENT_TRANSPORT,
+            "stream_truncated",
+        ),
+        (
+            Stream(({"error": {"message": "upstream failed"}},)),
+            ErrorClass.TRANSIENT_TRANSPORT,
+            "stream_error",
+        ),
+    ],
+)
+async def test_errors_are_classed(
+    chat: ChatServer, reply: Any, error_class: ErrorClass, reason: str | None
+) -> None:
+    chat.add(reply)
+    events = await collect(OpenAIProvider(chat.base_url, "m", timeout=5), request())
+    assert isinstance(events[-1], ResponseFailed)
+    error = events[-1].error
+    assert error.error_class is error_class
+    if reason is not None:
+        assert error.details["reason"] == reason
+    if isinstance(reply, Status):
+        assert error.details["status"] == reply.status
+        assert error.details["provider_message"] == reply.body
+
+
+async def test_connection_refused_is_transient() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    events = await collect(OpenAIProvider(f"http://127.0.0.1:{port}/v1", "m"), request())
+    assert isinstance(events[-1], ResponseFailed)
+    assert events[-1].error.error_class is ErrorClass.TRANSIENT_TRANSPORT
+
+
+async def test_not_an_event_stream_is_malformed(chat: ChatServer) -> None:
+    """A 200 answer that is not text/event-stream is a classed failure."""
+    chat.add(Status(200, "json, not sse"))
+    events = await collect(OpenAIProvider(chat.base_url, "m"), request())
+    assert isinstance(events[-1], ResponseFailed)
+    assert events[-1].error.details["reason"] == "malformed_stream"
+
+
+async def test_echoed_key_is_redacted(chat: ChatServer) -> None:
+    chat.add(Status(401, f"invalid key {CANARY}"))
+    events = await collect(OpenAIProvider(chat.base_url, "m"), request())
+    assert isinstance(events[-1], ResponseFailed)
+    assert CANARY not in repr(events[-1].error)
+    assert re.search(r"\[redacted\]", events[-1].error.details["provider_message"])
+
+
+async def test_no_key_sends_no_authorization(chat: ChatServer) -> None:
+    chat.add(text_chunks("ok"))
+    provider = OpenAIProvider(chat.base_url, "m")
+    with trio.fail_after(10):
+        events = [e async for e in provider.stream(request(), None)]
+    assert isinstance(events[-1], ResponseCompleted)
+    assert "Authorization" not in chat.headers[0]

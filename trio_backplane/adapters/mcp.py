@@ -1,0 +1,818 @@
+"""MCP servers as tool sources, on the official ``mcp`` SDK (spec 003, ``MCP-`` behaviours).
+
+A :class:`McpToolSource` lists a server's tools, refuses the unsafe ones and
+exposes the rest as :class:`~trio_backplane.tools.ToolDescriptor` records whose
+backend calls the server::
+
+    async with connect_stdio(sys.executable, ["server.py"]) as source:
+        bundle = source.admit(caller="host", run_id="run-1")
+        async with open_conversation("run-1", registry=bundle.registry,
+                                     authority=bundle.authority, ...) as conversation:
+            ...
+
+The pieces, from the pure core outwards:
+
+* every server-supplied schema passes :func:`~trio_backplane.schema.check_bounds`
+  under ``Limits.mcp()`` with ``allow_external_refs=False`` before any
+  validator sees it (MCP-02, MCP-05), and is then built by a
+  :class:`SchemaValidator` (default :class:`BoundaryValidator`: our schema
+  boundary with :data:`MCP_SCHEMA_OPTIONS`, 2020-12 and draft-07, MCP-04);
+* built validators and refusals live in a :class:`ValidatorCache` keyed by the
+  tool's fingerprint and the validator's key (4 096 entries; an insertion into
+  a full cache empties it, MCP-11..13);
+* :class:`McpCatalog` turns raw tool definitions into listed tools and
+  refusals (MCP-03, MCP-06, MCP-15), checks a call's arguments before it is
+  sent (MCP-07, MCP-08) and a result's ``structuredContent`` after
+  (MCP-09, MCP-10); it does no I/O and is usable on its own;
+* :class:`McpToolSource` holds one SDK ``ClientSession``: it lists, calls,
+  marks itself stale on ``notifications/tools/list_changed`` and refreshes;
+* :class:`McpToolBackend` is the tool backend: a refusal made before anything
+  is sent becomes ``reject(operation, error)`` (TOOL-19), a server
+  ``isError`` result an ``is_error`` :class:`~trio_backplane.tools.ToolResult`,
+  and a failure after the request may have reached the server is raised as a
+  classed :class:`~trio_backplane.errors.Error` (uncertain for a mutating tool).
+
+Validation is opt-in per source (``validate_arguments``,
+``validate_structured_content``), as in spec 003; tools admitted into a
+``ToolRegistry`` are still validated by the runtime's execution gateway
+whatever those flags say (MCP-01).  Server annotations such as
+``readOnlyHint`` are hints: they never make a descriptor ``read_only``
+(MCP-15).  Refusal diagnostics are trusted-host data, kept as
+:class:`~trio_backplane.tools.Rejected`, which cannot be serialized.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Final, Literal, Protocol, TextIO, runtime_checkable
+
+import anyio
+import attrs
+import mcp.types as mcp_types
+import pydantic
+import trio
+from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.shared.exceptions import MCPError
+
+from ..errors import Error, ErrorClass
+from ..schema import CompiledSchema, Limits, SchemaOptions, check_bounds, compile_with
+from ..tools import (
+    AdmittedBundle,
+    Authority,
+    Rejected,
+    Rejection,
+    ToolDescriptor,
+    ToolRegistry,
+    ToolResult,
+    admit_batch,
+    check_name,
+    reject,
+)
+
+__all__ = [
+    "CACHE_SIZE",
+    "MCP_SCHEMA_OPTIONS",
+    "BoundaryValidator",
+    "McpCatalog",
+    "McpTool",
+    "McpToolBackend",
+    "McpToolSource",
+    "SchemaValidator",
+    "ValidatorCache",
+    "connect_stdio",
+    "connect_streamable_http",
+    "tool_fingerprint",
+]
+
+#: The options every server-supplied schema is built with (MCP-02, MCP-04, SCH-48).
+MCP_SCHEMA_OPTIONS: Final = SchemaOptions(
+    dialects={"2020-12", "draft-07"}, limits=Limits.mcp(), allow_external_refs=False
+)
+#: Entries a :class:`ValidatorCache` holds before an insertion empties it (MCP-13).
+CACHE_SIZE: Final = 4096
+
+Role = Literal["input", "output"]
+#: Refusal reasons a build failure keeps instead of ``"build_failed"`` (MCP-03).
+_KEPT_BUILD_REASONS: Final = frozenset({"root_not_object"})
+_MAX_CAUSE: Final = 500
+
+
+# -- the swappable validator ---------------------------------------------------
+
+
+@runtime_checkable
+class SchemaValidator(Protocol):
+    """Builds a bounds-checked server schema once and validates data against it.
+
+    ``key`` names the validator and its options: it is part of every cache
+    key, so two validators never share an entry.  ``build`` raises
+    :class:`~trio_backplane.errors.Error` for a schema it refuses; ``validate``
+    returns ``None`` or raises ``Error`` with the failures in
+    ``details["errors"]``.  ``output=True`` builds an output schema (any root).
+    """
+
+    @property
+    def key(self) -> str: ...
+
+    def build(self, schema: Any, *, output: bool) -> Any: ...
+
+    def validate(self, compiled: Any, data: Any) -> None: ...
+
+
+@attrs.frozen
+class BoundaryValidator:
+    """The default validator: trio_backplane's own schema boundary."""
+
+    options: SchemaOptions = MCP_SCHEMA_OPTIONS
+
+    @property
+    def key(self) -> str:
+        o = self.options
+        limits = o.limits or Limits.host()
+        return _canonical(
+            {
+                "validator": "trio_backplane.schema",
+                "dialects": sorted(o.dialects or ("2020-12",)),
+                "format_assertion": o.format_assertion,
+                "content_assertion": o.content_assertion,
+                "allow_external_refs": o.allow_external_refs,
+                "limits": list(attrs.astuple(limits)),
+                "registry": None if o.schema_registry is None else dict(o.schema_registry),
+                "loader": None if o.schema_loader is None else id(o.schema_loader),
+            }
+        )
+
+    def build(self, schema: Any, *, output: bool) -> CompiledSchema:
+        return compile_with(schema, self.options, output=output)
+
+    def validate(self, compiled: Any, data: Any) -> None:
+        compiled.validate(data)
+
+
+# -- the validator cache ---------------------------------------------------------
+
+
+@attrs.frozen
+class _Built:
+    """One cached build: the compiled schema, or the refusal and where it happened."""
+
+    compiled: Any = None
+    refusal: Error | None = None
+    stage: Literal["bounds", "build"] | None = None
+
+
+class ValidatorCache:
+    """Built validators and refusals by ``(tool fingerprint, validator key, role)``.
+
+    Holds at most :data:`CACHE_SIZE` entries: an insertion of a new key into a
+    full cache empties it first (MCP-13).  ``builds`` counts the entries ever
+    computed (a miss), ``hits`` the lookups served.
+    """
+
+    __slots__ = ("_entries", "builds", "hits", "maxsize")
+
+    def __init__(self, maxsize: int = CACHE_SIZE) -> None:
+        if type(maxsize) is not int or maxsize < 1:
+            raise Error(ErrorClass.VALIDATION, "cache maxsize must be a positive int")
+        self.maxsize = maxsize
+        self._entries: dict[str, Any] = {}
+        self.builds = 0
+        self.hits = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def get(self, key: str) -> Any:
+        value = self._entries.get(key)
+        if value is not None:
+            self.hits += 1
+        return value
+
+    def put(self, key: str, value: Any) -> None:
+        if key not in self._entries and len(self._entries) >= self.maxsize:
+            self._entries.clear()
+        self._entries[key] = value
+        self.builds += 1
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+_canonical = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":")
+).encode
+
+
+def tool_fingerprint(definition: Mapping[str, Any]) -> str | None:
+    """SHA-256 of the tool's name, description, input and output schema as
+    canonical JSON; ``None`` when they are not JSON data (never cached)."""
+    try:
+        text = _canonical(
+            {
+                "name": definition.get("name"),
+                "description": definition.get("description"),
+                "inputSchema": definition.get("inputSchema"),
+                "outputSchema": definition.get("outputSchema"),
+            }
+        )
+    except (TypeError, ValueError, RecursionError):
+        return None
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+# -- the catalog: the pure core --------------------------------------------------
+
+
+@attrs.frozen(eq=False)
+class McpTool:
+    """A listed server tool: its definition as the server gave it and what was built."""
+
+    name: str
+    description: str
+    input_schema: Any
+    output_schema: Any  # None unless validate_structured_content (then validated)
+    annotations: Mapping[str, Any]
+    fingerprint: str | None
+    revision: int
+    compiled_input: Any = attrs.field(repr=False)
+    compiled_output: Any = attrs.field(repr=False)
+
+
+def _unsafe(name: str, role: Role, built: _Built) -> tuple[Error, Error]:
+    """The error a call raises (MCP-07) and the full diagnostics kept as ``Rejected``."""
+    original = built.refusal
+    assert original is not None
+    reason: Any = original.details.get("reason")
+    if built.stage == "build" and reason not in _KEPT_BUILD_REASONS:
+        reason = "build_failed"
+    message = f"MCP tool {name!r} has an unsafe {role} schema"
+    details = {"tool": name, "unsafe_schema": role, "reason": reason}
+    raised = Error(original.error_class, message, details)
+    kept = Error(original.error_class, message, {**details, "cause": original.to_dict()})
+    return raised, kept
+
+
+class McpCatalog:
+    """The tools one MCP server listed, checked: no I/O, no Trio.
+
+    ``admit(definitions)`` replaces the catalog with the raw tool
+    definitions (JSON data as the server sent them).  A tool is left out,
+    with its diagnostics kept in :attr:`rejected`, when its name breaks the
+    tool-name rule (MCP-15), its ``inputSchema`` is refused or fails to build,
+    or, only with ``validate_structured_content``, its ``outputSchema`` is
+    (MCP-06).  Every schema used passes ``check_bounds`` first (MCP-02).
+    """
+
+    def __init__(
+        self,
+        *,
+        validate_arguments: bool = False,
+        validate_structured_content: bool = False,
+        validator: SchemaValidator | None = None,
+        cache: ValidatorCache | None = None,
+    ) -> None:
+        for option, value in (
+            ("validate_arguments", validate_arguments),
+            ("validate_structured_content", validate_structured_content),
+        ):
+            if type(value) is not bool:
+                raise Error(ErrorClass.VALIDATION, f"{option} must be a bool", {"option": option})
+        if validator is None:
+            validator = BoundaryValidator()
+        elif not isinstance(validator, SchemaValidator):
+            raise Error(ErrorClass.VALIDATION, "validator must implement key, build and validate")
+        self.validate_arguments = validate_arguments
+        self.validate_structured_content = validate_structured_content
+        self.validator: SchemaValidator = validator
+        self.cache = cache if cache is not None else ValidatorCache()
+        self._tools: dict[str, McpTool] = {}
+        self._refused: dict[str, tuple[Error, Rejected]] = {}
+        self._revisions: dict[str, tuple[str | None, int]] = {}
+
+    # -- listing -----------------------------------------------------------
+
+    @property
+    def tools(self) -> Mapping[str, McpTool]:
+        """The listed tools by name, in name order."""
+        return dict(sorted(self._tools.items()))
+
+    @property
+    def rejected(self) -> tuple[Rejected, ...]:
+        """Diagnostics of the tools left out (trusted-host data), in name order."""
+        return tuple(kept for _, (_, kept) in sorted(self._refused.items()))
+
+    def admit(self, definitions: Iterable[Mapping[str, Any]]) -> None:
+        """Replace the catalog with ``definitions`` (MCP-03, MCP-06, MCP-15)."""
+        tools: dict[str, McpTool] = {}
+        refused: dict[str, tuple[Error, Rejected]] = {}
+        for definition in definitions:
+            raw_name = definition.get("name") if isinstance(definition, Mapping) else None
+            name = raw_name if isinstance(raw_name, str) else ""
+            if name in tools or name in refused:
+                error = Error(
+                    ErrorClass.VALIDATION,
+                    "MCP server listed a tool name twice",
+                    {"reason": "duplicate_tool_names", "tool": name},
+                )
+                tools.pop(name, None)
+                refused[name] = (error, Rejected(name, 1, error))
+                continue
+            try:
+                check_name(raw_name)
+            except Error as error:
+                refused[name] = (error, Rejected(name, 1, error))
+                continue
+            outcome = self._admit_one(name, definition)
+            if isinstance(outcome, McpTool):
+                tools[name] = outcome
+            else:
+                refused[name] = outcome
+        self._tools = tools
+        self._refused = refused
+
+    def _revision(self, name: str, fingerprint: str | None) -> int:
+        known = self._revisions.get(name)
+        if known is None:
+            revision = 1
+        elif known[0] is not None and known[0] == fingerprint:
+            revision = known[1]
+        else:
+            revision = known[1] + 1
+        self._revisions[name] = (fingerprint, revision)
+        return revision
+
+    def _admit_one(
+        self, name: str, definition: Mapping[str, Any]
+    ) -> McpTool | tuple[Error, Rejected]:
+        fingerprint = tool_fingerprint(definition)
+        revision = self._revision(name, fingerprint)
+        input_schema = definition.get("inputSchema")
+        built_input = self._built(fingerprint, "input", input_schema)
+        if built_input.refusal is not None:
+            raised, kept = _unsafe(name, "input", built_input)
+            return raised, Rejected(name, revision, kept)
+        output_schema = definition.get("outputSchema")
+        built_output: _Built | None = None
+        if self.validate_structured_content and output_schema is not None:
+            built_output = self._built(fingerprint, "output", output_schema)
+            if built_output.refusal is not None:
+                raised, kept = _unsafe(name, "output", built_output)
+                return raised, Rejected(name, revision, kept)
+        else:
+            output_schema = None  # ignored: never used, never built (MCP-06)
+        description = definition.get("description")
+        annotations = definition.get("annotations")
+        return McpTool(
+            name=name,
+            description=description if isinstance(description, str) else "",
+            input_schema=input_schema,
+            output_schema=output_schema,
+            annotations=dict(annotations) if isinstance(annotations, Mapping) else {},
+            fingerprint=fingerprint,
+            revision=revision,
+            compiled_input=built_input.compiled,
+            compiled_output=None if built_output is None else built_output.compiled,
+        )
+
+    def _built(self, fingerprint: str | None, role: Role, schema: Any) -> _Built:
+        key = None
+        if fingerprint is not None:
+            key = f"{fingerprint}\n{self.validator.key}\n{role}"
+            hit = self.cache.get(key)
+            if hit is not None:
+                return hit  # type: ignore[no-any-return]
+        built = self._build(role, schema)
+        if key is not None:
+            self.cache.put(key, built)
+        return built
+
+    def _build(self, role: Role, schema: Any) -> _Built:
+        try:
+            check_bounds(schema, Limits.mcp(), allow_external_refs=False)
+        except Error as error:
+            return _Built(refusal=error, stage="bounds")
+        try:
+            return _Built(compiled=self.validator.build(schema, output=role == "output"))
+        except Error as error:
+            return _Built(refusal=error, stage="build")
+        except Exception as exc:  # a swapped validator must still fail closed, classed
+            crash = Error(
+                ErrorClass.EXECUTION_FAILURE,
+                "schema validator failed to build the schema",
+                {"cause": f"{type(exc).__name__}: {exc}"[:_MAX_CAUSE]},
+            )
+            return _Built(refusal=crash, stage="build")
+
+    # -- calls ---------------------------------------------------------------
+
+    def prepare(self, name: str, arguments: Any) -> McpTool:
+        """Everything checked before a call is sent; raises ``Error`` (MCP-07, MCP-08)."""
+        refused = self._refused.get(name)
+        if refused is not None:
+            raise refused[0]
+        tool = self._tools.get(name)
+        if tool is None:
+            raise Error(ErrorClass.NOT_FOUND, "MCP server lists no such tool", {"tool": name})
+        if self.validate_arguments:
+            try:
+                self.validator.validate(tool.compiled_input, arguments)
+            except Error as error:
+                if error.error_class is not ErrorClass.VALIDATION:
+                    raise
+                raise Error(
+                    ErrorClass.VALIDATION,
+                    f"arguments of MCP tool {name!r} do not match its inputSchema",
+                    {
+                        "reason": "invalid_arguments",
+                        "tool": name,
+                        "errors": list(error.details.get("errors", ())),
+                    },
+                ) from None
+            except Exception as exc:
+                raise _validator_crash(exc) from exc
+        return tool
+
+    def result(self, tool: McpTool, raw: Mapping[str, Any]) -> ToolResult:
+        """A server result (its JSON data) as a ``ToolResult`` (MCP-09, MCP-10).
+
+        ``raw`` keeps ``structuredContent`` only when the server sent it, so an
+        explicit ``null`` and an absent value differ.
+        """
+        content = raw.get("content", [])
+        structured = raw.get("structuredContent")
+        if raw.get("isError") is True:
+            return ToolResult(content, structured, is_error=True)
+        if tool.compiled_output is not None:
+            if "structuredContent" not in raw:
+                raise Error(
+                    ErrorClass.MALFORMED_RESULT,
+                    f"MCP tool {tool.name!r} returned no structuredContent",
+                    {"reason": "invalid_structured_content", "tool": tool.name, "errors": []},
+                )
+            try:
+                self.validator.validate(tool.compiled_output, structured)
+            except Error as error:
+                if error.error_class is not ErrorClass.VALIDATION:
+                    raise
+                raise Error(
+                    ErrorClass.MALFORMED_RESULT,
+                    f"structuredContent of MCP tool {tool.name!r} does not match its outputSchema",
+                    {
+                        "reason": "invalid_structured_content",
+                        "tool": tool.name,
+                        "errors": list(error.details.get("errors", ())),
+                    },
+                ) from None
+            except Exception as exc:
+                raise _validator_crash(exc) from exc
+        return ToolResult(content, structured, is_error=False)
+
+
+def _validator_crash(exc: BaseException) -> Error:
+    return Error(
+        ErrorClass.EXECUTION_FAILURE,
+        "schema validator failed",
+        {"cause": f"{type(exc).__name__}: {exc}"[:_MAX_CAUSE]},
+    )
+
+
+# -- the source: one SDK session -------------------------------------------------
+
+
+class McpToolSource:
+    """One MCP server's tools over one SDK ``ClientSession``.
+
+    Build it with :func:`connect_stdio` or :func:`connect_streamable_http`
+    (or wrap a session you entered and initialized yourself, then
+    ``await source.refresh()``).  ``call_timeout`` (seconds, ``None`` = no
+    limit) bounds each ``tools/call``; a call that runs out is a ``timeout``
+    whose outcome is uncertain.
+    """
+
+    def __init__(
+        self,
+        session: ClientSession | None = None,
+        *,
+        validate_arguments: bool = False,
+        validate_structured_content: bool = False,
+        validator: SchemaValidator | None = None,
+        cache: ValidatorCache | None = None,
+        call_timeout: float | None = None,
+    ) -> None:
+        if call_timeout is not None and (
+            type(call_timeout) not in (int, float)
+            or not math.isfinite(call_timeout)
+            or call_timeout <= 0
+        ):
+            raise Error(ErrorClass.VALIDATION, "call_timeout must be a positive number or None")
+        self.catalog = McpCatalog(
+            validate_arguments=validate_arguments,
+            validate_structured_content=validate_structured_content,
+            validator=validator,
+            cache=cache,
+        )
+        self.session = session
+        self.call_timeout = call_timeout
+        self._stale = False
+        self._stale_event = trio.Event()
+        self._descriptors: tuple[ToolDescriptor, ...] = ()
+
+    # -- the catalog -----------------------------------------------------------
+
+    @property
+    def stale(self) -> bool:
+        """Whether the server announced ``tools/list_changed`` since the last refresh."""
+        return self._stale
+
+    async def wait_stale(self) -> None:
+        """Return once the source is stale."""
+        await self._stale_event.wait()
+
+    def mark_stale(self) -> None:
+        self._stale = True
+        self._stale_event.set()
+
+    @property
+    def descriptors(self) -> tuple[ToolDescriptor, ...]:
+        """One descriptor per listed tool, in name order (as of the last refresh)."""
+        return self._descriptors
+
+    @property
+    def rejected(self) -> tuple[Rejected, ...]:
+        """The tools left out, with why (trusted-host data)."""
+        return self.catalog.rejected
+
+    def registry(self) -> ToolRegistry:
+        return ToolRegistry(self._descriptors)
+
+    def admit(self, *, caller: str, run_id: str, mode: str = "strict") -> AdmittedBundle:
+        """The listed tools through ``admit_batch``, every one granted to ``caller``."""
+        registry = self.registry()
+        authority = Authority.for_registry(registry, caller=caller, run_id=run_id)
+        return admit_batch(registry, authority, mode=mode, run_id=run_id)
+
+    async def refresh(self) -> tuple[ToolDescriptor, ...]:
+        """List the server's tools again (every page) and rebuild the descriptors.
+
+        Clears :attr:`stale`.  Unchanged tools reuse their cached validators
+        and refusals (MCP-11); changed ones get a new fingerprint and revision
+        (MCP-12).  Staging the new catalog into a running conversation (the
+        ``refresh_tools`` discovery tool of issue 7) needs the publication
+        work of the runtime and is not offered yet.
+        """
+        session = self._session()
+        self._stale = False
+        self._stale_event = trio.Event()
+        definitions: list[dict[str, Any]] = []
+        cursor: str | None = None
+        try:
+            while True:
+                params = None if cursor is None else mcp_types.PaginatedRequestParams(cursor=cursor)
+                listing = await session.list_tools(params=params)
+                definitions.extend(
+                    tool.model_dump(by_alias=True, mode="json", exclude_none=True)
+                    for tool in listing.tools
+                )
+                cursor = listing.next_cursor
+                if not cursor:
+                    break
+        except MCPError as exc:
+            raise _mcp_error("tools/list", exc, tool=None) from None
+        except pydantic.ValidationError as exc:
+            raise Error(
+                ErrorClass.MALFORMED_RESULT,
+                "MCP server sent a tool listing the SDK cannot parse",
+                {"reason": "invalid_listing", "cause": str(exc)[:_MAX_CAUSE]},
+            ) from None
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:
+            raise _transport_error("tools/list", exc, tool=None) from None
+        self.catalog.admit(definitions)
+        self._descriptors = tuple(
+            ToolDescriptor(
+                name=tool.name,
+                schema=tool.input_schema,
+                backend=McpToolBackend(self, tool.name, tool.fingerprint),
+                revision=tool.revision,
+                description=tool.description,
+                read_only=False,  # annotations are hints, never authority (MCP-15)
+                output_schema=tool.output_schema,
+                schema_options=MCP_SCHEMA_OPTIONS,
+            )
+            for tool in self.catalog.tools.values()
+        )
+        return self._descriptors
+
+    # -- calls -------------------------------------------------------------------
+
+    async def call_tool(self, name: str, arguments: Any) -> ToolResult:
+        """Check, send and check again one ``tools/call``.
+
+        Raises before anything is sent for a refused tool (MCP-07) or, with
+        ``validate_arguments``, invalid arguments (MCP-08); raises after for a
+        result that fails its output schema (MCP-09) or a failed exchange.
+        """
+        tool = self.catalog.prepare(name, arguments)
+        return await self.send(tool, arguments)
+
+    async def send(self, tool: McpTool, arguments: Any) -> ToolResult:
+        """Send a prepared call and check its result; every failure is classed and,
+        for the runtime, uncertain (the request may have reached the server)."""
+        session = self._session()
+        request = mcp_types.CallToolRequest(
+            params=mcp_types.CallToolRequestParams(name=tool.name, arguments=arguments),
+        )
+        try:
+            # send_request, not ClientSession.call_tool: the SDK's own output
+            # validation must not replace the opt-in one of spec 003 (MCP-09/10).
+            result = await session.send_request(
+                request,
+                mcp_types.CallToolResult,
+                request_read_timeout_seconds=self.call_timeout,
+            )
+        except MCPError as exc:
+            raise _mcp_error("tools/call", exc, tool=tool.name) from None
+        except pydantic.ValidationError as exc:
+            raise Error(
+                ErrorClass.MALFORMED_RESULT,
+                f"MCP tool {tool.name!r} returned a result the SDK cannot parse",
+                {
+                    "reason": "invalid_result",
+                    "tool": tool.name,
+                    "certainty": "uncertain",
+                    "cause": str(exc)[:_MAX_CAUSE],
+                },
+            ) from None
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:
+            raise _transport_error("tools/call", exc, tool=tool.name) from None
+        return self.catalog.result(tool, _raw_result(result))
+
+    def _session(self) -> ClientSession:
+        if self.session is None:
+            raise Error(ErrorClass.RESOURCE_CONFLICT, "MCP tool source is not connected")
+        return self.session
+
+    async def _on_message(self, message: Any) -> None:
+        """The session's message handler: notices ``tools/list_changed``."""
+        if isinstance(message, mcp_types.ToolListChangedNotification):
+            self.mark_stale()
+        await trio.lowlevel.checkpoint()
+
+
+def _raw_result(result: mcp_types.CallToolResult) -> dict[str, Any]:
+    raw: dict[str, Any] = {
+        "content": [
+            block.model_dump(by_alias=True, mode="json", exclude_none=True)
+            for block in result.content
+        ],
+        "isError": result.is_error is True,
+    }
+    if "structured_content" in result.model_fields_set:
+        raw["structuredContent"] = result.structured_content
+    return raw
+
+
+def _mcp_error(method: str, exc: MCPError, *, tool: str | None) -> Error:
+    details: dict[str, Any] = {
+        "method": method,
+        "code": exc.code,
+        "server_message": str(exc.message)[:_MAX_CAUSE],
+    }
+    if tool is not None:
+        details["tool"] = tool
+        details["certainty"] = "uncertain"
+    if exc.code == mcp_types.REQUEST_TIMEOUT:
+        return Error(ErrorClass.TIMEOUT, f"MCP {method} timed out", details)
+    if exc.code == mcp_types.CONNECTION_CLOSED:
+        return Error(ErrorClass.TRANSIENT_TRANSPORT, "MCP connection closed", details)
+    return Error(ErrorClass.EXECUTION_FAILURE, f"MCP server refused {method}", details)
+
+
+def _transport_error(method: str, exc: BaseException, *, tool: str | None) -> Error:
+    details: dict[str, Any] = {"method": method, "cause": f"{type(exc).__name__}"}
+    if tool is not None:
+        details["tool"] = tool
+        details["certainty"] = "uncertain"
+    return Error(ErrorClass.TRANSIENT_TRANSPORT, "MCP connection failed", details)
+
+
+@attrs.frozen(eq=False)
+class McpToolBackend:
+    """The tool backend of one listed MCP tool (``async execute(operation)``).
+
+    ``fingerprint`` pins the definition the descriptor was built from: after a
+    refresh that changed or refused the tool, a call through an old descriptor
+    is rejected before sending instead of reaching a tool the model never saw.
+    """
+
+    source: McpToolSource
+    name: str
+    fingerprint: str | None = None
+
+    async def execute(self, operation: Any) -> ToolResult | Rejection:
+        try:
+            tool = self.source.catalog.prepare(self.name, operation.arguments)
+        except Error as error:
+            return reject(operation, error)  # nothing was sent (TOOL-19)
+        if tool.fingerprint != self.fingerprint:
+            changed = Error(
+                ErrorClass.RESOURCE_CONFLICT,
+                f"MCP tool {self.name!r} changed since this catalog was built",
+                {"reason": "stale_tool", "tool": self.name},
+            )
+            return reject(operation, changed)
+        return await self.source.send(tool, operation.arguments)
+
+
+# -- connecting ----------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def _open(
+    streams: Any, source: McpToolSource, read_timeout: float | None
+) -> AsyncIterator[McpToolSource]:
+    async with (
+        streams as (read_stream, write_stream),
+        ClientSession(
+            read_stream,
+            write_stream,
+            read_timeout_seconds=read_timeout,
+            message_handler=source._on_message,
+        ) as session,
+    ):
+        source.session = session
+        try:
+            try:
+                await session.initialize()
+            except MCPError as exc:
+                raise _mcp_error("initialize", exc, tool=None) from None
+            await source.refresh()
+            yield source
+        finally:
+            source.session = None
+
+
+@asynccontextmanager
+async def connect_stdio(
+    command: str,
+    args: Sequence[str] = (),
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    errlog: TextIO | None = None,
+    validate_arguments: bool = False,
+    validate_structured_content: bool = False,
+    validator: SchemaValidator | None = None,
+    cache: ValidatorCache | None = None,
+    call_timeout: float | None = None,
+    read_timeout: float | None = 30.0,
+) -> AsyncIterator[McpToolSource]:
+    """Start ``command`` as an MCP server subprocess, initialize and list its tools.
+
+    The subprocess is stopped when the block ends, however it ends.
+    ``read_timeout`` bounds every request but calls (see ``call_timeout``).
+    """
+    source = McpToolSource(
+        validate_arguments=validate_arguments,
+        validate_structured_content=validate_structured_content,
+        validator=validator,
+        cache=cache,
+        call_timeout=call_timeout,
+    )
+    params = StdioServerParameters(
+        command=command, args=list(args), env=None if env is None else dict(env), cwd=cwd
+    )
+    streams = stdio_client(params) if errlog is None else stdio_client(params, errlog=errlog)
+    async with _open(streams, source, read_timeout) as opened:
+        yield opened
+
+
+@asynccontextmanager
+async def connect_streamable_http(
+    url: str,
+    *,
+    validate_arguments: bool = False,
+    validate_structured_content: bool = False,
+    validator: SchemaValidator | None = None,
+    cache: ValidatorCache | None = None,
+    call_timeout: float | None = None,
+    read_timeout: float | None = 30.0,
+) -> AsyncIterator[McpToolSource]:
+    """Connect to an MCP server over streamable HTTP, initialize and list its tools."""
+    from mcp.client.streamable_http import streamable_http_client
+
+    source = McpToolSource(
+        validate_arguments=validate_arguments,
+        validate_structured_content=validate_structured_content,
+        validator=validator,
+        cache=cache,
+        call_timeout=call_timeout,
+    )
+    async with _open(streamable_http_client(url), source, read_timeout) as opened:
+        yield opened

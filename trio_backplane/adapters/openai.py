@@ -1,0 +1,545 @@
+"""An OpenAI-compatible chat-completions provider, streaming, on ``httpx`` and ``httpx-sse``.
+
+``OpenAIProvider(base_url, model)`` implements the provider protocol:
+``stream(request, context)`` posts ``/chat/completions`` with ``stream: true``
+and turns the server-sent chunks into provider events (text and reasoning
+deltas, tool calls started / argument deltas / completed, usage verbatim when
+the server sends it, and one terminal :class:`ResponseCompleted` or
+:class:`ResponseFailed`).  ``httpx.AsyncClient`` runs on Trio through anyio.
+
+* **Transcript.** User messages keep their content; an assistant message's
+  ``tool_call`` blocks become ``tool_calls``; a tool message becomes a
+  ``tool`` message whose content is the result's text (its
+  ``structured_content`` as JSON when it has no text).
+* **Tool names** that OpenAI cannot carry (``^[a-zA-Z0-9_-]{1,64}$``, e.g.
+  ``github::get_me``) are sent as a reversible, per-request alias
+  (:class:`ToolAliases`) and mapped back on the way in: events, transcripts
+  and results keep the real name.
+* **Errors** are classed: HTTP 429 and 5xx, a dropped connection, a timeout and
+  a stream that ends before a finish reason or ``[DONE]`` are
+  ``transient_transport`` (a retry is the host's call); 401/403 are
+  ``forbidden``; any other 4xx is ``validation``; a chunk that is not a JSON
+  object, or a response that is not an event stream, is ``execution_failure``
+  with ``details["reason"]`` ``"malformed_stream"``.
+* **The API key** is read from ``context["api_key"]`` (the trusted
+  ``provider_context``) and sent only as the ``Authorization`` header: it is
+  never logged, never part of an event, a request record or an error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
+from contextlib import aclosing
+from typing import Any, Final
+
+import httpx
+import httpx_sse
+
+from ..errors import Error, ErrorClass
+from ..runtime import (
+    ProviderEvent,
+    ProviderRequest,
+    ResponseCompleted,
+    ResponseFailed,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallArgumentsDelta,
+    ToolCallCompleted,
+    ToolCallStarted,
+    Usage,
+)
+
+__all__ = ["OPENAI_NAME", "OpenAIProvider", "ToolAliases", "transcript_messages"]
+
+#: The function names an OpenAI-compatible API accepts.
+OPENAI_NAME: Final = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+_UNSAFE_CHARS: Final = re.compile(r"[^a-zA-Z0-9_-]")
+_MAX_TEXT: Final = 500
+#: Events read (and ignored) after [DONE] or a malformed chunk before giving up.
+_DRAIN_LIMIT: Final = 1000
+
+
+class ToolAliases:
+    """A reversible map between real tool names and provider-safe aliases.
+
+    A name OpenAI accepts is its own alias; any other becomes its safe
+    characters (truncated) plus a hash of the real name, never colliding with
+    another real name or alias of the same set.
+    """
+
+    __slots__ = ("_to_alias", "_to_name")
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self._to_alias: dict[str, str] = {}
+        self._to_name: dict[str, str] = {}
+        names = list(dict.fromkeys(names))
+        for name in names:
+            if OPENAI_NAME.fullmatch(name):
+                self._bind(name, name)
+        for name in names:
+            if name in self._to_alias:
+                continue
+            digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
+            stem = _UNSAFE_CHARS.sub("_", name)
+            for size in (8, 16, 32, 64):
+                alias = f"{stem[: 63 - size]}_{digest[:size]}"
+                if alias not in self._to_name:
+                    self._bind(name, alias)
+                    break
+            else:  # pragma: no cover - a SHA-256 collision
+                raise Error(ErrorClass.VALIDATION, "cannot alias tool name", {"tool": name})
+
+    def _bind(self, name: str, alias: str) -> None:
+        self._to_alias[name] = alias
+        self._to_name[alias] = name
+
+    def alias(self, name: str) -> str:
+        """The alias of ``name`` (a name outside the set is sanitized the same way)."""
+        known = self._to_alias.get(name)
+        if known is not None:
+            return known
+        return ToolAliases([name]).alias(name)
+
+    def name(self, alias: str) -> str:
+        """The real name of ``alias``; an unknown alias comes back unchanged."""
+        return self._to_name.get(alias, alias)
+
+
+# -- the request ------------------------------------------------------------------
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list | tuple):
+        parts = [
+            str(block.get("text", ""))
+            for block in content
+            if isinstance(block, Mapping) and block.get("type") == "text"
+        ]
+        return "".join(parts)
+    return ""
+
+
+def _user_content(content: Any) -> Any:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list | tuple):
+        return [
+            {"type": "text", "text": str(block.get("text", ""))}
+            for block in content
+            if isinstance(block, Mapping) and block.get("type") == "text"
+        ]
+    return str(content)
+
+
+def _arguments_text(arguments: Any) -> str:
+    if isinstance(arguments, str):
+        return arguments
+    return json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
+
+
+def _tool_content(result: Any) -> str:
+    if not isinstance(result, Mapping):
+        return json.dumps(result, ensure_ascii=False)
+    text = _text_of(result.get("content"))
+    if not text and result.get("structured_content") is not None:
+        text = json.dumps(result["structured_content"], ensure_ascii=False)
+    return text
+
+
+def transcript_messages(messages: Iterable[Any], aliases: ToolAliases) -> list[dict[str, Any]]:
+    """Our transcript as chat-completions messages (tool names aliased)."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        if not isinstance(message, Mapping):
+            continue
+        role = message.get("role")
+        if role == "user":
+            out.append({"role": "user", "content": _user_content(message.get("content"))})
+        elif role == "system":
+            out.append({"role": "system", "content": _text_of(message.get("content"))})
+        elif role == "assistant":
+            content = message.get("content")
+            calls = []
+            if isinstance(content, list | tuple):
+                for block in content:
+                    if isinstance(block, Mapping) and block.get("type") == "tool_call":
+                        calls.append(
+                            {
+                                "id": str(block.get("id")),
+                                "type": "function",
+                                "function": {
+                                    "name": aliases.alias(str(block.get("name"))),
+                                    "arguments": _arguments_text(block.get("arguments")),
+                                },
+                            }
+                        )
+            entry: dict[str, Any] = {"role": "assistant", "content": _text_of(content) or None}
+            if calls:
+                entry["tool_calls"] = calls
+            out.append(entry)
+        elif role == "tool":
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": str(message.get("tool_call_id")),
+                    "content": _tool_content(message.get("result")),
+                }
+            )
+    return out
+
+
+# -- the provider ---------------------------------------------------------------
+
+
+class _Call:
+    __slots__ = ("arguments", "id", "index", "name", "started")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.id = ""
+        self.name = ""
+        self.arguments = ""
+        self.started = False
+
+
+class _Failed(Exception):
+    def __init__(self, error: Error) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+class OpenAIProvider:
+    """A streaming chat-completions provider for any OpenAI-compatible endpoint.
+
+    ``base_url`` is the API root (``https://api.openai.com/v1``);
+    ``client`` an ``httpx.AsyncClient`` to share (otherwise one is opened and
+    closed per attempt); ``timeout`` bounds connecting and each read, in
+    seconds; ``system`` an optional system prompt; ``extra_body`` fields
+    merged into every request body (``temperature``, ...).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        client: httpx.AsyncClient | None = None,
+        timeout: float = 60.0,
+        system: str | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise Error(ErrorClass.VALIDATION, "base_url must be an http(s) URL")
+        if not isinstance(model, str) or not model:
+            raise Error(ErrorClass.VALIDATION, "model must be a non-empty str")
+        if type(timeout) not in (int, float) or not math.isfinite(timeout) or timeout <= 0:
+            raise Error(ErrorClass.VALIDATION, "timeout must be a positive number")
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model = model
+        self.timeout = float(timeout)
+        self.system = system
+        self.extra_body = dict(extra_body or {})
+        self._client = client
+
+    def __repr__(self) -> str:
+        return f"OpenAIProvider({self.url!r}, {self.model!r})"
+
+    def body(self, request: ProviderRequest, aliases: ToolAliases) -> dict[str, Any]:
+        """The chat-completions request body for ``request`` (no credentials inside)."""
+        messages = transcript_messages(request.messages, aliases)
+        if self.system:
+            messages.insert(0, {"role": "system", "content": self.system})
+        body: dict[str, Any] = {
+            **self.extra_body,
+            "model": self.model,
+            "messages": messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if request.tools:
+            body["tools"] = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": aliases.alias(tool.name),
+                        "description": tool.description,
+                        "parameters": tool.parameters,
+                    },
+                }
+                for tool in request.tools
+            ]
+        return body
+
+    def stream(
+        self, request: ProviderRequest, context: Mapping[str, Any] | None
+    ) -> AsyncIterator[ProviderEvent]:
+        api_key = None if context is None else context.get("api_key")
+        if api_key is not None and (not isinstance(api_key, str) or not api_key):
+            raise Error(ErrorClass.VALIDATION, "provider_context api_key must be a non-empty str")
+        return self._events(request, api_key)
+
+    async def _events(
+        self, request: ProviderRequest, api_key: str | None
+    ) -> AsyncIterator[ProviderEvent]:
+        aliases = ToolAliases(tool.name for tool in request.tools)
+        body = self.body(request, aliases)
+        headers = {"Content-Type": "application/json"}
+        if api_key is not None:
+            headers["Authorization"] = f"Bearer {api_key}"
+        client = self._client
+        own = client is None
+        if client is None:
+            client = httpx.AsyncClient(timeout=self.timeout)
+        try:
+            try:
+                async with aclosing(
+                    self._exchange(client, body, headers, aliases, request)
+                ) as events:
+                    async for event in events:
+                        yield event
+            except _Failed as failed:
+                yield ResponseFailed(_redact(failed.error, api_key))
+        finally:
+            if own:
+                await client.aclose()
+
+    async def _exchange(
+        self,
+        client: httpx.AsyncClient,
+        body: dict[str, Any],
+        headers: dict[str, str],
+        aliases: ToolAliases,
+        request: ProviderRequest,
+    ) -> AsyncGenerator[ProviderEvent, None]:
+        calls: dict[int, _Call] = {}
+        text: list[str] = []
+        thinking: list[str] = []
+        finished = done = False
+        failure: Error | None = None
+        drained = 0
+        try:
+            async with httpx_sse.aconnect_sse(
+                client, "POST", self.url, json=body, headers=headers, timeout=self.timeout
+            ) as source:
+                response = source.response
+                if response.status_code != 200:
+                    await response.aread()
+                    raise _Failed(_http_error(response))
+                # Read the body to its end even after [DONE] or a bad chunk: an
+                # httpx stream left half-read leaves its generators unexhausted.
+                async with aclosing(source.aiter_sse()) as sses:
+                    async for sse in sses:
+                        if done or failure is not None:
+                            drained += 1
+                            if drained > _DRAIN_LIMIT:
+                                break
+                            continue
+                        data = sse.data.strip()
+                        if data == "[DONE]":
+                            done = True
+                            continue
+                        if not data:
+                            continue
+                        try:
+                            chunk = _chunk(data)
+                            events = self._chunk_events(
+                                chunk, calls, text, thinking, aliases, request
+                            )
+                        except _Failed as failed:
+                            failure = failed.error
+                            continue
+                        for event in events:
+                            yield event
+                        if any(
+                            isinstance(c, Mapping) and c.get("finish_reason")
+                            for c in chunk.get("choices") or ()
+                        ):
+                            finished = True
+        except httpx_sse.SSEError as exc:
+            raise _Failed(_malformed("response is not an event stream", str(exc))) from None
+        except httpx.TimeoutException as exc:
+            raise _Failed(_transport("provider request timed out", exc, "timeout")) from None
+        except httpx.HTTPError as exc:
+            raise _Failed(_transport("provider connection failed", exc, "connection")) from None
+        if failure is not None:
+            raise _Failed(failure)
+        if not (done or finished):
+            raise _Failed(
+                Error(
+                    ErrorClass.TRANSIENT_TRANSPORT,
+                    "provider stream ended before the response finished",
+                    {"reason": "stream_truncated"},
+                )
+            )
+        blocks: list[dict[str, Any]] = []
+        if thinking:
+            blocks.append({"type": "thinking", "thinking": "".join(thinking)})
+        if text:
+            blocks.append({"type": "text", "text": "".join(text)})
+        for index in sorted(calls):
+            call = calls[index]
+            name = aliases.name(call.name)
+            if not call.started:
+                call.started = True
+                yield ToolCallStarted(call.id, name, index)
+            arguments = _parse_arguments(call.arguments)
+            yield ToolCallCompleted(call.id, name, arguments)
+            blocks.append(
+                {"type": "tool_call", "id": call.id, "name": name, "arguments": arguments}
+            )
+        content: Any = blocks
+        if not calls and not thinking:
+            content = "".join(text)
+        yield ResponseCompleted({"role": "assistant", "content": content})
+
+    def _chunk_events(  # noqa: PLR0917
+        self,
+        chunk: Mapping[str, Any],
+        calls: dict[int, _Call],
+        text: list[str],
+        thinking: list[str],
+        aliases: ToolAliases,
+        request: ProviderRequest,
+    ) -> list[ProviderEvent]:
+        events: list[ProviderEvent] = []
+        usage = chunk.get("usage")
+        if isinstance(usage, Mapping):
+            events.append(Usage(dict(usage)))
+        choices = chunk.get("choices")
+        if choices is None:
+            choices = []
+        if not isinstance(choices, list):
+            raise _Failed(_malformed("chunk choices must be a list", type(choices).__name__))
+        for choice in choices:
+            if not isinstance(choice, Mapping) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            if not isinstance(delta, Mapping):
+                raise _Failed(_malformed("chunk delta must be an object", type(delta).__name__))
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+            if isinstance(reasoning, str) and reasoning:
+                thinking.append(reasoning)
+                events.append(ThinkingDelta(reasoning))
+            content = delta.get("content")
+            if isinstance(content, str) and content:
+                text.append(content)
+                events.append(TextDelta(content))
+            for raw in delta.get("tool_calls") or ():
+                events.extend(self._tool_delta(raw, calls, aliases, request))
+        return events
+
+    def _tool_delta(
+        self,
+        raw: Any,
+        calls: dict[int, _Call],
+        aliases: ToolAliases,
+        request: ProviderRequest,
+    ) -> list[ProviderEvent]:
+        if not isinstance(raw, Mapping):
+            raise _Failed(_malformed("tool call delta must be an object", type(raw).__name__))
+        index = raw.get("index", len(calls))
+        if type(index) is not int or index < 0:
+            raise _Failed(_malformed("tool call index must be a non-negative int", repr(index)))
+        call = calls.get(index)
+        if call is None:
+            call = calls[index] = _Call(index)
+        if isinstance(raw.get("id"), str) and raw["id"] and not call.id:
+            call.id = raw["id"]
+        function = raw.get("function") or {}
+        if not isinstance(function, Mapping):
+            raise _Failed(_malformed("tool call function must be an object", "function"))
+        if isinstance(function.get("name"), str) and function["name"] and not call.started:
+            call.name += function["name"]
+        events: list[ProviderEvent] = []
+        if not call.started and call.name:
+            if not call.id:
+                call.id = f"call_{request.attempt_id}_{index}"
+            call.started = True
+            events.append(ToolCallStarted(call.id, aliases.name(call.name), index))
+        fragment = function.get("arguments")
+        if isinstance(fragment, str) and fragment:
+            call.arguments += fragment
+            if call.started:
+                events.append(ToolCallArgumentsDelta(call.id, fragment, index))
+        return events
+
+
+def _chunk(data: str) -> Mapping[str, Any]:
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        raise _Failed(_malformed("stream chunk is not JSON", data[:80])) from None
+    if not isinstance(chunk, Mapping):
+        raise _Failed(_malformed("stream chunk is not a JSON object", type(chunk).__name__))
+    error = chunk.get("error")
+    if isinstance(error, Mapping):
+        raise _Failed(
+            Error(
+                ErrorClass.TRANSIENT_TRANSPORT,
+                "provider reported an error mid-stream",
+                {
+                    "reason": "stream_error",
+                    "provider_message": str(error.get("message"))[:_MAX_TEXT],
+                },
+            )
+        )
+    return chunk
+
+
+def _parse_arguments(text: str) -> Any:
+    if not text.strip():
+        return {}
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text  # the gateway refuses it as a validation tool result
+
+
+def _malformed(message: str, detail: str) -> Error:
+    return Error(
+        ErrorClass.EXECUTION_FAILURE,
+        message,
+        {"reason": "malformed_stream", "detail": detail[:_MAX_TEXT]},
+    )
+
+
+def _transport(message: str, exc: BaseException, reason: str) -> Error:
+    return Error(
+        ErrorClass.TRANSIENT_TRANSPORT,
+        message,
+        {"reason": reason, "cause": type(exc).__name__},
+    )
+
+
+def _http_error(response: httpx.Response) -> Error:
+    status = response.status_code
+    provider_message = ""
+    try:
+        payload = response.json()
+        if isinstance(payload, Mapping) and isinstance(payload.get("error"), Mapping):
+            provider_message = str(payload["error"].get("message", ""))
+    except ValueError:
+        provider_message = response.text
+    details = {"status": status, "provider_message": provider_message[:_MAX_TEXT]}
+    if status == 429 or status >= 500:
+        return Error(ErrorClass.TRANSIENT_TRANSPORT, f"provider answered HTTP {status}", details)
+    if status in (401, 403):
+        return Error(ErrorClass.FORBIDDEN, f"provider refused the request (HTTP {status})", details)
+    return Error(ErrorClass.VALIDATION, f"provider rejected the request (HTTP {status})", details)
+
+
+def _redact(error: Error, api_key: str | None) -> Error:
+    """Never let the key back in through text a server echoed."""
+    if not api_key:
+        return error
+    text = json.dumps(error.to_dict(), ensure_ascii=False)
+    if api_key not in text:
+        return error
+    cleaned = json.loads(text.replace(api_key, "[redacted]"))
+    return Error(error.error_class, cleaned["message"], cleaned["details"])
