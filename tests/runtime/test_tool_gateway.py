@@ -723,8 +723,9 @@ async def test_tool_24_validation_precedes_authorization_approval_budget_and_int
 ) -> None:
     """TOOL-24: invalid arguments for an ungranted, approval-gated tool yield a
     validation error result, open no interaction and consume no work; with
-    valid arguments authorization refuses next, and with a grant the approval
-    gate (no approval flow yet: approval_required) comes before any work."""
+    valid arguments authorization refuses next.  With a grant the approval
+    interaction comes before any work: tests/runtime/test_interactions.py
+    (INT-01, INT-03) covers that step."""
     ungranted = Authority(grants=frozenset({"t"}), caller="host", run_id=RUN_ID)
 
     async def outcome(arguments: Any, authority: Authority | None) -> tuple[Finished, Any]:
@@ -746,8 +747,6 @@ async def test_tool_24_validation_precedes_authorization_approval_budget_and_int
     assert first == "validation"
     _, second = await outcome({"q": "valid"}, ungranted)
     assert second == "forbidden"
-    _, third = await outcome({"q": "valid"}, None)
-    assert third == "approval_required"
 
 
 async def test_tool_25_result_survives_a_failed_transcript_checkpoint(

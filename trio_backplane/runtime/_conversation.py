@@ -36,10 +36,14 @@ from ..tools import (
     AdmittedBundle,
     Authority,
     ProviderTool,
+    PublicationReceipt,
     ToolRegistry,
     admit_batch,
 )
+from ._catalog import CatalogState
 from ._deadline import DeadlineBudget
+from ._interactions import Pending
+from ._interactions import resolve as resolve_interaction
 from ._subscribers import Hub
 from ._types import Event, HookContext, ResourceCleanup, Snapshot
 
@@ -168,7 +172,10 @@ class Conversation:
         self.run_id = run_id
         self._store = store
         self._provider = provider
-        self._bundle = bundle
+        self._catalog = CatalogState(bundle, options.schema_admission)
+        self._pending: Pending | None = None
+        self._effects: list[DeadlineBudget] = []  # armed effect budgets, outermost first
+        self._executing: list[str] = []  # executing invocation ids, outermost first
         self._provider_context = provider_context
         self._hooks = hooks
         self._options = options
@@ -191,7 +198,6 @@ class Conversation:
         self._attempt_id: str | None = None
         self._run_budget = DeadlineBudget("run", options.run_timeout)
         self._unsettled_dispatch: dict[str, Any] = {}  # keys of dispatched, unsettled effects
-        self._catalog_revision = 1
         self._dispatched: list[str] = []  # invocation ids dispatched (for invariants/tests)
         if phase in _INACTIVE_PHASES:
             self._settled.set()
@@ -212,8 +218,8 @@ class Conversation:
             turn_id=conversation.get("turn_id"),
             pending_interaction=conversation.get("pending_interaction"),
             last_error=self._last_error,
-            catalog_revision=conversation.get("catalog_revision", self._catalog_revision),
-            receipts=(),
+            catalog_revision=conversation.get("catalog_revision", self._catalog.revision),
+            receipts=self._catalog.receipts,
             resource_cleanup=self._resource_cleanup,
         )
 
@@ -272,6 +278,40 @@ class Conversation:
         if self._phase == "idle":
             return await self.prompt(content)
         return await self._enqueue("follow_up", content)
+
+    async def resolve(self, interaction_id: str, answer: Any) -> None:
+        """Answer the pending interaction after authenticating the responder;
+        returns once the answer is committed (INT-04, INT-05, INT-12)."""
+        await resolve_interaction(self, interaction_id, answer)
+
+    def stage_catalog(self, publication: Any) -> PublicationReceipt:
+        """Stage a catalog on behalf of the tool executing now (PUB-02, PUB-19)."""
+        return self._stage(publication)
+
+    def _stage(self, publication: Any) -> PublicationReceipt:
+        if not self._executing or self._stop_reason is not None:
+            raise Error(ErrorClass.RESOURCE_CONFLICT, "staging requires an executing tool")
+        if self._pending is not None:
+            raise Error(
+                ErrorClass.RESOURCE_CONFLICT, "staging is not allowed during an interaction wait"
+            )
+        return self._catalog.stage(
+            publication,
+            run_id=self.run_id,
+            incarnation=self._record.incarnation,
+            producers=list(self._executing),
+        )
+
+    def _suspend_deadlines(self) -> None:
+        """A human wait: stop the run and effect clocks (rule 5, INT-06, INT-18)."""
+        self._run_budget.suspend()
+        for budget in self._effects:
+            budget.suspend()
+
+    def _resume_deadlines(self) -> None:
+        self._run_budget.resume()
+        for budget in self._effects:
+            budget.resume()
 
     async def cancel(self) -> None:
         """Accept cancellation and return at once (CAN-01); settlement follows."""
@@ -372,11 +412,12 @@ class Conversation:
             self._phase = "storage_failed"
             self._last_error = error
             self._publish("storage_failed", {"error": error.to_dict(), "recovery_required": True})
+        self._catalog.discard()
         if self._worker is not None:
             self._worker.cancel()
         self._settled.set()
 
-    async def _checkpoint(self, update: Any) -> RunRecord:
+    async def _checkpoint(self, update: Any, extra: Mapping[str, Any] | None = None) -> RunRecord:
         """Commit a new conversation state computed from the acknowledged one."""
         async with self._commit_lock:
             if self._phase in ("storage_failed", "recovery_required"):
@@ -386,7 +427,11 @@ class Conversation:
             new_state = update(state)
             new, events = transition(
                 record,
-                Command("conversation_updated", trio.current_time(), {"conversation": new_state}),
+                Command(
+                    "conversation_updated",
+                    trio.current_time(),
+                    {"conversation": new_state, **(extra or {})},
+                ),
             )
             await self._write(record, new, events)
             return new
@@ -422,6 +467,10 @@ class Conversation:
     # -- stop and settlement ------------------------------------------------------
 
     def _request_stop(self, reason: str) -> None:
+        pending = self._pending
+        if pending is not None and not pending.resolving:
+            self._pending = None  # a resolve after cancel() returned is not_found (INT-13)
+        self._catalog.discard()  # a cancelled or uncertain producer discards (PUB-09)
         if self._stop_reason is None:
             self._stop_reason = reason
             if self._phase not in _INACTIVE_PHASES:
@@ -480,7 +529,9 @@ class Conversation:
                     kind = "deadline_exceeded" if reason == "deadline_exceeded" else "cancel"
                     if self._record.state != "cancelling":
                         await self._commit(kind, {"reason": reason})
-                    await self._checkpoint(lambda c: {**c, "queue_status": "suspended"})
+                    await self._checkpoint(
+                        lambda c: {**c, "queue_status": "suspended", "pending_interaction": None}
+                    )
                     requirements = thaw(self._record.cleanup_required or {})
                     uncertain = self._uncertain_work()
                     # No resource registry: resource cleanup counts as confirmed (CAN-20).

@@ -13,14 +13,20 @@ from ..errors import Error, ErrorClass
 from ..kernel import FrozenList, RunRecord, freeze, thaw
 from ..schema import compile_with
 from ..tools import (
+    Approval,
+    ApprovalDecision,
     Invocation,
+    PublicationReceipt,
     Rejection,
     ToolDescriptor,
     ToolResult,
+    arguments_digest,
     authorize,
+    decide_approval,
     settlement,
 )
 from ._deadline import DeadlineBudget
+from ._interactions import wait_for_human
 from ._provider import (
     PROVIDER_EVENTS,
     ProviderRequest,
@@ -44,14 +50,20 @@ _encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",",
 
 
 class ToolContext:
-    """Callables bound to one effect; each raises ``resource_conflict`` once the
-    effect has ended."""
+    """Callables bound to one executing effect; each raises ``resource_conflict``
+    once that effect has ended (TOOL-27, INT-17, NEST-01, PUB-12)."""
 
-    __slots__ = ("_conversation", "_live")
+    __slots__ = ("_conversation", "_invocation_id", "_live", "_loop", "_nested_busy", "_tool")
 
-    def __init__(self, conversation: Conversation) -> None:
+    def __init__(
+        self, conversation: Conversation, loop: TurnLoop, tool: str, invocation_id: str
+    ) -> None:
         self._conversation = conversation
+        self._loop = loop
+        self._tool = tool
+        self._invocation_id = invocation_id
         self._live = True
+        self._nested_busy = False
 
     def _end(self) -> None:
         self._live = False
@@ -63,6 +75,35 @@ class ToolContext:
         if not isinstance(update, Mapping):
             raise Error(ErrorClass.VALIDATION, "a tool update must be a mapping")
         self._conversation._publish("tool_update", freeze(update))
+
+    async def interact(self, request: Mapping[str, Any]) -> Any:
+        """Ask a person; returns the committed answer (INT-05). While waiting, the
+        run and every armed effect deadline are suspended (INT-06, INT-18)."""
+        if not isinstance(request, Mapping):
+            raise Error(ErrorClass.VALIDATION, "an interaction request must be a mapping")
+        if not self._live:
+            raise Error(ErrorClass.RESOURCE_CONFLICT, "stale or overlapping interaction")
+        answer, _ = await wait_for_human(self._conversation, request)
+        return answer
+
+    def stage_catalog(self, publication: Any) -> PublicationReceipt:
+        """Stage a catalog produced by this tool (synchronous, PUB-02)."""
+        if not self._live:
+            raise Error(ErrorClass.RESOURCE_CONFLICT, "staging requires an executing tool")
+        return self._conversation._stage(publication)
+
+    async def nested_dispatch(self, tool_name: str, arguments: Any) -> ToolResult:
+        """Run another tool from this one: one at a time, never itself, never an
+        approval-gated tool; its own intent, work unit and deadline (NEST-01..09)."""
+        if not self._live or self._nested_busy:
+            raise Error(ErrorClass.RESOURCE_CONFLICT, "nested dispatch is not available now")
+        if tool_name == self._tool:
+            raise Error(ErrorClass.RESOURCE_CONFLICT, "a tool cannot invoke itself")
+        self._nested_busy = True
+        try:
+            return await self._loop._nested(self, tool_name, arguments)
+        finally:
+            self._nested_busy = False
 
 
 @attrs.frozen
@@ -215,6 +256,7 @@ class TurnLoop:
                 message, calls = await self._provider_attempt(turn_id)
                 for call in calls:
                     await self._gateway(call, turn_id)
+                await self._publish_catalog()
                 steered = await self._consume_steering(turn_id)
                 if calls or steered:
                     continue
@@ -222,6 +264,16 @@ class TurnLoop:
                     return None
         except _TurnFailed as failed:
             return failed.error
+
+    async def _publish_catalog(self) -> None:
+        """The boundary after a tool batch: an eligible staging takes effect
+        before steering, hooks or the next provider attempt (PUB-03, EVT-14)."""
+        c = self.c
+        receipt = c._catalog.publish()
+        if receipt is None:
+            return
+        await c._checkpoint(lambda s: {**s, "catalog_revision": receipt.catalog_revision})
+        c._publish("catalog_published", {"catalog_revision": receipt.catalog_revision})
 
     async def _consume_steering(self, turn_id: str) -> bool:
         c = self.c
@@ -334,7 +386,7 @@ class TurnLoop:
             # and a request costs nothing per past message.
             messages=state.get("messages", FrozenList()),
             catalog_revision=state.get("catalog_revision", 1),
-            tools=c._bundle.tools,
+            tools=c._catalog.bundle.tools,
         )
         budget = DeadlineBudget("effect", c._options.effect_timeout)
         usage: list[Any] = []
@@ -488,13 +540,14 @@ class TurnLoop:
     # -- the tool gateway --------------------------------------------------------
 
     async def _gateway(self, call: Mapping[str, Any], turn_id: str) -> None:
-        """One call: validate, authorize, reserve + intent, dispatch, commit the
-        result, then the transcript projection (rule 1, rule 3)."""
+        """One call, in this order: validate, authorize, approve, reserve + intent,
+        dispatch, commit the result, then the transcript projection (rules 1, 3)."""
         c = self.c
+        bundle = c._catalog.bundle  # pinned for the batch: publication waits for its end
         name = call.get("name")
         call_id = str(call.get("id"))
         arguments = call.get("arguments")
-        descriptor = c._bundle.registry.get(name) if isinstance(name, str) else None
+        descriptor = bundle.registry.get(name) if isinstance(name, str) else None
         if descriptor is None:
             error = Error(ErrorClass.NOT_FOUND, "tool is not registered", {"tool": name})
             await self._tool_message(call_id, name, _error_result(error))
@@ -507,37 +560,69 @@ class TurnLoop:
                 await self._tool_message(call_id, name, _error_result(error))
                 return
         arguments = thaw(arguments)
+        authority = bundle.authority
         try:
             compile_with(descriptor.schema, descriptor.schema_options).validate(arguments)
-            authority = c._bundle.authority
             authorize(
                 authority, descriptor, Invocation(c.run_id, descriptor.name, descriptor.revision)
             )
             if descriptor.requires_approval:
-                raise _approval_unavailable(descriptor)
+                await self._approve(descriptor, call_id, turn_id, arguments)
         except Error as error:
             await self._tool_message(call_id, descriptor.name, _error_result(error))
             return
-        effective = {
-            "caller": authority.caller,
-            "run_id": authority.run_id,
-            "tool_revision": descriptor.revision,
-        }
         record = await self._effect_commit(
-            "tool_invoked",
-            {
-                "tool_name": descriptor.name,
-                "tool_revision": descriptor.revision,
-                "tool_call_id": call_id,
-                "turn_id": turn_id,
-                "effect_class": "read_only" if descriptor.read_only else "mutation",
-                "effective_authority": effective,
-            },
+            "tool_invoked", _intent(descriptor, call_id, turn_id, authority)
         )
         invocation_id = max(record.active_tools, key=_invocation_number)
         await self._dispatch(descriptor, record, invocation_id, call_id, turn_id, arguments)
 
-    async def _dispatch(  # noqa: PLR0917 - one call's whole identity
+    async def _approve(
+        self, descriptor: ToolDescriptor, call_id: str, turn_id: str, arguments: Any
+    ) -> None:
+        """A permission interaction before any intent (INT-01); only the exact
+        answer "approved" passes, checked by ``decide_approval`` against the
+        invocation about to dispatch (INT-02, INT-15)."""
+        c = self.c
+        digest = arguments_digest(arguments)
+        approval = Approval(
+            approval_id=c._new_id("approval"),
+            run_id=c.run_id,
+            incarnation=c._record.incarnation,
+            tool_name=descriptor.name,
+            tool_revision=descriptor.revision,
+            arguments_digest=digest,
+            expires_at=c._record.deadline if c._record.deadline is not None else float("inf"),
+        )
+        operation = {
+            "approval_id": approval.approval_id,
+            "run_id": c.run_id,
+            "incarnation": c._record.incarnation,
+            "turn_id": turn_id,
+            "tool_call_id": call_id,
+            "tool_name": descriptor.name,
+            "tool_revision": descriptor.revision,
+            "arguments": arguments,
+            "arguments_digest": digest,
+        }
+        answer, waited = await wait_for_human(c, {"kind": "permission", "operation": operation})
+        if not (type(answer) is str and answer == "approved"):
+            raise Error(ErrorClass.FORBIDDEN, "approval denied", {"tool": descriptor.name})
+        decision = ApprovalDecision(
+            approval_id=approval.approval_id,
+            run_id=c.run_id,
+            incarnation=c._record.incarnation,
+            tool_name=descriptor.name,
+            tool_revision=descriptor.revision,
+            arguments_digest=arguments_digest(arguments),
+            decision="approved",
+            resolver_id="host",
+        )
+        # The approval expires with the run deadline it was asked under; the
+        # human wait itself does not count (the deadline moved by it).
+        decide_approval(approval, decision, now=trio.current_time() - waited)
+
+    def _operation(  # noqa: PLR0917 - one call's whole identity
         self,
         descriptor: ToolDescriptor,
         record: RunRecord,
@@ -545,10 +630,10 @@ class TurnLoop:
         call_id: str,
         turn_id: str,
         arguments: Any,
-    ) -> None:
+    ) -> ToolOperation:
         c = self.c
-        context = ToolContext(c)
-        operation = ToolOperation(
+        authority = c._catalog.bundle.authority
+        return ToolOperation(
             run_id=c.run_id,
             incarnation=record.incarnation,
             step_id=str(record.step_id),
@@ -560,27 +645,24 @@ class TurnLoop:
             tool_revision=descriptor.revision,
             catalog_revision=c._conversation_state().get("catalog_revision", 1),
             arguments=arguments,
-            caller=c._bundle.authority.caller,
-            effective_authority=c._bundle.authority,
+            caller=authority.caller,
+            effective_authority=authority,
             backend_context=descriptor.backend_context,
-            context=context,
+            context=ToolContext(c, self, descriptor.name, invocation_id),
         )
-        c._publish(
-            "tool_started",
-            {
-                "invocation": {
-                    "invocation_id": invocation_id,
-                    "tool_call_id": call_id,
-                    "step_id": operation.step_id,
-                    "tool_name": descriptor.name,
-                    "tool_revision": descriptor.revision,
-                    "arguments": arguments,
-                }
-            },
-        )
+
+    async def _execute(
+        self, descriptor: ToolDescriptor, operation: ToolOperation
+    ) -> tuple[Any, bool]:
+        """Run the backend under its own effect budget: ``(outcome, timed out)``.
+        Its context expires when execution ends, before settlement (NEST-01)."""
+        c = self.c
+        invocation_id = operation.invocation_id
         c._unsettled_dispatch[invocation_id] = "tool dispatched; outcome unknown"
         c._dispatched.append(invocation_id)
         budget = DeadlineBudget("effect", c._options.effect_timeout)
+        c._effects.append(budget)
+        c._executing.append(invocation_id)
         result: Any = None
         try:
             with budget.arm():
@@ -593,8 +675,25 @@ class TurnLoop:
                 except Exception as exc:
                     result = exc
         finally:
-            context._end()
-        if budget.timed_out():
+            operation.context._end()
+            c._effects.remove(budget)
+            c._executing.remove(invocation_id)
+        return result, budget.timed_out()
+
+    async def _dispatch(  # noqa: PLR0917 - one call's whole identity
+        self,
+        descriptor: ToolDescriptor,
+        record: RunRecord,
+        invocation_id: str,
+        call_id: str,
+        turn_id: str,
+        arguments: Any,
+    ) -> None:
+        c = self.c
+        operation = self._operation(descriptor, record, invocation_id, call_id, turn_id, arguments)
+        c._publish("tool_started", {"invocation": _started(operation)})
+        result, timed_out = await self._execute(descriptor, operation)
+        if timed_out:
             await self._uncertain(
                 Error(
                     ErrorClass.TIMEOUT,
@@ -606,8 +705,14 @@ class TurnLoop:
         if verdict == "uncertain":
             await self._uncertain_result(result, descriptor, invocation_id)
         normalized = self._normalize(result)
+        await self._complete(invocation_id, normalized)
+        await self._tool_message(call_id, descriptor.name, normalized)
+
+    async def _complete(self, invocation_id: str, normalized: dict[str, Any]) -> None:
+        """Commit a settled result (before any transcript projection, TOOL-08)."""
         from ._conversation import _Stop
 
+        c = self.c
         try:
             await c._commit(
                 "tool_completed", {"invocation_id": invocation_id, "result": normalized}
@@ -622,7 +727,74 @@ class TurnLoop:
         # included) returned after cancel() never commits, so the effect stays
         # unsettled evidence and the run ends unknown_outcome (TOOL-22).
         del c._unsettled_dispatch[invocation_id]
-        await self._tool_message(call_id, descriptor.name, normalized)
+        c._catalog.producer_settled(invocation_id, success=not normalized.get("is_error"))
+
+    async def _nested(self, outer: ToolContext, tool_name: str, arguments: Any) -> ToolResult:
+        """A nested invocation on behalf of ``outer`` (NEST-01..09)."""
+        from ._conversation import _Stop
+
+        c = self.c
+        bundle = c._catalog.bundle
+        descriptor = bundle.registry.get(tool_name) if isinstance(tool_name, str) else None
+        if descriptor is None:
+            raise Error(ErrorClass.NOT_FOUND, "tool is not registered", {"tool": tool_name})
+        if descriptor.requires_approval:
+            raise Error(
+                ErrorClass.APPROVAL_REQUIRED,
+                "a nested call cannot run an approval-gated tool",
+                {"tool": descriptor.name},
+            )
+        arguments = thaw(arguments)
+        compile_with(descriptor.schema, descriptor.schema_options).validate(arguments)
+        authorize(
+            bundle.authority, descriptor, Invocation(c.run_id, descriptor.name, descriptor.revision)
+        )
+        outer_record = c._record
+        outer_call = outer_record.active_tools.get(outer._invocation_id, {})
+        call_id = f"{outer_call.get('tool_call_id', outer._invocation_id)}/nested"
+        turn_id = str(outer_call.get("turn_id", ""))
+        try:
+            record = await self._effect_commit(
+                "tool_invoked", _intent(descriptor, None, turn_id, bundle.authority)
+            )
+        except _TurnFailed as failed:
+            raise failed.error from None
+        except _Stop:
+            raise Error(ErrorClass.CANCELLED, "the run is stopping") from None
+        invocation_id = max(record.active_tools, key=_invocation_number)
+        operation = self._operation(descriptor, record, invocation_id, call_id, turn_id, arguments)
+        c._publish("tool_started", {"invocation": _started(operation)})
+        result, timed_out = await self._execute(descriptor, operation)
+        if timed_out and descriptor.read_only:
+            # A read-only nested timeout did nothing lasting: settle it as an
+            # error and let the outer tool decide (NEST-05).
+            error = Error(
+                ErrorClass.TIMEOUT,
+                "nested tool outlived its deadline",
+                {"tool": descriptor.name, "certainty": "no_effect"},
+            )
+            await self._complete(invocation_id, _error_result(error))
+            raise error
+        if timed_out:
+            result = Error(ErrorClass.TIMEOUT, "nested tool outlived its deadline")
+        if settlement(result, descriptor, operation) == "uncertain":
+            # A mutating nested failure stays unresolved whatever the outer
+            # tool does with the error (NEST-09).
+            try:
+                await self._uncertain_result(result, descriptor, invocation_id)
+            except _Stop:
+                raise Error(
+                    ErrorClass.UNKNOWN_OUTCOME,
+                    "nested tool outcome is unknown",
+                    {"tool": descriptor.name},
+                ) from None
+        normalized = self._normalize(result)
+        await self._complete(invocation_id, normalized)
+        return ToolResult(
+            content=normalized["content"],
+            structured_content=normalized.get("structured_content"),
+            is_error=bool(normalized.get("is_error")),
+        )
 
     async def _uncertain_result(
         self, result: Any, descriptor: ToolDescriptor, invocation_id: str
@@ -688,12 +860,35 @@ class TurnLoop:
         self.c._publish("tool_completed", {"message": message})
 
 
-def _approval_unavailable(descriptor: ToolDescriptor) -> Error:
-    return Error(
-        ErrorClass.APPROVAL_REQUIRED,
-        "tool requires approval and no approval flow is attached",
-        {"tool": descriptor.name},
-    )
+def _intent(
+    descriptor: ToolDescriptor, call_id: str | None, turn_id: str, authority: Any
+) -> dict[str, Any]:
+    """The durable intent of one invocation: no grants, no credentials (TOOL-10)."""
+    intent: dict[str, Any] = {
+        "tool_name": descriptor.name,
+        "tool_revision": descriptor.revision,
+        "turn_id": turn_id,
+        "effect_class": "read_only" if descriptor.read_only else "mutation",
+        "effective_authority": {
+            "caller": authority.caller,
+            "run_id": authority.run_id,
+            "tool_revision": descriptor.revision,
+        },
+    }
+    if call_id is not None:
+        intent["tool_call_id"] = call_id
+    return intent
+
+
+def _started(operation: ToolOperation) -> dict[str, Any]:
+    return {
+        "invocation_id": operation.invocation_id,
+        "tool_call_id": operation.tool_call_id,
+        "step_id": operation.step_id,
+        "tool_name": operation.tool_name,
+        "tool_revision": operation.tool_revision,
+        "arguments": operation.arguments,
+    }
 
 
 def _invocation_number(invocation_id: str) -> int:

@@ -1,0 +1,149 @@
+"""Dynamic catalog publication: stage while a tool executes, publish at a safe
+boundary once the producer's success is acknowledged (PUB-01..19).
+
+Staging is synchronous and validates everything up front (fence, revision,
+admission); the staged bundle stays process-local until the boundary after
+the tool batch, so calls in the discovery batch stay pinned to the old
+catalog.  Receipts are idempotent per publication id; the last 16 are kept.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Mapping
+from typing import Any, Final
+
+import attrs
+
+from ..errors import Error, ErrorClass
+from ..tools import AdmittedBundle, Publication, PublicationReceipt, admit_batch
+
+__all__ = ["MAX_RECEIPTS", "CatalogState"]
+
+MAX_RECEIPTS: Final = 16
+
+
+def _conflict(message: str, **details: Any) -> Error:
+    return Error(ErrorClass.RESOURCE_CONFLICT, message, details)
+
+
+@attrs.define
+class _Staged:
+    publication: Publication
+    bundle: AdmittedBundle
+    receipt: PublicationReceipt
+    #: invocations whose acknowledged success makes the staging eligible
+    waiting_for: set[str]
+    eligible: bool = False
+
+
+class CatalogState:
+    """The conversation's active catalog, its pending publication and receipts."""
+
+    def __init__(self, bundle: AdmittedBundle, admission: str) -> None:
+        self.bundle = bundle
+        self.revision = 1
+        self.admission = admission
+        self.staged: _Staged | None = None
+        self._receipts: collections.OrderedDict[str, tuple[Publication, PublicationReceipt]] = (
+            collections.OrderedDict()
+        )
+
+    @property
+    def receipts(self) -> tuple[PublicationReceipt, ...]:
+        """Newest first, at most 16 (PUB-14, PUB-17)."""
+        return tuple(receipt for _, receipt in reversed(self._receipts.values()))
+
+    def _remember(self, publication: Publication, receipt: PublicationReceipt) -> None:
+        self._receipts[publication.publication_id] = (publication, receipt)
+        self._receipts.move_to_end(publication.publication_id)
+        while len(self._receipts) > MAX_RECEIPTS:
+            self._receipts.popitem(last=False)
+
+    def stage(
+        self,
+        publication: Any,
+        *,
+        run_id: str,
+        incarnation: int,
+        producers: list[str],
+    ) -> PublicationReceipt:
+        """Validate and stage ``publication`` for the executing ``producers``
+        (innermost last); returns its receipt at once (PUB-02)."""
+        if isinstance(publication, Mapping):
+            publication = Publication.from_mapping(publication)
+        if not isinstance(publication, Publication):
+            raise Error(ErrorClass.VALIDATION, "stage_catalog needs a Publication")
+        if publication.run_id != run_id or publication.incarnation != incarnation:
+            raise _conflict(
+                "publication belongs to another run or incarnation",
+                run_id=publication.run_id,
+                incarnation=publication.incarnation,
+            )
+        known = self._receipts.get(publication.publication_id)
+        if known is not None:
+            if known[0] == publication:
+                return known[1]
+            raise _conflict(
+                "publication id was already used for another catalog",
+                publication_id=publication.publication_id,
+            )
+        if self.staged is not None:
+            raise _conflict(
+                "another publication is pending",
+                publication_id=self.staged.publication.publication_id,
+            )
+        if publication.expected_revision != self.revision:
+            raise _conflict(
+                "stale expected_revision",
+                expected=self.revision,
+                received=publication.expected_revision,
+            )
+        catalog = publication.catalog
+        bundle = admit_batch(
+            catalog.registry,
+            catalog.authority,
+            catalog.tools,
+            mode=publication.schema_admission or self.admission,
+            run_id=run_id,
+        )
+        receipt = PublicationReceipt(
+            publication_id=publication.publication_id,
+            status="staged",
+            catalog_revision=self.revision + 1,
+        )
+        self.staged = _Staged(publication, bundle, receipt, set(producers))
+        self._remember(publication, receipt)
+        return receipt
+
+    def producer_settled(self, invocation_id: str, *, success: bool) -> None:
+        """An invocation's result was acknowledged: success removes it from
+        what the staging waits for; failure discards the staging (PUB-09)."""
+        staged = self.staged
+        if staged is None or invocation_id not in staged.waiting_for:
+            return
+        if not success:
+            self.discard()
+            return
+        staged.waiting_for.discard(invocation_id)
+        if not staged.waiting_for:
+            staged.eligible = True
+
+    def discard(self) -> None:
+        staged = self.staged
+        if staged is None:
+            return
+        self.staged = None
+        self._receipts.pop(staged.publication.publication_id, None)
+
+    def publish(self) -> PublicationReceipt | None:
+        """At the boundary: make an eligible staging the active catalog."""
+        staged = self.staged
+        if staged is None or not staged.eligible:
+            return None
+        self.staged = None
+        self.bundle = staged.bundle
+        self.revision = staged.receipt.catalog_revision
+        receipt = attrs.evolve(staged.receipt, status="published")
+        self._remember(staged.publication, receipt)
+        return receipt

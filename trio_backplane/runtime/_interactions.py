@@ -1,0 +1,103 @@
+"""Human interactions: commit, suspend the waiting effect's deadlines, resume.
+
+While a person answers, the run deadline and every armed effect deadline
+(outer tool, nested tool) are suspended; commit and cleanup deadlines keep
+running (rule 5).  The answer reaches the waiting effect only after the
+resolution checkpoint commits, and that checkpoint moves the stored run
+deadline later by exactly the time waited (INT-05, INT-07).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ..errors import Error, ErrorClass
+from ..kernel import freeze, thaw
+
+if TYPE_CHECKING:
+    from ._conversation import Conversation
+
+__all__ = ["Pending", "resolve", "wait_for_human"]
+
+
+class Pending:
+    """The one interaction a conversation may have open."""
+
+    __slots__ = ("answer", "delivered", "interaction_id", "request", "resolving", "started")
+
+    def __init__(self, interaction_id: str, request: Any, started: float) -> None:
+        self.interaction_id = interaction_id
+        self.request = request
+        self.started = started
+        self.resolving = False
+        self.answer: Any = None
+        self.delivered = trio.Event()
+
+
+def _overlap() -> Error:
+    return Error(ErrorClass.RESOURCE_CONFLICT, "stale or overlapping interaction")
+
+
+async def wait_for_human(c: Conversation, request: Any) -> tuple[Any, float]:
+    """Open an interaction and wait for its answer: ``(answer, seconds waited)``.
+
+    Raises ``trio.Cancelled`` when the run is cancelled meanwhile (INT-11).
+    """
+    if not isinstance(request, Mapping):
+        raise Error(ErrorClass.VALIDATION, "an interaction request must be a mapping")
+    if c._pending is not None:
+        raise _overlap()
+    request = freeze(request)
+    pending = Pending(c._new_id("interaction"), request, trio.current_time())
+    c._pending = pending
+    c._suspend_deadlines()
+    if c._phase == "running":
+        c._phase = "waiting_interaction"
+    try:
+        entry = {"id": pending.interaction_id, "request": request}
+        await c._checkpoint(lambda s: {**s, "pending_interaction": entry})
+        if c._stop_reason is None and c._pending is pending:
+            c._publish(
+                "interaction_requested",
+                {"interaction_id": pending.interaction_id, "request": thaw(request)},
+            )
+        await pending.delivered.wait()
+        return pending.answer, trio.current_time() - pending.started
+    finally:
+        if c._pending is pending:
+            c._pending = None
+        if c._phase == "waiting_interaction":
+            c._phase = "running"
+        c._resume_deadlines()
+
+
+async def resolve(c: Conversation, interaction_id: Any, answer: Any) -> None:
+    """The host's answer: committed, then delivered (INT-04, INT-05, INT-12)."""
+    pending = c._pending
+    if pending is None or pending.interaction_id != interaction_id or pending.resolving:
+        raise Error(
+            ErrorClass.NOT_FOUND, "no such pending interaction", {"interaction_id": interaction_id}
+        )
+    if c._stop_reason is not None:
+        raise Error(ErrorClass.CANCELLED, "the run was cancelled")
+    freeze(answer, "interaction answer")  # JSON data only: it is committed
+    pending.resolving = True
+    waited = trio.current_time() - pending.started
+    deadline = c._record.deadline
+    extra: dict[str, Any] = {}
+    if deadline is not None:
+        extra["execution_deadline"] = deadline + waited
+    from ._conversation import _StorageFailed
+
+    try:
+        await c._checkpoint(lambda s: {**s, "pending_interaction": None}, extra)
+    except _StorageFailed as failed:
+        raise failed.error from None
+    if c._stop_reason is not None:
+        raise Error(ErrorClass.CANCELLED, "the run was cancelled")
+    pending.answer = answer
+    pending.delivered.set()
+    c._publish("interaction_resolved", {"interaction_id": pending.interaction_id})
