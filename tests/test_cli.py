@@ -4,14 +4,25 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import trio
 
 from tests.conftest import FIXTURES
+from trio_backplane import demo
 from trio_backplane.cli import main
+from trio_backplane.kernel import RunRecord, thaw
+from trio_backplane.recovery import RecoveryHarness
+from trio_backplane.store import PostgresStore, SQLiteStore
+
+pytest_plugins = ["tests.store.postgres_fixture"]
 
 
 def run(*argv: str) -> tuple[int, str]:
@@ -155,3 +166,370 @@ def test_catalog_admit_plain_output_without_rich(
     assert lines[0] == "accepted  a::b (!)"
     assert lines[1].startswith("rejected  x  unsupported_capability")
     assert lines[-1] == "2 tools: 1 accepted, 1 rejected"
+
+
+# -- backplane demo and backplane runs (issue 7 item 4) ---------------------------------
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+RUN_ID_PATTERN = re.compile(r"demo-\d{8}T\d{6}Z-[0-9a-f]{6}")
+CANARY = "sk-canary-7f3e9b2d41c6a5e8"
+
+
+def _load(db: Path, run_id: str) -> Any:
+    async def load() -> Any:
+        async with SQLiteStore(db) as store:
+            return await store.load(run_id)
+
+    return trio.run(load)
+
+
+def _demo(tmp_path: Path, *extra: str) -> tuple[int, str, str]:
+    """``backplane demo`` in-process (no pacing): status, output and the run id."""
+    status, text = run("demo", "--db", str(tmp_path / "demo.sqlite3"), "--pace", "0", *extra)
+    found = RUN_ID_PATTERN.search(text)
+    assert found, text
+    return status, text, found.group(0)
+
+
+def _cli(*argv: str, stdin: str = "", env: dict[str, str] | None = None) -> Any:
+    """The installed entry point in a subprocess (standard input is not a terminal)."""
+    return subprocess.run(
+        [sys.executable, "-m", "trio_backplane.cli", *argv],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _tool_messages(record: Any) -> dict[str, Any]:
+    messages = thaw(record.conversation["messages"])
+    return {m["name"]: m["result"] for m in messages if m["role"] == "tool"}
+
+
+def test_demo_approved_runs_every_tool_and_stores_a_completed_run(tmp_path: Path) -> None:
+    """The whole demo: two read-only calls and one approved write, the event
+    stream shown line by line, a completed run in SQLite, the note on disk."""
+    events = tmp_path / "events.jsonl"
+    status, text, run_id = _demo(tmp_path, "--approve", "yes", "--events", str(events))
+    assert status == 0, text
+    for line in (
+        "user ▸ Give me a quick tour",
+        "assistant ▸ I'll look at the package's public names",
+        "tool ✓ read_package_file",
+        "tool ✓ search_glossary",
+        "approval needed write_note",
+        "→ approved",
+        "tool ✓ write_note  wrote",
+        "run completed",
+    ):
+        assert line in text
+    assert re.search(r"run state\s+│ completed", text)
+    assert re.search(r"work used\s+│ 6 of 20", text)
+    assert f"backplane runs show sqlite:///{tmp_path}/demo.sqlite3 {run_id}" in text
+    note = tmp_path / "backplane-demo-notes" / f"{demo.NOTE_TITLE}.md"
+    assert note.read_text().startswith(f"# {demo.NOTE_TITLE}\n")
+    record = _load(tmp_path / "demo.sqlite3", run_id)
+    assert record.state == "completed"
+    results = _tool_messages(record)
+    assert set(results) == {"read_package_file", "search_glossary", "write_note"}
+    assert not any(r["is_error"] for r in results.values())
+    assert record.budget.used == 6
+    types = [json.loads(line)["type"] for line in events.read_text().splitlines()]
+    assert types.count("interaction_requested") == 1
+    assert types.count("tool_completed") == 3
+    assert types[-1] == "run_completed"
+
+
+def test_demo_denied_completes_without_writing(tmp_path: Path) -> None:
+    """--approve no: the write is an "approval denied" error result that uses no
+    work; the model carries on and the run still completes; nothing is written."""
+    status, text, run_id = _demo(tmp_path, "--approve", "no")
+    assert status == 0, text
+    assert "→ denied" in text
+    assert "tool ✗ write_note  forbidden: approval denied" in text
+    assert "The note was not written" in text
+    assert not (tmp_path / "backplane-demo-notes").exists()
+    record = _load(tmp_path / "demo.sqlite3", run_id)
+    assert record.state == "completed"
+    write = _tool_messages(record)["write_note"]
+    assert write["is_error"]
+    assert write["error"]["class"] == "forbidden"
+    assert record.budget.used == 5
+    assert not any(
+        key.startswith("tool:") and "write" in str(v) for key, v in record.intents.items()
+    )
+
+
+def test_demo_asks_at_the_terminal_and_defaults_to_yes_without_one(tmp_path: Path) -> None:
+    """--approve ask reads the answer from standard input (EOF answers no); with no
+    flag and no terminal the demo approves."""
+    yes = _cli(
+        "demo", "--db", str(tmp_path / "a.sqlite3"), "--approve", "ask", "--pace", "0", stdin="y\n"
+    )
+    assert yes.returncode == 0, yes.stderr
+    assert "approve write_note? [y/N]" in yes.stdout
+    assert (tmp_path / "backplane-demo-notes" / f"{demo.NOTE_TITLE}.md").exists()
+    eof = _cli(
+        "demo",
+        "--db",
+        str(tmp_path / "b.sqlite3"),
+        "--approve",
+        "ask",
+        "--pace",
+        "0",
+        "--notes",
+        str(tmp_path / "eof-notes"),
+    )
+    assert eof.returncode == 0, eof.stderr
+    assert "→ denied" in eof.stdout
+    assert not (tmp_path / "eof-notes").exists()
+    default = _cli(
+        "demo",
+        "--db",
+        str(tmp_path / "c.sqlite3"),
+        "--pace",
+        "0",
+        "--notes",
+        str(tmp_path / "default-notes"),
+    )
+    assert default.returncode == 0, default.stderr
+    assert "approvals yes" in default.stdout
+    assert (tmp_path / "default-notes" / f"{demo.NOTE_TITLE}.md").exists()
+
+
+@pytest.fixture(scope="module")
+def demo_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
+    """One SQLite store holding an approved and a denied demo run."""
+    base = tmp_path_factory.mktemp("demo_store")
+    approved = _demo(base, "--approve", "yes")
+    denied = _demo(base, "--approve", "no")
+    assert approved[0] == denied[0] == 0
+    return base / "demo.sqlite3", approved[2], denied[2]
+
+
+def test_runs_list(demo_store: tuple[Path, str, str]) -> None:
+    """Every run with its state; sqlite:/// URLs and bare paths alike; --json; --state."""
+    db, approved, denied = demo_store
+    for url in (f"sqlite:///{db}", str(db)):
+        status, text = run("runs", "list", url)
+        assert status == 0
+        assert approved in text
+        assert denied in text
+        assert "2 runs" in text
+    status, text = run("runs", "list", str(db), "--json")
+    rows = {row["run_id"]: row for row in json.loads(text)}
+    assert rows[approved]["state"] == rows[denied]["state"] == "completed"
+    assert rows[approved]["work"] == "6/20"
+    assert rows[approved]["messages"] == 7
+    assert json.loads(run("runs", "list", str(db), "--json", "--state", "failed")[1]) == []
+
+
+def test_runs_show(demo_store: tuple[Path, str, str]) -> None:
+    """Transcript, intents with status and effect_class, outcome and budget."""
+    db, approved, denied = demo_store
+    status, text = run("runs", "show", f"sqlite:///{db}", approved)
+    assert status == 0
+    assert f"run {approved}" in text
+    assert re.search(r"state\s+│ completed", text)
+    assert re.search(r"budget\s+│ 6 of 20 used", text)
+    assert "→ write_note" in text
+    assert "✓ wrote" in text
+    intents = [line for line in text.splitlines() if line.startswith("│ tool:invocation")]
+    assert len(intents) == 3
+    assert sum("read_only" in line for line in intents) == 2
+    write = next(line for line in intents if "write_note" in line)
+    assert "consumed" in write
+    assert "mutation" in write
+    assert "outcome completed" in text
+    status, text = run("runs", "show", str(db), denied)
+    assert "✗ forbidden: approval denied" in text
+    assert not any("write_note" in line for line in text.splitlines() if "invocation" in line)
+    data = json.loads(run("runs", "show", str(db), approved, "--json")[1])
+    assert data["run_id"] == approved
+    assert data["state"] == "completed"
+    assert run("runs", "show", str(db), "no-such-run")[0] == 1
+
+
+def test_runs_recover_is_read_only_unless_fenced(tmp_path: Path) -> None:
+    """A completed run has nothing outstanding; a crashed one lists its dispatched
+    mutation as uncertain; only --fence moves the stored incarnation."""
+    status, _, run_id = _demo(tmp_path, "--approve", "yes")
+    db = tmp_path / "demo.sqlite3"
+    status, text = run("runs", "recover", f"sqlite:///{db}", run_id)
+    assert status == 0
+    assert "for incarnation 2 (fences incarnation 1)" in text
+    assert "no outstanding effects" in text
+    assert "read-only: nothing was fenced" in text
+    assert _load(db, run_id).incarnation == 1
+
+    async def crash() -> None:
+        async with SQLiteStore(db) as store:
+            record = RunRecord.new("crashed")
+            await RecoveryHarness.crash(store, record, "after_mutation", fence=False)
+
+    trio.run(crash)
+    status, text = run("runs", "recover", str(db), "crashed", "--json")
+    report = json.loads(text)
+    assert report["incarnation"] == 2
+    assert report["uncertain_effects"]
+    [effect] = [e for e in report["effects"] if e["effect_id"] in report["uncertain_effects"]]
+    assert effect["effect_class"] == "mutation"
+    assert not effect["safe_to_resume"]
+    status, text = run("runs", "recover", str(db), "crashed")
+    assert "uncertain (reconcile by hand)" in text
+    assert _load(db, "crashed").incarnation == 1
+    status, text = run("runs", "recover", str(db), "crashed", "--incarnation", "5", "--fence")
+    assert status == 0
+    assert "fenced: incarnation 1 can no longer commit" in text
+    assert _load(db, "crashed").incarnation == 5
+    status, text = run("runs", "recover", str(db), "crashed", "--incarnation", "5")
+    assert status == 1  # forbidden: 5 does not fence anything older
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def test_demo_openai_unreachable_is_classed_and_never_leaks_the_key(tmp_path: Path) -> None:
+    """A canary API key (OPENAI_API_KEY) with an endpoint on a closed loopback port:
+    a classed transient_transport failure, a failed run stored, and the key in
+    neither the SQLite files, the event lines, nor standard output or error."""
+    db = tmp_path / "openai.sqlite3"
+    events = tmp_path / "events.jsonl"
+    done = _cli(
+        "demo",
+        "--provider",
+        "openai",
+        "--base-url",
+        f"http://127.0.0.1:{_closed_port()}/v1",
+        "--model",
+        "demo-model",
+        "--db",
+        str(db),
+        "--events",
+        str(events),
+        "--approve",
+        "yes",
+        env={"OPENAI_API_KEY": CANARY},
+    )
+    assert done.returncode == 1, done.stderr
+    assert "response failed  transient_transport" in done.stdout
+    assert re.search(r"run state\s+│ failed", done.stdout)
+    run_id = RUN_ID_PATTERN.search(done.stdout)
+    assert run_id
+    record = _load(db, run_id.group(0))
+    assert record.state == "failed"
+    assert record.outcome["error"]["class"] == "transient_transport"
+    shown = run("runs", "show", str(db), run_id.group(0))[1]
+    assert "transient_transport" in shown
+    files = [p for p in tmp_path.iterdir() if p.name.startswith(db.name)] + [events]
+    assert events.read_text()
+    for path in files:
+        assert CANARY.encode() not in path.read_bytes(), path
+    for text in (done.stdout, done.stderr, shown):
+        assert CANARY not in text
+
+
+def test_demo_and_runs_usage_errors_exit_2(tmp_path: Path) -> None:
+    for argv in (
+        ["demo", "--approve", "maybe"],
+        ["demo", "--provider", "claude"],
+        ["demo", "--pace", "soon"],
+        ["runs"],
+        ["runs", "show", "x.sqlite3"],
+        ["runs", "recover", "x.sqlite3", "r", "--incarnation", "two"],
+    ):
+        with pytest.raises(SystemExit) as exc:
+            main(argv, out=io.StringIO())
+        assert exc.value.code == 2, argv
+    assert run("demo", "--provider", "openai", "--model", "m")[0] == 2
+    assert run("demo", "--provider", "openai", "--base-url", "ftp://x", "--model", "m")[0] == 2
+    assert run("demo", "--pace", "-1")[0] == 2
+    assert run("demo", "--events", str(tmp_path / "no" / "such" / "dir.jsonl"))[0] == 2
+    missing = tmp_path / "missing.sqlite3"
+    for url in (str(missing), f"sqlite:///{missing}", "sqlite://", "mysql://db/x"):
+        assert run("runs", "list", url)[0] == 2, url
+    assert not missing.exists()  # reading never creates a store
+
+
+def test_demo_plain_output_without_rich(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without rich the demo prints the same lines, unstyled."""
+    monkeypatch.setitem(sys.modules, "rich.console", None)
+    status, text, _ = _demo(tmp_path, "--approve", "yes")
+    assert status == 0
+    assert "tool ✓ write_note" in text
+    assert "run state  completed" in text
+
+
+def _readme_section(heading: str) -> str:
+    text = README.read_text()
+    start = text.index(heading)
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
+
+
+def test_readme_permission_example_runs(tmp_path: Path) -> None:
+    """The README's permission-prompt example, extracted and run as written."""
+    section = _readme_section("## Answering a permission prompt in code")
+    [code] = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert "conversation.subscribe()" in code
+    assert 'await conversation.resolve(event.payload["interaction_id"], "approved")' in code
+    assert "requires_approval=True" in code
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "approving deploy {'service': 'billing'}",
+        "completed | deployed billing",
+    ]
+
+
+def test_readme_commands() -> None:
+    """The first README command is the demo; the test command is .ci/run's."""
+    section = _readme_section("## The two commands")
+    first, second = re.findall(r"```sh\n(.*?)\n```", section, re.S)
+    assert first == (
+        "python3 -m venv .venv && .venv/bin/pip install -e '.[cli]' && .venv/bin/backplane demo"
+    )
+    assert second == "python3 -m pip install --quiet nox && python3 -m nox -s tests"
+    ci = (README.parent / ".ci" / "run").read_text().strip().splitlines()
+    assert ci[-1] == second
+
+
+def test_runs_on_postgresql(pg_dsn: str, pg_schema: str) -> None:
+    """``runs list/show/recover`` read a PostgreSQL store given by its DSN."""
+    from tests.store.postgres_fixture import _drop_schema
+
+    async def crash() -> None:
+        async with PostgresStore(pg_dsn, schema=pg_schema) as store:
+            await RecoveryHarness.crash(
+                store, RunRecord.new("pg-run"), "after_mutation", fence=False
+            )
+
+    trio.run(crash)
+    url = pg_dsn + ("&" if "?" in pg_dsn else "?") + f"options=-csearch_path%3D{pg_schema}"
+    try:
+        status, text = run("runs", "list", url, "--json")
+        assert status == 0
+        assert [row["run_id"] for row in json.loads(text)] == ["pg-run"]
+        status, text = run("runs", "show", url, "pg-run")
+        assert status == 0
+        assert "mutation" in text
+        status, text = run("runs", "recover", url, "pg-run", "--fence")
+        assert status == 0
+        assert "uncertain (reconcile by hand)" in text
+        assert "fenced: incarnation 1 can no longer commit" in text
+    finally:
+        _drop_schema(pg_dsn, pg_schema)

@@ -7,16 +7,30 @@ same boundary the runtime uses and prints one line per tool and a summary.
 ``backplane catalog admit FILE [--mode quarantine]`` admits the same file as
 one batch (``trio_backplane.tools.admit_batch``) and prints a table of the
 accepted and rejected tools.
+
+``backplane demo`` runs a whole conversation on the embedded default (a
+SQLite file in the working directory) with a scripted model (or an
+OpenAI-compatible endpoint) and the real tools of ``trio_backplane.demo``,
+one of which asks for approval; it shows the event stream live and the final
+status.  ``backplane runs list|show|recover STORE_URL`` read a store given by
+a URL: ``sqlite:///relative/path``, ``sqlite:////absolute/path``, a bare path,
+or a ``postgresql://`` DSN.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
+import os
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib import resources
 from typing import Any, TextIO
+
+import trio
 
 from . import schema, tools
 from .errors import Error, ErrorClass
@@ -193,6 +207,772 @@ def _print_table(
     Console(file=out, highlight=False, width=120).print(table)
 
 
+# -- shared output ---------------------------------------------------------------
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+Segment = str | tuple[str, str]
+
+
+def _clean(text: Any) -> str:
+    """Printable text: control characters (terminal escapes included) dropped."""
+    return _CONTROL.sub("", str(text))
+
+
+def _short(value: Any, limit: int = 160) -> str:
+    if not isinstance(value, str):
+        value = json.dumps(_plain(value), ensure_ascii=False, default=str)
+    text = " ".join(_clean(value).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _plain(value: Any) -> Any:
+    from .kernel import thaw
+
+    return thaw(value)
+
+
+class _Out:
+    """Rich output when the ``cli`` extra is installed, plain lines otherwise.
+
+    Lines are built from segments (``text`` or ``(text, style)``), never parsed
+    as markup, so model or tool text can never inject styles; control
+    characters are dropped either way.
+    """
+
+    def __init__(self, out: TextIO) -> None:
+        self.file = out
+        self.console: Any = None
+        self._status: Any = None
+        try:
+            from rich.console import Console
+        except ImportError:  # the cli extra is optional: plain lines then
+            return
+        terminal = bool(getattr(out, "isatty", lambda: False)())
+        self.console = Console(
+            file=out, highlight=False, soft_wrap=True, width=None if terminal else 120
+        )
+
+    @property
+    def interactive(self) -> bool:
+        return self.console is not None and bool(self.console.is_terminal)
+
+    def line(self, *segments: Segment) -> None:
+        if self.console is None:
+            text = "".join(s if isinstance(s, str) else s[0] for s in segments)
+            print(_clean(text), file=self.file, flush=True)
+            return
+        from rich.text import Text
+
+        parts = [(_clean(s), "") if isinstance(s, str) else (_clean(s[0]), s[1]) for s in segments]
+        self.console.print(Text.assemble(*parts))
+
+    def table(
+        self,
+        title: str,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+        caption: str = "",
+        *,
+        header: bool = True,
+    ) -> None:
+        if self.console is None:
+            print(title, file=self.file)
+            for row in rows:
+                print("  " + "  ".join(_clean(c) for c in row), file=self.file)
+            if caption:
+                print(caption, file=self.file)
+            return
+        from rich.table import Table
+        from rich.text import Text
+
+        table = Table(
+            title=title, caption=caption or None, title_justify="left", show_header=header
+        )
+        for column in columns:
+            table.add_column(column, overflow="fold")
+        for row in rows:
+            table.add_row(*(Text(_clean(c)) for c in row))
+        self.console.print(table)
+
+    # a spinner for waits (only on a terminal)
+
+    def spin(self, text: str) -> None:
+        if not self.interactive:
+            return
+        if self._status is None:
+            self._status = self.console.status(_clean(text))
+            self._status.start()
+        else:
+            self._status.update(_clean(text))
+
+    def stop(self) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+    def progress(self, description: str, total: int) -> Any:
+        """A context manager yielding ``advance()``: a progress bar on a terminal."""
+        return _progress(self, description, total)
+
+
+@contextlib.contextmanager
+def _progress(out: _Out, description: str, total: int) -> Iterator[Callable[[], None]]:
+    if not out.interactive or total < 2:
+        yield lambda: None
+        return
+    from rich.progress import Progress
+
+    with Progress(console=out.console, transient=True) as progress:
+        task = progress.add_task(description, total=total)
+        yield lambda: progress.advance(task)
+
+
+# -- stores by URL -----------------------------------------------------------------
+
+
+class _UsageError(Exception):
+    """A command-line mistake: reported on stderr, exit status 2."""
+
+
+def _redact_dsn(url: str) -> str:
+    """A DSN for display: the password is never printed."""
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+def store_path(url: str) -> str:
+    """The SQLite file of a store URL: ``sqlite:///relative``, ``sqlite:////absolute``
+    (SQLAlchemy's convention) or a bare path."""
+    if url.startswith("sqlite:"):
+        if not url.startswith("sqlite:///") or len(url) == len("sqlite:///"):
+            raise _UsageError(
+                "a SQLite store URL is sqlite:///relative/path or sqlite:////absolute/path"
+            )
+        return url[len("sqlite:///") :]
+    return url
+
+
+def open_store(url: str, *, must_exist: bool = True) -> Any:
+    """The store a URL names (not yet connected): ``SQLiteStore`` or ``PostgresStore``."""
+    from .store import PostgresStore, SQLiteStore
+
+    if url.startswith(("postgresql://", "postgres://")):
+        try:
+            return PostgresStore(url)
+        except Error as error:
+            raise _UsageError(f"cannot use PostgreSQL: {error.message}") from None
+    if "://" in url and not url.startswith("sqlite:"):
+        scheme = url.split("://", 1)[0]
+        raise _UsageError(
+            f"unsupported store URL scheme {scheme!r}: use sqlite:///path or postgresql://..."
+        )
+    path = store_path(url)
+    if must_exist and not os.path.isfile(path):
+        hint = ""
+        if url.startswith("sqlite:///") and not path.startswith("/"):
+            hint = f" (sqlite:/// takes a relative path; for /{path} write sqlite:////{path})"
+        raise _UsageError(f"no SQLite store at {path!r}{hint}")
+    return SQLiteStore(path)
+
+
+def _store_url(path: str) -> str:
+    """The URL ``open_store`` maps back to ``path`` (an absolute path gets four slashes)."""
+    return "sqlite:///" + path
+
+
+# -- backplane demo -----------------------------------------------------------------
+
+_SYSTEM_PROMPT = (
+    "You are the trio_backplane demo assistant. Use read_package_file to read "
+    "__init__.py of the package, search_glossary to look up 'approval', then "
+    "write_note (title 'backplane-tour') to save a two-sentence note, and finish "
+    "with a one-paragraph summary."
+)
+
+
+class _EventView:
+    """Shows the event stream, one line per event (text deltas accumulated into
+    one line), and answers permission interactions."""
+
+    def __init__(
+        self,
+        out: _Out,
+        conversation: Any,
+        approve: str,
+        ask: Callable[[str], str],
+        log: TextIO | None,
+    ) -> None:
+        self.out = out
+        self.conversation = conversation
+        self.approve = approve
+        self.ask = ask
+        self.log = log
+        self.text: list[str] = []
+        self.thinking: list[str] = []
+        self.answers: list[str] = []
+
+    def _flush(self) -> None:
+        if self.thinking:
+            self.out.line(("thinking ▸ ", "dim"), ("".join(self.thinking).strip(), "dim italic"))
+            self.thinking.clear()
+        if self.text:
+            self.out.line(("assistant ▸ ", "bold magenta"), "".join(self.text).strip())
+            self.text.clear()
+
+    async def consume(self, events: Any) -> None:
+        async with events:
+            async for event in events:
+                if self.log is not None:
+                    self.log.write(_event_json(event) + "\n")
+                    self.log.flush()
+                await self.show(event)
+        self.out.stop()
+        self._flush()
+
+    async def show(self, event: Any) -> None:
+        kind, payload = event.type, event.payload
+        out = self.out
+        if kind == "content_text_delta":
+            self.text.append(str(payload.get("delta", "")))
+            out.spin("assistant ▸ " + "".join(self.text)[-70:])
+            return
+        if kind == "content_thinking_delta":
+            self.thinking.append(str(payload.get("delta", "")))
+            out.spin("thinking…")
+            return
+        if kind in ("tool_call_arguments_delta", "usage_updated"):
+            return
+        if kind == "tool_call_started":
+            call = payload.get("tool_call") or {}
+            out.spin(f"the model is writing a call to {_short(call.get('name'), 60)}…")
+            return
+        out.stop()
+        self._flush()
+        if kind == "prompt_consumed":
+            message = payload.get("message") or {}
+            out.line(("user ▸ ", "bold cyan"), _short(message.get("content"), 400))
+        elif kind == "response_started":
+            out.spin("waiting for the model…")
+        elif kind == "tool_call_completed":
+            call = payload.get("tool_call") or {}
+            out.line(
+                ("call ", "yellow"),
+                (_short(call.get("name"), 80), "bold"),
+                " ",
+                _short(call.get("arguments")),
+            )
+        elif kind == "response_completed":
+            usage = payload.get("usage")
+            out.line(
+                ("response completed", "dim"), (f"  usage {_short(usage)}" if usage else "", "dim")
+            )
+        elif kind == "response_failed":
+            out.line(("response failed  ", "bold red"), _error_text(payload.get("error")))
+        elif kind == "tool_started":
+            invocation = payload.get("invocation") or {}
+            name = _short(invocation.get("tool_name"), 80)
+            out.line(("tool ▶ ", "blue"), (name, "bold"), " ", _short(invocation.get("arguments")))
+            out.spin(f"running {name}…")
+        elif kind == "tool_update":
+            out.line(("  · update ", "dim"), (_short(dict(payload)), "dim"))
+        elif kind == "tool_completed":
+            message = payload.get("message") or {}
+            result = message.get("result") or {}
+            name = _short(message.get("name"), 80)
+            if result.get("is_error"):
+                out.line(
+                    ("tool ✗ ", "red"),
+                    (name, "bold"),
+                    "  ",
+                    _error_text(result.get("error")) or _short(result.get("content")),
+                )
+            else:
+                out.line(
+                    ("tool ✓ ", "green"), (name, "bold"), "  ", _short(result.get("content"), 120)
+                )
+        elif kind == "interaction_requested":
+            await self._interaction(payload)
+        elif kind == "interaction_resolved":
+            out.line(
+                ("interaction resolved ", "dim"), (_short(payload.get("interaction_id")), "dim")
+            )
+        elif kind in ("turn_completed", "run_completed"):
+            out.line((kind.replace("_", " "), "bold green"))
+        elif kind in ("turn_failed", "run_failed"):
+            error = (payload.get("outcome") or {}).get("error") or payload.get("error")
+            out.line((kind.replace("_", " ") + "  ", "bold red"), _error_text(error))
+        elif kind == "run_cancelled":
+            out.line(("run cancelled  ", "bold red"), _short(payload.get("state")))
+        elif kind == "storage_failed":
+            out.line(("storage failed  ", "bold red"), _error_text(payload.get("error")))
+        elif kind == "events_dropped":
+            out.line((f"({payload.get('count')} transient events dropped)", "dim"))
+        elif kind == "prompt_rejected":
+            out.line(("prompt rejected  ", "red"), _error_text(payload.get("error")))
+        else:
+            out.line((kind, "dim"), " ", (_short(dict(payload)), "dim"))
+
+    async def _interaction(self, payload: Any) -> None:
+        interaction_id = payload.get("interaction_id")
+        request = payload.get("request") or {}
+        operation = request.get("operation") or {}
+        if request.get("kind") != "permission":
+            self.out.line(
+                ("interaction ", "yellow"), _short(dict(request)), " (answered: unsupported)"
+            )
+            answer = "unsupported"
+        else:
+            tool = _short(operation.get("tool_name"), 80)
+            self.out.line(
+                ("approval needed ", "bold yellow"),
+                (tool, "bold"),
+                " ",
+                _short(operation.get("arguments"), 400),
+            )
+            if self.approve == "ask":
+                reply = await trio.to_thread.run_sync(
+                    self.ask, f"approve {tool}? [y/N] ", abandon_on_cancel=True
+                )
+                approved = reply.strip().lower() in ("y", "yes")
+            else:
+                approved = self.approve == "yes"
+                self.out.line(
+                    ("  --approve ", "dim"), (self.approve, "bold"), (" answers for you", "dim")
+                )
+            answer = "approved" if approved else "denied"
+            self.out.line(("  → ", "dim"), (answer, "bold green" if approved else "bold red"))
+        self.answers.append(answer)
+        try:
+            await self.conversation.resolve(interaction_id, answer)
+        except Error as error:
+            self.out.line(("resolve refused  ", "red"), _reason(error))
+
+
+def _error_text(error: Any) -> str:
+    if not isinstance(error, Mapping):
+        return _short(error) if error else ""
+    text = f"{error.get('class')}: {error.get('message')}"
+    reason = (error.get("details") or {}).get("reason")
+    return _short(f"{text} ({reason})" if reason else text, 300)
+
+
+def _event_json(event: Any) -> str:
+    return json.dumps(
+        {
+            "type": event.type,
+            "payload": _plain(event.payload),
+            "run_id": event.run_id,
+            "incarnation": event.incarnation,
+            "turn_id": event.turn_id,
+            "step_id": event.step_id,
+            "attempt_id": event.attempt_id,
+        },
+        ensure_ascii=False,
+        default=str,
+    )
+
+
+def _ask_stdin(prompt: str) -> str:
+    """Ask on the terminal (or read a line of standard input); EOF answers no."""
+    sys.stdout.write(prompt)
+    sys.stdout.flush()
+    line = sys.stdin.readline()
+    if not line:
+        sys.stdout.write("\n")
+    return line
+
+
+def _demo_provider(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None, str]:
+    from . import demo
+
+    if args.provider == "scripted":
+        return demo.DemoProvider(pace=args.pace), None, "scripted model (trio_backplane.demo)"
+    try:
+        from .adapters.openai import OpenAIProvider
+    except ImportError as exc:  # pragma: no cover - httpx ships with the cli extra
+        raise _UsageError(f"--provider openai needs httpx and httpx-sse ({exc})") from None
+    try:
+        provider = OpenAIProvider(args.base_url, args.model, system=_SYSTEM_PROMPT)
+    except Error as error:
+        raise _UsageError(error.message) from None
+    key = os.environ.get("OPENAI_API_KEY") or None
+    # The key goes only into the trusted provider_context: never the store,
+    # an event, or a line printed here.
+    context = {"api_key": key} if key else None
+    label = f"{args.model} at {_redact_dsn(args.base_url)}" + (
+        "" if key else " (no OPENAI_API_KEY)"
+    )
+    return provider, context, label
+
+
+def _demo(args: argparse.Namespace, out: TextIO) -> int:
+    if args.provider == "openai" and not (args.base_url and args.model):
+        print("backplane: --provider openai needs --base-url URL and --model M", file=sys.stderr)
+        return EXIT_USAGE
+    if args.pace < 0 or args.pace > 5:
+        print("backplane: --pace must be between 0 and 5 seconds", file=sys.stderr)
+        return EXIT_USAGE
+    approve = args.approve or ("ask" if sys.stdin.isatty() else "yes")
+    try:
+        provider, context, label = _demo_provider(args)
+    except _UsageError as exc:
+        print(f"backplane: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    view = _Out(out)
+    try:
+        log = open(args.events, "w", encoding="utf-8") if args.events else None  # noqa: SIM115
+    except OSError as exc:
+        print(f"backplane: cannot write --events: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return trio.run(
+            functools.partial(
+                _demo_run,
+                args=args,
+                out=view,
+                provider=provider,
+                provider_context=context,
+                label=label,
+                approve=approve,
+                log=log,
+            )
+        )
+    except KeyboardInterrupt:
+        view.stop()
+        print("backplane: interrupted; the run was cancelled", file=sys.stderr)
+        return 130
+    finally:
+        if log is not None:
+            log.close()
+
+
+async def _demo_run(
+    *,
+    args: argparse.Namespace,
+    out: _Out,
+    provider: Any,
+    provider_context: dict[str, Any] | None,
+    label: str,
+    approve: str,
+    log: TextIO | None,
+) -> int:
+    from . import demo
+    from .runtime import open_conversation
+    from .store import SQLiteStore
+    from .tools import Authority
+
+    db = args.db
+    notes = args.notes or os.path.join(os.path.dirname(os.path.abspath(db)), "backplane-demo-notes")
+    registry = demo.registry(notes)
+    run_id = demo.new_run_id()
+    authority = Authority.for_registry(registry, caller="backplane-demo", run_id=run_id)
+    out.line(("backplane demo ", "bold"), (run_id, "bold cyan"))
+    out.line(("  store ", "dim"), _store_url(db), ("   model ", "dim"), label)
+    out.line(
+        ("  tools ", "dim"), ", ".join(d.name for d in registry), ("   approvals ", "dim"), approve
+    )
+    out.spin("opening the store…")
+    try:
+        async with (
+            SQLiteStore(db) as store,
+            trio.open_nursery() as nursery,
+            open_conversation(
+                run_id,
+                store=store,
+                provider=provider,
+                registry=registry,
+                authority=authority,
+                provider_context=provider_context,
+                context={"demo": {"notes": notes, "provider": args.provider}},
+                work=20,
+                run_timeout=600.0,
+                effect_timeout=120.0 if args.provider == "openai" else 30.0,
+            ) as conversation,
+        ):
+            view = _EventView(out, conversation, approve, _ask_stdin, log)
+            nursery.start_soon(view.consume, conversation.subscribe())
+            out.stop()
+            await conversation.prompt(demo.PROMPT)
+            snapshot = await conversation.wait_settled()
+    except Error as error:
+        out.stop()
+        print(f"backplane: demo failed: {_reason(error)}", file=sys.stderr)
+        return EXIT_REJECTED
+    finally:
+        out.stop()
+    _final_status(out, snapshot, db, run_id)
+    return EXIT_OK if snapshot.run.state == "completed" else EXIT_REJECTED
+
+
+def _final_status(out: _Out, snapshot: Any, db: str, run_id: str) -> None:
+    record = snapshot.run
+    roles: dict[str, int] = {}
+    for message in snapshot.messages:
+        role = message.get("role", "?") if isinstance(message, Mapping) else "?"
+        roles[role] = roles.get(role, 0) + 1
+    rows = [
+        ("run id", run_id),
+        ("phase", snapshot.phase),
+        ("run state", record.state),
+        ("work used", f"{record.budget.used} of {record.budget.quota}"),
+        (
+            "messages",
+            f"{len(snapshot.messages)} ("
+            + ", ".join(f"{n} {role}" for role, n in sorted(roles.items()))
+            + ")",
+        ),
+        ("provider responses", str(len(snapshot.usage))),
+    ]
+    outcome = record.outcome or {}
+    if outcome.get("error"):
+        rows.append(("error", _error_text(outcome["error"])))
+    elif snapshot.last_error is not None:
+        rows.append(("error", _reason(snapshot.last_error)))
+    out.table("final status", ("", ""), rows, header=False)
+    out.line(("inspect it: ", "dim"), f"backplane runs show {_store_url(db)} {run_id}")
+
+
+# -- backplane runs ------------------------------------------------------------------
+
+
+def _runs(args: argparse.Namespace, out: TextIO) -> int:
+    try:
+        store = open_store(args.store)
+    except _UsageError as exc:
+        print(f"backplane: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    handler = {"list": _runs_list, "show": _runs_show, "recover": _runs_recover}[args.runs_command]
+    view = _Out(out)
+    try:
+        status: int = trio.run(_with_store, store, handler, args, view)
+    except Error as error:
+        view.stop()
+        print(f"backplane: {_reason(error)}", file=sys.stderr)
+        return EXIT_REJECTED
+    return status
+
+
+async def _with_store(store: Any, handler: Any, args: argparse.Namespace, out: _Out) -> int:
+    async with store:
+        status: int = await handler(store, args, out)
+        return status
+
+
+async def _load(store: Any, run_id: str) -> Any:
+    record = await store.load(run_id)
+    if record is None:
+        raise Error(ErrorClass.NOT_FOUND, f"no run {run_id!r} in the store")
+    return record
+
+
+async def _runs_list(store: Any, args: argparse.Namespace, out: _Out) -> int:
+    out.spin("listing runs…")
+    summaries = await store.list_runs(states=args.state or None)
+    out.stop()
+    rows = []
+    with out.progress("reading runs", len(summaries)) as advance:
+        for summary in summaries:
+            record = await store.load(summary.run_id)
+            advance()
+            conversation = (record.conversation or {}) if record is not None else {}
+            messages = len(conversation.get("messages") or ())
+            used = f"{record.budget.used}/{record.budget.quota}" if record is not None else "?"
+            rows.append(
+                (
+                    summary.run_id,
+                    summary.state,
+                    summary.incarnation,
+                    summary.revision,
+                    used,
+                    messages,
+                )
+            )
+    if args.json:
+        keys = ("run_id", "state", "incarnation", "revision", "work", "messages")
+        out.file.write(
+            json.dumps([dict(zip(keys, row, strict=True)) for row in rows], indent=2) + "\n"
+        )
+        return EXIT_OK
+    out.table(
+        "runs",
+        ("run id", "state", "incarnation", "revision", "work", "messages"),
+        rows,
+        caption=f"{len(rows)} runs",
+    )
+    return EXIT_OK
+
+
+def _transcript_rows(messages: Sequence[Any]) -> list[tuple[str, str]]:
+    rows: list[tuple[str, str]] = []
+    for message in messages:
+        if not isinstance(message, Mapping):
+            rows.append(("?", _short(message)))
+            continue
+        role = str(message.get("role", "?"))
+        if role == "tool":
+            result = message.get("result") or {}
+            if result.get("is_error"):
+                text = "✗ " + (_error_text(result.get("error")) or _short(result.get("content")))
+            else:
+                text = "✓ " + _short(result.get("content"), 200)
+            rows.append((f"tool {message.get('name')}", text))
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            rows.append((role, _short(content, 400)))
+            continue
+        for block in content or ():
+            if isinstance(block, Mapping) and block.get("type") == "tool_call":
+                rows.append((role, f"→ {block.get('name')} {_short(block.get('arguments'))}"))
+            elif isinstance(block, Mapping) and "text" in block:
+                rows.append((role, _short(block.get("text"), 400)))
+            else:
+                rows.append((role, _short(block)))
+    return rows
+
+
+async def _runs_show(store: Any, args: argparse.Namespace, out: _Out) -> int:
+    from .kernel import encode_record
+
+    out.spin("loading the run…")
+    record = await _load(store, args.run_id)
+    events = await store.events(args.run_id)
+    out.stop()
+    if args.json:
+        out.file.write(json.dumps(encode_record(record), indent=2, default=str) + "\n")
+        return EXIT_OK
+    budget = record.budget
+    reservations = ", ".join(sorted(budget.reservations)) or "none"
+    out.table(
+        f"run {record.run_id}",
+        ("", ""),
+        [
+            ("state", record.state),
+            ("incarnation", str(record.incarnation)),
+            ("revision", str(record.revision)),
+            ("budget", f"{budget.used} of {budget.quota} used; reservations: {reservations}"),
+            ("stop reason", record.stop_reason or "-"),
+            ("stored events", f"{len(events)}"),
+        ],
+        header=False,
+    )
+    conversation = record.conversation or {}
+    out.table(
+        "transcript", ("role", "content"), _transcript_rows(conversation.get("messages") or ())
+    )
+    intents = []
+    for effect_id in sorted(record.intents, key=_effect_order):
+        intent = record.intents[effect_id]
+        intents.append(
+            (
+                effect_id,
+                intent.get("kind", effect_id.split(":", 1)[0]),
+                intent.get("tool_name") or "-",
+                intent.get("status", "?"),
+                intent.get("effect_class", "?"),
+                intent.get("dispatch_state", "-"),
+            )
+        )
+    out.table(
+        "intents",
+        ("effect", "kind", "tool", "status", "effect_class", "dispatch_state"),
+        intents,
+    )
+    outcome = _plain(record.outcome) if record.outcome is not None else None
+    if outcome is None:
+        out.line(("outcome ", "bold"), "none yet (the run is not terminal)")
+    else:
+        status = str(outcome.get("status", record.state))
+        error = outcome.get("error")
+        out.line(
+            ("outcome ", "bold"),
+            (status, "bold green" if status == "completed" else "bold red"),
+            f"  turn {outcome.get('turn_id')}" if outcome.get("turn_id") else "",
+            f"  {_error_text(error)}" if error else "",
+        )
+    return EXIT_OK
+
+
+def _effect_order(effect_id: str) -> tuple[int, str]:
+    digits = re.findall(r"\d+", effect_id)
+    return (int(digits[-1]) if digits else 0, effect_id)
+
+
+async def _runs_recover(store: Any, args: argparse.Namespace, out: _Out) -> int:
+    import attrs
+
+    from .recovery import recover
+
+    record = await _load(store, args.run_id)
+    incarnation = args.incarnation if args.incarnation is not None else record.incarnation + 1
+    report = recover(record, incarnation=incarnation)
+    if args.json:
+        data = attrs.asdict(report)
+        data["safe_to_withdraw"] = report.safe_to_withdraw
+        out.file.write(json.dumps(data, indent=2, default=str) + "\n")
+    else:
+        out.line(
+            ("recovery of ", "bold"),
+            (report.run_id, "bold cyan"),
+            f"  for incarnation {report.incarnation} (fences incarnation "
+            f"{report.fenced_incarnation})",
+        )
+        out.line(
+            ("  state ", "dim"), report.state, ("  terminal" if report.terminal else "", "dim")
+        )
+        if report.effects:
+            out.table(
+                "outstanding effects",
+                (
+                    "effect",
+                    "kind",
+                    "effect_class",
+                    "dispatch_state",
+                    "status",
+                    "withdraw",
+                    "resume",
+                ),
+                [
+                    (
+                        e.effect_id,
+                        e.kind,
+                        e.effect_class,
+                        e.dispatch_state,
+                        e.status,
+                        "safe" if e.safe_to_withdraw else "no",
+                        "safe" if e.safe_to_resume else "no",
+                    )
+                    for e in report.effects
+                ],
+            )
+        else:
+            out.line("  no outstanding effects: nothing to withdraw, resume or reconcile")
+        if report.uncertain_effects:
+            out.line(
+                ("  uncertain (reconcile by hand) ", "bold red"),
+                ", ".join(report.uncertain_effects),
+            )
+    if args.fence:
+        receipt = await store.fence(args.run_id, incarnation=incarnation)
+        message = (
+            f"fenced: incarnation {record.incarnation} can no longer commit; the run is at "
+            f"incarnation {receipt.incarnation}, revision {receipt.revision}"
+        )
+        if args.json:
+            print(message, file=sys.stderr)
+        else:
+            out.line(("  " + message, "bold yellow"))
+    elif not args.json:
+        out.line(
+            (
+                f"  read-only: nothing was fenced (pass --fence to fence incarnation "
+                f"{record.incarnation})",
+                "dim",
+            )
+        )
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="backplane", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -237,6 +1017,95 @@ def build_parser() -> argparse.ArgumentParser:
         "--draft-07", action="store_true", help="also accept schemas that declare draft-07"
     )
     admit.set_defaults(handler=_admit)
+
+    demo_cmd = commands.add_parser(
+        "demo",
+        help="run a whole conversation with real tools and an approval, on SQLite",
+        description="Run a whole conversation on the embedded default (a SQLite file) with a "
+        "scripted model (or an OpenAI-compatible endpoint) and the tools of trio_backplane.demo; "
+        "write_note asks for approval. Shows the event stream live and the final status; "
+        "exit status 0 when the run completed.",
+    )
+    demo_cmd.add_argument(
+        "--db",
+        default="backplane-demo.sqlite3",
+        metavar="PATH",
+        help="the SQLite store (default: ./backplane-demo.sqlite3)",
+    )
+    demo_cmd.add_argument(
+        "--approve",
+        choices=("yes", "no", "ask"),
+        default=None,
+        help="answer the approval: ask at the terminal, or yes/no "
+        "(default: ask when standard input is a terminal, otherwise yes)",
+    )
+    demo_cmd.add_argument(
+        "--provider",
+        choices=("scripted", "openai"),
+        default="scripted",
+        help="the model: the scripted one (default) or an OpenAI-compatible endpoint "
+        "(API key from OPENAI_API_KEY)",
+    )
+    demo_cmd.add_argument(
+        "--base-url", metavar="URL", help="the API root, e.g. https://api.openai.com/v1"
+    )
+    demo_cmd.add_argument("--model", metavar="M", help="the model name")
+    demo_cmd.add_argument(
+        "--notes",
+        metavar="DIR",
+        help="where write_note writes (default: backplane-demo-notes beside the store)",
+    )
+    demo_cmd.add_argument(
+        "--events",
+        metavar="FILE",
+        help="also write every event as a JSON line to FILE",
+    )
+    demo_cmd.add_argument(
+        "--pace",
+        type=float,
+        default=0.02,
+        metavar="SECONDS",
+        help="pause between the scripted model's words (default 0.02)",
+    )
+    demo_cmd.set_defaults(handler=_demo)
+
+    runs_cmd = commands.add_parser(
+        "runs",
+        help="inspect the runs of a store",
+        description="STORE_URL is sqlite:///relative/path, sqlite:////absolute/path, a bare "
+        "path, or a postgresql:// DSN.",
+    )
+    runs_sub = runs_cmd.add_subparsers(dest="runs_command", required=True)
+    runs_list = runs_sub.add_parser("list", help="every run: state, incarnation, revision, work")
+    runs_list.add_argument("store", metavar="STORE_URL")
+    runs_list.add_argument(
+        "--state", action="append", metavar="STATE", help="only runs in STATE (repeatable)"
+    )
+    runs_show = runs_sub.add_parser(
+        "show", help="one run: transcript, intents (status, effect_class), outcome, budget"
+    )
+    runs_show.add_argument("store", metavar="STORE_URL")
+    runs_show.add_argument("run_id", metavar="RUN_ID")
+    runs_recover = runs_sub.add_parser(
+        "recover",
+        help="the recovery classification of a run (read-only unless --fence)",
+    )
+    runs_recover.add_argument("store", metavar="STORE_URL")
+    runs_recover.add_argument("run_id", metavar="RUN_ID")
+    runs_recover.add_argument(
+        "--incarnation",
+        type=int,
+        metavar="N",
+        help="the recovering incarnation (default: the stored one + 1)",
+    )
+    runs_recover.add_argument(
+        "--fence",
+        action="store_true",
+        help="also fence the stored incarnation (Store.fence): it can never commit again",
+    )
+    for command in (runs_list, runs_show, runs_recover):
+        command.add_argument("--json", action="store_true", help="print JSON instead of tables")
+        command.set_defaults(handler=_runs)
     return parser
 
 
