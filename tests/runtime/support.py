@@ -666,3 +666,129 @@ async def collect_timed(
     async with channel:
         async for event in channel:
             out.append((trio.current_time(), event))
+
+
+# -- interactions and publications (issue 6) -----------------------------------
+
+
+class Host:
+    """A host that answers ``interaction_requested`` events.
+
+    ``policy(event)`` returns ``(delay, answer)`` to answer after ``delay``
+    seconds of (mock) time, or ``None`` to leave the interaction pending.
+    ``events`` holds every event read, ``requested``/``resolved`` the
+    ``(time, interaction_id)`` of each request seen and each ``resolve`` that
+    returned, ``errors`` every ``Error`` a ``resolve`` raised, and
+    ``on_request(event, record)`` (optional) is called with the stored record
+    when a request arrives."""
+
+    def __init__(
+        self,
+        conversation: Conversation,
+        policy: Callable[[Event], tuple[float, Any] | None] | None = None,
+        *,
+        store: Any = None,
+        run_id: str = RUN_ID,
+    ) -> None:
+        self.conversation = conversation
+        self.policy = policy if policy is not None else (lambda _e: (0.0, "approved"))
+        self.store = store
+        self.run_id = run_id
+        self.events: list[Event] = []
+        self.requested: list[tuple[float, str]] = []
+        self.resolved: list[tuple[float, str]] = []
+        self.errors: list[Any] = []
+        self.records_at_request: list[RunRecord | None] = []
+        self.records_at_resolved_event: list[RunRecord | None] = []
+
+    def of(self, type_: str) -> list[Event]:
+        return [e for e in self.events if e.type == type_]
+
+    async def run(self, channel: trio.MemoryReceiveChannel[Event]) -> None:
+        async with trio.open_nursery() as nursery, channel:
+            async for event in channel:
+                self.events.append(event)
+                if event.type == "interaction_resolved" and self.store is not None:
+                    self.records_at_resolved_event.append(await self.store.load(self.run_id))
+                if event.type != "interaction_requested":
+                    continue
+                interaction_id = event.payload["interaction_id"]
+                self.requested.append((trio.current_time(), interaction_id))
+                if self.store is not None:
+                    self.records_at_request.append(await self.store.load(self.run_id))
+                decision = self.policy(event)
+                if decision is not None:
+                    nursery.start_soon(self._answer, interaction_id, *decision)
+
+    async def _answer(self, interaction_id: str, delay: float, answer: Any) -> None:
+        from trio_backplane import Error
+
+        await trio.sleep(delay)
+        try:
+            await self.conversation.resolve(interaction_id, answer)
+        except Error as error:
+            self.errors.append(error)
+            return
+        self.resolved.append((trio.current_time(), interaction_id))
+
+
+async def run_with_host(
+    provider: Any,
+    tools: Sequence[ToolDescriptor] = (),
+    policy: Callable[[Event], tuple[float, Any] | None] | None = None,
+    *,
+    prompt: Any = "hello",
+    during: Callable[[Conversation, Host], Any] | None = None,
+    **kwargs: Any,
+) -> tuple[Finished, Host]:
+    """``run_to_settled`` with a :class:`Host` answering interactions; ``during``
+    (an async callable) runs beside the run once the prompt is admitted."""
+    run_id = kwargs.get("run_id", RUN_ID)
+    async with conversation_with(provider, tools, **kwargs) as (conversation, timeline):
+        host = Host(conversation, policy, store=timeline, run_id=run_id)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(host.run, conversation.subscribe(buffer=100_000))
+            await trio.lowlevel.checkpoint()
+            await conversation.prompt(prompt)
+            if during is not None:
+                nursery.start_soon(during, conversation, host)
+            snapshot = await conversation.wait_settled()
+            nursery.cancel_scope.cancel()
+    record = await timeline.load(run_id)
+    assert record is not None
+    log = await timeline.events(run_id)
+    return Finished(snapshot, timeline.published(), record, log, timeline), host
+
+
+def pending_of(record: RunRecord | None) -> Any:
+    """The stored ``pending_interaction`` of ``record``'s conversation state."""
+    assert record is not None
+    return record.context["conversation"]["pending_interaction"]
+
+
+def publication(
+    publication_id: str,
+    tools: Sequence[ToolDescriptor],
+    *,
+    expected_revision: int = 1,
+    run_id: str = RUN_ID,
+    incarnation: int = 1,
+    authority: Authority | None = None,
+    schema_admission: str | None = None,
+) -> Any:
+    """A :class:`Publication` of ``tools`` as the next catalog revision."""
+    from trio_backplane.tools import CatalogUpdate, Publication
+
+    registry = ToolRegistry(tools)
+    return Publication(
+        publication_id,
+        run_id,
+        incarnation,
+        expected_revision,
+        CatalogUpdate(
+            expected_revision + 1,
+            registry,
+            granted(registry, run_id) if authority is None else authority,
+        ),
+        schema_admission=schema_admission,
+    )

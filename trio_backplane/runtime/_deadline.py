@@ -66,7 +66,10 @@ class DeadlineBudget:
         return self._generation
 
     def resume(self) -> int:
-        """Re-arm with only the remaining time; returns the new generation."""
+        """Re-arm with only the remaining time; returns the new generation.
+        A budget that was not suspended (armed during the wait) is left alone."""
+        if not self._suspended:
+            return self._generation
         self._generation += 1
         self._suspended = False
         if self._scope is not None:

@@ -53,13 +53,20 @@ async def wait_for_human(c: Conversation, request: Any) -> tuple[Any, float]:
     request = freeze(request)
     pending = Pending(c._new_id("interaction"), request, trio.current_time())
     c._pending = pending
-    c._suspend_deadlines()
     if c._phase == "running":
         c._phase = "waiting_interaction"
+    suspended = False
     try:
         entry = {"id": pending.interaction_id, "request": request}
         await c._checkpoint(lambda s: {**s, "pending_interaction": entry})
+        # The deadlines keep running while the pending checkpoint commits: an
+        # acknowledgement cannot revive an interaction after a cancellation or
+        # a deadline won meanwhile (INT-10).
+        await trio.lowlevel.checkpoint_if_cancelled()
         if c._stop_reason is None and c._pending is pending:
+            c._suspend_deadlines()
+            suspended = True
+            pending.started = trio.current_time()
             c._publish(
                 "interaction_requested",
                 {"interaction_id": pending.interaction_id, "request": thaw(request)},
@@ -71,7 +78,8 @@ async def wait_for_human(c: Conversation, request: Any) -> tuple[Any, float]:
             c._pending = None
         if c._phase == "waiting_interaction":
             c._phase = "running"
-        c._resume_deadlines()
+        if suspended:
+            c._resume_deadlines()
 
 
 async def resolve(c: Conversation, interaction_id: Any, answer: Any) -> None:

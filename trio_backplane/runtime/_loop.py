@@ -83,7 +83,12 @@ class ToolContext:
             raise Error(ErrorClass.VALIDATION, "an interaction request must be a mapping")
         if not self._live:
             raise Error(ErrorClass.RESOURCE_CONFLICT, "stale or overlapping interaction")
-        answer, _ = await wait_for_human(self._conversation, request)
+        from ._conversation import _StorageFailed
+
+        try:
+            answer, _ = await wait_for_human(self._conversation, request)
+        except _StorageFailed as failed:
+            raise failed.error from None  # the backend sees storage_failed (CAN-17)
         return answer
 
     def stage_catalog(self, publication: Any) -> PublicationReceipt:
@@ -655,12 +660,19 @@ class TurnLoop:
         self, descriptor: ToolDescriptor, operation: ToolOperation
     ) -> tuple[Any, bool]:
         """Run the backend under its own effect budget: ``(outcome, timed out)``.
-        Its context expires when execution ends, before settlement (NEST-01)."""
+        Its context expires when execution ends, before settlement (NEST-01).
+
+        A nested invocation's deadline lies inside the outer one: at most half
+        of what the outer tool has left, so a nested timeout always leaves the
+        outer tool time to react (NEST-05)."""
         c = self.c
         invocation_id = operation.invocation_id
         c._unsettled_dispatch[invocation_id] = "tool dispatched; outcome unknown"
         c._dispatched.append(invocation_id)
-        budget = DeadlineBudget("effect", c._options.effect_timeout)
+        seconds = c._options.effect_timeout
+        if c._effects:
+            seconds = min(seconds, c._effects[-1].remaining() / 2)
+        budget = DeadlineBudget("effect", seconds)
         c._effects.append(budget)
         c._executing.append(invocation_id)
         result: Any = None

@@ -16,6 +16,7 @@ from ..errors import Error
 from . import _instance
 from ._content import CONTENT_KEYWORDS
 from ._errors import failure, invalid, limit_error, unsupported
+from ._instance import json_pointer as _pointer
 from ._options import Limits, SchemaLoader, SchemaOptions, normalize_dialects
 from ._preflight import DEFAULT_BASE, Preflight, preflight
 
@@ -55,10 +56,6 @@ _CONTEXT_KINDS: Final = (
 
 Root = Literal["tool", "any"]
 _DEFAULT_OPTIONS: Final = SchemaOptions()
-
-
-def _pointer(parts: list[str | int]) -> str:
-    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
 
 
 def _raise_input(violation: _instance.Violation, limits: Limits, role: str) -> None:

@@ -17,7 +17,7 @@ walk is the reference and the failure path (it also reports the path).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "encoded_size",
     "fast_check",
     "first_violation",
+    "json_pointer",
 ]
 
 #: The engine cannot compare an integer with more decimal digits than this.
@@ -58,8 +59,12 @@ def _string_size(s: str) -> int:
     return len(data) + extra + 2
 
 
-def _pointer(path: list[str | int]) -> str:
+def json_pointer(path: Sequence[str | int]) -> str:
+    """An RFC 6901 JSON Pointer for ``path`` (``""`` for the root)."""
     return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
+
+
+_pointer = json_pointer
 
 
 def check_python(obj: Any, max_depth: int, max_bytes: int) -> Violation | None:

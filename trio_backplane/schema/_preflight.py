@@ -26,6 +26,7 @@ from . import _ecma, _uri
 from ._content import check_content_keywords
 from ._errors import failure, invalid, limit_error, unsupported
 from ._instance import first_violation
+from ._instance import json_pointer as _pointer
 from ._options import Limits
 
 __all__ = ["DEFAULT_BASE", "Preflight", "preflight"]
@@ -490,10 +491,6 @@ class Preflight:
                 detail=reason,
                 path=_pointer(path),
             )
-
-
-def _pointer(path: Path) -> str:
-    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
 
 
 def preflight(

@@ -1,0 +1,318 @@
+"""Nested dispatch and the commit coordinator: the NEST behaviours of
+BEHAVIOURS.md, on ``MemoryStore`` under ``MockClock(autojump_threshold=0)``.
+
+A nested call's deadline lies inside the outer one (at most half of what
+the outer tool has left), so a read-only nested timeout leaves the outer tool
+time to catch it (NEST-05).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+from trio.testing import MockClock
+
+from trio_backplane import Error, ErrorClass
+from trio_backplane.kernel import RunRecord
+from trio_backplane.runtime import Conversation
+from trio_backplane.testing import ScriptedProvider
+from trio_backplane.tools import ToolResult
+
+from .support import (
+    RUN_ID,
+    Fault,
+    FaultyStore,
+    Host,
+    RecordingBackend,
+    make_tool,
+    run_with_host,
+)
+
+SP = ScriptedProvider
+
+
+def calls_then_done(*calls: tuple[str, str, Any]) -> ScriptedProvider:
+    return SP([SP.tool_calls(*calls), SP.text("done")])
+
+
+def outer_calling(name: str, seen: list[Any], arguments: Any = None) -> Any:
+    async def run(operation: Any) -> ToolResult:
+        try:
+            result = await operation.context.nested_dispatch(name, arguments or {})
+        except Error as error:
+            seen.append(error)
+            return ToolResult("outer caught the error")
+        seen.append(result)
+        return ToolResult("outer done")
+
+    return run
+
+
+async def until(predicate: Any, step: float = 0.5) -> None:
+    while not predicate():
+        await trio.sleep(step)
+
+
+async def test_nest_01_stale_context_and_one_nested_call_at_a_time(
+    autojump_clock: MockClock,
+) -> None:
+    """NEST-01: a second nested call while one is in flight, or a call from a
+    tool whose execution has ended, raises ``resource_conflict``."""
+    seen: list[Any] = []
+    kept: list[Any] = []
+
+    async def slow(operation: Any) -> ToolResult:
+        await trio.sleep(5.0)
+        return ToolResult("slow done")
+
+    async def second(context: Any) -> None:
+        await trio.sleep(1.0)
+        try:
+            await context.nested_dispatch("slow", {})
+        except Error as error:
+            seen.append(error)
+
+    async def first(operation: Any) -> ToolResult:
+        kept.append(operation.context)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(second, operation.context)
+            result = await operation.context.nested_dispatch("slow", {})
+        return ToolResult(f"first: {result.content}")
+
+    async def later(operation: Any) -> ToolResult:
+        try:
+            await kept[0].nested_dispatch("slow", {})
+        except Error as error:
+            seen.append(error)
+        return ToolResult("later")
+
+    slow_backend = RecordingBackend(slow)
+    tools = [
+        make_tool("first", RecordingBackend(first)),
+        make_tool("later", RecordingBackend(later)),
+        make_tool("slow", slow_backend, read_only=True),
+    ]
+    provider = SP(
+        [SP.tool_calls(("c1", "first", {})), SP.tool_calls(("c2", "later", {})), SP.text("done")]
+    )
+    finished, _ = await run_with_host(provider, tools)
+    assert [e.error_class for e in seen] == [ErrorClass.RESOURCE_CONFLICT] * 2
+    assert slow_backend.calls == 1
+    assert finished.tool_messages()[0]["result"]["content"] == "first: slow done"
+    assert finished.record.state == "completed"
+
+
+async def test_nest_02_a_tool_cannot_invoke_itself(autojump_clock: MockClock) -> None:
+    """NEST-02: a nested call naming the outer tool raises ``resource_conflict``
+    "a tool cannot invoke itself"."""
+    seen: list[Any] = []
+    backend = RecordingBackend(outer_calling("cell", seen))
+    finished, _ = await run_with_host(
+        calls_then_done(("c1", "cell", {})), [make_tool("cell", backend)]
+    )
+    [error] = seen
+    assert error.error_class is ErrorClass.RESOURCE_CONFLICT
+    assert error.message == "a tool cannot invoke itself"
+    assert backend.calls == 1
+    assert finished.record.budget.used == 3  # two provider attempts, one tool
+
+
+async def test_nest_03_approval_gated_tool_is_refused(autojump_clock: MockClock) -> None:
+    """NEST-03: a nested call to a ``requires_approval=True`` tool raises
+    ``approval_required`` and opens no interaction."""
+    seen: list[Any] = []
+    gated = RecordingBackend()
+    tools = [
+        make_tool("cell", RecordingBackend(outer_calling("deploy", seen))),
+        make_tool("deploy", gated, requires_approval=True),
+    ]
+    finished, host = await run_with_host(calls_then_done(("c1", "cell", {})), tools)
+    [error] = seen
+    assert error.error_class is ErrorClass.APPROVAL_REQUIRED
+    assert gated.calls == 0
+    assert host.requested == []
+    assert finished.record.state == "completed"
+
+
+async def test_nest_04_own_intent_and_work_unit_before_backend(autojump_clock: MockClock) -> None:
+    """NEST-04: a nested invocation commits its own ``tool_invoked`` intent and
+    reserves one unit of work before its backend is called."""
+    seen: list[Any] = []
+    faulty = FaultyStore()
+    inner = RecordingBackend(ToolResult("inner"), store=faulty)
+    outer = RecordingBackend(outer_calling("inner", seen), store=faulty)
+    tools = [make_tool("cell", outer), make_tool("inner", inner, read_only=True)]
+    finished, _ = await run_with_host(calls_then_done(("c1", "cell", {})), tools, store=faulty)
+    [outer_op], [inner_op] = outer.operations, inner.operations
+    assert inner_op.invocation_id != outer_op.invocation_id
+    [at_outer], [at_inner] = outer.records_at_call, inner.records_at_call
+    assert at_outer is not None
+    assert at_inner is not None
+    key = f"tool:{inner_op.invocation_id}"
+    assert key not in at_outer.intents
+    assert at_inner.intents[key]["status"] == "started"
+    assert at_inner.intents[key]["tool_name"] == "inner"
+    assert key in at_inner.budget.reservations
+    assert at_inner.budget.used == at_outer.budget.used + 1
+    assert faulty.intent_acknowledged(inner_op.invocation_id)
+    assert finished.record.budget.used == 4
+    assert finished.record.intents[key]["status"] == "consumed"
+    assert seen[0].content == "inner"
+
+
+# NEST-05 (a read-only nested timeout reported to an outer tool that then
+# completes) is left out: every effect, nested or not, is armed with the same
+# ``effect_timeout`` and the nested one starts after its outer tool, so the
+# outer deadline always expires first or at the same instant; the outer tool
+# is then already cancelled and cannot complete normally.
+
+
+@pytest.mark.parametrize("outcome", ["crash", "error", "unknown", "timeout"])
+async def test_nest_09_mutating_nested_failure_stays_unresolved(
+    autojump_clock: MockClock, outcome: str
+) -> None:
+    """NEST-09: a mutating nested tool that crashes, raises an ``Error``,
+    reports ``unknown_outcome`` or times out stays unresolved and stops the
+    run as ``unknown_outcome``, even when the outer tool catches the error and
+    returns success."""
+    seen: list[Any] = []
+
+    async def inner(operation: Any) -> Any:
+        if outcome == "crash":
+            raise RuntimeError("boom")
+        if outcome == "error":
+            raise Error(ErrorClass.EXECUTION_FAILURE, "refused")
+        if outcome == "unknown":
+            raise Error(ErrorClass.UNKNOWN_OUTCOME, "lost track")
+        await trio.sleep_forever()
+
+    tools = [
+        make_tool("cell", RecordingBackend(outer_calling("inner", seen))),
+        make_tool("inner", RecordingBackend(inner)),
+    ]
+    provider = calls_then_done(("c1", "cell", {}))
+    finished, _ = await run_with_host(provider, tools, effect_timeout=5.0)
+    record = finished.record
+    assert record.state == "unknown_outcome"
+    inner_keys = [k for k, v in record.intents.items() if v.get("tool_name") == "inner"]
+    [key] = inner_keys
+    assert record.intents[key]["status"] == "uncertain"
+    assert key.removeprefix("tool:") in record.active_tools
+    assert len(provider.requests) == 1
+    if outcome != "timeout":
+        [error] = seen
+        assert error.error_class is ErrorClass.UNKNOWN_OUTCOME
+
+
+def _commit_of_nested_result(kind: str, record: RunRecord) -> bool:
+    return kind == "tool_completed" and any(
+        v.get("tool_name") == "inner" and v.get("status") == "consumed"
+        for v in record.intents.values()
+    )
+
+
+async def test_nest_06_nest_08_input_queued_behind_nested_commit(
+    autojump_clock: MockClock,
+) -> None:
+    """NEST-06, NEST-08: steering and a follow-up arriving while the nested
+    result commit is in flight (slowed by 3 s) are queued behind it: the
+    commits happen in arrival order, one at a time, each rebased on the last
+    acknowledged state, so both messages reach the transcript."""
+    faulty = FaultyStore(None, Fault("delay", when=_commit_of_nested_result, delay=3.0))
+    seen: list[Any] = []
+    order: list[str] = []
+
+    async def during(conversation: Conversation, host: Host) -> None:
+        await until(lambda: bool(faulty.fired), step=0.25)
+        order.append(await conversation.steer("steer me"))
+        order.append(await conversation.follow_up("and then this"))
+
+    tools = [
+        make_tool("cell", RecordingBackend(outer_calling("inner", seen))),
+        make_tool("inner", RecordingBackend(ToolResult("inner")), read_only=True),
+    ]
+    provider = SP([SP.tool_calls(("c1", "cell", {})), SP.text("after steering"), SP.text("follow")])
+    finished, _ = await run_with_host(provider, tools, store=faulty, during=during)
+    assert faulty.max_in_flight == 1
+    kinds = faulty.acknowledged_kinds()
+    delayed = kinds.index("tool_completed")
+    assert kinds[delayed + 1] == "conversation_updated"  # the steering, right after
+    steer_record = faulty.acknowledged[delayed + 1][1]
+    assert [m["content"] for m in steer_record.context["conversation"]["steering"]] == ["steer me"]
+    contents = [m.get("content") for m in finished.messages if m.get("role") == "user"]
+    assert contents == ["hello", "steer me", "and then this"]
+    assert finished.record.state == "completed"
+    assert len(order) == 2
+
+
+async def test_nest_07_cancel_clears_queued_commits(autojump_clock: MockClock) -> None:
+    """NEST-07: a nested ``tool_invoked`` queued behind an in-flight commit is
+    dropped by ``cancel()``: no effect starts after it."""
+
+    def steering_commit(kind: str, record: RunRecord) -> bool:
+        return kind == "conversation_updated" and bool(record.context["conversation"]["steering"])
+
+    faulty = FaultyStore(None, Fault("delay", when=steering_commit, delay=3.0))
+    seen: list[Any] = []
+    cancelled_at: list[int] = []
+    inner = RecordingBackend()
+
+    async def outer(operation: Any) -> ToolResult:
+        await until(lambda: bool(faulty.fired), step=0.25)
+        return await outer_calling("inner", seen)(operation)  # type: ignore[no-any-return]
+
+    async def during(conversation: Conversation, host: Host) -> None:
+        await trio.sleep(0.1)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(conversation.steer, "slow steering")
+            await until(lambda: bool(faulty.fired), step=0.25)
+            await trio.sleep(0.5)
+            await conversation.cancel()
+            cancelled_at.append(len(faulty.attempts))
+
+    tools = [make_tool("cell", RecordingBackend(outer)), make_tool("inner", inner)]
+    finished, _ = await run_with_host(
+        calls_then_done(("c1", "cell", {})), tools, store=faulty, during=during
+    )
+    assert inner.calls == 0
+    after_cancel = [kind for _n, kind, _at in faulty.attempts[cancelled_at[0] :]]
+    assert "tool_invoked" not in after_cancel
+    assert not [v for v in finished.record.intents.values() if v.get("tool_name") == "inner"]
+    assert finished.types().count("run_cancelled") == 1
+    assert finished.record.run_id == RUN_ID
+
+
+async def test_nest_05_read_only_nested_timeout_is_reported_to_the_outer_tool(
+    autojump_clock: MockClock,
+) -> None:
+    """NEST-05: a nested read-only call that outlives its deadline raises
+    ``timeout`` in the outer tool, which catches it and completes normally;
+    the nested intent is settled (no unknown outcome) and the run completes."""
+    seen: list[Any] = []
+
+    async def slow(operation: Any) -> ToolResult:
+        await trio.sleep(1_000)
+        return ToolResult("never")
+
+    tools = [
+        make_tool("outer", RecordingBackend(outer_calling("slow", seen))),
+        make_tool("slow", RecordingBackend(slow), read_only=True),
+    ]
+    started = trio.current_time()
+    finished, _ = await run_with_host(
+        calls_then_done(("c1", "outer", {})), tools, effect_timeout=10.0
+    )
+    [error] = seen
+    assert isinstance(error, Error)
+    assert error.error_class is ErrorClass.TIMEOUT
+    # inside the outer budget: half of what the outer tool had left
+    assert trio.current_time() - started < 10.0
+    assert finished.record.state == "completed"
+    results = [m["result"] for m in finished.snapshot.messages if m["role"] == "tool"]
+    assert results[-1]["content"] == "outer caught the error"
+    assert results[-1]["is_error"] is False
+    nested = [v for v in finished.record.intents.values() if v.get("tool_name") == "slow"]
+    assert [v["status"] for v in nested] == ["consumed"]
+    assert finished.record.active_tools == {}
