@@ -26,6 +26,10 @@ The pieces, from the pure core outwards:
   (MCP-09, MCP-10); it does no I/O and is usable on its own;
 * :class:`McpToolSource` holds one SDK ``ClientSession``: it lists, calls,
   marks itself stale on ``notifications/tools/list_changed`` and refreshes;
+* :meth:`McpToolSource.refresh_tool` is the ``refresh_tools`` discovery tool
+  (:class:`McpRefreshTool`): called by the model after ``tools/list_changed``,
+  it relists the server and stages the next catalog revision from inside the
+  executing call (PUB-19), published after the tool batch;
 * :class:`McpToolBackend` is the tool backend: a refusal made before anything
   is sent becomes ``reject(operation, error)`` (TOOL-19), a server
   ``isError`` result an ``is_error`` :class:`~trio_backplane.tools.ToolResult`,
@@ -46,7 +50,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final, Literal, Protocol, TextIO, runtime_checkable
 
@@ -63,6 +67,8 @@ from ..schema import CompiledSchema, Limits, SchemaOptions, check_bounds, compil
 from ..tools import (
     AdmittedBundle,
     Authority,
+    CatalogUpdate,
+    Publication,
     Rejected,
     Rejection,
     ToolDescriptor,
@@ -78,6 +84,7 @@ __all__ = [
     "MCP_SCHEMA_OPTIONS",
     "BoundaryValidator",
     "McpCatalog",
+    "McpRefreshTool",
     "McpTool",
     "McpToolBackend",
     "McpToolSource",
@@ -561,15 +568,69 @@ class McpToolSource:
     async def refresh(self) -> tuple[ToolDescriptor, ...]:
         """List the server's tools again (every page) and rebuild the descriptors.
 
-        Clears :attr:`stale`.  Unchanged tools reuse their cached validators
-        and refusals (MCP-11); changed ones get a new fingerprint and revision
-        (MCP-12).  Staging the new catalog into a running conversation (the
-        ``refresh_tools`` discovery tool of issue 7) needs the publication
-        work of the runtime and is not offered yet.
+        Clears :attr:`stale` (a ``tools/list_changed`` arriving meanwhile
+        marks it again; a failed listing leaves it stale).  Unchanged tools
+        reuse their cached validators and refusals (MCP-11); changed ones get
+        a new fingerprint and revision (MCP-12).  To stage the new catalog
+        into a running conversation, offer the model :meth:`refresh_tool`.
         """
         session = self._session()
+        was_stale = self._stale
         self._stale = False
-        self._stale_event = trio.Event()
+        if self._stale_event.is_set():
+            self._stale_event = trio.Event()
+        try:
+            definitions = await self._list(session)
+        except BaseException:
+            if was_stale:
+                self.mark_stale()
+            raise
+        self.catalog.admit(definitions)
+        self._descriptors = tuple(
+            ToolDescriptor(
+                name=tool.name,
+                schema=tool.input_schema,
+                backend=McpToolBackend(self, tool.name, tool.fingerprint),
+                revision=tool.revision,
+                description=tool.description,
+                read_only=False,  # annotations are hints, never authority (MCP-15)
+                output_schema=tool.output_schema,
+                schema_options=MCP_SCHEMA_OPTIONS,
+            )
+            for tool in self.catalog.tools.values()
+        )
+        return self._descriptors
+
+    def refresh_tool(
+        self,
+        *,
+        base: Callable[[], Iterable[ToolDescriptor]] | Iterable[ToolDescriptor] | None = None,
+        name: str = "refresh_tools",
+        description: str | None = None,
+    ) -> ToolDescriptor:
+        """The ``refresh_tools`` discovery tool: a read-only descriptor to put
+        in the conversation's registry next to :attr:`descriptors`.
+
+        When the model calls it, it relists the server (:meth:`refresh`) and,
+        if the tools the model may call changed, stages the next catalog
+        revision from inside the executing call (``stage_catalog``, PUB-19):
+        the host's other tools + the refreshed server tools + itself, with an
+        authority granting exactly those at their revisions (caller and run
+        from the operation's ``effective_authority``).  The runtime publishes
+        it after the tool batch once this call's success is committed, so the
+        next provider request carries the new revision and tools.
+
+        ``base`` is the host's other tools: a registry or descriptors, or a
+        callable returning them at call time; ``None`` takes them from the
+        conversation's active catalog (every tool not from this source).
+        Tools of this source and a tool named ``name`` are never taken from
+        ``base``.  The result's ``structured_content`` is ``{"status":
+        "staged" | "no_change", "catalog_revision", "added", "removed",
+        "changed", "was_stale"}``; nothing is staged on ``"no_change"``.
+        """
+        return McpRefreshTool(self, base=base, name=name, description=description).descriptor
+
+    async def _list(self, session: ClientSession) -> list[dict[str, Any]]:
         definitions: list[dict[str, Any]] = []
         cursor: str | None = None
         try:
@@ -593,21 +654,7 @@ class McpToolSource:
             ) from None
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:
             raise _transport_error("tools/list", exc, tool=None) from None
-        self.catalog.admit(definitions)
-        self._descriptors = tuple(
-            ToolDescriptor(
-                name=tool.name,
-                schema=tool.input_schema,
-                backend=McpToolBackend(self, tool.name, tool.fingerprint),
-                revision=tool.revision,
-                description=tool.description,
-                read_only=False,  # annotations are hints, never authority (MCP-15)
-                output_schema=tool.output_schema,
-                schema_options=MCP_SCHEMA_OPTIONS,
-            )
-            for tool in self.catalog.tools.values()
-        )
-        return self._descriptors
+        return definitions
 
     # -- calls -------------------------------------------------------------------
 
@@ -728,6 +775,148 @@ class McpToolBackend:
             )
             return reject(operation, changed)
         return await self.source.send(tool, operation.arguments)
+
+
+# -- the refresh_tools discovery tool ------------------------------------------------
+
+
+_REFRESH_DESCRIPTION: Final = (
+    "Reload the tools of an MCP server that announced its tool list changed; "
+    "the new tools are offered from the next response on."
+)
+
+
+def _active_registry(operation: Any) -> ToolRegistry | None:
+    """The executing call's active catalog (``ToolContext.catalog_registry``),
+    or ``None`` outside a conversation."""
+    registry = getattr(getattr(operation, "context", None), "catalog_registry", None)
+    return registry if isinstance(registry, ToolRegistry) else None
+
+
+def _names(names: Iterable[str]) -> str:
+    return ", ".join(sorted(names)) or "none"
+
+
+class McpRefreshTool:
+    """The backend of :meth:`McpToolSource.refresh_tool`; :attr:`descriptor` is its tool.
+
+    ``async execute(operation)`` relists the server and stages the next
+    catalog revision when the tools the model may call changed (PUB-19).
+    """
+
+    def __init__(
+        self,
+        source: McpToolSource,
+        *,
+        base: Callable[[], Iterable[ToolDescriptor]] | Iterable[ToolDescriptor] | None = None,
+        name: str = "refresh_tools",
+        description: str | None = None,
+    ) -> None:
+        if base is not None and not callable(base) and not _is_descriptors(base):
+            raise Error(
+                ErrorClass.VALIDATION,
+                "base must be a ToolRegistry, descriptors, a callable returning them, or None",
+            )
+        self.source = source
+        self.base = base
+        self.descriptor = ToolDescriptor(
+            name=name,
+            schema={"type": "object", "properties": {}, "additionalProperties": False},
+            backend=self,
+            description=_REFRESH_DESCRIPTION if description is None else description,
+            read_only=True,
+        )
+
+    def _own(self, descriptor: ToolDescriptor) -> bool:
+        """Whether ``descriptor`` comes from this source (or is this tool)."""
+        backend = descriptor.backend
+        return descriptor.name == self.descriptor.name or (
+            isinstance(backend, McpToolBackend | McpRefreshTool) and backend.source is self.source
+        )
+
+    def _base(self, operation: Any) -> list[ToolDescriptor]:
+        base: Any = self.base
+        if base is None:
+            base = _active_registry(operation)
+            if base is None:
+                raise Error(
+                    ErrorClass.VALIDATION,
+                    f"{self.descriptor.name} needs base= outside a conversation",
+                    {"reason": "no_active_catalog", "tool": self.descriptor.name},
+                )
+        elif callable(base):
+            base = base()
+        if not _is_descriptors(base):
+            raise Error(
+                ErrorClass.VALIDATION,
+                "base returned something other than a ToolRegistry or descriptors",
+                {"reason": "invalid_base", "tool": self.descriptor.name},
+            )
+        return [d for d in base if not self._own(d)]
+
+    async def execute(self, operation: Any) -> ToolResult | Rejection:
+        name = self.descriptor.name
+        try:
+            base = self._base(operation)
+        except Error as error:
+            return reject(operation, error)  # nothing was sent (TOOL-19)
+        was_stale = self.source.stale
+        refreshed = await self.source.refresh()
+        clash = sorted({d.name for d in base} & {d.name for d in refreshed})
+        if clash:
+            raise Error(
+                ErrorClass.VALIDATION,
+                "MCP server lists tools whose names the host already uses",
+                {"reason": "duplicate_tool_names", "tool": name, "tools": clash},
+            )
+        registry = ToolRegistry([*base, *refreshed, self.descriptor])
+        current: Authority = operation.effective_authority
+        old = {tool: current.revision_for(tool) for tool in current.grants}
+        new = {d.name: d.revision for d in registry}
+        added = sorted(new.keys() - old.keys())
+        removed = sorted(old.keys() - new.keys())
+        changed = sorted(t for t in new.keys() & old.keys() if new[t] != old[t])
+        revision: int = operation.catalog_revision
+        summary = {"added": added, "removed": removed, "changed": changed, "was_stale": was_stale}
+        if not (added or removed or changed):
+            return ToolResult(
+                f"no change: the tools are the same (catalog revision {revision})",
+                {"status": "no_change", "catalog_revision": revision, **summary},
+            )
+        context = getattr(operation, "context", None)
+        if context is None:
+            raise Error(ErrorClass.RESOURCE_CONFLICT, "staging requires an executing tool")
+        authority = Authority(
+            grants=frozenset(new),
+            caller=current.caller,
+            run_id=current.run_id,
+            tool_revisions=new,
+        )
+        receipt = context.stage_catalog(
+            Publication(
+                publication_id=f"mcp-refresh-{operation.invocation_id}",
+                run_id=operation.run_id,
+                incarnation=operation.incarnation,
+                expected_revision=revision,
+                catalog=CatalogUpdate(revision + 1, registry, authority),
+            )
+        )
+        staged = receipt.catalog_revision
+        return ToolResult(
+            f"staged catalog revision {staged}, offered from the next response: "
+            f"added {_names(added)}; removed {_names(removed)}; changed {_names(changed)}",
+            {"status": "staged", "catalog_revision": staged, **summary},
+        )
+
+
+def _is_descriptors(value: Any) -> bool:
+    if isinstance(value, ToolRegistry):
+        return True
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+        return False
+    if isinstance(value, Iterator):
+        return False  # would be consumed by the check
+    return all(isinstance(d, ToolDescriptor) for d in value)
 
 
 # -- connecting ----------------------------------------------------------------------

@@ -19,6 +19,7 @@ from ..tools import (
     PublicationReceipt,
     Rejection,
     ToolDescriptor,
+    ToolRegistry,
     ToolResult,
     arguments_digest,
     authorize,
@@ -90,6 +91,12 @@ class ToolContext:
         except _StorageFailed as failed:
             raise failed.error from None  # the backend sees storage_failed (CAN-17)
         return answer
+
+    @property
+    def catalog_registry(self) -> ToolRegistry:
+        """The registry of the catalog in force (read-only), for discovery tools
+        that build the next catalog from it; never model-visible."""
+        return self._conversation._catalog.bundle.registry
 
     def stage_catalog(self, publication: Any) -> PublicationReceipt:
         """Stage a catalog produced by this tool (synchronous, PUB-02)."""
