@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -221,13 +220,12 @@ def test_very_deep_nesting_uses_no_c_recursion() -> None:
 
 def test_shared_dag_is_refused_after_max_bytes() -> None:
     """SCH-35: a 10**61-leaf tree built from one shared list is refused as too
-    large after about max_bytes steps, not walked."""
+    large after about max_bytes steps, not walked (walking it would never end,
+    so this test finishing is the proof; no timing is asserted)."""
     dag: list[Any] = [0] * 10
     for _ in range(60):
         dag = [dag] * 10
-    start = time.perf_counter()
     assert _speedups.check(dag, 128, 10**6) == "input_too_large"
-    assert time.perf_counter() - start < 1.0
     assert _speedups.check(dag, 128, 10**4) == _reference(dag, 128, 10**4) == "input_too_large"
 
 

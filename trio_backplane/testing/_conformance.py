@@ -152,16 +152,16 @@ class StoreConformance:
 
     async def make_store(self) -> Store:
         """A fresh, empty store."""
-        raise NotImplementedError
+        raise TypeError(f"{type(self).__name__} must define make_store()")
 
     async def reopen(self, store: Store) -> Store:
         """A new store instance on ``store``'s data (a restart).  The old
         instance is not used for writing afterwards, but it may still be open."""
-        raise NotImplementedError
+        raise TypeError(f"{type(self).__name__} must define reopen()")
 
     async def fail_next_commit(self, store: Store) -> None:
         """Make ``store``'s next commit fail before it is acknowledged."""
-        raise NotImplementedError
+        raise TypeError(f"{type(self).__name__} must define fail_next_commit()")
 
     async def close_store(self, store: Store) -> None:
         """Release ``store`` (default: ``await store.aclose()`` if it exists)."""
