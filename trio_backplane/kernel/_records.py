@@ -24,6 +24,7 @@ __all__ = [
     "assoc",
     "check_json",
     "dissoc",
+    "evolve_record",
     "freeze",
     "thaw",
     "reserve",
@@ -221,6 +222,8 @@ def thaw(value: Any) -> Any:
 
 
 def _frozen_mapping(value: Any) -> Mapping[str, Any]:
+    if type(value) is FrozenDict:
+        return value
     if value is None:
         return _EMPTY
     frozen = freeze(value)
@@ -453,3 +456,23 @@ class RunEvent:
     occurred_at: float
     payload: Mapping[str, Any] = attrs.field(converter=_frozen_mapping)
     sequence: int | None = None
+
+
+_RECORD_FIELDS: Final = {field.name: field for field in attrs.fields(RunRecord)}
+
+
+def evolve_record(record: RunRecord, **changes: Any) -> RunRecord:
+    """``attrs.evolve`` for the hot path: copies the record and runs the
+    converter and validator of the changed fields only (the others were
+    checked when ``record`` was built)."""
+    new = object.__new__(RunRecord)
+    setter = object.__setattr__
+    for name in _RECORD_FIELDS:
+        setter(new, name, getattr(record, name))
+    for name, given in changes.items():
+        field = _RECORD_FIELDS[name]  # KeyError: an unknown field is a bug
+        value = given if field.converter is None else field.converter(given)  # type: ignore[operator]
+        setter(new, name, value)
+        if field.validator is not None:
+            field.validator(new, field, value)
+    return new

@@ -23,6 +23,7 @@ from ._records import (
     RunRecord,
     assoc,
     dissoc,
+    evolve_record,
     freeze,
     reserve,
     thaw,
@@ -489,7 +490,7 @@ def transition(record: RunRecord, command: Command) -> tuple[RunRecord, list[Run
             {"boundary": "before_store", "deadline": record.deadline, "at": command.at},
         )
     changes = handler(record, command)
-    new = attrs.evolve(record, revision=record.revision + 1, **changes)
+    new = evolve_record(record, revision=record.revision + 1, **changes)
     event = RunEvent(
         type=f"run.{command.kind}",
         occurred_at=command.at,

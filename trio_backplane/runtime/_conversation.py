@@ -378,23 +378,26 @@ class Conversation:
 
     async def _write(self, record: RunRecord, new: RunRecord, events: list[RunEvent]) -> None:
         error: Error | None = None
-        with trio.CancelScope(shield=True):
-            with trio.move_on_after(self._options.commit_timeout) as scope:
-                try:
-                    receipt = await self._store.commit(
-                        record.run_id,
-                        incarnation=record.incarnation,
-                        expected_revision=record.revision,
-                        record=new,
-                        events=events,
-                    )
-                    verify_receipt(receipt, run_id=record.run_id, expected_revision=record.revision)
-                except Error as exc:
-                    error = exc
-                except Exception as exc:
-                    error = _storage_error(f"store failed: {type(exc).__name__}: {exc}"[:500])
-            if scope.cancelled_caught:
-                error = _storage_error("commit was not acknowledged within commit_timeout")
+        # One scope: shielded from the caller's cancellation (a commit's outcome
+        # is always known), bounded by its own commit deadline (rule 5).
+        with trio.CancelScope(
+            shield=True, deadline=trio.current_time() + self._options.commit_timeout
+        ) as scope:
+            try:
+                receipt = await self._store.commit(
+                    record.run_id,
+                    incarnation=record.incarnation,
+                    expected_revision=record.revision,
+                    record=new,
+                    events=events,
+                )
+                verify_receipt(receipt, run_id=record.run_id, expected_revision=record.revision)
+            except Error as exc:
+                error = exc
+            except Exception as exc:
+                error = _storage_error(f"store failed: {type(exc).__name__}: {exc}"[:500])
+        if scope.cancelled_caught:
+            error = _storage_error("commit was not acknowledged within commit_timeout")
         if error is not None:
             self._storage_failure(error)
             raise _StorageFailed(self._last_error or error)
