@@ -83,7 +83,7 @@ def conformance(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     """ruff (lint and format) and mypy --strict."""
-    session.install("-e", ".[lint]")
+    session.install("-e", ".[lint,mcp,openai,postgres]")
     session.run(
         "ruff", "check", "trio_backplane", "tests", "conformance", "benchmarks", "noxfile.py"
     )
