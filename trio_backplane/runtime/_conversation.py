@@ -198,7 +198,6 @@ class Conversation:
         self._attempt_id: str | None = None
         self._run_budget = DeadlineBudget("run", options.run_timeout)
         self._unsettled_dispatch: dict[str, Any] = {}  # keys of dispatched, unsettled effects
-        self._dispatched: list[str] = []  # invocation ids dispatched (for invariants/tests)
         if phase in _INACTIVE_PHASES:
             self._settled.set()
 

@@ -675,7 +675,6 @@ class TurnLoop:
         c = self.c
         invocation_id = operation.invocation_id
         c._unsettled_dispatch[invocation_id] = "tool dispatched; outcome unknown"
-        c._dispatched.append(invocation_id)
         seconds = c._options.effect_timeout
         if c._effects:
             seconds = min(seconds, c._effects[-1].remaining() / 2)
