@@ -428,23 +428,34 @@ class McpCatalog:
         if tool is None:
             raise Error(ErrorClass.NOT_FOUND, "MCP server lists no such tool", {"tool": name})
         if self.validate_arguments:
-            try:
-                self.validator.validate(tool.compiled_input, arguments)
-            except Error as error:
-                if error.error_class is not ErrorClass.VALIDATION:
-                    raise
-                raise Error(
-                    ErrorClass.VALIDATION,
-                    f"arguments of MCP tool {name!r} do not match its inputSchema",
-                    {
-                        "reason": "invalid_arguments",
-                        "tool": name,
-                        "errors": list(error.details.get("errors", ())),
-                    },
-                ) from None
-            except Exception as exc:
-                raise _validator_crash(exc) from exc
+            self._check(
+                tool.compiled_input,
+                arguments,
+                ErrorClass.VALIDATION,
+                f"arguments of MCP tool {name!r} do not match its inputSchema",
+                {"reason": "invalid_arguments", "tool": name},
+            )
         return tool
+
+    def _check(
+        self,
+        compiled: Any,
+        value: Any,
+        error_class: ErrorClass,
+        message: str,
+        details: dict[str, Any],
+    ) -> None:
+        """Validate ``value``; a mismatch becomes ``error_class`` with the
+        validator's errors, any other failure a classed validator crash."""
+        try:
+            self.validator.validate(compiled, value)
+        except Error as error:
+            if error.error_class is not ErrorClass.VALIDATION:
+                raise
+            errors = list(error.details.get("errors", ()))
+            raise Error(error_class, message, {**details, "errors": errors}) from None
+        except Exception as exc:
+            raise _validator_crash(exc) from exc
 
     def result(self, tool: McpTool, raw: Mapping[str, Any]) -> ToolResult:
         """A server result (its JSON data) as a ``ToolResult`` (MCP-09, MCP-10).
@@ -463,22 +474,13 @@ class McpCatalog:
                     f"MCP tool {tool.name!r} returned no structuredContent",
                     {"reason": "invalid_structured_content", "tool": tool.name, "errors": []},
                 )
-            try:
-                self.validator.validate(tool.compiled_output, structured)
-            except Error as error:
-                if error.error_class is not ErrorClass.VALIDATION:
-                    raise
-                raise Error(
-                    ErrorClass.MALFORMED_RESULT,
-                    f"structuredContent of MCP tool {tool.name!r} does not match its outputSchema",
-                    {
-                        "reason": "invalid_structured_content",
-                        "tool": tool.name,
-                        "errors": list(error.details.get("errors", ())),
-                    },
-                ) from None
-            except Exception as exc:
-                raise _validator_crash(exc) from exc
+            self._check(
+                tool.compiled_output,
+                structured,
+                ErrorClass.MALFORMED_RESULT,
+                f"structuredContent of MCP tool {tool.name!r} does not match its outputSchema",
+                {"reason": "invalid_structured_content", "tool": tool.name},
+            )
         return ToolResult(content, structured, is_error=False)
 
 
