@@ -26,6 +26,7 @@ __all__ = [
     "dissoc",
     "evolve_record",
     "freeze",
+    "put",
     "thaw",
     "reserve",
 ]
@@ -123,9 +124,13 @@ def freeze(value: Any, what: str = "committed intent") -> Any:
 _RECURSION: Final = 64
 
 
+#: Types :func:`_freeze` returns as they are (``None`` included).
+_KEPT: Final = frozenset({str, int, bool, type(None)})
+
+
 def _freeze(value: Any, what: str, depth: int) -> Any:
     t = type(value)
-    if t is str or t is int or t is bool or value is None or t is FrozenDict or t is FrozenList:
+    if t in _KEPT or t is FrozenDict or t is FrozenList:
         return value
     if t is float:
         if value - value != 0.0:
@@ -133,6 +138,8 @@ def _freeze(value: Any, what: str, depth: int) -> Any:
         return value
     if depth >= _RECURSION:
         return _freeze_iterative(value, what)
+    # Containers: items that need no work are kept without a call (the hot
+    # path: a fresh mapping of strings, numbers and already-frozen values).
     if t is dict or (t is not list and t is not tuple and isinstance(value, Mapping)):
         out: dict[str, Any] = {}
         for key, item in value.items():
@@ -142,10 +149,21 @@ def _freeze(value: Any, what: str, depth: int) -> Any:
                     f"{what} contains a runtime handle",
                     {"type": type(key).__name__},
                 )
-            out[key] = _freeze(item, what, depth + 1)
+            ti = type(item)
+            if ti in _KEPT or ti is FrozenDict or ti is FrozenList:
+                out[key] = item
+            else:
+                out[key] = _freeze(item, what, depth + 1)
         return FrozenDict(out)
     if t is list or t is tuple:
-        return FrozenList([_freeze(item, what, depth + 1) for item in value])
+        return FrozenList(
+            [
+                item
+                if type(item) in _KEPT or type(item) is FrozenDict or type(item) is FrozenList
+                else _freeze(item, what, depth + 1)
+                for item in value
+            ]
+        )
     raise Error(ErrorClass.VALIDATION, f"{what} contains a runtime handle", {"type": t.__name__})
 
 
@@ -421,16 +439,24 @@ def _input(value: Any) -> Mapping[str, Any]:
 def assoc(mapping: Mapping[str, Any], key: str, value: Any) -> FrozenDict:
     """``mapping`` with ``key`` set to frozen ``value``: one C-speed copy, the
     other (already frozen) values shared."""
-    new = dict(mapping)
-    new[key] = freeze(value)
-    return FrozenDict(new)
+    new = FrozenDict(mapping)
+    dict.__setitem__(new, key, freeze(value))
+    return new
+
+
+def put(mapping: Mapping[str, Any], key: str, value: Any) -> FrozenDict:
+    """:func:`assoc` for a ``value`` the kernel built itself from frozen parts
+    (a ``FrozenDict`` of scalars and frozen values): no walk, one copy."""
+    new = FrozenDict(mapping)
+    dict.__setitem__(new, key, value)
+    return new
 
 
 def dissoc(mapping: Mapping[str, Any], key: str) -> FrozenDict:
     """``mapping`` without ``key``."""
-    new = dict(mapping)
-    new.pop(key, None)
-    return FrozenDict(new)
+    new = FrozenDict(mapping)
+    dict.pop(new, key, None)
+    return new
 
 
 def _at(instance: Any, attribute: Any, value: Any) -> None:
@@ -461,14 +487,26 @@ class RunEvent:
 _RECORD_FIELDS: Final = {field.name: field for field in attrs.fields(RunRecord)}
 
 
+def _make_copy() -> Any:
+    """A straight-line copy of a ``RunRecord`` (no loop, no ``getattr`` call):
+    the record's slots are set on a blank instance, validators not re-run."""
+    lines = ["def _copy_record(record, new_object, setter, cls):", "    new = new_object(cls)"]
+    lines += [f"    setter(new, {name!r}, record.{name})" for name in _RECORD_FIELDS]
+    lines.append("    return new")
+    namespace: dict[str, Any] = {}
+    exec("\n".join(lines), namespace)  # code built from our own field names only
+    return namespace["_copy_record"]
+
+
+_copy_record: Final = _make_copy()
+
+
 def evolve_record(record: RunRecord, **changes: Any) -> RunRecord:
     """``attrs.evolve`` for the hot path: copies the record and runs the
     converter and validator of the changed fields only (the others were
     checked when ``record`` was built)."""
-    new = object.__new__(RunRecord)
+    new: RunRecord = _copy_record(record, object.__new__, object.__setattr__, RunRecord)
     setter = object.__setattr__
-    for name in _RECORD_FIELDS:
-        setter(new, name, getattr(record, name))
     for name, given in changes.items():
         field = _RECORD_FIELDS[name]  # KeyError: an unknown field is a bug
         value = given if field.converter is None else field.converter(given)  # type: ignore[operator]

@@ -19,12 +19,15 @@ from ._records import (
     ACTIVE_STATES,
     TERMINAL_STATES,
     Command,
+    FrozenDict,
+    FrozenList,
     RunEvent,
     RunRecord,
     assoc,
     dissoc,
     evolve_record,
     freeze,
+    put,
     reserve,
     thaw,
 )
@@ -72,10 +75,15 @@ def _check_identity(record: RunRecord, command: Command) -> None:
         )
 
 
-def _next_id(record: RunRecord, kind: str) -> tuple[str, dict[str, int]]:
-    counters = dict(record.counters)
-    counters[kind] = counters.get(kind, 0) + 1
-    return f"{kind}-{record.incarnation}-{counters[kind]}", counters
+def _next_id(
+    record: RunRecord, kind: str, counters: Mapping[str, int] | None = None
+) -> tuple[str, FrozenDict]:
+    """The next ``<kind>-<incarnation>-<n>`` id and the counters that issued it
+    (from ``counters`` when given, else the record's)."""
+    new = FrozenDict(record.counters if counters is None else counters)
+    n = new.get(kind, 0) + 1
+    dict.__setitem__(new, kind, n)
+    return f"{kind}-{record.incarnation}-{n}", new
 
 
 def _conversation(command: Command) -> dict[str, Any]:
@@ -142,7 +150,7 @@ def _provider_started(record: RunRecord, command: Command) -> dict[str, Any]:
     if record.active_provider is not None or record.active_tools or record.active_wait:
         raise _conflict("another effect is active", active=_active(record))
     attempt_id, counters = _next_id(record, "attempt")
-    step_id, counters = _next_id(attrs.evolve(record, counters=counters), "step")
+    step_id, counters = _next_id(record, "step", counters)
     key = f"provider:{attempt_id}"
     budget = reserve(record.budget, key)
     intent = {
@@ -161,8 +169,8 @@ def _provider_started(record: RunRecord, command: Command) -> dict[str, Any]:
     return {
         "counters": counters,
         "step_id": step_id,
-        "active_provider": provider,
-        "intents": assoc(record.intents, key, intent),
+        "active_provider": FrozenDict(provider),
+        "intents": put(record.intents, key, FrozenDict(intent)),
         "budget": budget,
     }
 
@@ -190,10 +198,10 @@ def _provider_completed(record: RunRecord, command: Command) -> dict[str, Any]:
             "stale provider attempt", expected=provider["attempt_id"], received=attempt_id
         )
     key = f"provider:{provider['attempt_id']}"
-    intent = {**record.intents[key], "status": "consumed", "completed_at": command.at}
+    intent = FrozenDict({**record.intents[key], "status": "consumed", "completed_at": command.at})
     changes: dict[str, Any] = {
         "active_provider": None,
-        "intents": assoc(record.intents, key, intent),
+        "intents": put(record.intents, key, intent),
         "provider_result": {
             "attempt_id": provider["attempt_id"],
             "result": command.input.get("result"),
@@ -261,8 +269,8 @@ def _tool_invoked(record: RunRecord, command: Command) -> dict[str, Any]:
     }
     return {
         "counters": counters,
-        "active_tools": assoc(record.active_tools, invocation_id, identity),
-        "intents": assoc(record.intents, key, intent),
+        "active_tools": put(record.active_tools, invocation_id, FrozenDict(identity)),
+        "intents": put(record.intents, key, FrozenDict(intent)),
         "budget": budget,
     }
 
@@ -277,10 +285,10 @@ def _tool_completed(record: RunRecord, command: Command) -> dict[str, Any]:
             raise _conflict("tool invocation already completed", invocation_id=invocation_id)
         raise _conflict("unknown tool invocation", invocation_id=invocation_id)
     key = f"tool:{invocation_id}"
-    intent = {**record.intents[key], "status": "consumed", "completed_at": command.at}
+    intent = FrozenDict({**record.intents[key], "status": "consumed", "completed_at": command.at})
     return {
         "active_tools": dissoc(record.active_tools, str(invocation_id)),
-        "intents": assoc(record.intents, key, intent),
+        "intents": put(record.intents, key, intent),
         "tool_results": assoc(record.tool_results, str(invocation_id), command.input.get("result")),
         **_with_context(record, command),
     }
@@ -454,19 +462,23 @@ def cleanup_requirements(record: RunRecord) -> Mapping[str, Any]:
     return freeze(_unsettled(record))  # type: ignore[no-any-return]
 
 
-def _summary(value: Any) -> Any:
+def _summary(value: Any) -> FrozenDict:
     """What an event says of a large input: its shape, in constant time."""
     if isinstance(value, Mapping):
-        summary: dict[str, Any] = {"keys": sorted(value)[:32]}
+        summary: dict[str, Any] = {"keys": FrozenList(sorted(value)[:32])}
         messages = value.get("messages")
         if isinstance(messages, tuple | list):
             summary["messages"] = len(messages)
-        return summary
-    return {"type": type(value).__name__}
+        return FrozenDict(summary)
+    return FrozenDict({"type": type(value).__name__})
 
 
-def _event_input(command: Command) -> dict[str, Any]:
-    return {k: (_summary(v) if k in _DIGESTED else v) for k, v in command.input.items()}
+def _event_input(command: Command) -> FrozenDict:
+    """The command input (frozen already) with large values summarised."""
+    given = command.input
+    if not _DIGESTED.intersection(given):
+        return given  # type: ignore[return-value]  # a FrozenDict (Command freezes it)
+    return FrozenDict({k: (_summary(v) if k in _DIGESTED else v) for k, v in given.items()})
 
 
 def transition(record: RunRecord, command: Command) -> tuple[RunRecord, list[RunEvent]]:
@@ -494,7 +506,7 @@ def transition(record: RunRecord, command: Command) -> tuple[RunRecord, list[Run
     event = RunEvent(
         type=f"run.{command.kind}",
         occurred_at=command.at,
-        payload={"state": new.state, "input": _event_input(command)},
+        payload=FrozenDict({"state": new.state, "input": _event_input(command)}),
     )
     return new, [event]
 
