@@ -90,13 +90,17 @@ class TimelineStore:
         events: Sequence[RunEvent],
     ) -> Receipt:
         self.drain()
-        kind = events[0].type if events else "?"
+        # A commit may carry several kernel commands (the engine merges a
+        # response with its first intent, a tool message with the next
+        # attempt): the timeline lists each, in order, as its own entry.
+        kinds = [event.type for event in events] or ["?"]
         if self.fail is not None:
-            failure = self.fail(kind, self.commits())
-            if failure is not None:
-                self.timeline.append(("failed", kind))
-                raise failure
-        self.timeline.append(("commit", kind))
+            for i, kind in enumerate(kinds):
+                failure = self.fail(kind, self.commits() + kinds[:i])
+                if failure is not None:
+                    self.timeline.append(("failed", kind))
+                    raise failure
+        self.timeline.extend(("commit", kind) for kind in kinds)
         receipt = await self.inner.commit(
             run_id,
             incarnation=incarnation,
@@ -104,7 +108,7 @@ class TimelineStore:
             record=record,
             events=events,
         )
-        self.records.append(record)
+        self.records.extend(record for _ in kinds)  # aligned with commits()
         return receipt  # type: ignore[no-any-return]
 
     async def fence(self, run_id: str, *, incarnation: int) -> Receipt:
@@ -356,9 +360,16 @@ class Fault:
         return self.nth is not None or self.kind is not None or self.when is not None
 
 
+def commit_kinds(events: Sequence[RunEvent]) -> list[str]:
+    """The kernel commands a commit carries, in order (``["tool_invoked"]``,
+    or ``["provider_completed", "tool_invoked"]`` for a merged one)."""
+    return [event.type.removeprefix("run.") for event in events] or ["?"]
+
+
 def commit_kind(events: Sequence[RunEvent]) -> str:
-    """The kernel command a commit carries (``"tool_invoked"``, ...)."""
-    return events[0].type.removeprefix("run.") if events else "?"
+    """The command that names a commit: its last (the effect a merged commit
+    starts, e.g. ``tool_invoked`` after ``provider_completed``)."""
+    return commit_kinds(events)[-1]
 
 
 class FaultyStore:
@@ -433,12 +444,23 @@ class FaultyStore:
         record: RunRecord,
         events: Sequence[RunEvent],
     ) -> Receipt:
-        kind = commit_kind(events)
+        kinds = commit_kinds(events)
+        kind = kinds[-1]
         number = len(self.attempts) + 1
-        self._kinds[kind] = seen = self._kinds.get(kind, 0) + 1
+        seen: dict[str, int] = {}
+        for each in kinds:
+            self._kinds[each] = seen[each] = self._kinds.get(each, 0) + 1
+            self.reached(each).set()
         self.attempts.append((number, kind, trio.current_time()))
-        self.reached(kind).set()
-        fault = next((f for f in self.faults if f.matches(number, kind, seen, record)), None)
+        # A fault aimed at any command of a merged commit fires on that commit.
+        fault = next(
+            (
+                f
+                for f in self.faults
+                if any(f.matches(number, each, seen[each], record) for each in kinds)
+            ),
+            None,
+        )
         if fault is not None:
             fault.fired += 1
             self.fired.append((fault.action, kind, number))
@@ -487,7 +509,8 @@ class FaultyStore:
             await trio.sleep_forever()
         if action == "lose_ack_raise":
             raise OSError("injected: connection lost after commit")
-        self.acknowledged.append((commit_kind(events), record, trio.current_time()))
+        now = trio.current_time()
+        self.acknowledged.extend((each, record, now) for each in commit_kinds(events))
         return receipt
 
     async def _fence_newer(self, run_id: str, incarnation: int) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final
 
@@ -27,6 +27,7 @@ from ..kernel import (
     FrozenList,
     RunEvent,
     RunRecord,
+    evolve_record,
     freeze,
     thaw,
     transition,
@@ -51,6 +52,43 @@ __all__ = ["Conversation", "open_conversation"]
 
 MAX_TIMEOUT: Final = 3600.0
 _INACTIVE_PHASES: Final = frozenset({"terminal", "recovery_required", "storage_failed"})
+
+
+@attrs.frozen
+class Step:
+    """One decided change for the commit coordinator: ``build`` makes its
+    command from the record it lands on and the commit time; ``after`` runs
+    once the commit holding it is acknowledged (its events go out then)."""
+
+    build: Callable[[RunRecord, float], Command]
+    after: Callable[[], None] | None = None
+
+
+def command_step(
+    kind: str, data: Mapping[str, Any] | None = None, after: Callable[[], None] | None = None
+) -> Step:
+    """A step committing ``Command(kind, now, data)``."""
+    return Step(lambda _record, now: Command(kind, now, data), after)
+
+
+def conversation_of(record: RunRecord) -> Mapping[str, Any]:
+    state = record.context.get("conversation")
+    return state if isinstance(state, Mapping) else _EMPTY_CONVERSATION
+
+
+def checkpoint_step(
+    update: Callable[[dict[str, Any]], Mapping[str, Any]],
+    extra: Mapping[str, Any] | None = None,
+    after: Callable[[], None] | None = None,
+) -> Step:
+    """A ``conversation_updated`` step: ``update`` maps the conversation state
+    of the record it lands on to the new state."""
+
+    def build(record: RunRecord, now: float) -> Command:
+        state = update(dict(conversation_of(record)))
+        return Command("conversation_updated", now, {"conversation": state, **(extra or {})})
+
+    return Step(build, after)
 
 
 class _Stop(Exception):
@@ -367,12 +405,39 @@ class Conversation:
     async def _commit(self, kind: str, data: Mapping[str, Any] | None = None) -> RunRecord:
         """Apply ``kind`` to the last acknowledged record and commit it: FIFO,
         one in flight, shielded, within ``commit_timeout`` (rule 2)."""
+        return await self._commit_steps((command_step(kind, data),))
+
+    async def _commit_steps(self, steps: Sequence[Step]) -> RunRecord:
+        """Commit ``steps`` in order as one store commit (one revision; a
+        kernel event per step), each command built from the record the
+        previous step left.  When the kernel refuses a step, the steps before
+        it are committed alone and the refusal raised: exactly what committing
+        them one by one would do, with fewer durable writes.  Each step's
+        ``after`` runs once its commit is acknowledged (events go out only
+        after their commit, rule 2)."""
         async with self._commit_lock:
             if self._phase in ("storage_failed", "recovery_required"):
                 raise _StorageFailed(self._last_error or _storage_error("store is unavailable"))
             record = self._record
-            new, events = transition(record, Command(kind, trio.current_time(), data))
-            await self._write(record, new, events)
+            now = trio.current_time()
+            new, events, done, refusal = record, [], 0, None
+            for step in steps:
+                try:
+                    new, produced = transition(new, step.build(new, now))
+                except Error as exc:
+                    refusal = exc
+                    break
+                events.extend(produced)
+                done += 1
+            if done:
+                if done > 1:
+                    new = evolve_record(new, revision=record.revision + 1)
+                await self._write(record, new, events)
+                for step in steps[:done]:
+                    if step.after is not None:
+                        step.after()
+            if refusal is not None:
+                raise refusal
             return new
 
     async def _write(self, record: RunRecord, new: RunRecord, events: list[RunEvent]) -> None:
@@ -421,22 +486,7 @@ class Conversation:
 
     async def _checkpoint(self, update: Any, extra: Mapping[str, Any] | None = None) -> RunRecord:
         """Commit a new conversation state computed from the acknowledged one."""
-        async with self._commit_lock:
-            if self._phase in ("storage_failed", "recovery_required"):
-                raise _StorageFailed(self._last_error or _storage_error("store is unavailable"))
-            record = self._record
-            state = dict(self._conversation_state())
-            new_state = update(state)
-            new, events = transition(
-                record,
-                Command(
-                    "conversation_updated",
-                    trio.current_time(),
-                    {"conversation": new_state, **(extra or {})},
-                ),
-            )
-            await self._write(record, new, events)
-            return new
+        return await self._commit_steps((checkpoint_step(update, extra),))
 
     # -- hooks ---------------------------------------------------------------------
 

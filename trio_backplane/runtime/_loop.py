@@ -10,7 +10,7 @@ import attrs
 import trio
 
 from ..errors import Error, ErrorClass
-from ..kernel import FrozenList, RunRecord, freeze, thaw
+from ..kernel import Command, FrozenList, RunRecord, freeze, thaw
 from ..schema import compile_with
 from ..tools import (
     Approval,
@@ -26,6 +26,7 @@ from ..tools import (
     decide_approval,
     settlement,
 )
+from ._conversation import Step, checkpoint_step, conversation_of
 from ._deadline import DeadlineBudget
 from ._interactions import wait_for_human
 from ._provider import (
@@ -188,8 +189,24 @@ def _nbytes(text: Any) -> int:
 
 
 class TurnLoop:
+    """Drives turns.  Commits that may share one durable write do: a provider
+    response with the first tool intent of its batch, and the last tool
+    message of a batch with the next provider attempt (``_carry``).  Nothing
+    is observable in between (no await, no event), and a step the kernel
+    refuses leaves the ones before it committed alone, so the stored history
+    is what committing them one by one would give."""
+
     def __init__(self, conversation: Conversation) -> None:
         self.c = conversation
+        #: The batch's last tool-message checkpoint, decided but not yet written.
+        self._carry: Step | None = None
+
+    async def _flush(self, *steps: Step | None) -> None:
+        """Commit the decided ``steps`` (and the carried one) now."""
+        pending = [step for step in (self._carry, *steps) if step is not None]
+        self._carry = None
+        if pending:
+            await self.c._commit_steps(pending)
 
     # -- turns ----------------------------------------------------------------
 
@@ -208,6 +225,7 @@ class TurnLoop:
         await self._finish(turn_id, error)
 
     async def _record_turn(self, turn_id: str, error: Error | None) -> None:
+        await self._flush()
         outcome = {
             "turn_id": turn_id,
             "status": "failed" if error else "completed",
@@ -265,9 +283,12 @@ class TurnLoop:
     async def _turn(self, turn_id: str) -> Error | None:
         try:
             while True:
-                message, calls = await self._provider_attempt(turn_id)
-                for call in calls:
-                    await self._gateway(call, turn_id)
+                message, calls, response = await self._provider_attempt(turn_id)
+                completion = await self._batch_start(calls, response)
+                last = len(calls) - 1
+                for index, call in enumerate(calls):
+                    await self._gateway(call, turn_id, before=completion, carry=index == last)
+                    completion = None
                 await self._publish_catalog()
                 steered = await self._consume_steering(turn_id)
                 if calls or steered:
@@ -277,6 +298,17 @@ class TurnLoop:
         except _TurnFailed as failed:
             return failed.error
 
+    async def _batch_start(self, calls: list[dict[str, Any]], response: Step) -> Step | None:
+        """The response step, to commit with the first intent of ``calls``; it
+        is committed at once when there is no batch to run."""
+        ids = [call["id"] for call in calls]
+        if calls and len(set(ids)) == len(ids):
+            return response
+        await self._flush(response)
+        if calls:
+            raise _TurnFailed(Error(ErrorClass.VALIDATION, "duplicate tool call id"))
+        return None
+
     async def _publish_catalog(self) -> None:
         """The boundary after a tool batch: an eligible staging takes effect
         before steering, hooks or the next provider attempt (PUB-03, EVT-14)."""
@@ -284,6 +316,7 @@ class TurnLoop:
         receipt = c._catalog.publish()
         if receipt is None:
             return
+        await self._flush()
         await c._checkpoint(lambda s: {**s, "catalog_revision": receipt.catalog_revision})
         c._publish("catalog_published", {"catalog_revision": receipt.catalog_revision})
 
@@ -292,6 +325,7 @@ class TurnLoop:
         queue = c._conversation_state().get("steering", ())
         if not queue:
             return False
+        await self._flush()
         from ._conversation import _Rejected
 
         message = thaw(queue[0])
@@ -345,16 +379,23 @@ class TurnLoop:
 
     # -- effects: commits that start them ---------------------------------------
 
-    async def _effect_commit(self, kind: str, data: Mapping[str, Any]) -> RunRecord:
-        """Commit the intent of an effect; a kernel refusal fails the turn, an
-        expired deadline stops the run (KER-08)."""
-        from ._conversation import _Stop
+    async def _effect_commit(
+        self, kind: str, data: Mapping[str, Any], before: Step | None = None
+    ) -> RunRecord:
+        """Commit the intent of an effect, in one write with the decided steps
+        (``before``, the carried one) that precede it; a kernel refusal fails
+        the turn, an expired deadline stops the run (KER-08)."""
+        from ._conversation import _Stop, command_step
 
         c = self.c
+        pending = [step for step in (self._carry, before) if step is not None]
+        self._carry = None
         if c._stop_reason is not None:
+            if pending:
+                await c._commit_steps(pending)
             raise _Stop
         try:
-            record = await c._commit(kind, data)
+            record = await c._commit_steps((*pending, command_step(kind, data)))
         except Error as error:
             if error.error_class is ErrorClass.TIMEOUT:
                 c._request_stop("deadline_exceeded")
@@ -378,7 +419,11 @@ class TurnLoop:
 
     async def _provider_attempt(
         self, turn_id: str
-    ) -> tuple[Mapping[str, Any], list[dict[str, Any]]]:
+    ) -> tuple[Mapping[str, Any], list[dict[str, Any]], Step]:
+        """One attempt, from its intent to its terminal event.  A failed
+        attempt is committed here; a response comes back with its tool calls
+        and the ``provider_completed`` step, still to commit (before the
+        batch's first intent, or alone)."""
         c = self.c
         record = await self._effect_commit("provider_started", {"turn_id": turn_id})
         active = record.active_provider
@@ -470,23 +515,28 @@ class TurnLoop:
             raise _TurnFailed(failure)
         assert message is not None
         calls = _tool_calls(message, completed)
-        await c._commit(
-            "provider_completed",
-            {
-                "attempt_id": attempt_id,
-                "result": {"message": thaw(message)},
-                "conversation": _append(c._conversation_state(), message=message, usage=usage),
-            },
-        )
-        c._publish(
-            "response_completed",
-            {"message": thaw(message), "usage": usage[-1] if usage else None},
-        )
-        c._attempt_id = None
-        ids = [call["id"] for call in calls]
-        if len(set(ids)) != len(ids):
-            raise _TurnFailed(Error(ErrorClass.VALIDATION, "duplicate tool call id"))
-        return message, calls
+        response = message
+
+        def build(record: RunRecord, now: float) -> Command:
+            frozen = freeze(response)
+            return Command(
+                "provider_completed",
+                now,
+                {
+                    "attempt_id": attempt_id,
+                    "result": {"message": frozen},
+                    "conversation": _append(conversation_of(record), message=frozen, usage=usage),
+                },
+            )
+
+        def completed_event() -> None:
+            c._publish(
+                "response_completed",
+                {"message": thaw(response), "usage": usage[-1] if usage else None},
+            )
+            c._attempt_id = None
+
+        return message, calls, Step(build, completed_event)
 
     def _forward(
         self,
@@ -551,9 +601,20 @@ class TurnLoop:
 
     # -- the tool gateway --------------------------------------------------------
 
-    async def _gateway(self, call: Mapping[str, Any], turn_id: str) -> None:
+    async def _gateway(
+        self,
+        call: Mapping[str, Any],
+        turn_id: str,
+        *,
+        before: Step | None = None,
+        carry: bool = False,
+    ) -> None:
         """One call, in this order: validate, authorize, approve, reserve + intent,
-        dispatch, commit the result, then the transcript projection (rules 1, 3)."""
+        dispatch, commit the result, then the transcript projection (rules 1, 3).
+
+        ``before`` (the response's ``provider_completed``) is committed with the
+        first durable step of this call; with ``carry`` the tool message waits
+        for the next commit (see :class:`TurnLoop`)."""
         c = self.c
         bundle = c._catalog.bundle  # pinned for the batch: publication waits for its end
         name = call.get("name")
@@ -562,14 +623,14 @@ class TurnLoop:
         descriptor = bundle.registry.get(name) if isinstance(name, str) else None
         if descriptor is None:
             error = Error(ErrorClass.NOT_FOUND, "tool is not registered", {"tool": name})
-            await self._tool_message(call_id, name, _error_result(error))
+            await self._tool_message(call_id, name, _error_result(error), before, carry)
             return
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments)
             except ValueError:
                 error = Error(ErrorClass.VALIDATION, "tool arguments are not JSON")
-                await self._tool_message(call_id, name, _error_result(error))
+                await self._tool_message(call_id, name, _error_result(error), before, carry)
                 return
         arguments = thaw(arguments)
         authority = bundle.authority
@@ -579,15 +640,19 @@ class TurnLoop:
                 authority, descriptor, Invocation(c.run_id, descriptor.name, descriptor.revision)
             )
             if descriptor.requires_approval:
+                await self._flush(before)  # the response is durable before a human sees it
+                before = None
                 await self._approve(descriptor, call_id, turn_id, arguments)
         except Error as error:
-            await self._tool_message(call_id, descriptor.name, _error_result(error))
+            await self._tool_message(call_id, descriptor.name, _error_result(error), before, carry)
             return
         record = await self._effect_commit(
-            "tool_invoked", _intent(descriptor, call_id, turn_id, authority)
+            "tool_invoked", _intent(descriptor, call_id, turn_id, authority), before
         )
         invocation_id = max(record.active_tools, key=_invocation_number)
-        await self._dispatch(descriptor, record, invocation_id, call_id, turn_id, arguments)
+        await self._dispatch(
+            descriptor, record, invocation_id, call_id, turn_id, arguments, carry=carry
+        )
 
     async def _approve(
         self, descriptor: ToolDescriptor, call_id: str, turn_id: str, arguments: Any
@@ -706,6 +771,8 @@ class TurnLoop:
         call_id: str,
         turn_id: str,
         arguments: Any,
+        *,
+        carry: bool = False,
     ) -> None:
         c = self.c
         operation = self._operation(descriptor, record, invocation_id, call_id, turn_id, arguments)
@@ -724,7 +791,7 @@ class TurnLoop:
             await self._uncertain_result(result, descriptor, invocation_id)
         normalized = self._normalize(result)
         await self._complete(invocation_id, normalized)
-        await self._tool_message(call_id, descriptor.name, normalized)
+        await self._tool_message(call_id, descriptor.name, normalized, carry=carry)
 
     async def _complete(self, invocation_id: str, normalized: dict[str, Any]) -> None:
         """Commit a settled result (before any transcript projection, TOOL-08)."""
@@ -870,12 +937,27 @@ class TurnLoop:
         assert isinstance(result, Error)
         return _error_result(result)
 
-    async def _tool_message(self, call_id: str, name: Any, result: Mapping[str, Any]) -> None:
+    async def _tool_message(
+        self,
+        call_id: str,
+        name: Any,
+        result: Mapping[str, Any],
+        before: Step | None = None,
+        carry: bool = False,
+    ) -> None:
+        """The transcript projection of a result, ``tool_completed`` once it is
+        committed (EVT-13); with ``carry`` (and nothing ``before`` it) it is
+        committed with the next provider attempt's intent."""
+        c = self.c
         message = {"role": "tool", "tool_call_id": call_id, "name": name, "result": result}
-        await self.c._checkpoint(
-            lambda s: {**s, "messages": FrozenList((*s["messages"], freeze(message)))}
+        step = checkpoint_step(
+            lambda s: {**s, "messages": FrozenList((*s["messages"], freeze(message)))},
+            after=lambda: c._publish("tool_completed", {"message": message}),
         )
-        self.c._publish("tool_completed", {"message": message})
+        if carry and before is None:
+            self._carry = step
+            return
+        await self._flush(before, step)
 
 
 def _intent(
