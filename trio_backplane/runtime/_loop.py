@@ -11,7 +11,7 @@ import trio
 
 from ..errors import Error, ErrorClass
 from ..kernel import Command, FrozenList, RunRecord, freeze, thaw
-from ..schema import compile_with
+from ..schema import CompiledSchema, compile_with
 from ..tools import (
     Approval,
     ApprovalDecision,
@@ -200,6 +200,20 @@ class TurnLoop:
         self.c = conversation
         #: The batch's last tool-message checkpoint, decided but not yet written.
         self._carry: Step | None = None
+        self._validators: dict[int, tuple[ToolDescriptor, CompiledSchema]] = {}
+
+    def _validator(self, descriptor: ToolDescriptor) -> CompiledSchema:
+        """The descriptor's compiled input schema, compiled once per descriptor
+        object for this run (the schema object is the one admitted, CAT-08),
+        so a call does not pay for fingerprinting its schema."""
+        held = self._validators.get(id(descriptor))
+        if held is not None and held[0] is descriptor:
+            return held[1]
+        compiled = compile_with(descriptor.schema, descriptor.schema_options)
+        if len(self._validators) >= 1024:
+            self._validators.clear()
+        self._validators[id(descriptor)] = (descriptor, compiled)
+        return compiled
 
     async def _flush(self, *steps: Step | None) -> None:
         """Commit the decided ``steps`` (and the carried one) now."""
@@ -635,7 +649,7 @@ class TurnLoop:
         arguments = thaw(arguments)
         authority = bundle.authority
         try:
-            compile_with(descriptor.schema, descriptor.schema_options).validate(arguments)
+            self._validator(descriptor).validate(arguments)
             authorize(
                 authority, descriptor, Invocation(c.run_id, descriptor.name, descriptor.revision)
             )
@@ -830,7 +844,7 @@ class TurnLoop:
                 {"tool": descriptor.name},
             )
         arguments = thaw(arguments)
-        compile_with(descriptor.schema, descriptor.schema_options).validate(arguments)
+        self._validator(descriptor).validate(arguments)
         authorize(
             bundle.authority, descriptor, Invocation(c.run_id, descriptor.name, descriptor.revision)
         )
