@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-import attrs
-
 from ..errors import Error, ErrorClass
 from ..kernel import RunEvent, RunRecord
 from ._protocol import Receipt, RunSummary, prepare_commit, prepare_create
@@ -59,7 +57,8 @@ class MemoryStore:
         log = self._events[run_id]
         del prepared  # decided; MemoryStore keeps the frozen values themselves
         for event in events:
-            log.append(attrs.evolve(event, sequence=len(log) + 1))
+            # a RunEvent's payload is frozen already: no converter work here
+            log.append(RunEvent(event.type, event.occurred_at, event.payload, len(log) + 1))
         self._records[run_id] = record
         return Receipt(run_id, incarnation, record.revision)
 
