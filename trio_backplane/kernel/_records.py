@@ -487,13 +487,18 @@ class RunEvent:
 _RECORD_FIELDS: Final = {field.name: field for field in attrs.fields(RunRecord)}
 
 
+#: Each slot's setter (the member descriptor's ``__set__``): setting through
+#: it skips the frozen ``__setattr__`` and the attribute lookup by name.
+_SETTERS: Final = {name: getattr(RunRecord, name).__set__ for name in _RECORD_FIELDS}
+
+
 def _make_copy() -> Any:
-    """A straight-line copy of a ``RunRecord`` (no loop, no ``getattr`` call):
+    """A straight-line copy of a ``RunRecord`` (no loop, no lookup by name):
     the record's slots are set on a blank instance, validators not re-run."""
-    lines = ["def _copy_record(record, new_object, setter, cls):", "    new = new_object(cls)"]
-    lines += [f"    setter(new, {name!r}, record.{name})" for name in _RECORD_FIELDS]
+    namespace: dict[str, Any] = {f"set_{name}": setter for name, setter in _SETTERS.items()}
+    lines = ["def _copy_record(record, new_object, cls):", "    new = new_object(cls)"]
+    lines += [f"    set_{name}(new, record.{name})" for name in _RECORD_FIELDS]
     lines.append("    return new")
-    namespace: dict[str, Any] = {}
     exec("\n".join(lines), namespace)  # code built from our own field names only
     return namespace["_copy_record"]
 
@@ -505,12 +510,11 @@ def evolve_record(record: RunRecord, **changes: Any) -> RunRecord:
     """``attrs.evolve`` for the hot path: copies the record and runs the
     converter and validator of the changed fields only (the others were
     checked when ``record`` was built)."""
-    new: RunRecord = _copy_record(record, object.__new__, object.__setattr__, RunRecord)
-    setter = object.__setattr__
+    new: RunRecord = _copy_record(record, object.__new__, RunRecord)
     for name, given in changes.items():
         field = _RECORD_FIELDS[name]  # KeyError: an unknown field is a bug
         value = given if field.converter is None else field.converter(given)  # type: ignore[operator]
-        setter(new, name, value)
+        _SETTERS[name](new, value)
         if field.validator is not None:
             field.validator(new, field, value)
     return new
