@@ -89,7 +89,7 @@ def _next_id(
 def _conversation(command: Command) -> dict[str, Any]:
     if "conversation" in command.input:
         conversation = command.input["conversation"]
-        if not isinstance(conversation, Mapping):
+        if type(conversation) is not FrozenDict and not isinstance(conversation, Mapping):
             raise Error(ErrorClass.VALIDATION, "conversation state must be a mapping")
         return {"conversation": conversation}
     return {}
@@ -462,10 +462,21 @@ def cleanup_requirements(record: RunRecord) -> Mapping[str, Any]:
     return freeze(_unsettled(record))  # type: ignore[no-any-return]
 
 
+#: Sorted key lists of summarised inputs, by their keys in order (a
+#: conversation state has the same few keys at every checkpoint).
+_KEY_LISTS: Final[dict[tuple[str, ...], FrozenList]] = {}
+
+
 def _summary(value: Any) -> FrozenDict:
     """What an event says of a large input: its shape, in constant time."""
-    if isinstance(value, Mapping):
-        summary: dict[str, Any] = {"keys": FrozenList(sorted(value)[:32])}
+    if type(value) is FrozenDict or isinstance(value, Mapping):
+        keys = tuple(value)
+        listed = _KEY_LISTS.get(keys)
+        if listed is None:
+            listed = FrozenList(sorted(keys)[:32])
+            if len(_KEY_LISTS) < 256:
+                _KEY_LISTS[keys] = listed
+        summary: dict[str, Any] = {"keys": listed}
         messages = value.get("messages")
         if isinstance(messages, tuple | list):
             summary["messages"] = len(messages)

@@ -415,30 +415,43 @@ class Conversation:
         them one by one would do, with fewer durable writes.  Each step's
         ``after`` runs once its commit is acknowledged (events go out only
         after their commit, rule 2)."""
-        async with self._commit_lock:
-            if self._phase in ("storage_failed", "recovery_required"):
-                raise _StorageFailed(self._last_error or _storage_error("store is unavailable"))
-            record = self._record
-            now = trio.current_time()
-            new, events, done, refusal = record, [], 0, None
-            for step in steps:
-                try:
-                    new, produced = transition(new, step.build(new, now))
-                except Error as exc:
-                    refusal = exc
-                    break
-                events.extend(produced)
-                done += 1
-            if done:
-                if done > 1:
-                    new = evolve_record(new, revision=record.revision + 1)
-                await self._write(record, new, events)
-                for step in steps[:done]:
-                    if step.after is not None:
-                        step.after()
-            if refusal is not None:
-                raise refusal
-            return new
+        # The FIFO lock, without a scheduler round trip when it is free (the
+        # common case: one worker commits at a time); a cancelled caller still
+        # stops here before anything is decided.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            self._commit_lock.acquire_nowait()
+        except trio.WouldBlock:
+            await self._commit_lock.acquire()
+        try:
+            return await self._commit_locked(steps)
+        finally:
+            self._commit_lock.release()
+
+    async def _commit_locked(self, steps: Sequence[Step]) -> RunRecord:
+        if self._phase in ("storage_failed", "recovery_required"):
+            raise _StorageFailed(self._last_error or _storage_error("store is unavailable"))
+        record = self._record
+        now = trio.current_time()
+        new, events, done, refusal = record, [], 0, None
+        for step in steps:
+            try:
+                new, produced = transition(new, step.build(new, now))
+            except Error as exc:
+                refusal = exc
+                break
+            events.extend(produced)
+            done += 1
+        if done:
+            if done > 1:
+                new = evolve_record(new, revision=record.revision + 1)
+            await self._write(record, new, events)
+            for step in steps[:done]:
+                if step.after is not None:
+                    step.after()
+        if refusal is not None:
+            raise refusal
+        return new
 
     async def _write(self, record: RunRecord, new: RunRecord, events: list[RunEvent]) -> None:
         error: Error | None = None
