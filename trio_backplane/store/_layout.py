@@ -10,14 +10,26 @@ again and returns exactly ``encode_record(record)``, ready for
 
 **Incremental commits.**  A store remembers, per run, an :class:`Entry` for
 the last committed record (keyed by incarnation and revision, which the store
-checks against the row it read inside its transaction; on a mismatch it
-reloads the record and builds the entry with :func:`entry_of`).  Committed
-records are frozen values that evolve by sharing unchanged entries, so
-:func:`diff` compares the new record with the remembered one by object
-identity (C-speed tuple comparisons, bisected down to the changed entries)
-and encodes only the entries that changed: commit 5 000 of a run costs what
-commit 10 did.  The head is encoded on every commit; it holds no growing
-field.
+checks against what is stored; on a mismatch it reloads the record and
+builds the entry with :func:`entry_of`).  Committed records are frozen values
+that evolve by sharing unchanged entries, so :func:`diff` compares the new
+record with the remembered one by object identity -- a map or transcript
+that is the same object costs nothing; one that changed is compared as
+aligned key/value lists (C-speed list comparisons: identical items compare
+without a call; the last entries, where commits change things, are checked
+one by one, the rest bisected) -- and encodes only the entries that changed.
+Positions are only a shortcut: keys are always compared too, and a map whose
+keys moved is diffed key by key.  Finding what changed still reads every
+entry of a map that changed (C speed, a few nanoseconds an entry); encoding,
+rows and I/O cost what changed, so commit 5 000 of a run costs about what
+commit 10 did.
+
+The head holds no growing field.  :func:`head_text` encodes it straight from
+the record's fields without copying the record; :func:`head_fields` encodes
+it field by field and, given the previous record and its fields, encodes only
+the fields that are not the very same objects.  Both are byte for byte
+``encode_record`` of the record with its growing slots replaced (see
+:func:`blank`).
 
 Records are JSON data by construction (``RunRecord`` freezes and validates
 every field, KER-11), and everything written is encoded here by a strict
@@ -33,13 +45,16 @@ Pure functions: no I/O.  ``SQLiteStore`` and ``PostgresStore`` both use them.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import json.encoder
+import operator
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import compress
 from typing import Any, Final
 
 import attrs
 
 from ..errors import Error, ErrorClass
-from ..kernel import Budget, FrozenDict, FrozenList, RunRecord, encode_record
+from ..kernel import Budget, FrozenDict, FrozenList, RunRecord
 
 __all__ = [
     "MESSAGES",
@@ -55,8 +70,10 @@ __all__ = [
     "dumps",
     "encode_part",
     "entry_of",
+    "head_fields",
     "head_text",
     "join",
+    "join_head",
     "join_record",
     "message_key",
     "messages_of",
@@ -84,7 +101,22 @@ Upserts = list[tuple[str, str, str]]
 Deletes = list[tuple[str, str]]
 
 _encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-dumps = _encoder.encode
+_make_c_encoder: Any = getattr(json.encoder, "c_make_encoder", None)
+# ``_encoder.encode`` builds a C encoder on every call: build it once.  Same
+# output (without circular-reference markers: a frozen record has no cycles,
+# and a value nested too deep still raises RecursionError).
+_chunks: Any = (
+    _make_c_encoder(
+        None, _encoder.default, json.encoder.encode_basestring, None, ":", ",", False, False, False
+    )
+    if _make_c_encoder is not None
+    else lambda value, _: (_encoder.encode(value),)  # pragma: no cover - CPython has it
+)
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON text (UTF-8 kept, NaN refused), as ``_encoder.encode``."""
+    return "".join(_chunks(value, 0))
 
 
 def encode_part(value: Any) -> str:
@@ -107,14 +139,21 @@ def message_key(index: int) -> str:
 # -- head ------------------------------------------------------------------------
 
 
+def _transcript(record: RunRecord) -> Sequence[Any] | None:
+    """The transcript (the record's own frozen sequence, not a copy) when it is
+    stored as rows, else ``None``."""
+    conversation = record.context.get("conversation")
+    if type(conversation) is FrozenDict or isinstance(conversation, Mapping):
+        messages = conversation.get(MESSAGES)
+        if type(messages) is FrozenList or isinstance(messages, tuple | list):
+            return messages
+    return None
+
+
 def messages_of(record: RunRecord) -> tuple[Any, ...] | None:
     """The transcript when it is stored as rows, else ``None``."""
-    conversation = record.context.get("conversation")
-    if isinstance(conversation, Mapping):
-        messages = conversation.get(MESSAGES)
-        if isinstance(messages, tuple | list):
-            return tuple(messages)
-    return None
+    messages = _transcript(record)
+    return None if messages is None else tuple(messages)
 
 
 def blank(record: RunRecord) -> RunRecord:
@@ -138,16 +177,103 @@ def blank(record: RunRecord) -> RunRecord:
     return attrs.evolve(record, **changes) if changes else record
 
 
+_FIELDS: Final = tuple(field.name for field in attrs.fields(RunRecord))
+_field_values: Final = operator.attrgetter(*_FIELDS)
+
+
+def _head_context(record: RunRecord) -> Mapping[str, Any]:
+    """``record.context`` as the head holds it: the transcript a placeholder."""
+    context = record.context
+    conversation = context.get("conversation")
+    if (type(conversation) is FrozenDict or isinstance(conversation, Mapping)) and isinstance(
+        conversation.get(MESSAGES), tuple | list
+    ):
+        return {**context, "conversation": {**conversation, MESSAGES: PLACEHOLDER}}
+    return context
+
+
 def head_text(record: RunRecord) -> str:
     """The head row of ``record``: its encoding with every parts slot holding
-    the placeholder.  Costs the head, never the growing fields."""
-    data = encode_record(blank(record))
+    the placeholder.  Costs the head, never the growing fields.
+
+    Byte for byte ``encode_part`` of ``encode_record(blank(record))`` with the
+    slots replaced, built without copying the record or walking it through
+    cattrs: a record's fields are JSON data already (frozen mappings are
+    ``dict`` subclasses, tuples encode as arrays), so encoding them as they are
+    gives the text ``encode_record``'s plain copies give.
+    """
+    data = dict(zip(_FIELDS, _field_values(record), strict=True))
+    budget = record.budget
+    data["budget"] = {"quota": budget.quota, "used": budget.used, "reservations": PLACEHOLDER}
     for field in _KEYED:
         data[field] = PLACEHOLDER
-    data["budget"]["reservations"] = PLACEHOLDER
-    if messages_of(record) is not None:
-        data["context"]["conversation"][MESSAGES] = PLACEHOLDER
+    data["context"] = _head_context(record)
     return encode_part(data)
+
+
+#: ``"name":`` of every field, as the encoder writes a key.
+_HEAD_KEYS: Final = tuple(f"{dumps(name)}:" for name in _FIELDS)
+#: How :func:`head_fields` encodes each field.
+_PLAIN, _SLOT, _BUDGET, _CONTEXT = range(4)
+_HEAD_KINDS: Final = tuple(
+    _SLOT
+    if name in _KEYED
+    else _BUDGET
+    if name == "budget"
+    else _CONTEXT
+    if name == "context"
+    else _PLAIN
+    for name in _FIELDS
+)
+_SLOT_FIELDS: Final = tuple(f"{key}{dumps(PLACEHOLDER)}" for key in _HEAD_KEYS)
+_NULL_FIELDS: Final = tuple(f"{key}null" for key in _HEAD_KEYS)
+_INDICES: Final = range(len(_FIELDS))
+#: How the encoder writes a ``str`` (the same C function).
+_encode_str: Final[Callable[[str], str]] = json.encoder.encode_basestring
+
+
+def head_fields(
+    record: RunRecord, previous: RunRecord | None = None, fields: Sequence[str] = ()
+) -> list[str]:
+    """The head of ``record`` field by field (``"name":value``; joined with
+    :func:`join_head` they are :func:`head_text`).  ``fields`` are
+    ``previous``'s: a field holding the very object ``previous`` held is not
+    encoded again (a record's values are frozen), so a commit encodes only
+    the fields it changed."""
+    values = _field_values(record)
+    out: list[str]
+    indices: Iterable[int]
+    if previous is not None and fields:
+        out = list(fields)
+        indices = compress(_INDICES, map(operator.is_not, values, _field_values(previous)))
+    else:
+        out = list(_HEAD_KEYS)
+        indices = _INDICES
+    for i in indices:
+        value = values[i]
+        kind = _HEAD_KINDS[i]
+        if kind == _PLAIN:
+            if value is None:
+                out[i] = _NULL_FIELDS[i]
+            elif type(value) is int:
+                out[i] = _HEAD_KEYS[i] + int.__repr__(value)
+            elif type(value) is str:
+                out[i] = _HEAD_KEYS[i] + _encode_str(value)
+            else:
+                out[i] = _HEAD_KEYS[i] + encode_part(value)
+        elif kind == _SLOT:
+            out[i] = _SLOT_FIELDS[i]
+        elif kind == _BUDGET:
+            budget = {"quota": value.quota, "used": value.used, "reservations": PLACEHOLDER}
+            out[i] = _HEAD_KEYS[i] + encode_part(budget)
+        else:
+            out[i] = _HEAD_KEYS[i] + encode_part(_head_context(record))
+    return out
+
+
+def join_head(fields: Sequence[str]) -> str:
+    """The head text of :func:`head_fields`."""
+    return "{" + ",".join(fields) + "}"
 
 
 def join(head: str, parts: Mapping[tuple[str, str], str]) -> dict[str, Any]:
@@ -179,23 +305,25 @@ join_record = join
 # -- incremental diff --------------------------------------------------------------
 
 
-@attrs.frozen
+@attrs.frozen(eq=False)
 class _Keyed:
-    """One keyed part of a committed record, as aligned key/value tuples."""
+    """One keyed part of a committed record, as aligned key/value lists (lists:
+    they compare identical items without a call, faster than tuples; never
+    mutated once built)."""
 
     source: Mapping[str, Any]
-    keys: tuple[str, ...]
-    values: tuple[Any, ...]
+    keys: list[str]
+    values: list[Any]
 
     @classmethod
     def of(cls, mapping: Mapping[str, Any]) -> _Keyed:
-        return cls(mapping, tuple(mapping), tuple(mapping.values()))
+        return cls(mapping, list(mapping), list(mapping.values()))
 
 
-_NO_KEYS: Final = _Keyed(_EMPTY, (), ())
+_NO_KEYS: Final = _Keyed(_EMPTY, [], [])
 
 
-@attrs.frozen
+@attrs.frozen(eq=False)
 class Entry:
     """What a store remembers of a run's last committed record."""
 
@@ -203,7 +331,9 @@ class Entry:
     intents: _Keyed
     tool_results: _Keyed
     reservations: _Keyed
-    messages: tuple[Any, ...] | None
+    #: The record's transcript itself (frozen): an unchanged transcript is the
+    #: same object, so diffing it costs nothing.
+    messages: Sequence[Any] | None
 
 
 #: The entry of "nothing stored yet": diffing against it writes every part.
@@ -217,28 +347,46 @@ def entry_of(record: RunRecord) -> Entry:
         _Keyed.of(record.intents),
         _Keyed.of(record.tool_results),
         _Keyed.of(record.budget.reservations),
-        messages_of(record),
+        _transcript(record),
     )
 
 
-def _changed(old: tuple[Any, ...], new: tuple[Any, ...], n: int) -> list[int]:
+#: A changed range is first checked without its last ``_TAIL`` items, which
+#: are then compared one by one: commits change recent entries.
+_TAIL: Final = 32
+
+
+def _changed(old: Sequence[Any], new: Sequence[Any], n: int, *, own: bool = False) -> list[int]:
     """Indices ``i < n`` where ``new[i]`` is not ``old[i]`` (ranges that compare
-    equal as a whole are skipped; a tuple compares identical items at C speed)."""
+    equal as a whole are skipped; a list compares identical items at C speed).
+    ``old`` and ``new`` are both lists or both tuples; ``own``: ``new`` is a
+    plain list the caller lets this function shorten and restore."""
+    a = old if len(old) == n else old[:n]
+    b = new if len(new) == n else new[:n]
+    if n == 0 or a == b:
+        return []
+    split = n - _TAIL
+    if split > _LEAF:
+        if type(b) is list and (own or b is not new):  # ours: compare its head in place
+            tail = b[split:]
+            del b[split:]
+            same = b == a[:split]
+            b += tail
+        else:
+            same = a[:split] == b[:split]
+        if same:
+            return [i for i in range(split, n) if a[i] is not b[i]]
     out: list[int] = []
-    if n == 0:
-        return out
-    if (old if len(old) == n else old[:n]) == (new if len(new) == n else new[:n]):
-        return out
     stack = [(0, n)]
     while stack:
         lo, hi = stack.pop()
         if hi - lo <= _LEAF:
-            out.extend(i for i in range(lo, hi) if old[i] is not new[i])
+            out.extend(i for i in range(lo, hi) if a[i] is not b[i])
             continue
         mid = (lo + hi) // 2
-        if old[mid:hi] != new[mid:hi]:
+        if a[mid:hi] != b[mid:hi]:
             stack.append((mid, hi))
-        if old[lo:mid] != new[lo:mid]:
+        if a[lo:mid] != b[lo:mid]:
             stack.append((lo, mid))
     out.sort()
     return out
@@ -249,15 +397,25 @@ def _diff_keyed(
 ) -> _Keyed:
     if new is old.source:
         return old
-    now = _Keyed.of(new)
+    keys = list(new)
+    values = list(new.values())
     m = len(old.keys)
-    if len(now.keys) >= m and (now.keys if len(now.keys) == m else now.keys[:m]) == old.keys:
-        # Same keys in the same order, maybe some appended (``assoc``).
-        for i in _changed(old.values, now.values, m):
-            upserts.append((part, now.keys[i], encode_part(now.values[i])))
-        for i in range(m, len(now.keys)):
-            upserts.append((part, now.keys[i], encode_part(now.values[i])))
-        return now
+    n = len(keys)
+    if n >= m:
+        # Same keys in the same order, maybe some appended (``assoc``)?  The
+        # lists are ours: compare their first m items without copying them.
+        added_keys, added_values = keys[m:], values[m:]
+        del keys[m:], values[m:]
+        same = keys == old.keys
+        changed = _changed(old.values, values, m, own=True) if same else []
+        keys += added_keys
+        values += added_values
+        if same:
+            for i in changed:
+                upserts.append((part, keys[i], encode_part(values[i])))
+            for i in range(m, n):
+                upserts.append((part, keys[i], encode_part(values[i])))
+            return _Keyed(new, keys, values)
     previous = old.source
     missing = object()
     for key, value in new.items():
@@ -265,19 +423,21 @@ def _diff_keyed(
         if was is not value and (was is missing or was != value):
             upserts.append((part, key, encode_part(value)))
     deletes.extend((part, key) for key in previous if key not in new)
-    return now
+    return _Keyed(new, keys, values)
 
 
 def _diff_messages(
-    old: tuple[Any, ...] | None,
-    new: tuple[Any, ...] | None,
+    old: Sequence[Any] | None,
+    new: Sequence[Any] | None,
     upserts: Upserts,
     deletes: Deletes,
 ) -> None:
     if new is old:
         return
-    before = old or ()
-    after = new or ()
+    before: Sequence[Any] = old or ()
+    after: Sequence[Any] = new or ()
+    if isinstance(before, tuple) is not isinstance(after, tuple):
+        before, after = tuple(before), tuple(after)  # a tuple never equals a list
     common = min(len(before), len(after))
     for i in _changed(before, after, common):
         upserts.append((MESSAGES, message_key(i), encode_part(after[i])))
@@ -291,7 +451,7 @@ def diff(old: Entry, record: RunRecord) -> tuple[Entry, Upserts, Deletes]:
     stored ``old`` record into ``record``.  Encodes only what changed."""
     upserts: Upserts = []
     deletes: Deletes = []
-    messages = messages_of(record)
+    messages = _transcript(record)
     entry = Entry(
         record,
         _diff_keyed("intents", old.intents, record.intents, upserts, deletes),

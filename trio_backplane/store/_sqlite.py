@@ -12,32 +12,59 @@ layout (head + part rows for ``intents``, ``tool_results``,
 are ``_layout``'s, shared with ``PostgresStore``.
 
 **Incremental commits.**  A commit's cost does not grow with the run.  The
-store keeps, per run, the ``_layout.Entry`` of the last committed record
-(keyed by incarnation and revision, checked against the row read inside the
-transaction; a miss or a stale entry reloads the record from the database).
-``prepare_commit`` -- the compare-and-set decision every store shares --
-checks identity and revision only; ``_layout.diff`` then encodes just the
-entries that changed, and the head (which holds no growing field).
+store remembers, per run, the ``_layout.Entry`` of the last committed
+record, the sequence of the run's last event and the record's head field by
+field (``_layout.head_fields``).  A commit whose ``(incarnation,
+expected_revision)`` matches what is remembered is decided
+(``prepare_commit``, the decision every store shares) and encoded --
+``_layout.diff`` encodes just the entries that changed, the head just the
+fields that changed, the events their payloads -- by the caller, in
+``commit`` on the Trio thread, which has just built the record; the writer
+thread then only writes, starting with the compare-and-set ``UPDATE runs
+... WHERE run_id AND incarnation AND revision``.  A row count of 1 proves
+the remembered run is what is stored (every write, ``fence`` included,
+raises the revision, and every event append goes with one), so the events
+continue from the remembered sequence and no ``SELECT`` runs.  A row count
+of 0 (another process wrote), nothing remembered or another revision: the
+row is read inside the transaction, the commit decided against it and, when
+it applies, the record reloaded and the commit encoded again.
 
-**Threads.**  All blocking work runs in ``trio.to_thread.run_sync`` under one
-``CapacityLimiter(1)`` on one connection (``check_same_thread=False``, only
-ever used under the limiter): never two writers racing.
+**Writer thread.**  Every sqlite call -- reads, ``create``, ``fence`` and
+commits -- runs in one dedicated daemon thread per store, started on first
+use and fed through a ``queue.SimpleQueue``: one connection
+(``check_same_thread=False``) only ever used by that thread, never two
+writers racing, work done in submission order.  An outcome reaches Trio
+through the ``TrioToken`` captured at submission (``run_sync_soon`` +
+``reschedule``); a commit batch's leader (below) instead waits for a byte on
+a pipe Trio watches (POSIX; one wake-up of the I/O loop, cheaper than
+``run_sync_soon``).  Work submitted is waited out, never abandoned: a read
+is only cancellable before it is submitted, and a batch leader cancelled
+while its batch is in the thread waits for the outcome shielded (its caller
+gets the outcome; the cancellation strikes at its next checkpoint).
+``aclose`` lets the work already submitted finish, closes the connection and
+joins the thread; a store dropped without ``aclose`` stops its thread from a
+``weakref.finalize`` (the thread holds no reference to the store between
+calls), and a Trio run ending while the thread lives leaves it idle, never
+hanging anything.
 
 **Group commit.**  Concurrent ``commit`` calls queue up; whichever caller
-finds no writer active becomes the writer and writes everything queued (at
-most one commit per run, in arrival order) in one ``BEGIN IMMEDIATE``
-transaction with a ``SAVEPOINT`` per commit, so one commit's conflict rolls
-back only that commit.  Every caller is acknowledged only after the shared
-``COMMIT`` returned; a failed ``COMMIT`` fails the whole batch with
-``storage_failed``.  A writer never waits for a batch to fill: it takes what
-is queued when it is free (a lone commit is a batch of one, written without
-savepoints).  When its own commit is done the writer hands the role to the
-oldest queued caller.
+finds no writer active becomes the writer (the batch leader) and hands
+everything queued (at most one commit per run, in arrival order) to the
+thread as one ``BEGIN IMMEDIATE`` transaction with a ``SAVEPOINT`` per
+commit, so one commit's conflict rolls back only that commit.  Every caller
+is acknowledged only after the shared ``COMMIT`` returned; a failed
+``COMMIT`` fails the whole batch with ``storage_failed``.  A writer never
+waits for a batch to fill: it takes what is queued when it is free (a lone
+commit is a batch of one, written without savepoints).  When its own commit
+is done the writer hands the role to the oldest queued caller.  A queued
+commit not yet taken is withdrawn when its caller is cancelled; one taken is
+waited out.
 
 **Failures.**  ``Error`` from the decision passes through; any
 ``sqlite3.Error`` or ``OSError`` becomes ``Error(storage_failed)`` (STO-06),
 chained, and drops the cache, so ``load`` reads what is really stored: a
-commit whose acknowledgement was lost is reconciled by ``load``.  Test hook:
+commit whose acknowledgement was lost is reconciled by ``load``.  A closed
+store raises ``storage_failed``.  Test hook:
 :meth:`SQLiteStore._fail_next_commit`.
 """
 
@@ -47,9 +74,13 @@ import contextlib
 import json
 import math
 import os
+import queue
 import sqlite3
+import threading
 import time
+import weakref
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from functools import partial
 from typing import Any, Final, Literal, TypeVar
 
 import attrs
@@ -63,12 +94,15 @@ from ..kernel import fence as _kernel_fence
 from ._layout import (
     NOTHING,
     RESERVATIONS,
+    Deletes,
     Entry,
+    Upserts,
     diff,
-    dumps,
+    encode_part,
     entry_of,
-    head_text,
+    head_fields,
     join,
+    join_head,
     split,
 )
 from ._protocol import Receipt, RunSummary, prepare_commit, prepare_create
@@ -107,6 +141,86 @@ _UPDATE_RUN: Final = (
     "UPDATE runs SET incarnation = ?, revision = ?, state = ?, head = ?"
     " WHERE run_id = ? AND incarnation = ? AND revision = ?"
 )
+_SELECT_IDENTITY: Final = "SELECT incarnation, revision FROM runs WHERE run_id = ?"
+_SELECT_LAST_SEQUENCE: Final = "SELECT COALESCE(MAX(sequence), 0) FROM run_events WHERE run_id = ?"
+
+#: A batch leader waits for the writer thread on a pipe Trio watches (one
+#: wake-up of Trio's I/O loop); where Trio watches sockets only (Windows) it
+#: waits like every other call, through the Trio token.
+_WAKE_PIPE: Final = os.name == "posix"
+
+
+# -- the writer thread --------------------------------------------------------------
+
+
+class _Call:
+    """One piece of work for the writer thread, and how its outcome reaches
+    Trio: through ``token`` to ``task``, or (no task) a byte on the wake pipe."""
+
+    __slots__ = ("done", "fn", "result", "task", "token")
+
+    def __init__(
+        self,
+        fn: Callable[[], Any],
+        token: trio.lowlevel.TrioToken | None = None,
+        task: trio.lowlevel.Task | None = None,
+    ) -> None:
+        self.fn: Callable[[], Any] | None = fn
+        self.token = token
+        self.task = task
+        self.result: outcome.Outcome[Any] | None = None
+        self.done = False
+
+
+#: Queue items that stop the writer thread: ``_STOP`` from ``aclose`` (which
+#: closes the wake pipe after joining the thread), ``_ABANDONED`` from the
+#: finalizer of a store nobody holds any more (the thread closes the pipe: it
+#: is the last one to write to it).
+_STOP: Final = 0
+_ABANDONED: Final = 1
+
+
+def _deliver(call: _Call) -> None:
+    assert call.task is not None
+    assert call.result is not None
+    trio.lowlevel.reschedule(call.task, call.result)
+
+
+def _serve(requests: queue.SimpleQueue[_Call | int], wake: tuple[int, int] | None) -> None:
+    """The writer thread: run the calls in order until told to stop.  Holds no
+    reference to the store between calls."""
+    stop: int = _STOP
+    try:
+        while True:
+            call = requests.get()
+            if not isinstance(call, _Call):
+                stop = call
+                return
+            fn, call.fn = call.fn, None
+            assert fn is not None
+            call.result = outcome.capture(fn)
+            del fn
+            call.done = True
+            try:
+                if call.task is None:
+                    assert wake is not None
+                    os.write(wake[1], b"\0")
+                else:
+                    assert call.token is not None
+                    call.token.run_sync_soon(_deliver, call)
+            except OSError:  # the pipe is full: a wake-up is pending anyway (never closed here)
+                pass
+            except trio.RunFinishedError:  # the Trio run is over: nobody waits
+                pass
+            del call
+    finally:
+        if stop == _ABANDONED and wake is not None:
+            for fd in wake:
+                os.close(fd)
+
+
+def _no_abort(_: Any) -> trio.lowlevel.Abort:
+    return trio.lowlevel.Abort.FAILED  # submitted: the outcome is waited out
 
 
 # -- the store -------------------------------------------------------------------
@@ -151,15 +265,30 @@ _QUEUED: Final = 0
 _IN_FLIGHT: Final = 1
 _DONE: Final = 2
 
+#: What the store remembers of a run: the entry of its last committed record,
+#: the sequence of its last event (``None``: not read yet) and the record's
+#: head field by field (``()``: not encoded yet; see ``_layout.head_fields``).
+_Cached = tuple[Entry, int | None, Sequence[str]]
+#: A commit written inside the batch transaction: what to remember, part rows.
+_Written = tuple[_Cached, int]
+#: A commit encoded against the remembered run it was diffed from: that
+#: ``_Cached``, the new entry, its part upserts and deletes, its head field by
+#: field and its events (type, time, payload text) before they are numbered.
+_Encoded = tuple[_Cached, Entry, Upserts, Deletes, list[str], list[tuple[str, Any, str]]]
+
 
 @attrs.define(eq=False)
 class _Job:
+    """One ``commit`` call, queued for a batch."""
+
     run_id: str
     incarnation: int
     expected_revision: int
     record: RunRecord
     events: tuple[RunEvent, ...]
     task: trio.lowlevel.Task
+    #: Encoded by the caller against the run the store remembered then.
+    encoded: _Encoded | None = None
     state: int = _QUEUED
     receipt: Receipt | None = None
     error: BaseException | None = None
@@ -186,13 +315,19 @@ class SQLiteStore:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self._path = os.fspath(path)
-        self._limiter = trio.CapacityLimiter(1)
-        self._conn: sqlite3.Connection | None = None
+        self._conn: sqlite3.Connection | None = None  # the writer thread's
         self._closed = False
-        self._cache: dict[str, Entry] = {}
+        # Written by the writer thread only; ``commit`` reads it (single dict
+        # reads, atomic) to encode against what the store remembers.
+        self._cache: dict[str, _Cached] = {}
         self._queue: list[_Job] = []
         self._leading = False
         self._inject: list[Literal["before", "after"]] = []
+        self._requests: queue.SimpleQueue[_Call | int] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._wake: tuple[int, int] | None = None
+        self._stopped = False  # the writer thread takes no more work
+        self._finalizer: weakref.finalize[Any, Any] | None = None
         self.stats: dict[str, int] = {
             "commits": 0,
             "batches": 0,
@@ -216,13 +351,32 @@ class SQLiteStore:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the connection once the work already running has finished."""
+        """Close the connection once the work already submitted has finished,
+        and stop the writer thread."""
         if self._closed:
             await trio.lowlevel.checkpoint()
             return
         self._closed = True
-        with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(self._close_sync, limiter=self._limiter)
+        thread = self._thread
+        if thread is None:
+            self._stopped = True
+            await trio.lowlevel.checkpoint()
+            return
+        call = _Call(
+            self._close_sync, trio.lowlevel.current_trio_token(), trio.lowlevel.current_task()
+        )
+        self._requests.put(call)
+        self._requests.put(_STOP)
+        self._stopped = True
+        await trio.lowlevel.wait_task_rescheduled(_no_abort)
+        thread.join()  # it has delivered its last outcome: it is returning
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        if self._wake is not None:
+            trio.lowlevel.notify_closing(self._wake[0])
+            for fd in self._wake:
+                os.close(fd)
+            self._wake = None
 
     def _close_sync(self) -> None:
         conn, self._conn = self._conn, None
@@ -247,12 +401,52 @@ class SQLiteStore:
         if self._closed:
             raise Error(ErrorClass.STORAGE_FAILED, "store is closed", {"path": self._path})
 
+    def _submit(self, call: _Call) -> None:
+        """Hand ``call`` to the writer thread, starting it on first use."""
+        if self._stopped:
+            raise Error(ErrorClass.STORAGE_FAILED, "store is closed", {"path": self._path})
+        if self._thread is None:
+            self._start()
+        self._requests.put(call)
+
+    def _start(self) -> None:
+        wake: tuple[int, int] | None = None
+        if _WAKE_PIPE:
+            wake = os.pipe()
+            for fd in wake:
+                os.set_blocking(fd, False)
+        thread = threading.Thread(
+            target=_serve,
+            args=(self._requests, wake),
+            name=f"trio_backplane SQLiteStore({self._path!r})",
+            daemon=True,
+        )
+        try:
+            thread.start()
+        except BaseException:
+            if wake is not None:
+                for fd in wake:
+                    os.close(fd)
+            raise
+        self._thread = thread
+        self._wake = wake
+        self._finalizer = weakref.finalize(self, self._requests.put, _ABANDONED)
+
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` on the connection in the writer thread."""
+        await trio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
-        return await trio.to_thread.run_sync(self._guarded, fn, limiter=self._limiter)
+        call = _Call(
+            partial(self._guarded, fn),
+            trio.lowlevel.current_trio_token(),
+            trio.lowlevel.current_task(),
+        )
+        self._submit(call)
+        result: T = await trio.lowlevel.wait_task_rescheduled(_no_abort)
+        return result
 
     def _guarded(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """In the worker thread: run ``fn`` on the connection; map I/O failures."""
+        """In the writer thread: run ``fn`` on the connection; map I/O failures."""
         try:
             return fn(self._connect())
         except Error:
@@ -313,7 +507,7 @@ class SQLiteStore:
         }
         return _decode_record(join(head, parts))
 
-    def _entry(self, conn: sqlite3.Connection, run_id: str) -> Entry | None:
+    def _stored(self, conn: sqlite3.Connection, run_id: str) -> _Cached | None:
         """The stored run (inside the caller's transaction): cached when the
         cache holds this incarnation and revision, else read and cached."""
         row = conn.execute(
@@ -323,22 +517,19 @@ class SQLiteStore:
             self._cache.pop(run_id, None)
             return None
         cached = self._cache.get(run_id)
-        if (
-            cached is not None
-            and cached.record.incarnation == row[0]
-            and cached.record.revision == row[1]
-        ):
-            return cached
-        record = self._read_record(conn, run_id, row[2])
-        entry = entry_of(record)
-        self._cache[run_id] = entry
-        return entry
+        if cached is not None:
+            record = cached[0].record
+            if record.incarnation == row[0] and record.revision == row[1]:
+                return cached
+        cached = (entry_of(self._read_record(conn, run_id, row[2])), None, ())
+        self._cache[run_id] = cached
+        return cached
 
     async def load(self, run_id: str) -> RunRecord | None:
         def read(conn: sqlite3.Connection) -> RunRecord | None:
             with _transaction(conn, "DEFERRED"):
-                entry = self._entry(conn, run_id)
-            return None if entry is None else entry.record
+                stored = self._stored(conn, run_id)
+            return None if stored is None else stored[0].record
 
         return await self._run(read)
 
@@ -380,74 +571,85 @@ class SQLiteStore:
     # -- writing -----------------------------------------------------------------
 
     @staticmethod
-    def _append_events(
-        conn: sqlite3.Connection, run_id: str, events: Sequence[Mapping[str, Any]]
-    ) -> None:
-        if not events:
-            return
-        (last,) = conn.execute(
-            "SELECT COALESCE(MAX(sequence), 0) FROM run_events WHERE run_id = ?", (run_id,)
-        ).fetchone()
-        rows = []
-        for offset, event in enumerate(events, start=1):
+    def _encode(
+        stored: _Cached, record: RunRecord, events: Sequence[Mapping[str, Any]]
+    ) -> _Encoded:
+        """Everything a commit of ``record`` (decided: ``prepare_commit``) over
+        the ``stored`` record writes, encoded and checked; no I/O."""
+        old, _, old_head = stored
+        entry, upserts, deletes = diff(old, record)
+        head = head_fields(record, old.record, old_head)
+        encoded = []
+        for event in events:
             occurred_at = event["occurred_at"]
             if not isinstance(occurred_at, int | float) or not math.isfinite(occurred_at):
                 raise Error(ErrorClass.VALIDATION, "event time must be a finite number")
-            rows.append(
-                (run_id, last + offset, event["type"], occurred_at, dumps(event["payload"]))
-            )
-        conn.executemany(_INSERT_EVENT, rows)
+            encoded.append((event["type"], occurred_at, encode_part(event["payload"])))
+        return stored, entry, upserts, deletes, head, encoded
 
-    def _write(
-        self,
-        conn: sqlite3.Connection,
-        old: Entry,
-        record: RunRecord,
-        head: str,
-        events: Sequence[Mapping[str, Any]],
-    ) -> tuple[Entry, int]:
-        """Compare-and-set ``old`` -> ``record`` (inside a transaction)."""
-        entry, upserts, deletes = diff(old, record)
+    @staticmethod
+    def _apply(conn: sqlite3.Connection, encoded: _Encoded) -> _Written | None:
+        """Write an encoded commit inside a transaction: the compare-and-set
+        ``UPDATE`` of the run row first, then the changed parts and the events
+        numbered on from the remembered last sequence.  ``None`` when the row
+        is not at the remembered incarnation and revision (nothing written)."""
+        stored, entry, upserts, deletes, head, events = encoded
+        old = stored[0].record
+        record = entry.record
         run_id = record.run_id
+        last = stored[1]
+        if events and last is None:
+            (last,) = conn.execute(_SELECT_LAST_SEQUENCE, (run_id,)).fetchone()
         cursor = conn.execute(
             _UPDATE_RUN,
             (
                 record.incarnation,
                 record.revision,
                 record.state,
-                head,
+                join_head(head),
                 run_id,
-                old.record.incarnation,
-                old.record.revision,
+                old.incarnation,
+                old.revision,
             ),
         )
         if cursor.rowcount != 1:
-            raise Error(
-                ErrorClass.RESOURCE_CONFLICT, "stale revision", {"run_id": run_id}
-            )  # pragma: no cover - the row was read under BEGIN IMMEDIATE
+            return None
         if upserts:
             conn.executemany(_UPSERT_PART, [(run_id, *row) for row in upserts])
         if deletes:
             conn.executemany(_DELETE_PART, [(run_id, *row) for row in deletes])
-        self._append_events(conn, run_id, events)
-        return entry, len(upserts) + len(deletes)
+        if events:
+            assert last is not None
+            conn.executemany(
+                _INSERT_EVENT,
+                [(run_id, sequence, *event) for sequence, event in enumerate(events, last + 1)],
+            )
+            last += len(events)
+        return (entry, last, head), len(upserts) + len(deletes)
 
-    def _apply_commit(self, conn: sqlite3.Connection, job: _Job) -> tuple[Entry, int]:
-        """One commit inside the batch transaction: decide, then write."""
-        row = conn.execute(
-            "SELECT incarnation, revision FROM runs WHERE run_id = ?", (job.run_id,)
-        ).fetchone()
-        stored: RunRecord | None
-        old: Entry | None = None
-        if row is None:
-            stored = None
-        elif (row[0], row[1]) != (job.incarnation, job.expected_revision):
-            # Refused either way: prepare_commit only needs the identity.
-            stored = RunRecord(run_id=job.run_id, incarnation=row[0], revision=row[1])
-        else:
-            old = self._entry(conn, job.run_id)
-            stored = None if old is None else old.record
-        prepared = prepare_commit(
+    def _write(
+        self,
+        conn: sqlite3.Connection,
+        stored: _Cached,
+        record: RunRecord,
+        events: Sequence[Mapping[str, Any]],
+    ) -> _Written | None:
+        """Compare-and-set the ``stored`` record -> ``record`` (inside a
+        transaction): :meth:`_encode`, then :meth:`_apply`."""
+        return self._apply(conn, self._encode(stored, record, events))
+
+    def _prepared(self, job: _Job) -> _Encoded | None:
+        """``job`` decided and encoded against the run the store remembers,
+        when that run is at the commit's incarnation and expected revision
+        (``None`` otherwise: it is decided from the stored row).  Raises the
+        decision's ``validation``."""
+        cached = self._cache.get(job.run_id)
+        if cached is None:
+            return None
+        stored = cached[0].record
+        if stored.incarnation != job.incarnation or stored.revision != job.expected_revision:
+            return None
+        decided = prepare_commit(
             stored,
             job.run_id,
             incarnation=job.incarnation,
@@ -455,18 +657,60 @@ class SQLiteStore:
             record=job.record,
             events=job.events,
         )
-        assert old is not None
-        record = prepared.record
-        return self._write(conn, old, record, head_text(record), prepared.events)
+        return self._encode(cached, decided.record, decided.events)
+
+    def _apply_commit(self, conn: sqlite3.Connection, job: _Job) -> _Written:
+        """One commit inside the batch transaction: decide, then write.
+
+        The fast path: the commit was encoded against the run the store still
+        remembers (by the caller, or here), and the compare-and-set row count
+        confirms that run is what is stored.  Else the row is read and the
+        commit decided from it.
+        """
+        run_id = job.run_id
+        cached = self._cache.get(run_id)
+        if cached is not None:
+            encoded = job.encoded
+            if encoded is None or encoded[0] is not cached:
+                encoded = self._prepared(job)
+            if encoded is not None:
+                written = self._apply(conn, encoded)
+                if written is not None:
+                    return written
+                del self._cache[run_id]  # another writer moved the run on
+        row = conn.execute(_SELECT_IDENTITY, (run_id,)).fetchone()
+        current: _Cached | None = None
+        stand_in: RunRecord | None
+        if row is None:
+            self._cache.pop(run_id, None)
+            stand_in = None
+        elif (row[0], row[1]) != (job.incarnation, job.expected_revision):
+            # Refused either way: prepare_commit only needs the identity.
+            stand_in = RunRecord(run_id=run_id, incarnation=row[0], revision=row[1])
+        else:
+            current = self._stored(conn, run_id)
+            stand_in = None if current is None else current[0].record
+        decided = prepare_commit(
+            stand_in,
+            run_id,
+            incarnation=job.incarnation,
+            expected_revision=job.expected_revision,
+            record=job.record,
+            events=job.events,
+        )
+        assert current is not None
+        written = self._write(conn, current, decided.record, decided.events)
+        if written is None:  # pragma: no cover - the row was read under BEGIN IMMEDIATE
+            raise _conflict("stale revision", run_id)
+        return written
 
     def _write_batch(self, jobs: list[_Job]) -> None:
-        """In the worker thread: one transaction, a savepoint per commit.
+        """In the writer thread: one transaction, a savepoint per commit.
 
         Sets every job's ``receipt`` or ``error``; never raises.
         """
         inject = self._inject.pop(0) if self._inject else None
-        staged: list[tuple[_Job, Entry, int]] = []
-        conn: sqlite3.Connection | None = None
+        staged: list[tuple[_Job, _Written]] = []
         try:
             conn = self._connect()
             conn.execute("BEGIN IMMEDIATE")
@@ -475,7 +719,7 @@ class SQLiteStore:
                 if not single:
                     conn.execute("SAVEPOINT batch_commit")
                 try:
-                    entry, rows = self._apply_commit(conn, job)
+                    written = self._apply_commit(conn, job)
                 except Error as exc:
                     if exc.error_class is ErrorClass.STORAGE_FAILED:
                         raise
@@ -486,7 +730,7 @@ class SQLiteStore:
                     continue
                 if not single:
                     conn.execute("RELEASE batch_commit")
-                staged.append((job, entry, rows))
+                staged.append((job, written))
             if not staged:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
@@ -507,18 +751,21 @@ class SQLiteStore:
                 job.error = exc
             return
         rows_written = 0
-        for job, entry, rows in staged:
-            self._cache[job.run_id] = entry
+        cache = self._cache
+        for job, (remembered, rows) in staged:
+            cache[job.run_id] = remembered
             rows_written += rows
-            job.receipt = Receipt(job.run_id, entry.record.incarnation, entry.record.revision)
-        self.stats["commits"] += len(staged)
-        self.stats["batches"] += 1
-        self.stats["part_rows"] += rows_written
-        self.stats["last_part_rows"] = rows_written
+            record = remembered[0].record
+            job.receipt = Receipt(job.run_id, record.incarnation, record.revision)
+        stats = self.stats
+        stats["commits"] += len(staged)
+        stats["batches"] += 1
+        stats["part_rows"] += rows_written
+        stats["last_part_rows"] = rows_written
         if inject == "after":
             lost = sqlite3.OperationalError("injected loss of the COMMIT acknowledgement")
-            self._cache.clear()
-            for job, _, _ in staged:
+            cache.clear()
+            for job, _ in staged:
                 job.receipt = None
                 job.error = _storage_failed(lost, "commit acknowledgement lost")
 
@@ -543,6 +790,9 @@ class SQLiteStore:
             tuple(events),
             trio.lowlevel.current_task(),
         )
+        # Decide and encode here, against the run the store remembers: the
+        # caller has just built the record, the writer thread then only writes.
+        job.encoded = self._prepared(job)
         self._queue.append(job)
         if self._leading:
 
@@ -565,10 +815,15 @@ class SQLiteStore:
         return job.receipt
 
     def _take_batch(self) -> list[_Job]:
-        batch: list[_Job] = []
+        queued = self._queue
+        if len(queued) == 1:
+            batch, self._queue = queued, []
+            batch[0].state = _IN_FLIGHT
+            return batch
+        batch = []
         seen: set[str] = set()
         rest: list[_Job] = []
-        for job in self._queue:
+        for job in queued:
             if job.run_id in seen:
                 rest.append(job)  # a run's commits stay in order: one per batch
             else:
@@ -581,17 +836,16 @@ class SQLiteStore:
     async def _lead(self, own: _Job) -> None:
         """Write batches until ``own`` is done, then hand the role on."""
         try:
-            with trio.CancelScope(shield=True):  # a batch is bounded; callers wait it out
-                while own.state != _DONE:
-                    batch = self._take_batch()
-                    try:
-                        await trio.to_thread.run_sync(
-                            self._write_batch, batch, limiter=self._limiter
-                        )
-                    except BaseException as exc:  # the thread never ran the batch
-                        for job in batch:
-                            if job.error is None and job.receipt is None:
-                                job.error = _storage_failed(exc, "commit not attempted")
+            while own.state != _DONE:
+                batch = self._take_batch()
+                try:
+                    await self._write_in_thread(batch)
+                except BaseException as exc:  # pragma: no cover - a bug: release the batch
+                    for job in batch:
+                        if job.receipt is None and job.error is None:
+                            job.error = exc
+                    raise
+                finally:
                     for job in batch:
                         job.state = _DONE
                         if job is not own:
@@ -602,10 +856,53 @@ class SQLiteStore:
             else:
                 self._leading = False
 
+    async def _write_in_thread(self, batch: list[_Job]) -> None:
+        """Have the writer thread write ``batch`` and wait it out, cancelled
+        or not; afterwards every job has its receipt or error."""
+        call = _Call(partial(self._write_batch, batch))
+        if not _WAKE_PIPE:
+            call.token = trio.lowlevel.current_trio_token()
+            call.task = trio.lowlevel.current_task()
+        try:
+            self._submit(call)
+        except BaseException as exc:  # the thread never got the batch
+            failure = exc if isinstance(exc, Error) else _storage_failed(exc, "not attempted")
+            for job in batch:
+                job.error = failure
+            return
+        try:
+            await self._wait(call)
+        except trio.Cancelled:
+            # A batch taken is waited out.  Cheaper than a shielded scope
+            # around every batch: shield only once cancelled.  The cancelled
+            # scope raises again at the caller's next checkpoint.
+            with trio.CancelScope(shield=True):
+                await self._wait(call)
+        result = call.result
+        if isinstance(result, outcome.Error):  # pragma: no cover - _write_batch never raises
+            for job in batch:
+                if job.receipt is None and job.error is None:
+                    job.error = result.error
+
+    async def _wait(self, call: _Call) -> None:
+        """Until the writer thread has run ``call``: through the token when it
+        has a task to reschedule (never interrupted), else on the wake pipe
+        (where only a cancellation interrupts the wait)."""
+        if call.task is not None:
+            with contextlib.suppress(BaseException):  # the writer's outcome: in call.result
+                await trio.lowlevel.wait_task_rescheduled(_no_abort)
+            return
+        wake = self._wake
+        assert wake is not None
+        while not call.done:
+            await trio.lowlevel.wait_readable(wake[0])
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake[0], 512)
+
     async def create(self, record: RunRecord) -> Receipt:
         """Store a new run at revision 0; ``resource_conflict`` if it exists."""
         prepare_create(record)
-        head = head_text(record)
+        head = head_fields(record)
 
         def write(conn: sqlite3.Connection) -> Receipt:
             with _transaction(conn):
@@ -618,11 +915,17 @@ class SQLiteStore:
                 conn.execute(
                     "INSERT INTO runs (run_id, incarnation, revision, state, head)"
                     " VALUES (?, ?, ?, ?, ?)",
-                    (record.run_id, record.incarnation, record.revision, record.state, head),
+                    (
+                        record.run_id,
+                        record.incarnation,
+                        record.revision,
+                        record.state,
+                        join_head(head),
+                    ),
                 )
                 if upserts:
                     conn.executemany(_UPSERT_PART, [(record.run_id, *row) for row in upserts])
-            self._cache[record.run_id] = entry
+            self._cache[record.run_id] = (entry, None, head)
             return Receipt(record.run_id, record.incarnation, record.revision)
 
         return await self._run(write)
@@ -634,14 +937,14 @@ class SQLiteStore:
 
         def write(conn: sqlite3.Connection) -> Receipt:
             with _transaction(conn):
-                old = self._entry(conn, run_id)
-                if old is None:
+                stored = self._stored(conn, run_id)
+                if stored is None:
                     raise _conflict("run does not exist", run_id)
-                new, events = _kernel_fence(old.record, incarnation, at=at)
-                entry, _ = self._write(
-                    conn, old, new, head_text(new), [encode_event(e) for e in events]
-                )
-            self._cache[run_id] = entry
+                new, events = _kernel_fence(stored[0].record, incarnation, at=at)
+                written = self._write(conn, stored, new, [encode_event(e) for e in events])
+                if written is None:  # pragma: no cover - the row was read under BEGIN IMMEDIATE
+                    raise _conflict("stale revision", run_id)
+            self._cache[run_id] = written[0]
             return Receipt(run_id, new.incarnation, new.revision)
 
         return await self._run(write)
