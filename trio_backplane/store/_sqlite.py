@@ -50,12 +50,15 @@ hanging anything.
 **Group commit.**  Concurrent ``commit`` calls queue up; whichever caller
 finds no writer active becomes the writer (the batch leader) and hands
 everything queued (at most one commit per run, in arrival order) to the
-thread as one ``BEGIN IMMEDIATE`` transaction with a ``SAVEPOINT`` per
-commit, so one commit's conflict rolls back only that commit.  Every caller
+thread as one ``BEGIN IMMEDIATE`` transaction.  Each commit is decided
+before it writes (its compare-and-set ``UPDATE`` is its first write; a
+refused commit changes no row, which the writer checks with
+``total_changes``), so one commit's conflict fails only that commit, with no
+savepoint to undo.  Every caller
 is acknowledged only after the shared ``COMMIT`` returned; a failed
 ``COMMIT`` fails the whole batch with ``storage_failed``.  A writer never
 waits for a batch to fill: it takes what is queued when it is free (a lone
-commit is a batch of one, written without savepoints).  When its own commit
+commit is a batch of one).  When its own commit
 is done the writer hands the role to the oldest queued caller.  A queued
 commit not yet taken is withdrawn when its caller is cancelled; one taken is
 waited out.
@@ -705,7 +708,10 @@ class SQLiteStore:
         return written
 
     def _write_batch(self, jobs: list[_Job]) -> None:
-        """In the writer thread: one transaction, a savepoint per commit.
+        """In the writer thread: one transaction for the batch.  A commit is
+        decided before it writes anything (the compare-and-set ``UPDATE`` is
+        its first write, and a refused one changes no row), so a refusal needs
+        no savepoint to undo; any sqlite failure fails the whole batch.
 
         Sets every job's ``receipt`` or ``error``; never raises.
         """
@@ -714,22 +720,17 @@ class SQLiteStore:
         try:
             conn = self._connect()
             conn.execute("BEGIN IMMEDIATE")
-            single = len(jobs) == 1
             for job in jobs:
-                if not single:
-                    conn.execute("SAVEPOINT batch_commit")
+                changes = conn.total_changes
                 try:
                     written = self._apply_commit(conn, job)
                 except Error as exc:
                     if exc.error_class is ErrorClass.STORAGE_FAILED:
                         raise
-                    conn.execute("ROLLBACK TO batch_commit" if not single else "ROLLBACK")
-                    if not single:
-                        conn.execute("RELEASE batch_commit")
-                    job.error = exc
+                    if conn.total_changes != changes:  # pragma: no cover - a bug
+                        raise _storage_failed(exc, "a refused commit wrote rows") from exc
+                    job.error = exc  # refused before writing: nothing to undo
                     continue
-                if not single:
-                    conn.execute("RELEASE batch_commit")
                 staged.append((job, written))
             if not staged:
                 if conn.in_transaction:
