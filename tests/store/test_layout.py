@@ -33,7 +33,6 @@ from trio_backplane.store._layout import (
     head_text,
     join,
     join_head,
-    messages_of,
     split,
 )
 
@@ -45,14 +44,17 @@ def reference_head(record: RunRecord) -> str:
     data["intents"] = PLACEHOLDER
     data["tool_results"] = PLACEHOLDER
     data["budget"]["reservations"] = PLACEHOLDER
-    if messages_of(record) is not None:
-        data["context"]["conversation"]["messages"] = PLACEHOLDER
+    conversation = data["context"].get("conversation")
+    if isinstance(conversation, dict):
+        for name in ("messages", "usage"):
+            if isinstance(conversation.get(name), list):
+                conversation[name] = PLACEHOLDER
     return _layout._encoder.encode(data)
 
 
 def _records() -> list[RunRecord]:
     """A workload record chain: provider turns growing a frozen transcript."""
-    record = RunRecord.new("r", work=1000, context={"conversation": {"messages": []}})
+    record = RunRecord.new("r", work=1000, context={"conversation": {"messages": [], "usage": []}})
     record, _ = transition(record, Command("admit", 0.0, {"state": "running"}))
     out = [record]
     for n in range(12):
@@ -70,6 +72,7 @@ def _records() -> list[RunRecord]:
                     "conversation": {
                         **conversation,
                         "messages": FrozenList((*conversation["messages"], message)),
+                        "usage": FrozenList((*conversation["usage"], freeze({"output_tokens": n}))),
                     },
                 },
             ),
@@ -137,21 +140,27 @@ def test_head_equals_reference_on_lifecycles(records: list[RunRecord]) -> None:
         | st.fixed_dictionaries(
             {"messages": st.lists(st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))}
         )
+        | st.fixed_dictionaries(
+            {"messages": st.lists(st.integers(), max_size=2)},
+            optional={"usage": st.lists(st.dictionaries(st.text(max_size=2), st.integers()))},
+        )
         | st.fixed_dictionaries({"turn": st.integers()}),
         max_size=3,
     )
 )
 def test_head_of_any_context(context: dict[str, Any]) -> None:
-    """The conversation slot is a placeholder exactly when the context holds a
-    transcript; other contexts are encoded as they are."""
+    """A conversation list slot (``messages``, ``usage``) is a placeholder
+    exactly when the context holds that list; other contexts are encoded as
+    they are."""
     record = RunRecord.new("r", context=context)
     _check_heads([record])
-    assert json.loads(head_text(record))["context"].get("conversation") == (
-        {**context["conversation"], "messages": PLACEHOLDER}
-        if isinstance(context.get("conversation"), dict)
-        and isinstance(context["conversation"].get("messages"), list)
-        else context.get("conversation")
-    )
+    conversation = context.get("conversation")
+    if isinstance(conversation, dict):
+        conversation = {
+            k: PLACEHOLDER if k in ("messages", "usage") and isinstance(v, list) else v
+            for k, v in conversation.items()
+        }
+    assert json.loads(head_text(record))["context"].get("conversation") == conversation
 
 
 def test_dumps_matches_the_json_encoder() -> None:
@@ -196,3 +205,46 @@ def test_a_middle_edit_and_a_reordered_mapping_are_diffed() -> None:
     )
     _check_heads(records)
     _check_diffs(records)
+
+
+def test_usage_is_stored_as_rows_so_a_commit_does_not_rewrite_it() -> None:
+    """Issue 4 item 8: the provider usage reports grow with the run like the
+    transcript; a commit writes the new report only, and the head holds a
+    placeholder whatever the run's length."""
+    records = _records()
+    last = records[-1]
+    assert len(last.context["conversation"]["usage"]) == 12
+    assert "output_tokens" not in head_text(last)
+    assert "output_tokens" not in join_head(head_fields(last))
+    entry = entry_of(records[-2])
+    _, upserts, deletes = diff(entry, last)
+    usage_rows = [row for row in upserts if row[0] == "usage"]
+    assert [json.loads(value) for _part, _key, value in usage_rows] == [{"output_tokens": 11}]
+    assert deletes == []
+    assert json.loads(head_text(last))["context"]["conversation"]["usage"] == PLACEHOLDER
+
+
+def test_a_layout_1_head_with_inline_usage_is_upgraded_by_the_next_commit() -> None:
+    """A head written by layout 1 held ``usage`` inline: read back, the record
+    is whole, and diffing from it writes every usage row (nothing is lost when
+    the next head holds the placeholder)."""
+    records = _records()
+    old, new = records[-2], records[-1]
+    head, parts = split(old)
+    data = json.loads(head)
+    data["context"]["conversation"]["usage"] = encode_record(old)["context"]["conversation"][
+        "usage"
+    ]
+    legacy_head = dumps(data)
+    legacy_parts = {k: v for k, v in parts.items() if k[0] != "usage"}
+    assert join(legacy_head, legacy_parts) == encode_record(old)
+    assert _layout.inline_lists(legacy_head) == {"usage"}
+    assert _layout.inline_lists(head) == frozenset()
+    entry = entry_of(old, _layout.inline_lists(legacy_head))
+    rows = dict(legacy_parts)
+    _, upserts, deletes = diff(entry, new)
+    for part, key in deletes:
+        del rows[part, key]
+    for part, key, value in upserts:
+        rows[part, key] = value
+    assert join(head_text(new), rows) == encode_record(new)

@@ -2,8 +2,9 @@
 
 A record is stored as a small *head* (every field but the growing ones) and
 *parts*: one row per entry of the maps that grow with the run (``intents``,
-``tool_results``, ``budget.reservations``) and one row per message of the
-transcript (``context["conversation"]["messages"]``).  In the head, each of
+``tool_results``, ``budget.reservations``) and one row per item of the
+conversation's growing lists (``context["conversation"]["messages"]``, the
+transcript, and ``["usage"]``, one provider usage report per response).  In the head, each of
 those slots holds the placeholder ``"__parts__"``; :func:`join` fills them in
 again and returns exactly ``encode_record(record)``, ready for
 ``decode_record``.
@@ -61,6 +62,7 @@ __all__ = [
     "NOTHING",
     "PLACEHOLDER",
     "RESERVATIONS",
+    "USAGE",
     "Deletes",
     "Entry",
     "Parts",
@@ -72,6 +74,7 @@ __all__ = [
     "entry_of",
     "head_fields",
     "head_text",
+    "inline_lists",
     "join",
     "join_head",
     "join_record",
@@ -82,6 +85,10 @@ __all__ = [
 
 #: Part name of the transcript rows (``context["conversation"]["messages"]``).
 MESSAGES: Final = "messages"
+#: Part name of the provider usage rows (``context["conversation"]["usage"]``).
+USAGE: Final = "usage"
+#: The conversation's growing lists, stored one row per item.
+_LISTS: Final = (MESSAGES, USAGE)
 #: Part name of ``budget.reservations`` entries (values are ints).
 RESERVATIONS: Final = "budget.reservations"
 #: What a head holds in place of a slot stored as parts.
@@ -139,15 +146,20 @@ def message_key(index: int) -> str:
 # -- head ------------------------------------------------------------------------
 
 
-def _transcript(record: RunRecord) -> Sequence[Any] | None:
-    """The transcript (the record's own frozen sequence, not a copy) when it is
-    stored as rows, else ``None``."""
+def _list(record: RunRecord, name: str) -> Sequence[Any] | None:
+    """The conversation list ``name`` (the record's own frozen sequence, not a
+    copy) when it is stored as rows, else ``None``."""
     conversation = record.context.get("conversation")
     if type(conversation) is FrozenDict or isinstance(conversation, Mapping):
-        messages = conversation.get(MESSAGES)
-        if type(messages) is FrozenList or isinstance(messages, tuple | list):
-            return messages
+        items = conversation.get(name)
+        if type(items) is FrozenList or isinstance(items, tuple | list):
+            return items
     return None
+
+
+def _transcript(record: RunRecord) -> Sequence[Any] | None:
+    """The transcript when it is stored as rows, else ``None``."""
+    return _list(record, MESSAGES)
 
 
 def messages_of(record: RunRecord) -> tuple[Any, ...] | None:
@@ -168,12 +180,13 @@ def blank(record: RunRecord) -> RunRecord:
         changes["budget"] = Budget(quota=budget.quota, used=budget.used)
     conversation = record.context.get("conversation")
     if isinstance(conversation, Mapping):
-        messages = conversation.get(MESSAGES)
-        if isinstance(messages, tuple | list) and messages:
-            changes["context"] = {
-                **record.context,
-                "conversation": {**conversation, MESSAGES: _EMPTY_LIST},
-            }
+        emptied = {
+            name: _EMPTY_LIST
+            for name in _LISTS
+            if isinstance(conversation.get(name), tuple | list) and conversation.get(name)
+        }
+        if emptied:
+            changes["context"] = {**record.context, "conversation": {**conversation, **emptied}}
     return attrs.evolve(record, **changes) if changes else record
 
 
@@ -182,13 +195,16 @@ _field_values: Final = operator.attrgetter(*_FIELDS)
 
 
 def _head_context(record: RunRecord) -> Mapping[str, Any]:
-    """``record.context`` as the head holds it: the transcript a placeholder."""
+    """``record.context`` as the head holds it: the conversation's growing
+    lists placeholders."""
     context = record.context
     conversation = context.get("conversation")
-    if (type(conversation) is FrozenDict or isinstance(conversation, Mapping)) and isinstance(
-        conversation.get(MESSAGES), tuple | list
-    ):
-        return {**context, "conversation": {**conversation, MESSAGES: PLACEHOLDER}}
+    if type(conversation) is FrozenDict or isinstance(conversation, Mapping):
+        slots = {
+            name: PLACEHOLDER for name in _LISTS if isinstance(conversation.get(name), tuple | list)
+        }
+        if slots:
+            return {**context, "conversation": {**conversation, **slots}}
     return context
 
 
@@ -292,10 +308,27 @@ def join(head: str, parts: Mapping[tuple[str, str], str]) -> dict[str, Any]:
     context = data.get("context")
     if isinstance(context, dict):
         conversation = context.get("conversation")
-        if isinstance(conversation, dict) and conversation.get(MESSAGES) == PLACEHOLDER:
-            messages = grouped.get(MESSAGES, {})
-            conversation[MESSAGES] = [messages[k] for k in sorted(messages)]
+        if isinstance(conversation, dict):
+            for name in _LISTS:
+                if conversation.get(name) == PLACEHOLDER:
+                    items = grouped.get(name, {})
+                    conversation[name] = [items[k] for k in sorted(items)]
     return data
+
+
+def inline_lists(head: str) -> frozenset[str]:
+    """The conversation lists a stored head holds inline (not as rows): a
+    head written before they were stored as rows (layout 1 kept ``usage``
+    inline).  A record read from such a head must be diffed as if those rows
+    were missing, so its next commit writes them all."""
+    data = json.loads(head)
+    context = data.get("context") if isinstance(data, dict) else None
+    conversation = context.get("conversation") if isinstance(context, dict) else None
+    if not isinstance(conversation, dict):
+        return frozenset()
+    return frozenset(
+        name for name in _LISTS if isinstance(conversation.get(name), list) and conversation[name]
+    )
 
 
 #: The former name of :func:`join`.
@@ -334,20 +367,26 @@ class Entry:
     #: The record's transcript itself (frozen): an unchanged transcript is the
     #: same object, so diffing it costs nothing.
     messages: Sequence[Any] | None
+    #: The record's usage list itself, likewise.
+    usage: Sequence[Any] | None = None
 
 
 #: The entry of "nothing stored yet": diffing against it writes every part.
-NOTHING: Final = Entry(RunRecord(run_id="-"), _NO_KEYS, _NO_KEYS, _NO_KEYS, None)
+NOTHING: Final = Entry(RunRecord(run_id="-"), _NO_KEYS, _NO_KEYS, _NO_KEYS, None, None)
 
 
-def entry_of(record: RunRecord) -> Entry:
-    """The entry of a record read back from storage (nothing encoded)."""
+def entry_of(record: RunRecord, inline: Iterable[str] = ()) -> Entry:
+    """The entry of a record read back from storage (nothing encoded);
+    ``inline``: the lists its head held inline (:func:`inline_lists`), whose
+    rows do not exist yet."""
+    missing = frozenset(inline)
     return Entry(
         record,
         _Keyed.of(record.intents),
         _Keyed.of(record.tool_results),
         _Keyed.of(record.budget.reservations),
-        _transcript(record),
+        None if MESSAGES in missing else _transcript(record),
+        None if USAGE in missing else _list(record, USAGE),
     )
 
 
@@ -431,6 +470,7 @@ def _diff_messages(
     new: Sequence[Any] | None,
     upserts: Upserts,
     deletes: Deletes,
+    part: str = MESSAGES,
 ) -> None:
     if new is old:
         return
@@ -440,10 +480,10 @@ def _diff_messages(
         before, after = tuple(before), tuple(after)  # a tuple never equals a list
     common = min(len(before), len(after))
     for i in _changed(before, after, common):
-        upserts.append((MESSAGES, message_key(i), encode_part(after[i])))
+        upserts.append((part, message_key(i), encode_part(after[i])))
     for i in range(common, len(after)):
-        upserts.append((MESSAGES, message_key(i), encode_part(after[i])))
-    deletes.extend((MESSAGES, message_key(i)) for i in range(common, len(before)))
+        upserts.append((part, message_key(i), encode_part(after[i])))
+    deletes.extend((part, message_key(i)) for i in range(common, len(before)))
 
 
 def diff(old: Entry, record: RunRecord) -> tuple[Entry, Upserts, Deletes]:
@@ -452,14 +492,17 @@ def diff(old: Entry, record: RunRecord) -> tuple[Entry, Upserts, Deletes]:
     upserts: Upserts = []
     deletes: Deletes = []
     messages = _transcript(record)
+    usage = _list(record, USAGE)
     entry = Entry(
         record,
         _diff_keyed("intents", old.intents, record.intents, upserts, deletes),
         _diff_keyed("tool_results", old.tool_results, record.tool_results, upserts, deletes),
         _diff_keyed(RESERVATIONS, old.reservations, record.budget.reservations, upserts, deletes),
         messages,
+        usage,
     )
     _diff_messages(old.messages, messages, upserts, deletes)
+    _diff_messages(old.usage, usage, upserts, deletes, USAGE)
     return entry, upserts, deletes
 
 

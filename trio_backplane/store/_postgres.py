@@ -58,7 +58,19 @@ import trio
 from ..errors import Error, ErrorClass
 from ..kernel import RunEvent, RunRecord, decode_event, decode_record, encode_event
 from ..kernel import fence as kernel_fence
-from ._layout import NOTHING, Deletes, Entry, Parts, Upserts, diff, dumps, entry_of, head_text, join
+from ._layout import (
+    NOTHING,
+    Deletes,
+    Entry,
+    Parts,
+    Upserts,
+    diff,
+    dumps,
+    entry_of,
+    head_text,
+    inline_lists,
+    join,
+)
 from ._protocol import Receipt, RunSummary, prepare_commit, prepare_create
 
 __all__ = ["PostgresStore"]
@@ -325,7 +337,7 @@ class PostgresStore:
             and entry.record.revision == revision
         ):
             return entry
-        return entry_of(self._read_record(conn, run_id, head))
+        return entry_of(self._read_record(conn, run_id, head), inline_lists(head))
 
     def _remember(self, entry: Entry) -> None:
         """Cache ``entry`` unless a later revision of its run is cached already."""
@@ -445,19 +457,20 @@ class PostgresStore:
         return receipt
 
     async def load(self, run_id: str) -> RunRecord | None:
-        def body(conn: Any) -> RunRecord | None:
+        def body(conn: Any) -> tuple[RunRecord, frozenset[str]] | None:
             # One snapshot for the head and its parts: never a torn record.
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             row = conn.execute(self._sql["read_run"], (run_id,)).fetchone()
             if row is None:
                 return None
-            return self._read_record(conn, run_id, row[3])
+            return self._read_record(conn, run_id, row[3]), inline_lists(row[3])
 
-        record = await self._run(body)
-        if record is None:
+        read = await self._run(body)
+        if read is None:
             self._forget(run_id)
             return None
-        self._remember(entry_of(record))
+        record, inline = read
+        self._remember(entry_of(record, inline))
         return record
 
     async def commit(

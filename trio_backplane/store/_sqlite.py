@@ -1,6 +1,6 @@
 """``SQLiteStore``: the embedded durable store (stdlib ``sqlite3``).
 
-Layout (``meta.layout_version`` = 1)::
+Layout (``meta.layout_version`` = 2)::
 
     runs(run_id PK, incarnation, revision, state, head TEXT)
     run_parts(run_id, part, key, value, PK(run_id, part, key))
@@ -8,8 +8,13 @@ Layout (``meta.layout_version`` = 1)::
 
 A record is ``join(head, parts)`` decoded with ``decode_record``; the
 layout (head + part rows for ``intents``, ``tool_results``,
-``budget.reservations`` and the transcript messages) and its incremental diff
-are ``_layout``'s, shared with ``PostgresStore``.
+``budget.reservations``, the transcript messages and the provider usage
+reports) and its incremental diff are ``_layout``'s, shared with
+``PostgresStore``.  Layout 1 kept ``usage`` inside the head (so a long run
+re-wrote every usage report at every commit); layout 2 reads a layout-1
+database as it is (a head holding ``usage`` inline is diffed as if its rows
+were missing, so the run's next commit writes them) and marks the file 2 on
+open, so older code refuses it rather than misread it.
 
 **Incremental commits.**  A commit's cost does not grow with the run.  The
 store remembers, per run, the ``_layout.Entry`` of the last committed
@@ -104,6 +109,7 @@ from ._layout import (
     encode_part,
     entry_of,
     head_fields,
+    inline_lists,
     join,
     join_head,
     split,
@@ -115,7 +121,7 @@ __all__ = ["LAYOUT_VERSION", "RESERVATIONS", "SQLiteStore", "join", "split"]
 T = TypeVar("T")
 
 #: Version of the table layout written by this code (``meta.layout_version``).
-LAYOUT_VERSION: Final = 1
+LAYOUT_VERSION: Final = 2
 _BUSY_TIMEOUT_S: Final = 10.0
 
 _SCHEMA: Final = (
@@ -492,6 +498,11 @@ class SQLiteStore:
                     )
                 else:
                     _check_layout(int(row[0]))
+                    if int(row[0]) < LAYOUT_VERSION:  # readable as is; see the docstring
+                        conn.execute(
+                            "UPDATE meta SET value = ? WHERE key = 'layout_version'",
+                            (str(LAYOUT_VERSION),),
+                        )
         except BaseException:
             conn.close()
             raise
@@ -524,7 +535,8 @@ class SQLiteStore:
             record = cached[0].record
             if record.incarnation == row[0] and record.revision == row[1]:
                 return cached
-        cached = (entry_of(self._read_record(conn, run_id, row[2])), None, ())
+        record = self._read_record(conn, run_id, row[2])
+        cached = (entry_of(record, inline_lists(row[2])), None, ())
         self._cache[run_id] = cached
         return cached
 
