@@ -21,6 +21,7 @@ __all__ = [
     "RunRecord",
     "FrozenDict",
     "FrozenList",
+    "appended",
     "assoc",
     "check_json",
     "dissoc",
@@ -450,6 +451,15 @@ def put(mapping: Mapping[str, Any], key: str, value: Any) -> FrozenDict:
     new = FrozenDict(mapping)
     dict.__setitem__(new, key, value)
     return new
+
+
+def appended(items: Any, *values: Any) -> FrozenList:
+    """``items`` (frozen already, or any sequence of frozen values) with
+    ``values`` frozen and appended: one C-speed copy of ``items``."""
+    out = FrozenList(items)
+    for value in values:
+        list.append(out, freeze(value))
+    return out
 
 
 def dissoc(mapping: Mapping[str, Any], key: str) -> FrozenDict:

@@ -24,9 +24,9 @@ from ..errors import Error, ErrorClass
 from ..kernel import (
     TERMINAL_STATES,
     Command,
-    FrozenList,
     RunEvent,
     RunRecord,
+    appended,
     evolve_record,
     freeze,
     thaw,
@@ -289,7 +289,7 @@ class Conversation:
             await self._checkpoint(
                 lambda c: {
                     **c,
-                    "messages": FrozenList((*c["messages"], freeze(message))),
+                    "messages": appended(c["messages"], message),
                     "turn_id": turn_id,
                 }
             )
@@ -371,7 +371,7 @@ class Conversation:
     async def _enqueue(self, queue: str, content: Any) -> str:
         message = self._user_message(content)
         try:
-            await self._checkpoint(lambda c: {**c, queue: FrozenList((*c[queue], freeze(message)))})
+            await self._checkpoint(lambda c: {**c, queue: appended(c[queue], message)})
         except _StorageFailed as failed:
             raise failed.error from None
         self._turn_wakeup.set()

@@ -72,6 +72,9 @@ async def wait_for_human(c: Conversation, request: Any) -> tuple[Any, float]:
                 {"interaction_id": pending.interaction_id, "request": thaw(request)},
             )
         await pending.delivered.wait()
+        # A cancellation accepted after the answer was committed but before
+        # this task ran again wins: the answer never reaches the effect (INT-11).
+        await trio.lowlevel.checkpoint_if_cancelled()
         return pending.answer, trio.current_time() - pending.started
     finally:
         if c._pending is pending:

@@ -10,7 +10,7 @@ import attrs
 import trio
 
 from ..errors import Error, ErrorClass
-from ..kernel import Command, FrozenList, RunRecord, freeze, thaw
+from ..kernel import Command, FrozenList, RunRecord, appended, freeze, thaw
 from ..schema import CompiledSchema, compile_with
 from ..tools import (
     Approval,
@@ -273,7 +273,7 @@ class TurnLoop:
             lambda s: {
                 **s,
                 "follow_up": FrozenList(s["follow_up"][1:]),
-                "messages": FrozenList((*s["messages"], freeze(message))),
+                "messages": appended(s["messages"], message),
                 "turn_id": turn_id,
             }
         )
@@ -352,7 +352,7 @@ class TurnLoop:
             lambda s: {
                 **s,
                 "steering": FrozenList(s["steering"][1:]),
-                "messages": FrozenList((*s["messages"], freeze(message))),
+                "messages": appended(s["messages"], message),
             }
         )
         c._publish("prompt_consumed", {"mode": "steering", "message": message, "turn_id": turn_id})
@@ -381,9 +381,7 @@ class TurnLoop:
             except Error as error:
                 raise _TurnFailed(error) from None
             user = c._user_message(content)
-            await c._checkpoint(
-                lambda s: {**s, "messages": FrozenList((*s["messages"], freeze(user)))}
-            )
+            await c._checkpoint(lambda s: {**s, "messages": appended(s["messages"], user)})
             return False
         raise _TurnFailed(
             Error(
@@ -965,7 +963,7 @@ class TurnLoop:
         c = self.c
         message = {"role": "tool", "tool_call_id": call_id, "name": name, "result": result}
         step = checkpoint_step(
-            lambda s: {**s, "messages": FrozenList((*s["messages"], freeze(message)))},
+            lambda s: {**s, "messages": appended(s["messages"], message)},
             after=lambda: c._publish("tool_completed", {"message": message}),
         )
         if carry and before is None:
@@ -1018,9 +1016,9 @@ def _append(
 ) -> dict[str, Any]:
     new = dict(state)
     if message is not None:
-        new["messages"] = FrozenList((*state.get("messages", ()), freeze(message)))
+        new["messages"] = appended(state.get("messages", ()), message)
     if usage:
-        new["usage"] = FrozenList((*state.get("usage", ()), *(freeze(u) for u in usage)))
+        new["usage"] = appended(state.get("usage", ()), *usage)
     return new
 
 
