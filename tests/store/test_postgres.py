@@ -743,3 +743,32 @@ async def test_commit_5000_writes_what_commit_10_did(pg_store_factory: StoreFact
     record = await _advance(fresh, record, "provider_completed", result={"n": n})
     assert fresh.stats["last_part_rows"] == 1  # the intent; the transcript is unchanged
     assert await store.load(record.run_id) == record
+
+
+async def test_commits_from_a_remembered_run_skip_the_row_lock_read(
+    pg_store_factory: StoreFactory,
+) -> None:
+    """STO-02/STO-10 on the fast path: a store that remembers the run commits
+    without the ``SELECT ... FOR UPDATE`` round trip; when another instance
+    moved the run on, the remembered commit is still refused with
+    ``resource_conflict`` and nothing of it is stored, and the next commit
+    from the reloaded record continues the event sequence."""
+    a, b = pg_store_factory(), pg_store_factory()
+    record = await _running(a)
+    for n in range(4):
+        record = await _advance(a, record, "conversation_updated", conversation=_messages(n))
+    assert a.stats["fast_commits"] >= 4
+    moved = await _advance(b, record, "conversation_updated", conversation=_messages(9))
+    stale, events = _step(record, "conversation_updated", at=50.0, conversation=_messages(7))
+    before = a.stats["fast_commits"]
+    await _raises(ErrorClass.RESOURCE_CONFLICT, _commit(a, record, stale, events))
+    assert a.stats["fast_commits"] == before
+    assert await b.load(record.run_id) == moved
+    reloaded = await a.load(record.run_id)
+    assert reloaded == moved
+    after = await _advance(a, moved, "conversation_updated", conversation=_messages(10))
+    after = await _advance(a, after, "conversation_updated", conversation=_messages(11))
+    assert a.stats["fast_commits"] == before + 1  # slow once (sequence unknown), then fast
+    assert await b.load(record.run_id) == after
+    log = await b.events(record.run_id)
+    assert [e.sequence for e in log] == list(range(1, after.revision + 1))

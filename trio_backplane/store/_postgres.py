@@ -26,6 +26,14 @@ new events with consecutive sequences.  The row lock serialises writers on
 one run across hosts: a second writer waits, then sees the new revision and
 gets ``resource_conflict`` (STO-10).  ``fence`` takes the same lock (STO-08).
 
+The fast path: when the store remembers the run at the commit's incarnation
+and expected revision, and the run's last event sequence, it skips the lock
+read: the compare-and-set ``UPDATE`` (which takes the same row lock), the
+part rows and the events go in one psycopg pipeline, then ``COMMIT``.  An
+``UPDATE`` that matched no row, or an event sequence already taken, proves
+the memory stale: the transaction rolls back and the commit is made the
+locking way above, so the decision is always made against the stored row.
+
 Incremental commits use the same mechanism as ``SQLiteStore``
 (``_layout.diff``): the store remembers, per run (LRU of ``_CACHE_RUNS``), the
 ``_layout.Entry`` of the last record it committed or loaded; a commit whose
@@ -128,16 +136,22 @@ class PostgresStore:
         self._lock = threading.Lock()  # guards _idle, _cache, _closed, hooks
         self._idle: list[Any] = []
         self._cache: OrderedDict[str, Entry] = OrderedDict()
+        #: run -> (incarnation, revision, last event sequence) after a commit
+        #: this store made or saw: a hint the fast path proves by its
+        #: compare-and-set (and the events' primary key), never trusted alone.
+        self._sequences: dict[str, tuple[int, int, int]] = {}
         self._closed = False
         self._ready = False
         self._ready_lock = trio.Lock()
         self._fail_next: str | None = None  # None, "before" or "after" the commit
         self._sql = self._statements()
-        #: Diagnostics and tests: ``commits`` (acknowledged), ``part_rows``
+        #: Diagnostics and tests: ``commits`` (acknowledged), ``fast_commits``
+        #: (of those, made without the row lock read), ``part_rows``
         #: (part rows upserted or deleted), ``last_part_rows`` and
         #: ``last_bytes`` (head and part text written) of the last commit.
         self.stats: dict[str, int] = {
             "commits": 0,
+            "fast_commits": 0,
             "part_rows": 0,
             "last_part_rows": 0,
             "last_bytes": 0,
@@ -357,6 +371,14 @@ class PostgresStore:
     def _forget(self, run_id: str) -> None:
         with self._lock:
             self._cache.pop(run_id, None)
+            self._sequences.pop(run_id, None)
+
+    def _sequenced(self, record: RunRecord, last: int) -> None:
+        """Remember that ``record``'s revision ends the run's events at ``last``."""
+        with self._lock:
+            self._sequences[record.run_id] = (record.incarnation, record.revision, last)
+            while len(self._sequences) > _CACHE_RUNS:
+                del self._sequences[next(iter(self._sequences))]
 
     def _write(
         self,
@@ -365,7 +387,12 @@ class PostgresStore:
         upserts: Upserts,
         deletes: Deletes,
         events: Sequence[dict[str, Any]],
-    ) -> None:
+        *,
+        last: int | None = None,
+    ) -> int | None:
+        """Write the part rows and the events after sequence ``last`` (read
+        when not given); returns the run's last sequence (``None`` when no
+        event was written and ``last`` was not given)."""
         if upserts:
             with conn.cursor() as cur:
                 cur.executemany(
@@ -378,8 +405,9 @@ class PostgresStore:
                     self._sql["delete_part"], [(run_id, part, key) for part, key in deletes]
                 )
         if events:
-            row = conn.execute(self._sql["last_sequence"], (run_id,)).fetchone()
-            last = int(row[0])
+            if last is None:
+                row = conn.execute(self._sql["last_sequence"], (run_id,)).fetchone()
+                last = int(row[0])
             with conn.cursor() as cur:
                 cur.executemany(
                     self._sql["insert_event"],
@@ -394,6 +422,8 @@ class PostgresStore:
                         for index, data in enumerate(events, start=1)
                     ],
                 )
+            last += len(events)
+        return last
 
     def _replace(
         self,
@@ -401,10 +431,11 @@ class PostgresStore:
         old: Entry,
         new: RunRecord,
         events: Sequence[dict[str, Any]],
-    ) -> tuple[Entry, int, int]:
+    ) -> tuple[Entry, int, int, int | None]:
         """Compare-and-set ``old`` -> ``new`` under the row lock: the run row,
         the changed parts and the events.  Returns ``new``'s entry, the part
-        rows written and the bytes of head and part text written."""
+        rows written, the bytes of head and part text written and the run's
+        last event sequence (``None``: no event written)."""
         entry, upserts, deletes = diff(old, new)
         head = head_text(new)
         cur = conn.execute(
@@ -425,8 +456,9 @@ class PostgresStore:
                 "stale revision",
                 {"run_id": new.run_id, "expected": old.record.revision},
             )
-        self._write(conn, new.run_id, upserts, deletes, events)
-        return entry, len(upserts) + len(deletes), len(head) + sum(len(r[2]) for r in upserts)
+        last = self._write(conn, new.run_id, upserts, deletes, events)
+        size = len(head) + sum(len(r[2]) for r in upserts)
+        return entry, len(upserts) + len(deletes), size, last
 
     def _take_failure(self) -> str | None:
         with self._lock:
@@ -454,6 +486,7 @@ class PostgresStore:
 
         receipt = await self._run(body)
         self._remember(entry)
+        self._sequenced(record, 0)
         return receipt
 
     async def load(self, run_id: str) -> RunRecord | None:
@@ -483,6 +516,9 @@ class PostgresStore:
         events: Sequence[RunEvent],
     ) -> Receipt:
         def body(conn: Any) -> Receipt:
+            fast = self._commit_fast(conn, run_id, incarnation, expected_revision, record, events)
+            if fast is not None:
+                return fast
             row = conn.execute(self._sql["lock_run"], (run_id,)).fetchone()
             # The decision needs only the locked row's identity and revision.
             stored = None
@@ -499,38 +535,120 @@ class PostgresStore:
             assert row is not None  # prepare_commit refuses a missing run
             stored_incarnation, stored_revision, _state, stored_head = row
             old = self._entry(conn, run_id, stored_incarnation, stored_revision, stored_head)
-            entry, rows, size = self._replace(conn, old, prepared.record, prepared.events)
-            failure = self._take_failure()
-            if failure == "before":
-                raise _SimulatedFailure("simulated failure before the commit")
-            conn.commit()
-            self._remember(entry)
-            with self._lock:
-                self.stats["commits"] += 1
-                self.stats["part_rows"] += rows
-                self.stats["last_part_rows"] = rows
-                self.stats["last_bytes"] = size
-            if failure == "after":
-                raise _SimulatedFailure("simulated lost acknowledgement after the commit")
-            return Receipt(run_id, incarnation, record.revision)
+            entry, rows, size, last = self._replace(conn, old, prepared.record, prepared.events)
+            return self._finish_commit(conn, entry, rows, size, last)
 
         return await self._run(body)
+
+    def _finish_commit(  # noqa: PLR0917 - what the commit wrote
+        self, conn: Any, entry: Entry, rows: int, size: int, last: int | None, fast: bool = False
+    ) -> Receipt:
+        """COMMIT the written transaction and remember the run (test hooks:
+        a failure before the COMMIT, or a lost acknowledgement after it)."""
+        failure = self._take_failure()
+        if failure == "before":
+            raise _SimulatedFailure("simulated failure before the commit")
+        conn.commit()
+        record = entry.record
+        self._remember(entry)
+        if last is not None:
+            self._sequenced(record, last)
+        else:
+            with self._lock:
+                known = self._sequences.get(record.run_id)
+            if known is not None and known[:2] == (record.incarnation, record.revision - 1):
+                self._sequenced(record, known[2])  # no event: the sequence carries over
+        with self._lock:
+            self.stats["commits"] += 1
+            self.stats["fast_commits"] += fast
+            self.stats["part_rows"] += rows
+            self.stats["last_part_rows"] = rows
+            self.stats["last_bytes"] = size
+        if failure == "after":
+            raise _SimulatedFailure("simulated lost acknowledgement after the commit")
+        return Receipt(record.run_id, record.incarnation, record.revision)
+
+    def _commit_fast(  # noqa: PLR0917 - the commit's arguments, passed through
+        self,
+        conn: Any,
+        run_id: str,
+        incarnation: int,
+        expected_revision: int,
+        record: RunRecord,
+        events: Sequence[RunEvent],
+    ) -> Receipt | None:
+        """The commit in two round trips when this store remembers the run at
+        ``(incarnation, expected_revision)`` and its last event sequence: the
+        compare-and-set ``UPDATE``, the part rows and the events go in one
+        pipeline, then ``COMMIT``.  An ``UPDATE`` that matched no row (another
+        host moved the run on) or an event sequence already taken rolls back
+        and returns ``None``: the commit is then made the locking way.
+        ``Error`` from the decision passes through (nothing was sent)."""
+        with self._lock:
+            cached = self._cache.get(run_id)
+            known = self._sequences.get(run_id)
+        if (
+            cached is None
+            or known is None
+            or (cached.record.incarnation, cached.record.revision)
+            != (incarnation, expected_revision)
+            or known[:2] != (incarnation, expected_revision)
+        ):
+            return None
+        prepared = prepare_commit(
+            cached.record,
+            run_id,
+            incarnation=incarnation,
+            expected_revision=expected_revision,
+            record=record,
+            events=events,
+        )
+        new = prepared.record
+        entry, upserts, deletes = diff(cached, new)
+        head = head_text(new)
+        try:
+            with conn.pipeline():
+                cur = conn.execute(
+                    self._sql["update_run"],
+                    (
+                        new.incarnation,
+                        new.revision,
+                        new.state,
+                        head,
+                        run_id,
+                        incarnation,
+                        expected_revision,
+                    ),
+                )
+                last = self._write(conn, run_id, upserts, deletes, prepared.events, last=known[2])
+        except self._psycopg.errors.UniqueViolation:
+            conn.rollback()  # an event sequence was taken: the hint was stale
+            self._forget(run_id)
+            return None
+        if cur.rowcount != 1:
+            conn.rollback()
+            self._forget(run_id)
+            return None
+        size = len(head) + sum(len(r[2]) for r in upserts)
+        return self._finish_commit(conn, entry, len(upserts) + len(deletes), size, last, True)
 
     async def fence(self, run_id: str, *, incarnation: int) -> Receipt:
         at = time.time()
 
-        def body(conn: Any) -> tuple[Receipt, Entry]:
+        def body(conn: Any) -> tuple[Receipt, Entry, int | None]:
             row = conn.execute(self._sql["lock_run"], (run_id,)).fetchone()
             if row is None:
                 raise Error(ErrorClass.RESOURCE_CONFLICT, "run does not exist", {"run_id": run_id})
             stored_incarnation, stored_revision, _state, stored_head = row
             old = self._entry(conn, run_id, stored_incarnation, stored_revision, stored_head)
             new, events = kernel_fence(old.record, incarnation, at=at)
-            entry, _, _ = self._replace(conn, old, new, [encode_event(e) for e in events])
-            return Receipt(run_id, new.incarnation, new.revision), entry
+            entry, _, _, last = self._replace(conn, old, new, [encode_event(e) for e in events])
+            return Receipt(run_id, new.incarnation, new.revision), entry, last
 
-        receipt, entry = await self._run(body)
+        receipt, entry, last = await self._run(body)
         self._remember(entry)
+        if last is not None:
+            self._sequenced(entry.record, last)
         return receipt
 
     async def list_runs(self, *, states: Collection[str] | None = None) -> list[RunSummary]:
