@@ -589,27 +589,35 @@ class Conversation:
             if self._record.state in TERMINAL_STATES or self._phase in _INACTIVE_PHASES:
                 return
             reason = self._stop_reason or "cancelled"
+            # The stop, the suspended queues and the cleanup settlement are one
+            # commit: a slow store spends commit_timeout once, and a settlement
+            # is never cut between its stop and its cleanup (it would leave the
+            # run cancelling with no terminal event).
+            steps: list[Step] = []
+            if self._record.state != "cancelling":
+                kind = "deadline_exceeded" if reason == "deadline_exceeded" else "cancel"
+                steps.append(command_step(kind, {"reason": reason}))
+            steps.append(
+                checkpoint_step(
+                    lambda c: {**c, "queue_status": "suspended", "pending_interaction": None}
+                )
+            )
+            uncertain = self._uncertain_work()
+
+            def settlement(record: RunRecord, now: float) -> Command:
+                if uncertain:
+                    data = {"certainty": "uncertain", "evidence": uncertain}
+                else:
+                    requirements = thaw(record.cleanup_required or {})
+                    data = {"certainty": "confirmed", "settled": requirements}
+                return Command("cleanup_settled", now, data)
+
+            steps.append(Step(settlement))
+            # No resource registry: resource cleanup counts as confirmed (CAN-20).
+            self._resource_cleanup = ResourceCleanup(status="confirmed")
             with trio.CancelScope(shield=True), trio.move_on_after(self._options.cleanup_timeout):
                 try:
-                    kind = "deadline_exceeded" if reason == "deadline_exceeded" else "cancel"
-                    if self._record.state != "cancelling":
-                        await self._commit(kind, {"reason": reason})
-                    await self._checkpoint(
-                        lambda c: {**c, "queue_status": "suspended", "pending_interaction": None}
-                    )
-                    requirements = thaw(self._record.cleanup_required or {})
-                    uncertain = self._uncertain_work()
-                    # No resource registry: resource cleanup counts as confirmed (CAN-20).
-                    self._resource_cleanup = ResourceCleanup(status="confirmed")
-                    if uncertain:
-                        await self._commit(
-                            "cleanup_settled",
-                            {"certainty": "uncertain", "evidence": uncertain},
-                        )
-                    else:
-                        await self._commit(
-                            "cleanup_settled", {"certainty": "confirmed", "settled": requirements}
-                        )
+                    await self._commit_steps(steps)
                 except _StorageFailed:
                     return
             if self._record.state in TERMINAL_STATES:
@@ -617,6 +625,16 @@ class Conversation:
                 self._publish(
                     "run_cancelled",
                     {"outcome": thaw(self._record.outcome), "state": self._record.state},
+                )
+            elif self._phase not in _INACTIVE_PHASES:
+                # The settlement could not even start within cleanup_timeout (a
+                # commit in flight held the coordinator): the stored run is not
+                # terminal and nobody drives it any more.
+                self._phase = "recovery_required"
+                self._last_error = Error(
+                    ErrorClass.TIMEOUT,
+                    "the run did not settle within cleanup_timeout",
+                    {"recovery_required": True},
                 )
         finally:
             self._settled.set()
