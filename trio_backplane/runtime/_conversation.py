@@ -394,7 +394,8 @@ class Conversation:
         return self._event("events_dropped", {"count": count})
 
     def _publish(self, type_: str, payload: Mapping[str, Any]) -> None:
-        self._hub.publish(self._event(type_, payload))
+        if self._hub.active:  # nobody listening: build no event
+            self._hub.publish(self._event(type_, payload))
 
     # -- the commit coordinator ------------------------------------------------
 

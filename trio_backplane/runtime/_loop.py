@@ -542,10 +542,11 @@ class TurnLoop:
             )
 
         def completed_event() -> None:
-            c._publish(
-                "response_completed",
-                {"message": thaw(response), "usage": usage[-1] if usage else None},
-            )
+            if c._hub.active:
+                c._publish(
+                    "response_completed",
+                    {"message": thaw(response), "usage": usage[-1] if usage else None},
+                )
             c._attempt_id = None
 
         return message, calls, Step(build, completed_event)
@@ -788,7 +789,8 @@ class TurnLoop:
     ) -> None:
         c = self.c
         operation = self._operation(descriptor, record, invocation_id, call_id, turn_id, arguments)
-        c._publish("tool_started", {"invocation": _started(operation)})
+        if c._hub.active:
+            c._publish("tool_started", {"invocation": _started(operation)})
         result, timed_out = await self._execute(descriptor, operation)
         if timed_out:
             await self._uncertain(
@@ -860,7 +862,8 @@ class TurnLoop:
             raise Error(ErrorClass.CANCELLED, "the run is stopping") from None
         invocation_id = max(record.active_tools, key=_invocation_number)
         operation = self._operation(descriptor, record, invocation_id, call_id, turn_id, arguments)
-        c._publish("tool_started", {"invocation": _started(operation)})
+        if c._hub.active:
+            c._publish("tool_started", {"invocation": _started(operation)})
         result, timed_out = await self._execute(descriptor, operation)
         if timed_out and descriptor.read_only:
             # A read-only nested timeout did nothing lasting: settle it as an

@@ -38,6 +38,11 @@ class Hub:
         self._dropped = dropped
         self._closed = False
 
+    @property
+    def active(self) -> bool:
+        """Whether any subscriber is attached (publishing costs nothing else)."""
+        return bool(self._subscribers)
+
     def subscribe(self, buffer: int) -> trio.MemoryReceiveChannel[Event]:
         send, receive = trio.open_memory_channel[Event](math.inf)
         if self._closed:
