@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import trio
 
+from tests.store.test_sqlite import _step
 from trio_backplane.errors import Error, ErrorClass
 from trio_backplane.kernel import Command, RunRecord, transition
 from trio_backplane.store import SQLiteStore, _sqlite
@@ -28,30 +29,22 @@ def wake(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     return str(request.param)
 
 
-def _next(record: RunRecord, n: int) -> tuple[RunRecord, list[Any]]:
+def _command(record: RunRecord, n: int) -> Command:
     if record.state == "queued":
-        return transition(record, Command("admit", float(n), {"state": "running"}))
+        return Command("admit", float(n), {"state": "running"})
     if record.active_provider is None:
-        return transition(record, Command("provider_started", float(n)))
+        return Command("provider_started", float(n))
     conversation = record.conversation or {"messages": ()}
     messages = (*conversation["messages"], {"role": "assistant", "content": f"m{n}"})
-    return transition(
-        record,
-        Command("provider_completed", float(n), {"conversation": {"messages": messages}}),
-    )
+    return Command("provider_completed", float(n), {"conversation": {"messages": messages}})
+
+
+def _next(record: RunRecord, n: int) -> tuple[RunRecord, list[Any]]:
+    return transition(record, _command(record, n))
 
 
 async def _commit(store: SQLiteStore, record: RunRecord, n: int = 0) -> RunRecord:
-    new, events = _next(record, n)
-    receipt = await store.commit(
-        record.run_id,
-        incarnation=record.incarnation,
-        expected_revision=record.revision,
-        record=new,
-        events=events,
-    )
-    assert (receipt.incarnation, receipt.revision) == (new.incarnation, new.revision)
-    return new
+    return await _step(store, record, _command(record, n))
 
 
 async def _fresh(store: SQLiteStore, run_id: str) -> RunRecord:

@@ -436,6 +436,28 @@ class PostgresStore:
         the changed parts and the events.  Returns ``new``'s entry, the part
         rows written, the bytes of head and part text written and the run's
         last event sequence (``None``: no event written)."""
+        cur, written = self._send(conn, old, new, events)
+        if cur.rowcount != 1:  # cannot happen under the row lock; never trust it
+            raise Error(
+                ErrorClass.RESOURCE_CONFLICT,
+                "stale revision",
+                {"run_id": new.run_id, "expected": old.record.revision},
+            )
+        return written
+
+    def _send(
+        self,
+        conn: Any,
+        old: Entry,
+        new: RunRecord,
+        events: Sequence[dict[str, Any]],
+        *,
+        last: int | None = None,
+    ) -> tuple[Any, tuple[Entry, int, int, int | None]]:
+        """Send the compare-and-set ``UPDATE`` of ``old`` -> ``new``, the changed
+        parts and the events (after sequence ``last``, read when not given):
+        the ``UPDATE``'s cursor (its row count says whether it applied) and
+        what :meth:`_replace` returns."""
         entry, upserts, deletes = diff(old, new)
         head = head_text(new)
         cur = conn.execute(
@@ -450,15 +472,9 @@ class PostgresStore:
                 old.record.revision,
             ),
         )
-        if cur.rowcount != 1:  # cannot happen under the row lock; never trust it
-            raise Error(
-                ErrorClass.RESOURCE_CONFLICT,
-                "stale revision",
-                {"run_id": new.run_id, "expected": old.record.revision},
-            )
-        last = self._write(conn, new.run_id, upserts, deletes, events)
+        last = self._write(conn, new.run_id, upserts, deletes, events, last=last)
         size = len(head) + sum(len(r[2]) for r in upserts)
-        return entry, len(upserts) + len(deletes), size, last
+        return cur, (entry, len(upserts) + len(deletes), size, last)
 
     def _take_failure(self) -> str | None:
         with self._lock:
@@ -540,8 +556,15 @@ class PostgresStore:
 
         return await self._run(body)
 
-    def _finish_commit(  # noqa: PLR0917 - what the commit wrote
-        self, conn: Any, entry: Entry, rows: int, size: int, last: int | None, fast: bool = False
+    def _finish_commit(
+        self,
+        conn: Any,
+        entry: Entry,
+        rows: int,
+        size: int,
+        last: int | None,
+        *,
+        fast: bool = False,
     ) -> Receipt:
         """COMMIT the written transaction and remember the run (test hooks:
         a failure before the COMMIT, or a lost acknowledgement after it)."""
@@ -603,24 +626,11 @@ class PostgresStore:
             record=record,
             events=events,
         )
-        new = prepared.record
-        entry, upserts, deletes = diff(cached, new)
-        head = head_text(new)
         try:
             with conn.pipeline():
-                cur = conn.execute(
-                    self._sql["update_run"],
-                    (
-                        new.incarnation,
-                        new.revision,
-                        new.state,
-                        head,
-                        run_id,
-                        incarnation,
-                        expected_revision,
-                    ),
+                cur, written = self._send(
+                    conn, cached, prepared.record, prepared.events, last=known[2]
                 )
-                last = self._write(conn, run_id, upserts, deletes, prepared.events, last=known[2])
         except self._psycopg.errors.UniqueViolation:
             conn.rollback()  # an event sequence was taken: the hint was stale
             self._forget(run_id)
@@ -629,8 +639,7 @@ class PostgresStore:
             conn.rollback()
             self._forget(run_id)
             return None
-        size = len(head) + sum(len(r[2]) for r in upserts)
-        return self._finish_commit(conn, entry, len(upserts) + len(deletes), size, last, True)
+        return self._finish_commit(conn, *written, fast=True)
 
     async def fence(self, run_id: str, *, incarnation: int) -> Receipt:
         at = time.time()
