@@ -616,26 +616,39 @@ class Conversation:
             steps.append(Step(settlement))
             # No resource registry: resource cleanup counts as confirmed (CAN-20).
             self._resource_cleanup = ResourceCleanup(status="confirmed")
-            with trio.CancelScope(shield=True), trio.move_on_after(self._options.cleanup_timeout):
-                try:
-                    await self._commit_steps(steps)
-                except _StorageFailed:
+            with trio.CancelScope(shield=True):
+                with trio.move_on_after(self._options.cleanup_timeout):
+                    await self._commit_lock.acquire()
+                if self._commit_lock.locked() and self._commit_lock.statistics().owner is (
+                    trio.lowlevel.current_task()
+                ):
+                    try:
+                        await self._commit_locked(steps)
+                    except _StorageFailed:
+                        return
+                    finally:
+                        self._commit_lock.release()
+                else:
+                    # A commit in flight held the coordinator past cleanup_timeout.
+                    # Its outcome comes within its own commit_timeout: a failure
+                    # is the conversation's state (storage_failed); otherwise the
+                    # window for the settlement is gone, the stored run is not
+                    # terminal and nobody drives it any more.
+                    async with self._commit_lock:
+                        pass
+                    if self._phase not in _INACTIVE_PHASES:
+                        self._phase = "recovery_required"
+                        self._last_error = Error(
+                            ErrorClass.TIMEOUT,
+                            "the run did not settle within cleanup_timeout",
+                            {"recovery_required": True},
+                        )
                     return
             if self._record.state in TERMINAL_STATES:
                 self._phase = "terminal"
                 self._publish(
                     "run_cancelled",
                     {"outcome": thaw(self._record.outcome), "state": self._record.state},
-                )
-            elif self._phase not in _INACTIVE_PHASES:
-                # The settlement could not even start within cleanup_timeout (a
-                # commit in flight held the coordinator): the stored run is not
-                # terminal and nobody drives it any more.
-                self._phase = "recovery_required"
-                self._last_error = Error(
-                    ErrorClass.TIMEOUT,
-                    "the run did not settle within cleanup_timeout",
-                    {"recovery_required": True},
                 )
         finally:
             self._settled.set()
