@@ -291,7 +291,8 @@ class Conversation:
                     **c,
                     "messages": appended(c["messages"], message),
                     "turn_id": turn_id,
-                }
+                },
+                as_input=True,
             )
         except _Rejected as rejected:
             await self._start_worker(first_turn=turn_id, failed=rejected.error)
@@ -371,7 +372,9 @@ class Conversation:
     async def _enqueue(self, queue: str, content: Any) -> str:
         message = self._user_message(content)
         try:
-            await self._checkpoint(lambda c: {**c, queue: appended(c[queue], message)})
+            await self._checkpoint(
+                lambda c: {**c, queue: appended(c[queue], message)}, as_input=True
+            )
         except _StorageFailed as failed:
             raise failed.error from None
         self._turn_wakeup.set()
@@ -408,14 +411,16 @@ class Conversation:
         one in flight, shielded, within ``commit_timeout`` (rule 2)."""
         return await self._commit_steps((command_step(kind, data),))
 
-    async def _commit_steps(self, steps: Sequence[Step]) -> RunRecord:
+    async def _commit_steps(self, steps: Sequence[Step], *, as_input: bool = False) -> RunRecord:
         """Commit ``steps`` in order as one store commit (one revision; a
         kernel event per step), each command built from the record the
         previous step left.  When the kernel refuses a step, the steps before
         it are committed alone and the refusal raised: exactly what committing
         them one by one would do, with fewer durable writes.  Each step's
         ``after`` runs once its commit is acknowledged (events go out only
-        after their commit, rule 2)."""
+        after their commit, rule 2).  ``as_input``: the steps take host input,
+        refused with ``resource_conflict`` when, by the time the coordinator
+        is free, the run stopped (a cancellation settled meanwhile)."""
         # The FIFO lock, without a scheduler round trip when it is free (the
         # common case: one worker commits at a time); a cancelled caller still
         # stops here before anything is decided.
@@ -425,13 +430,15 @@ class Conversation:
         except trio.WouldBlock:
             await self._commit_lock.acquire()
         try:
-            return await self._commit_locked(steps)
+            return await self._commit_locked(steps, as_input=as_input)
         finally:
             self._commit_lock.release()
 
-    async def _commit_locked(self, steps: Sequence[Step]) -> RunRecord:
+    async def _commit_locked(self, steps: Sequence[Step], *, as_input: bool = False) -> RunRecord:
         if self._phase in ("storage_failed", "recovery_required"):
             raise _StorageFailed(self._last_error or _storage_error("store is unavailable"))
+        if as_input and (self._stop_reason is not None or self._record.state in TERMINAL_STATES):
+            raise Error(ErrorClass.RESOURCE_CONFLICT, "run is not accepting input")
         record = self._record
         now = trio.current_time()
         new, events, done, refusal = record, [], 0, None
@@ -498,9 +505,11 @@ class Conversation:
             self._worker.cancel()
         self._settled.set()
 
-    async def _checkpoint(self, update: Any, extra: Mapping[str, Any] | None = None) -> RunRecord:
+    async def _checkpoint(
+        self, update: Any, extra: Mapping[str, Any] | None = None, *, as_input: bool = False
+    ) -> RunRecord:
         """Commit a new conversation state computed from the acknowledged one."""
-        return await self._commit_steps((checkpoint_step(update, extra),))
+        return await self._commit_steps((checkpoint_step(update, extra),), as_input=as_input)
 
     # -- hooks ---------------------------------------------------------------------
 
