@@ -435,10 +435,11 @@ class Conversation:
             self._commit_lock.release()
 
     async def _commit_locked(self, steps: Sequence[Step], *, as_input: bool = False) -> RunRecord:
+        if as_input and (self._stop_reason is not None or self._record.state in TERMINAL_STATES):
+            # cancelled meanwhile: whatever became of the settlement, input is refused
+            raise Error(ErrorClass.RESOURCE_CONFLICT, "run is not accepting input")
         if self._phase in ("storage_failed", "recovery_required"):
             raise _StorageFailed(self._last_error or _storage_error("store is unavailable"))
-        if as_input and (self._stop_reason is not None or self._record.state in TERMINAL_STATES):
-            raise Error(ErrorClass.RESOURCE_CONFLICT, "run is not accepting input")
         record = self._record
         now = trio.current_time()
         new, events, done, refusal = record, [], 0, None
