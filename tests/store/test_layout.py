@@ -248,3 +248,25 @@ def test_a_layout_1_head_with_inline_usage_is_upgraded_by_the_next_commit() -> N
     for part, key, value in upserts:
         rows[part, key] = value
     assert join(head_text(new), rows) == encode_record(new)
+
+
+def test_kernel_derived_maps_are_diffed_by_their_changed_keys() -> None:
+    """A map the kernel derived from the stored one names the keys it changed
+    (``changed_keys``): the diff encodes those and reads no other entry; a map
+    of another lineage (a reload, a branch) is compared entry by entry, with
+    the same rows either way."""
+    from trio_backplane.kernel import changed_keys
+
+    records = _records()
+    old, new = records[-3], records[-1]
+    assert changed_keys(old.intents, new.intents) is not None
+    assert changed_keys(entry_of(old).intents.source, new.intents) is not None
+    fast_entry, fast_up, fast_del = diff(entry_of(old), new)
+    reloaded = RunRecord(**{f.name: getattr(old, f.name) for f in attrs.fields(RunRecord)})
+    reloaded = attrs.evolve(reloaded, intents=dict(old.intents))  # a fresh mapping
+    assert changed_keys(reloaded.intents, new.intents) is None
+    slow_entry, slow_up, slow_del = diff(entry_of(reloaded), new)
+    assert sorted(fast_up) == sorted(slow_up)
+    assert fast_del == slow_del
+    assert fast_entry.intents.keys == slow_entry.intents.keys
+    assert fast_entry.intents.values == slow_entry.intents.values

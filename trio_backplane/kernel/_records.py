@@ -23,6 +23,7 @@ __all__ = [
     "FrozenList",
     "appended",
     "assoc",
+    "changed_keys",
     "check_json",
     "dissoc",
     "evolve_record",
@@ -50,9 +51,15 @@ class FrozenDict(dict[str, Any]):
     :func:`freeze` builds one, after checking every value is JSON data, so a
     ``FrozenDict`` (or ``FrozenList``) met again is known frozen and reused as
     is: evolving a record copies only what changed.
+
+    ``_lineage`` (set by :func:`assoc`, :func:`put` and :func:`dissoc`, never
+    part of the value) is ``(log, version)``: mappings derived one from the
+    other share ``log``, the keys each derivation changed, and ``version`` is
+    how many of them this mapping has seen, so :func:`changed_keys` names what
+    changed between two of them without reading every entry.
     """
 
-    __slots__ = ()
+    __slots__ = ("_lineage",)
 
     def _refuse(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError("committed records are read-only")
@@ -437,12 +444,46 @@ def _input(value: Any) -> Mapping[str, Any]:
     return freeze(value)  # type: ignore[no-any-return]
 
 
+#: A lineage log longer than this starts over (memory stays bounded).
+_LINEAGE_MAX: Final = 1 << 20
+
+
+def _derive(old: Mapping[str, Any], new: FrozenDict, key: str) -> FrozenDict:
+    """Record that ``new`` is ``old`` with ``key`` changed (see ``FrozenDict``)."""
+    lineage = getattr(old, "_lineage", None) if type(old) is FrozenDict else None
+    if lineage is None and type(old) is FrozenDict and old:
+        # Root a lineage at ``old`` (never at an empty mapping: the shared
+        # empty one would hold a run's log for the process's lifetime).
+        lineage = ([], 0)
+        old._lineage = lineage  # type: ignore[attr-defined]
+    if lineage is not None:
+        log, version = lineage
+        if version == len(log) < _LINEAGE_MAX:  # ``old`` is the newest: extend
+            log.append(key)
+            new._lineage = (log, version + 1)  # type: ignore[attr-defined]
+            return new
+    new._lineage = ([key], 1)  # type: ignore[attr-defined]  # a branch: a new log
+    return new
+
+
+def changed_keys(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str] | None:
+    """The keys (maybe repeated) whose entries may differ between ``old`` and
+    ``new`` when ``new`` was derived from ``old`` by :func:`assoc`, :func:`put`
+    and :func:`dissoc`; ``None`` when that is not known (compare them all)."""
+    a = getattr(old, "_lineage", None) if type(old) is FrozenDict else None
+    b = getattr(new, "_lineage", None) if type(new) is FrozenDict else None
+    if a is None or b is None or a[0] is not b[0] or b[1] < a[1]:
+        return None
+    log: list[str] = b[0]
+    return log[a[1] : b[1]]
+
+
 def assoc(mapping: Mapping[str, Any], key: str, value: Any) -> FrozenDict:
     """``mapping`` with ``key`` set to frozen ``value``: one C-speed copy, the
     other (already frozen) values shared."""
     new = FrozenDict(mapping)
     dict.__setitem__(new, key, freeze(value))
-    return new
+    return _derive(mapping, new, key)
 
 
 def put(mapping: Mapping[str, Any], key: str, value: Any) -> FrozenDict:
@@ -450,7 +491,7 @@ def put(mapping: Mapping[str, Any], key: str, value: Any) -> FrozenDict:
     (a ``FrozenDict`` of scalars and frozen values): no walk, one copy."""
     new = FrozenDict(mapping)
     dict.__setitem__(new, key, value)
-    return new
+    return _derive(mapping, new, key)
 
 
 def appended(items: Any, *values: Any) -> FrozenList:
@@ -466,7 +507,7 @@ def dissoc(mapping: Mapping[str, Any], key: str) -> FrozenDict:
     """``mapping`` without ``key``."""
     new = FrozenDict(mapping)
     dict.pop(new, key, None)
-    return new
+    return _derive(mapping, new, key)
 
 
 def _at(instance: Any, attribute: Any, value: Any) -> None:

@@ -55,7 +55,7 @@ from typing import Any, Final
 import attrs
 
 from ..errors import Error, ErrorClass
-from ..kernel import Budget, FrozenDict, FrozenList, RunRecord
+from ..kernel import Budget, FrozenDict, FrozenList, RunRecord, changed_keys
 
 __all__ = [
     "MESSAGES",
@@ -338,19 +338,38 @@ join_record = join
 # -- incremental diff --------------------------------------------------------------
 
 
-@attrs.frozen(eq=False)
 class _Keyed:
-    """One keyed part of a committed record, as aligned key/value lists (lists:
-    they compare identical items without a call, faster than tuples; never
-    mutated once built)."""
+    """One keyed part of a committed record, and (built when first needed) its
+    aligned key/value lists (lists: they compare identical items without a
+    call, faster than tuples; never mutated once built)."""
 
-    source: Mapping[str, Any]
-    keys: list[str]
-    values: list[Any]
+    __slots__ = ("_keys", "_values", "source")
+
+    def __init__(
+        self,
+        source: Mapping[str, Any],
+        keys: list[str] | None = None,
+        values: list[Any] | None = None,
+    ) -> None:
+        self.source = source
+        self._keys = keys
+        self._values = values
 
     @classmethod
     def of(cls, mapping: Mapping[str, Any]) -> _Keyed:
-        return cls(mapping, list(mapping), list(mapping.values()))
+        return cls(mapping)
+
+    @property
+    def keys(self) -> list[str]:
+        if self._keys is None:
+            self._keys = list(self.source)
+        return self._keys
+
+    @property
+    def values(self) -> list[Any]:
+        if self._values is None:
+            self._values = list(self.source.values())
+        return self._values
 
 
 _NO_KEYS: Final = _Keyed(_EMPTY, [], [])
@@ -436,6 +455,19 @@ def _diff_keyed(
 ) -> _Keyed:
     if new is old.source:
         return old
+    moved = changed_keys(old.source, new)
+    if moved is not None:
+        # ``new`` was derived from ``old`` by the kernel: only these keys moved.
+        previous = old.source
+        missing = object()
+        for key in dict.fromkeys(moved):
+            value = new.get(key, missing)
+            if value is missing:
+                if key in previous:
+                    deletes.append((part, key))
+            elif previous.get(key, missing) is not value:
+                upserts.append((part, key, encode_part(value)))
+        return _Keyed(new)
     keys = list(new)
     values = list(new.values())
     m = len(old.keys)
