@@ -46,7 +46,7 @@ from typing import Any
 
 import trio
 
-from trio_backplane.kernel import Command, RunRecord, transition
+from trio_backplane.kernel import Command, FrozenList, RunRecord, appended, transition
 from trio_backplane.runtime import open_conversation
 from trio_backplane.schema import compile_with
 from trio_backplane.store import MemoryStore, SQLiteStore
@@ -298,10 +298,11 @@ async def raw_commit(store: Any, count: int = 200) -> float:
     await store.create(record)
     record, events = transition(record, Command("admit", 0.0, {"state": "running"}))
     await store.commit(rid, incarnation=1, expected_revision=0, record=record, events=events)
-    messages: list[Any] = []
+    messages: Any = FrozenList()
     start = time.perf_counter()
     for i in range(count):
-        messages = [*messages, {"role": "tool", "tool_call_id": f"c{i}", "result": "ok"}]
+        # frozen, as the engine keeps its transcript: the kernel does not walk it
+        messages = appended(messages, {"role": "tool", "tool_call_id": f"c{i}", "result": "ok"})
         new, events = transition(
             record,
             Command("conversation_updated", float(i), {"conversation": {"messages": messages}}),
