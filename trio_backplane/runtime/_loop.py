@@ -215,10 +215,15 @@ class TurnLoop:
         self._validators[id(descriptor)] = (descriptor, compiled)
         return compiled
 
-    async def _flush(self, *steps: Step | None) -> None:
-        """Commit the decided ``steps`` (and the carried one) now."""
+    def _pending(self, *steps: Step | None) -> list[Step]:
+        """The carried step and ``steps``, in commit order; the carry is taken."""
         pending = [step for step in (self._carry, *steps) if step is not None]
         self._carry = None
+        return pending
+
+    async def _flush(self, *steps: Step | None) -> None:
+        """Commit the decided ``steps`` (and the carried one) now."""
+        pending = self._pending(*steps)
         if pending:
             await self.c._commit_steps(pending)
 
@@ -400,8 +405,7 @@ class TurnLoop:
         from ._conversation import _Stop, command_step
 
         c = self.c
-        pending = [step for step in (self._carry, before) if step is not None]
-        self._carry = None
+        pending = self._pending(before)
         if c._stop_reason is not None:
             if pending:
                 await c._commit_steps(pending)
