@@ -627,11 +627,11 @@ class Conversation:
             # No resource registry: resource cleanup counts as confirmed (CAN-20).
             self._resource_cleanup = ResourceCleanup(status="confirmed")
             with trio.CancelScope(shield=True):
+                acquired = False
                 with trio.move_on_after(self._options.cleanup_timeout):
                     await self._commit_lock.acquire()
-                if self._commit_lock.locked() and self._commit_lock.statistics().owner is (
-                    trio.lowlevel.current_task()
-                ):
+                    acquired = True
+                if acquired:
                     try:
                         await self._commit_locked(steps)
                     except _StorageFailed:
