@@ -90,6 +90,25 @@ class _Raises:
         return True
 
 
+async def _commit_onto(
+    store: Store,
+    base: RunRecord,
+    record: RunRecord,
+    events: Sequence[RunEvent],
+    *,
+    expected_revision: int | None = None,
+) -> Receipt:
+    """``store.commit`` of ``record`` as a writer holding ``base`` would make
+    it: ``base``'s incarnation, and its revision unless another is given."""
+    return await store.commit(
+        base.run_id,
+        incarnation=base.incarnation,
+        expected_revision=base.revision if expected_revision is None else expected_revision,
+        record=record,
+        events=events,
+    )
+
+
 class _Run:
     """One run driven through the kernel and committed to a store."""
 
@@ -325,13 +344,7 @@ class StoreConformance:
                 Command("tool_completed", at=99.0, input={"invocation_id": invocation_id}),
             )
             with _expect_error(ErrorClass.RESOURCE_CONFLICT):
-                await reopened.commit(
-                    run.run_id,
-                    incarnation=before.incarnation,
-                    expected_revision=before.revision,
-                    record=replay,
-                    events=replay_events,
-                )
+                await _commit_onto(reopened, before, replay, replay_events)
             await run.apply("conversation_updated", conversation={"messages": [{"n": 1}]})
             await self._assert_stored(reopened, run)
             await self._assert_stored(await self._reopen(reopened), run)
@@ -350,13 +363,7 @@ class StoreConformance:
             new, events = run.next("provider_completed", final=False, result={"r": 1})
             await self.fail_next_commit(store)
             with _expect_error(ErrorClass.STORAGE_FAILED):
-                await store.commit(
-                    run.run_id,
-                    incarnation=run.record.incarnation,
-                    expected_revision=run.record.revision,
-                    record=new,
-                    events=events,
-                )
+                await _commit_onto(store, run.record, new, events)
             await self._assert_stored(store, run)
             reopened = await self._reopen(store)
             await self._assert_stored(reopened, run)
@@ -386,24 +393,12 @@ class StoreConformance:
             # The old executor, at its own revision ...
             stale, stale_events = transition(old, Command("provider_completed", at=50.0))
             with _expect_error(ErrorClass.RESOURCE_CONFLICT):
-                await store.commit(
-                    run.run_id,
-                    incarnation=old.incarnation,
-                    expected_revision=old.revision,
-                    record=stale,
-                    events=stale_events,
-                )
+                await _commit_onto(store, old, stale, stale_events)
             # ... and at the current revision: still fenced.
             current = attrs.evolve(fenced, incarnation=old.incarnation)
             late, late_events = transition(current, Command("provider_completed", at=51.0))
             with _expect_error(ErrorClass.RESOURCE_CONFLICT):
-                await store.commit(
-                    run.run_id,
-                    incarnation=old.incarnation,
-                    expected_revision=fenced.revision,
-                    record=late,
-                    events=late_events,
-                )
+                await _commit_onto(store, old, late, late_events, expected_revision=fenced.revision)
             for incarnation in (old.incarnation, old.incarnation + 1):
                 with _expect_error(ErrorClass.RESOURCE_CONFLICT):
                     await store.fence(run.run_id, incarnation=incarnation)
@@ -413,12 +408,8 @@ class StoreConformance:
             assert len(events) == fenced.revision, events
             assert events[-1].type == "run.fence", events
             with _expect_error(ErrorClass.RESOURCE_CONFLICT):
-                await reopened.commit(
-                    run.run_id,
-                    incarnation=old.incarnation,
-                    expected_revision=fenced.revision,
-                    record=late,
-                    events=late_events,
+                await _commit_onto(
+                    reopened, old, late, late_events, expected_revision=fenced.revision
                 )
             # The new incarnation commits.
             new_run = _Run(reopened, fenced, itertools.count(100))
@@ -625,13 +616,7 @@ class StoreConformance:
             )
             for instance in (store, host):
                 with _expect_error(ErrorClass.RESOURCE_CONFLICT):
-                    await instance.commit(
-                        run.run_id,
-                        incarnation=old.incarnation,
-                        expected_revision=old.revision,
-                        record=late,
-                        events=late_events,
-                    )
+                    await _commit_onto(instance, old, late, late_events)
             fenced = await host.load(run.run_id)
             assert fenced is not None
             # Even an old executor that reloaded the fenced record cannot commit.
@@ -641,13 +626,7 @@ class StoreConformance:
                 Command("tool_completed", at=81.0, input={"invocation_id": invocation_id}),
             )
             with _expect_error(ErrorClass.RESOURCE_CONFLICT):
-                await host.commit(
-                    run.run_id,
-                    incarnation=old.incarnation,
-                    expected_revision=fenced.revision,
-                    record=late,
-                    events=late_events,
-                )
+                await _commit_onto(host, old, late, late_events, expected_revision=fenced.revision)
             assert await host.load(run.run_id) == fenced
             assert fenced.incarnation == report.incarnation
             assert fenced.intents[f"tool:{invocation_id}"]["status"] == "started"
@@ -688,13 +667,7 @@ class StoreConformance:
             receipt_b = await run.apply("provider_started")
             # The stage-A completion, acknowledged late, again:
             with _expect_error(ErrorClass.RESOURCE_CONFLICT):
-                await store.commit(
-                    run.run_id,
-                    incarnation=stage_a.incarnation,
-                    expected_revision=stage_a.revision,
-                    record=stage_a_next,
-                    events=stage_a_events,
-                )
+                await _commit_onto(store, stage_a, stage_a_next, stage_a_events)
             with _expect_error(ErrorClass.RESOURCE_CONFLICT):  # kernel: stale attempt
                 run.next("provider_completed", attempt_id=first_attempt["attempt_id"])
             with _expect_error(ErrorClass.RESOURCE_CONFLICT) as raised:
@@ -773,13 +746,7 @@ class StoreConformance:
                 ) -> None:
                     record, events = candidates[w]
                     try:
-                        outcomes[w] = await instance.commit(
-                            base.run_id,
-                            incarnation=base.incarnation,
-                            expected_revision=base.revision,
-                            record=record,
-                            events=events,
-                        )
+                        outcomes[w] = await _commit_onto(instance, base, record, events)
                     except Error as exc:
                         outcomes[w] = exc
 
