@@ -29,17 +29,39 @@ def string_schema(name: str = "x") -> dict[str, Any]:
     }
 
 
-class TimelineStore:
+class Delegating:
+    """A store wrapper's base: everything but ``commit`` goes to ``inner``."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.durable = getattr(inner, "durable", False)
+
+    async def create(self, record: RunRecord) -> Receipt:
+        return await self.inner.create(record)  # type: ignore[no-any-return]
+
+    async def load(self, run_id: str) -> RunRecord | None:
+        return await self.inner.load(run_id)  # type: ignore[no-any-return]
+
+    async def fence(self, run_id: str, *, incarnation: int) -> Receipt:
+        return await self.inner.fence(run_id, incarnation=incarnation)  # type: ignore[no-any-return]
+
+    async def list_runs(self, **kwargs: Any) -> Any:
+        return await self.inner.list_runs(**kwargs)
+
+    async def events(self, run_id: str, *, after: int = 0) -> list[RunEvent]:
+        return await self.inner.events(run_id, after=after)  # type: ignore[no-any-return]
+
+
+class TimelineStore(Delegating):
     """Wraps a store; ``timeline`` interleaves ``("commit", "run.<kind>")`` with
     ``("event", Event)`` for the subscriber channels attached with ``attach``:
     they are drained at the start of every commit, so an event listed before a
     commit was published before that commit was attempted."""
 
     def __init__(self, inner: Any) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.timeline: list[tuple[str, Any]] = []
         self._channels: list[trio.MemoryReceiveChannel[Event]] = []
-        self.durable = getattr(inner, "durable", False)
         #: every record handed to ``commit`` and acknowledged, in order
         self.records: list[RunRecord] = []
         #: ``fail(kind, commits_so_far)`` may return an exception to raise
@@ -74,12 +96,6 @@ class TimelineStore:
     def describe(self) -> list[str]:
         return [f"{t}:{v}" if t != "event" else f"event:{v.type}" for t, v in self.timeline]
 
-    async def create(self, record: RunRecord) -> Receipt:
-        return await self.inner.create(record)  # type: ignore[no-any-return]
-
-    async def load(self, run_id: str) -> RunRecord | None:
-        return await self.inner.load(run_id)  # type: ignore[no-any-return]
-
     async def commit(
         self,
         run_id: str,
@@ -110,15 +126,6 @@ class TimelineStore:
         )
         self.records.extend(record for _ in kinds)  # aligned with commits()
         return receipt  # type: ignore[no-any-return]
-
-    async def fence(self, run_id: str, *, incarnation: int) -> Receipt:
-        return await self.inner.fence(run_id, incarnation=incarnation)  # type: ignore[no-any-return]
-
-    async def list_runs(self, **kwargs: Any) -> Any:
-        return await self.inner.list_runs(**kwargs)
-
-    async def events(self, run_id: str, *, after: int = 0) -> list[RunEvent]:
-        return await self.inner.events(run_id, after=after)  # type: ignore[no-any-return]
 
 
 Outcome = Any  # a ToolResult, a Rejection, an Error/Exception (raised), or a callable
@@ -372,7 +379,7 @@ def commit_kind(events: Sequence[RunEvent]) -> str:
     return commit_kinds(events)[-1]
 
 
-class FaultyStore:
+class FaultyStore(Delegating):
     """A store wrapper that injects :class:`Fault` s into commits and records
     what happened, for invariant checks:
 
@@ -388,8 +395,7 @@ class FaultyStore:
     def __init__(self, inner: Any = None, *faults: Fault) -> None:
         from trio_backplane.store import MemoryStore
 
-        self.inner = MemoryStore() if inner is None else inner
-        self.durable = getattr(self.inner, "durable", False)
+        super().__init__(MemoryStore() if inner is None else inner)
         self.faults = list(faults)
         self.attempts: list[tuple[int, str, float]] = []
         self.acknowledged: list[tuple[str, RunRecord, float]] = []
@@ -419,21 +425,6 @@ class FaultyStore:
             kind == "tool_invoked" and key in record.intents
             for kind, record, _at in self.acknowledged
         )
-
-    async def create(self, record: RunRecord) -> Receipt:
-        return await self.inner.create(record)  # type: ignore[no-any-return]
-
-    async def load(self, run_id: str) -> RunRecord | None:
-        return await self.inner.load(run_id)  # type: ignore[no-any-return]
-
-    async def fence(self, run_id: str, *, incarnation: int) -> Receipt:
-        return await self.inner.fence(run_id, incarnation=incarnation)  # type: ignore[no-any-return]
-
-    async def list_runs(self, **kwargs: Any) -> Any:
-        return await self.inner.list_runs(**kwargs)
-
-    async def events(self, run_id: str, *, after: int = 0) -> list[RunEvent]:
-        return await self.inner.events(run_id, after=after)  # type: ignore[no-any-return]
 
     async def commit(
         self,

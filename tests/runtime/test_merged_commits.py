@@ -20,24 +20,15 @@ from trio_backplane.store import MemoryStore
 from trio_backplane.testing import ScriptedProvider
 from trio_backplane.tools import ToolResult
 
-from .support import RecordingBackend, make_tool, run_to_settled
+from .support import Delegating, RecordingBackend, make_tool, run_to_settled
 
 
-class Recording:
+class Recording(Delegating):
     """A store wrapper keeping each commit's kernel commands and record."""
 
     def __init__(self) -> None:
-        self.inner = MemoryStore()
+        super().__init__(MemoryStore())
         self.commits: list[tuple[list[str], RunRecord, int]] = []
-
-    async def create(self, record: RunRecord) -> Any:
-        return await self.inner.create(record)
-
-    async def load(self, run_id: str) -> Any:
-        return await self.inner.load(run_id)
-
-    async def events(self, run_id: str, *, after: int = 0) -> Any:
-        return await self.inner.events(run_id, after=after)
 
     async def commit(self, run_id: str, **kwargs: Any) -> Any:
         kinds = [e.type.removeprefix("run.") for e in kwargs["events"]]
