@@ -67,6 +67,9 @@ class TimelineStore(Delegating):
         #: ``fail(kind, commits_so_far)`` may return an exception to raise
         #: instead of committing (nothing is stored then)
         self.fail: Callable[[str, list[str]], BaseException | None] | None = None
+        if callable(getattr(inner, "commit_nowait", None)):
+            # the engine then commits without waiting, as it would on ``inner``
+            self.commit_nowait = self._commit_nowait
 
     def attach(self, channel: trio.MemoryReceiveChannel[Event]) -> None:
         self._channels.append(channel)
@@ -96,15 +99,7 @@ class TimelineStore(Delegating):
     def describe(self) -> list[str]:
         return [f"{t}:{v}" if t != "event" else f"event:{v.type}" for t, v in self.timeline]
 
-    async def commit(
-        self,
-        run_id: str,
-        *,
-        incarnation: int,
-        expected_revision: int,
-        record: RunRecord,
-        events: Sequence[RunEvent],
-    ) -> Receipt:
+    def _before_commit(self, events: Sequence[RunEvent]) -> list[str]:
         self.drain()
         # A commit may carry several kernel commands (the engine merges a
         # response with its first intent, a tool message with the next
@@ -117,6 +112,18 @@ class TimelineStore(Delegating):
                     self.timeline.append(("failed", kind))
                     raise failure
         self.timeline.extend(("commit", kind) for kind in kinds)
+        return kinds
+
+    async def commit(
+        self,
+        run_id: str,
+        *,
+        incarnation: int,
+        expected_revision: int,
+        record: RunRecord,
+        events: Sequence[RunEvent],
+    ) -> Receipt:
+        kinds = self._before_commit(events)
         receipt = await self.inner.commit(
             run_id,
             incarnation=incarnation,
@@ -125,6 +132,26 @@ class TimelineStore(Delegating):
             events=events,
         )
         self.records.extend(record for _ in kinds)  # aligned with commits()
+        return receipt  # type: ignore[no-any-return]
+
+    def _commit_nowait(
+        self,
+        run_id: str,
+        *,
+        incarnation: int,
+        expected_revision: int,
+        record: RunRecord,
+        events: Sequence[RunEvent],
+    ) -> Receipt:
+        kinds = self._before_commit(events)
+        receipt = self.inner.commit_nowait(
+            run_id,
+            incarnation=incarnation,
+            expected_revision=expected_revision,
+            record=record,
+            events=events,
+        )
+        self.records.extend(record for _ in kinds)
         return receipt  # type: ignore[no-any-return]
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from trio_backplane.errors import Error, ErrorClass
 from trio_backplane.kernel import Command, FrozenList, RunRecord, freeze, transition
-from trio_backplane.store import MemoryStore, prepare_commit, prepare_create
+from trio_backplane.store import MemoryStore, Receipt, prepare_commit, prepare_create
 
 
 def _refuse(*args: Any, **kwargs: Any) -> Any:
@@ -99,3 +99,37 @@ def test_ker11_scalar_fields_refuse_non_json(field: str, value: Any) -> None:
     with pytest.raises(Error) as info:
         RunRecord(run_id="r1", **{field: value})
     assert info.value.error_class is ErrorClass.VALIDATION
+
+
+async def test_commit_nowait_is_the_same_compare_and_set_as_commit() -> None:
+    """STO-02: ``commit_nowait`` (what the runtime calls on a store that never
+    waits) refuses a stale revision and a foreign incarnation exactly as
+    ``commit`` does, and numbers the events on from the log."""
+    store = MemoryStore()
+    record = RunRecord.new("r1", work=10)
+    await store.create(record)
+    admitted, events = transition(record, Command("admit", 1.0, {"state": "running"}))
+    receipt = store.commit_nowait(
+        "r1", incarnation=1, expected_revision=0, record=admitted, events=events
+    )
+    assert (receipt.revision, receipt.incarnation) == (1, 1)
+    for incarnation, expected in ((1, 0), (2, 1)):  # stale revision, foreign incarnation
+        refusals = []
+        for call in (store.commit_nowait, store.commit):
+            with pytest.raises(Error) as caught:
+                result = call(
+                    "r1",
+                    incarnation=incarnation,
+                    expected_revision=expected,
+                    record=admitted,
+                    events=events,
+                )
+                if not isinstance(result, Receipt):
+                    await result
+            refusals.append((caught.value.error_class, caught.value.message))
+        assert refusals[0] == refusals[1]
+        assert refusals[0][0] in (ErrorClass.RESOURCE_CONFLICT, ErrorClass.VALIDATION)
+    started, more = transition(admitted, Command("provider_started", 2.0))
+    await store.commit("r1", incarnation=1, expected_revision=1, record=started, events=more)
+    assert [e.sequence for e in await store.events("r1")] == [1, 2]
+    assert await store.load("r1") is started

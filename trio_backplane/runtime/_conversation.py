@@ -32,7 +32,7 @@ from ..kernel import (
     thaw,
     transition,
 )
-from ..store import Store, verify_receipt
+from ..store import Receipt, Store, verify_receipt
 from ..tools import (
     AdmittedBundle,
     Authority,
@@ -209,6 +209,8 @@ class Conversation:
     ) -> None:
         self.run_id = run_id
         self._store = store
+        #: ``store.commit_nowait`` when the store offers it (it never waits)
+        self._commit_nowait: Callable[..., Receipt] | None = getattr(store, "commit_nowait", None)
         self._provider = provider
         self._catalog = CatalogState(bundle, options.schema_admission)
         self._pending: Pending | None = None
@@ -464,30 +466,46 @@ class Conversation:
 
     async def _write(self, record: RunRecord, new: RunRecord, events: list[RunEvent]) -> None:
         error: Error | None = None
-        # One scope: shielded from the caller's cancellation (a commit's outcome
-        # is always known), bounded by its own commit deadline (rule 5).
-        with trio.CancelScope(
-            shield=True, deadline=trio.current_time() + self._options.commit_timeout
-        ) as scope:
-            try:
-                receipt = await self._store.commit(
+        try:
+            nowait = self._commit_nowait
+            if nowait is not None:  # nothing to wait for: no scope to bound the wait
+                receipt = nowait(
                     record.run_id,
                     incarnation=record.incarnation,
                     expected_revision=record.revision,
                     record=new,
                     events=events,
                 )
-                verify_receipt(receipt, run_id=record.run_id, expected_revision=record.revision)
-            except Error as exc:
-                error = exc
-            except Exception as exc:
-                error = _storage_error(f"store failed: {type(exc).__name__}: {exc}"[:500])
-        if scope.cancelled_caught:
-            error = _storage_error("commit was not acknowledged within commit_timeout")
+            else:
+                receipt = await self._commit_waiting(record, new, events)
+            verify_receipt(receipt, run_id=record.run_id, expected_revision=record.revision)
+        except Error as exc:
+            error = exc
+        except Exception as exc:
+            error = _storage_error(f"store failed: {type(exc).__name__}: {exc}"[:500])
         if error is not None:
             self._storage_failure(error)
             raise _StorageFailed(self._last_error or error)
         self._record = new
+
+    async def _commit_waiting(
+        self, record: RunRecord, new: RunRecord, events: list[RunEvent]
+    ) -> Receipt:
+        """``store.commit`` in one scope: shielded from the caller's
+        cancellation (a commit's outcome is always known), bounded by its own
+        commit deadline (rule 5)."""
+        with trio.CancelScope(
+            shield=True, deadline=trio.current_time() + self._options.commit_timeout
+        ) as scope:
+            return await self._store.commit(
+                record.run_id,
+                incarnation=record.incarnation,
+                expected_revision=record.revision,
+                record=new,
+                events=events,
+            )
+        assert scope.cancelled_caught
+        raise _storage_error("commit was not acknowledged within commit_timeout")
 
     def _storage_failure(self, error: Error) -> None:
         if self._phase in ("storage_failed", "recovery_required"):

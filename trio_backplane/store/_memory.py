@@ -46,6 +46,26 @@ class MemoryStore:
         record: RunRecord,
         events: Sequence[RunEvent],
     ) -> Receipt:
+        return self.commit_nowait(
+            run_id,
+            incarnation=incarnation,
+            expected_revision=expected_revision,
+            record=record,
+            events=events,
+        )
+
+    def commit_nowait(
+        self,
+        run_id: str,
+        *,
+        incarnation: int,
+        expected_revision: int,
+        record: RunRecord,
+        events: Sequence[RunEvent],
+    ) -> Receipt:
+        """:meth:`commit` without waiting (there is nothing to wait for): the
+        runtime calls it directly, with no commit-deadline scope around it,
+        as ``trio``'s ``send_nowait`` spares a channel send its scheduling."""
         prepared = prepare_commit(
             self._records.get(run_id),
             run_id,

@@ -45,7 +45,12 @@ class RunSummary:
 
 @runtime_checkable
 class Store(Protocol):
-    """Durable (or not) storage of run records and their event log."""
+    """Durable (or not) storage of run records and their event log.
+
+    A store whose commit never waits (``MemoryStore``) may also offer
+    ``commit_nowait`` with ``commit``'s arguments and result: the runtime then
+    calls it directly, without the shielded commit-deadline scope an awaited
+    commit needs.  A store that may wait for I/O must not offer it."""
 
     async def create(self, record: RunRecord) -> Receipt: ...
 

@@ -1,0 +1,98 @@
+"""A store that never waits (``commit_nowait``, as ``MemoryStore`` offers) is
+committed to directly, with no commit-deadline scope: the same compare-and-set,
+the same failure handling as ``commit`` (CAN-11, EVT-18)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from trio_backplane.errors import Error, ErrorClass
+from trio_backplane.kernel import RunEvent, RunRecord
+from trio_backplane.store import MemoryStore, Receipt
+from trio_backplane.testing import ScriptedProvider
+from trio_backplane.tools import ToolResult
+
+from .support import Delegating, RecordingBackend, make_tool, run_to_settled
+
+
+class Nowait(Delegating):
+    """Offers only ``commit_nowait``; ``commit`` is a test failure.  ``fail``:
+    ``(kind, exception)`` raised instead of committing that kind."""
+
+    def __init__(self, fail: tuple[str, BaseException] | None = None) -> None:
+        super().__init__(MemoryStore())
+        self.kinds: list[str] = []
+        self.fail = fail
+
+    async def commit(self, run_id: str, **kwargs: Any) -> Receipt:
+        raise AssertionError("the engine awaited commit on a store that never waits")
+
+    def commit_nowait(
+        self,
+        run_id: str,
+        *,
+        incarnation: int,
+        expected_revision: int,
+        record: RunRecord,
+        events: Sequence[RunEvent],
+    ) -> Receipt:
+        kinds = [e.type.removeprefix("run.") for e in events]
+        if self.fail is not None and self.fail[0] in kinds:
+            raise self.fail[1]
+        receipt = self.inner.commit_nowait(
+            run_id,
+            incarnation=incarnation,
+            expected_revision=expected_revision,
+            record=record,
+            events=events,
+        )
+        self.kinds.extend(kinds)
+        return receipt  # type: ignore[no-any-return]
+
+
+def one_tool_step() -> ScriptedProvider:
+    return ScriptedProvider(
+        [ScriptedProvider.tool_calls(("c1", "t", {})), ScriptedProvider.text("done")]
+    )
+
+
+async def test_a_store_that_never_waits_is_committed_to_directly(autojump_clock: Any) -> None:
+    """Every commit of a run goes through ``commit_nowait``; the run completes
+    with the same commands in the log as on an awaited store."""
+    store = Nowait()
+    finished = await run_to_settled(
+        one_tool_step(), [make_tool("t", RecordingBackend(ToolResult("ok")))], store=store
+    )
+    assert finished.snapshot.run.state == "completed"
+    assert store.kinds[0] == "admit"
+    assert {"provider_started", "tool_invoked", "tool_completed", "finish"} <= set(store.kinds)
+    assert [e.type for e in finished.log] == [f"run.{k}" for k in store.kinds]
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        Error(ErrorClass.STORAGE_FAILED, "disk gone"),
+        RuntimeError("a bug in the store"),
+    ],
+    ids=["storage_failed", "crash"],
+)
+async def test_a_failing_nowait_commit_is_storage_failed(
+    autojump_clock: Any, failure: BaseException
+) -> None:
+    """CAN-11/EVT-18 on the nowait path: a refused or crashing ``commit_nowait``
+    of the tool result moves the run to ``storage_failed`` with
+    ``recovery_required``, and nothing terminal follows."""
+    backend = RecordingBackend(ToolResult("ok"))
+    store = Nowait(fail=("tool_completed", failure))
+    finished = await run_to_settled(one_tool_step(), [make_tool("t", backend)], store=store)
+    assert finished.snapshot.phase == "storage_failed"
+    [event] = finished.of("storage_failed")
+    assert event.payload["recovery_required"] is True
+    assert event.payload["error"]["class"] == "storage_failed"
+    assert not {"run_completed", "run_failed", "run_cancelled"} & set(finished.types())
+    assert len(backend.operations) == 1  # dispatched once, never again
+    assert "tool_completed" not in store.kinds
