@@ -9,6 +9,7 @@ Everything runs on ``MemoryStore`` (wrapped in the fault-injecting
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -823,3 +824,74 @@ async def test_can_20_resource_cleanup_confirmed_on_every_terminal_path(
     assert snapshot.resource_cleanup.status == "confirmed"
     assert c.status().resource_cleanup.status == "confirmed"
     assert len(h.terminal_events()) == 1
+
+
+class SlowClose:
+    """A provider that answers "done" and, when its stream is closed after
+    that terminal event, awaits ``close_seconds`` (``inf``: never finishes)."""
+
+    def __init__(self, close_seconds: float) -> None:
+        self.close_seconds = close_seconds
+        self.closing_started: float | None = None
+        self.closed_fully = False
+
+    async def stream(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        from trio_backplane.runtime import ResponseCompleted
+
+        try:
+            yield ResponseCompleted({"role": "assistant", "content": "done"})
+        finally:
+            self.closing_started = trio.current_time()
+            await trio.sleep(self.close_seconds)
+            self.closed_fully = True
+
+
+async def test_can_03_stream_close_is_shielded_from_the_cancellation(
+    autojump_clock: MockClock,
+) -> None:
+    """CAN-03: cancel() arriving while a stream is being closed (after its
+    terminal event) does not cut the close short: it runs to its end, then
+    the run settles."""
+    provider = SlowClose(close_seconds=2.0)
+    registry = ToolRegistry([])
+    async with open_conversation(
+        RUN_ID,
+        store=FaultyStore(None),
+        provider=provider,
+        registry=registry,
+        authority=granted(registry),
+    ) as c:
+        await c.prompt("hi")
+        while provider.closing_started is None:
+            await trio.sleep(0.1)
+        await c.cancel()
+        snapshot = await c.wait_settled()
+    assert provider.closed_fully
+    assert provider.closing_started + 2.0 <= trio.current_time()
+    # the attempt's completion was never committed: unsettled (CAN-07)
+    assert snapshot.run.state == "unknown_outcome"
+
+
+async def test_can_03_stream_close_is_bounded_by_the_effect_deadline(
+    autojump_clock: MockClock,
+) -> None:
+    """A stream whose close never finishes cannot hold the run forever: the
+    close is bounded by the attempt's effect deadline, and the attempt that
+    outlived it settles as an uncertain provider effect."""
+    provider = SlowClose(close_seconds=math.inf)
+    registry = ToolRegistry([])
+    async with open_conversation(
+        RUN_ID,
+        store=FaultyStore(None),
+        provider=provider,
+        registry=registry,
+        authority=granted(registry),
+        effect_timeout=30.0,
+    ) as c:
+        await c.prompt("hi")
+        snapshot = await c.wait_settled()
+    assert provider.closing_started is not None
+    assert not provider.closed_fully
+    assert trio.current_time() == pytest.approx(30.0)
+    assert snapshot.phase == "terminal"
+    assert snapshot.run.state != "completed"

@@ -9,7 +9,7 @@ import pytest
 
 from trio_backplane.errors import Error, ErrorClass
 from trio_backplane.kernel import Command, FrozenList, RunRecord, freeze, transition
-from trio_backplane.store import MemoryStore, Receipt, prepare_commit, prepare_create
+from trio_backplane.store import MemoryStore, prepare_commit, prepare_create
 
 
 def _refuse(*args: Any, **kwargs: Any) -> Any:
@@ -114,19 +114,17 @@ async def test_commit_nowait_is_the_same_compare_and_set_as_commit() -> None:
     )
     assert (receipt.revision, receipt.incarnation) == (1, 1)
     for incarnation, expected in ((1, 0), (2, 1)):  # stale revision, foreign incarnation
-        refusals = []
-        for call in (store.commit_nowait, store.commit):
-            with pytest.raises(Error) as caught:
-                result = call(
-                    "r1",
-                    incarnation=incarnation,
-                    expected_revision=expected,
-                    record=admitted,
-                    events=events,
-                )
-                if not isinstance(result, Receipt):
-                    await result
-            refusals.append((caught.value.error_class, caught.value.message))
+        kwargs: dict[str, Any] = {
+            "incarnation": incarnation,
+            "expected_revision": expected,
+            "record": admitted,
+            "events": events,
+        }
+        with pytest.raises(Error) as nowait:
+            store.commit_nowait("r1", **kwargs)
+        with pytest.raises(Error) as awaited:
+            await store.commit("r1", **kwargs)
+        refusals = [(e.value.error_class, e.value.message) for e in (nowait, awaited)]
         assert refusals[0] == refusals[1]
         assert refusals[0][0] in (ErrorClass.RESOURCE_CONFLICT, ErrorClass.VALIDATION)
     started, more = transition(admitted, Command("provider_started", 2.0))

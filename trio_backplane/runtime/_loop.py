@@ -467,7 +467,7 @@ class TurnLoop:
         message: Mapping[str, Any] | None = None
         failure: Error | None = None
         accounting = _Accounting(c._options.provider_output_limit)
-        with budget.arm():
+        with budget.arm() as scope:
             try:
                 stream = c._provider.stream(request, c._provider_context)
                 try:
@@ -492,8 +492,11 @@ class TurnLoop:
                 finally:
                     aclose = getattr(stream, "aclose", None)
                     if aclose is not None:
-                        with trio.CancelScope(shield=True):
-                            await aclose()
+                        # Closing is shielded from the run's cancellation and
+                        # still bounded by the attempt's own deadline: the
+                        # budget's scope shields, no scope of its own.
+                        scope.shield = True
+                        await aclose()
             except Error as error:
                 failure = error
             except trio.Cancelled:
