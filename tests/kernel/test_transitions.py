@@ -764,6 +764,7 @@ PURE_STDLIB = {
     "types",
     "enum",
     "functools",
+    "json",  # text encoding of JSON data: no I/O
 }
 
 

@@ -49,7 +49,7 @@ def reference_head(record: RunRecord) -> str:
         for name in ("messages", "usage"):
             if isinstance(conversation.get(name), list):
                 conversation[name] = PLACEHOLDER
-    return _layout._encoder.encode(data)
+    return json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
 def _records() -> list[RunRecord]:

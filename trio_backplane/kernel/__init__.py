@@ -5,6 +5,7 @@ command)`` returns the next record and its events or raises ``Error``.
 """
 
 from ._codec import decode_event, decode_record, encode_event, encode_record
+from ._json import dumps, utf8_size
 from ._records import (
     ACTIVE_STATES,
     RUN_STATES,
@@ -48,6 +49,7 @@ __all__ = [
     "decode_event",
     "decode_record",
     "dissoc",
+    "dumps",
     "encode_event",
     "encode_record",
     "evolve_record",
@@ -56,4 +58,5 @@ __all__ = [
     "reserve",
     "thaw",
     "transition",
+    "utf8_size",
 ]

@@ -10,7 +10,7 @@ import attrs
 import trio
 
 from ..errors import Error, ErrorClass
-from ..kernel import Command, FrozenList, RunRecord, appended, freeze, thaw
+from ..kernel import Command, FrozenList, RunRecord, appended, freeze, thaw, utf8_size
 from ..schema import CompiledSchema, compile_with
 from ..tools import (
     Approval,
@@ -47,8 +47,6 @@ if TYPE_CHECKING:
     from ._conversation import Conversation
 
 __all__ = ["ToolContext", "ToolOperation", "TurnLoop"]
-
-_encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
 
 
 class ToolContext:
@@ -183,9 +181,7 @@ class _Accounting:
 
 
 def _nbytes(text: Any) -> int:
-    if isinstance(text, str):
-        return len(text.encode("utf-8", "surrogatepass"))
-    return len(_encode(thaw(text)).encode("utf-8", "surrogatepass"))
+    return utf8_size(text)  # frozen values encode as they are: no thaw
 
 
 class TurnLoop:
@@ -938,7 +934,7 @@ class TurnLoop:
         if isinstance(result, ToolResult):
             normalized: dict[str, Any] = thaw(result.to_dict())
             try:
-                size = len(_encode(normalized).encode("utf-8", "surrogatepass"))
+                size = utf8_size(normalized)
             except (TypeError, ValueError):
                 return _error_result(Error(ErrorClass.VALIDATION, "tool result is not JSON data"))
             if size > self.c._options.output_limit:

@@ -55,7 +55,7 @@ from typing import Any, Final
 import attrs
 
 from ..errors import Error, ErrorClass
-from ..kernel import Budget, FrozenDict, FrozenList, RunRecord, changed_keys
+from ..kernel import Budget, FrozenDict, FrozenList, RunRecord, changed_keys, dumps
 
 __all__ = [
     "MESSAGES",
@@ -106,24 +106,6 @@ Parts = dict[tuple[str, str], str]
 Upserts = list[tuple[str, str, str]]
 #: ``[(part, key)]`` rows to delete.
 Deletes = list[tuple[str, str]]
-
-_encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-_make_c_encoder: Any = getattr(json.encoder, "c_make_encoder", None)
-# ``_encoder.encode`` builds a C encoder on every call: build it once.  Same
-# output (without circular-reference markers: a frozen record has no cycles,
-# and a value nested too deep still raises RecursionError).
-_chunks: Any = (
-    _make_c_encoder(
-        None, _encoder.default, json.encoder.encode_basestring, None, ":", ",", False, False, False
-    )
-    if _make_c_encoder is not None
-    else lambda value, _: (_encoder.encode(value),)  # pragma: no cover - CPython has it
-)
-
-
-def dumps(value: Any) -> str:
-    """Compact JSON text (UTF-8 kept, NaN refused), as ``_encoder.encode``."""
-    return "".join(_chunks(value, 0))
 
 
 def encode_part(value: Any) -> str:
