@@ -149,6 +149,20 @@ def _freeze(value: Any, what: str, depth: int) -> Any:
     # Containers: items that need no work are kept without a call (the hot
     # path: a fresh mapping of strings, numbers and already-frozen values).
     if t is dict or (t is not list and t is not tuple and isinstance(value, Mapping)):
+        if t is dict:
+            # The commonest case: a fresh dict of leaves and frozen values is
+            # copied once, by the FrozenDict constructor, after one check.
+            for key, item in value.items():
+                ti = type(item)
+                if type(key) is not str or not (
+                    ti in _KEPT
+                    or ti is FrozenDict
+                    or ti is FrozenList
+                    or (ti is float and item - item == 0.0)
+                ):
+                    break
+            else:
+                return FrozenDict(value)
         out: dict[str, Any] = {}
         for key, item in value.items():
             if type(key) is not str:
