@@ -329,3 +329,28 @@ async def test_group_commit_through_either_wake_up(tmp_path: Path, wake: str) ->
         assert set(failures) == {ErrorClass.STORAGE_FAILED}
         revisions = [r.revision for r in await store.list_runs()]
         assert sorted(revisions) == [10] * len(failures) + [11] * (50 - len(failures))
+
+
+async def test_a_commit_that_keeps_the_state_leaves_the_state_index_alone(tmp_path: Path) -> None:
+    """STO-01: the state column and its index follow every commit: a commit
+    that changes the state writes it, one that keeps it does not rewrite the
+    index entry (one page fewer in the WAL), and lookups by state stay right."""
+    import sqlite3
+
+    path = tmp_path / "runs.db"
+    async with SQLiteStore(path) as store:
+        record = await _fresh(store, "r1")
+        record = await _commit(store, record, 1)  # admit: queued -> running
+        for n in range(2, 8):  # provider_started / provider_completed: running stays
+            record = await _commit(store, record, n)
+        assert [s.run_id for s in await store.list_runs(states=["running"])] == ["r1"]
+        assert await store.list_runs(states=["queued"]) == []
+    conn = sqlite3.connect(path)
+    try:
+        rows = conn.execute(
+            "SELECT run_id, state, revision FROM runs INDEXED BY runs_state WHERE state = ?",
+            ("running",),
+        ).fetchall()
+    finally:
+        conn.close()
+    assert rows == [("r1", "running", record.revision)]

@@ -150,6 +150,13 @@ _UPDATE_RUN: Final = (
     "UPDATE runs SET incarnation = ?, revision = ?, state = ?, head = ?"
     " WHERE run_id = ? AND incarnation = ? AND revision = ?"
 )
+#: The same compare-and-set for a commit that keeps the state: a column in
+#: ``SET`` rewrites its index entry even when its value is unchanged, one
+#: more page (a ``runs_state`` leaf) written to the WAL and synced.
+_UPDATE_RUN_SAME_STATE: Final = (
+    "UPDATE runs SET incarnation = ?, revision = ?, head = ?"
+    " WHERE run_id = ? AND incarnation = ? AND revision = ?"
+)
 _SELECT_IDENTITY: Final = "SELECT incarnation, revision FROM runs WHERE run_id = ?"
 _SELECT_LAST_SEQUENCE: Final = "SELECT COALESCE(MAX(sequence), 0) FROM run_events WHERE run_id = ?"
 
@@ -615,18 +622,31 @@ class SQLiteStore:
         last = stored[1]
         if events and last is None:
             (last,) = conn.execute(_SELECT_LAST_SEQUENCE, (run_id,)).fetchone()
-        cursor = conn.execute(
-            _UPDATE_RUN,
-            (
-                record.incarnation,
-                record.revision,
-                record.state,
-                join_head(head),
-                run_id,
-                old.incarnation,
-                old.revision,
-            ),
-        )
+        if record.state == old.state:
+            cursor = conn.execute(
+                _UPDATE_RUN_SAME_STATE,
+                (
+                    record.incarnation,
+                    record.revision,
+                    join_head(head),
+                    run_id,
+                    old.incarnation,
+                    old.revision,
+                ),
+            )
+        else:
+            cursor = conn.execute(
+                _UPDATE_RUN,
+                (
+                    record.incarnation,
+                    record.revision,
+                    record.state,
+                    join_head(head),
+                    run_id,
+                    old.incarnation,
+                    old.revision,
+                ),
+            )
         if cursor.rowcount != 1:
             return None
         if upserts:
