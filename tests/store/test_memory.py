@@ -131,3 +131,18 @@ async def test_commit_nowait_is_the_same_compare_and_set_as_commit() -> None:
     await store.commit("r1", incarnation=1, expected_revision=1, record=started, events=more)
     assert [e.sequence for e in await store.events("r1")] == [1, 2]
     assert await store.load("r1") is started
+
+
+async def test_a_commit_of_something_else_than_run_events_stores_nothing() -> None:
+    """STO-02: events that are not ``RunEvent`` values are refused with
+    ``validation`` before anything is stored: no record, no event."""
+    store = MemoryStore()
+    record = RunRecord.new("r1", work=10)
+    await store.create(record)
+    admitted, events = transition(record, Command("admit", 1.0, {"state": "running"}))
+    bad: list[Any] = [*events, {"type": "run.admit", "occurred_at": 1.0, "payload": {}}]
+    with pytest.raises(Error) as caught:
+        store.commit_nowait("r1", incarnation=1, expected_revision=0, record=admitted, events=bad)
+    assert caught.value.error_class is ErrorClass.VALIDATION
+    assert await store.load("r1") is record
+    assert await store.events("r1") == []

@@ -6,7 +6,7 @@ from collections.abc import Collection, Sequence
 
 from ..errors import Error, ErrorClass
 from ..kernel import RunEvent, RunRecord
-from ._protocol import Receipt, RunSummary, prepare_commit, prepare_create
+from ._protocol import Receipt, RunSummary, check_commit, prepare_create
 
 __all__ = ["MemoryStore"]
 
@@ -66,18 +66,19 @@ class MemoryStore:
         """:meth:`commit` without waiting (there is nothing to wait for): the
         runtime calls it directly, with no commit-deadline scope around it,
         as ``trio``'s ``send_nowait`` spares a channel send its scheduling."""
-        prepared = prepare_commit(
+        check_commit(
             self._records.get(run_id),
             run_id,
             incarnation=incarnation,
             expected_revision=expected_revision,
             record=record,
-            events=events,
         )
+        if any(not isinstance(event, RunEvent) for event in events):
+            raise Error(ErrorClass.VALIDATION, "a store commits RunEvent values")
+        # Decided.  MemoryStore keeps the frozen values themselves: nothing is
+        # encoded, and a RunEvent's payload is frozen already.
         log = self._events[run_id]
-        del prepared  # decided; MemoryStore keeps the frozen values themselves
         for event in events:
-            # a RunEvent's payload is frozen already: no converter work here
             log.append(RunEvent(event.type, event.occurred_at, event.payload, len(log) + 1))
         self._records[run_id] = record
         return Receipt(run_id, incarnation, record.revision)

@@ -20,6 +20,7 @@ __all__ = [
     "Receipt",
     "RunSummary",
     "Store",
+    "check_commit",
     "prepare_commit",
     "prepare_create",
     "verify_receipt",
@@ -122,21 +123,21 @@ def prepare_create(record: RunRecord) -> PreparedCommit:
     return _prepare(record, ())
 
 
-def prepare_commit(
+def check_commit(
     stored: RunRecord | None,
     run_id: str,
     *,
     incarnation: int,
     expected_revision: int,
     record: RunRecord,
-    events: Sequence[RunEvent],
-) -> PreparedCommit:
-    """The compare-and-set decision, against the ``stored`` record (STO-01..04).
+) -> None:
+    """The compare-and-set decision, against the ``stored`` record (STO-01..04):
+    raises ``validation`` or ``resource_conflict``, else returns.
 
     Stores call this inside their transaction, with the row they locked.
     Only the identity and revision of ``stored`` are read, so a store may pass
     a stand-in ``RunRecord(run_id=..., incarnation=..., revision=...)`` built
-    from the row.  Costs the events, never the record.
+    from the row.  Costs nothing per event or field.
     """
     if not isinstance(record, RunRecord):
         raise Error(ErrorClass.VALIDATION, "a store commits RunRecord values")
@@ -166,4 +167,20 @@ def prepare_commit(
             "stale revision",
             {"stored": stored.revision, "expected": expected_revision},
         )
+
+
+def prepare_commit(
+    stored: RunRecord | None,
+    run_id: str,
+    *,
+    incarnation: int,
+    expected_revision: int,
+    record: RunRecord,
+    events: Sequence[RunEvent],
+) -> PreparedCommit:
+    """:func:`check_commit`, then the commit prepared: its events encoded.
+    Costs the events, never the record."""
+    check_commit(
+        stored, run_id, incarnation=incarnation, expected_revision=expected_revision, record=record
+    )
     return _prepare(record, events)
