@@ -20,3 +20,13 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("TRIO_BACKPLANE_SHARED", REPO.parent / "shared"))
 FIXTURES = SHARED / "fixtures"
 BENCH = SHARED / "bench"
+
+# Growing record maps are derived as ``LayeredDict`` from 64 entries on, in
+# production.  The suite lowers the thresholds so every test with more than a
+# few intents, results or reservations runs on the layered representation
+# (stores, codec, recovery and engine alike); tests/kernel/test_layered.py
+# checks the production thresholds themselves.
+from trio_backplane.kernel import _records  # noqa: E402
+
+_records._LAYER_FROM = 4
+_records._OVERLAY_MAX = 3

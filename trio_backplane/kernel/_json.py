@@ -5,7 +5,8 @@ builds it once.  The text is what ``JSONEncoder(ensure_ascii=False,
 allow_nan=False, separators=(",", ":")).encode`` gives, without the
 circular-reference markers: frozen values have no cycles, and a value nested
 too deep still raises ``RecursionError``.  ``FrozenDict``/``FrozenList`` are
-``dict``/``tuple`` subclasses, so they encode as they are, with no thaw.
+``dict``/``list`` subclasses, so they encode as they are, with no thaw; a
+``LayeredDict`` encodes as the ``dict`` it stands for.
 """
 
 from __future__ import annotations
@@ -13,16 +14,33 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
+from ._records import LayeredDict
+
 __all__ = ["dumps", "utf8_size"]
 
-_encoder: Final = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+_OPTIONS: Final[dict[str, Any]] = {
+    "ensure_ascii": False,
+    "allow_nan": False,
+    "separators": (",", ":"),
+}
+_encoder: Final = json.JSONEncoder(**_OPTIONS)
 _make_c_encoder: Any = getattr(json.encoder, "c_make_encoder", None)
+
+
+def _default(value: Any) -> Any:
+    """What the encoder writes for an object it does not know: a
+    ``LayeredDict`` as the ``dict`` it stands for, nothing else."""
+    if type(value) is LayeredDict:
+        return value.as_dict()
+    return _encoder.default(value)  # raises TypeError
+
+
 _chunks: Any = (
     _make_c_encoder(
-        None, _encoder.default, json.encoder.encode_basestring, None, ":", ",", False, False, False
+        None, _default, json.encoder.encode_basestring, None, ":", ",", False, False, False
     )
     if _make_c_encoder is not None
-    else lambda value, _: (_encoder.encode(value),)  # pragma: no cover - CPython has it
+    else lambda value, _: (json.dumps(value, default=_default, **_OPTIONS),)  # pragma: no cover
 )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 import attrs
@@ -21,6 +21,7 @@ __all__ = [
     "RunRecord",
     "FrozenDict",
     "FrozenList",
+    "LayeredDict",
     "appended",
     "assoc",
     "changed_keys",
@@ -60,6 +61,7 @@ class FrozenDict(dict[str, Any]):
     """
 
     __slots__ = ("_lineage",)
+    _lineage: tuple[list[str], int]
 
     def _refuse(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError("committed records are read-only")
@@ -109,6 +111,99 @@ class FrozenList(list[Any]):
         return (FrozenList, (list(self),))
 
 
+_MISSING: Final = object()
+
+
+class LayeredDict(Mapping[str, Any]):
+    """A read-only mapping that grows without copying its entries.
+
+    :func:`put`, :func:`assoc` and :func:`reserve` return one for a mapping of
+    at least ``_LAYER_FROM`` entries: a shared ``base`` (a ``FrozenDict`` no
+    one mutates) and a small overlay of the keys set since, copied at each
+    derivation and merged into a new base once it holds ``_OVERLAY_MAX``
+    keys.  A run's growing maps (intents, tool results, reservations) then
+    cost O(1) amortized per change instead of a copy of the whole run.
+
+    Iteration order is a ``dict``'s: the base's keys in order (a key set
+    again keeps its place), then the keys new in the overlay.  Its values are
+    frozen, so it is frozen too.  It is not a ``dict``: ``kernel.dumps`` and
+    :func:`thaw` handle it, ``dict(m)`` copies it.
+    """
+
+    __slots__ = ("_base", "_len", "_lineage", "_over")
+    _lineage: tuple[list[str], int]
+
+    def __init__(self, base: FrozenDict, over: dict[str, Any], length: int) -> None:
+        self._base = base
+        self._over = over
+        self._len = length
+
+    def __getitem__(self, key: str) -> Any:
+        value = self._over.get(key, _MISSING)
+        return self._base[key] if value is _MISSING else value
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self._over.get(key, _MISSING)
+        return self._base.get(key, default) if value is _MISSING else value
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._over or key in self._base
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[str]:
+        base = self._base
+        yield from base
+        for key in self._over:
+            if key not in base:
+                yield key
+
+    def __reversed__(self) -> Iterator[str]:
+        base = self._base
+        for key in reversed(self._over):
+            if key not in base:
+                yield key
+        yield from reversed(base)
+
+    def as_dict(self) -> dict[str, Any]:
+        """A plain ``dict`` of the same entries, in the same order (O(n))."""
+        merged = dict(self._base)
+        merged.update(self._over)
+        return merged
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, LayeredDict):
+            return self.as_dict() == other.as_dict()
+        if isinstance(other, Mapping):
+            return self.as_dict() == dict(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self.as_dict())
+
+    def __copy__(self) -> LayeredDict:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> LayeredDict:
+        return self
+
+    def __reduce__(self) -> Any:
+        return (_frozen_dict, (self.as_dict(),))
+
+
+#: The mapping types :func:`put`/:func:`assoc`/:func:`dissoc` derive.
+Derived = FrozenDict | LayeredDict
+_DERIVED: Final = (FrozenDict, LayeredDict)
+
+#: A mapping this large is derived as a ``LayeredDict`` (smaller: copied).
+_LAYER_FROM = 64
+#: A ``LayeredDict`` overlay this large is merged into a new base.
+_OVERLAY_MAX = 32
+
+
 _EMPTY: Final[Mapping[str, Any]] = FrozenDict()
 
 
@@ -138,7 +233,7 @@ _KEPT: Final = frozenset({str, int, bool, type(None)})
 
 def _freeze(value: Any, what: str, depth: int) -> Any:
     t = type(value)
-    if t in _KEPT or t is FrozenDict or t is FrozenList:
+    if t in _KEPT or t is FrozenDict or t is FrozenList or t is LayeredDict:
         return value
     if t is float:
         if value - value != 0.0:
@@ -159,6 +254,7 @@ def _freeze(value: Any, what: str, depth: int) -> Any:
                     or ti is FrozenDict
                     or ti is FrozenList
                     or (ti is float and item - item == 0.0)
+                    or ti is LayeredDict
                 ):
                     break
             else:
@@ -172,7 +268,7 @@ def _freeze(value: Any, what: str, depth: int) -> Any:
                     {"type": type(key).__name__},
                 )
             ti = type(item)
-            if ti in _KEPT or ti is FrozenDict or ti is FrozenList:
+            if ti in _KEPT or ti is FrozenDict or ti is FrozenList or ti is LayeredDict:
                 out[key] = item
             else:
                 out[key] = _freeze(item, what, depth + 1)
@@ -191,7 +287,15 @@ def _freeze(value: Any, what: str, depth: int) -> Any:
 
 def _freeze_iterative(value: Any, what: str) -> Any:
     t = type(value)
-    if t is FrozenDict or t is FrozenList or t is str or t is int or t is bool or value is None:
+    if (
+        t is FrozenDict
+        or t is FrozenList
+        or t is LayeredDict
+        or t is str
+        or t is int
+        or t is bool
+        or value is None
+    ):
         return value
     if t is float:
         if value - value != 0.0:
@@ -207,6 +311,7 @@ def _freeze_iterative(value: Any, what: str) -> Any:
         if (
             kind is FrozenDict
             or kind is FrozenList
+            or kind is LayeredDict
             or kind is str
             or kind is int
             or kind is bool
@@ -262,7 +367,7 @@ def thaw(value: Any) -> Any:
 
 
 def _frozen_mapping(value: Any) -> Mapping[str, Any]:
-    if type(value) is FrozenDict:
+    if type(value) is FrozenDict or type(value) is LayeredDict:
         return value
     if value is None:
         return _EMPTY
@@ -283,7 +388,7 @@ def _non_negative(instance: Any, attribute: attrs.Attribute[int], value: Any) ->
 
 
 _JSON_TYPES: Final = frozenset(
-    {str, int, float, bool, type(None), list, dict, FrozenDict, FrozenList}
+    {str, int, float, bool, type(None), list, dict, FrozenDict, FrozenList, LayeredDict}
 )
 
 
@@ -462,10 +567,12 @@ def _input(value: Any) -> Mapping[str, Any]:
 _LINEAGE_MAX: Final = 1 << 20
 
 
-def _derive(old: Mapping[str, Any], new: FrozenDict, key: str) -> FrozenDict:
+def _derive(old: Mapping[str, Any], new: Derived, key: str) -> Derived:
     """Record that ``new`` is ``old`` with ``key`` changed (see ``FrozenDict``)."""
-    lineage = getattr(old, "_lineage", None) if type(old) is FrozenDict else None
-    if lineage is None and type(old) is FrozenDict and old:
+    kind = type(old)
+    derived = kind is FrozenDict or kind is LayeredDict
+    lineage = getattr(old, "_lineage", None) if derived else None
+    if lineage is None and derived and old:
         # Root a lineage at ``old`` (never at an empty mapping: the shared
         # empty one would hold a run's log for the process's lifetime).
         lineage = ([], 0)
@@ -474,9 +581,9 @@ def _derive(old: Mapping[str, Any], new: FrozenDict, key: str) -> FrozenDict:
         log, version = lineage
         if version == len(log) < _LINEAGE_MAX:  # ``old`` is the newest: extend
             log.append(key)
-            new._lineage = (log, version + 1)  # type: ignore[attr-defined]
+            new._lineage = (log, version + 1)
             return new
-    new._lineage = ([key], 1)  # type: ignore[attr-defined]  # a branch: a new log
+    new._lineage = ([key], 1)  # a branch: a new log
     return new
 
 
@@ -484,28 +591,50 @@ def changed_keys(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str] | 
     """The keys (maybe repeated) whose entries may differ between ``old`` and
     ``new`` when ``new`` was derived from ``old`` by :func:`assoc`, :func:`put`
     and :func:`dissoc`; ``None`` when that is not known (compare them all)."""
-    a = getattr(old, "_lineage", None) if type(old) is FrozenDict else None
-    b = getattr(new, "_lineage", None) if type(new) is FrozenDict else None
+    a = getattr(old, "_lineage", None) if type(old) in _DERIVED else None
+    b = getattr(new, "_lineage", None) if type(new) in _DERIVED else None
     if a is None or b is None or a[0] is not b[0] or b[1] < a[1]:
         return None
     log: list[str] = b[0]
     return log[a[1] : b[1]]
 
 
-def assoc(mapping: Mapping[str, Any], key: str, value: Any) -> FrozenDict:
-    """``mapping`` with ``key`` set to frozen ``value``: one C-speed copy, the
-    other (already frozen) values shared."""
-    new = FrozenDict(mapping)
-    dict.__setitem__(new, key, freeze(value))
-    return _derive(mapping, new, key)
-
-
-def put(mapping: Mapping[str, Any], key: str, value: Any) -> FrozenDict:
-    """:func:`assoc` for a ``value`` the kernel built itself from frozen parts
-    (a ``FrozenDict`` of scalars and frozen values): no walk, one copy."""
+def _set(mapping: Mapping[str, Any], key: str, value: Any) -> Derived:
+    """``mapping`` with ``key`` set to the frozen ``value``, ``mapping`` itself
+    frozen: a ``LayeredDict`` once it is large, else one C-speed copy."""
+    kind = type(mapping)
+    if kind is LayeredDict:
+        layered: LayeredDict = mapping  # type: ignore[assignment]
+        over = layered._over
+        base = layered._base
+        if len(over) < _OVERLAY_MAX or key in over:
+            grown = dict(over)
+            grown[key] = value
+            size = layered._len if key in over or key in base else layered._len + 1
+            return LayeredDict(base, grown, size)
+        merged = FrozenDict(base)
+        dict.update(merged, over)
+        dict.__setitem__(merged, key, value)
+        return merged
+    if kind is FrozenDict and len(mapping) >= _LAYER_FROM:
+        frozen: FrozenDict = mapping  # type: ignore[assignment]
+        return LayeredDict(frozen, {key: value}, len(frozen) + (key not in frozen))
     new = FrozenDict(mapping)
     dict.__setitem__(new, key, value)
-    return _derive(mapping, new, key)
+    return new
+
+
+def assoc(mapping: Mapping[str, Any], key: str, value: Any) -> Mapping[str, Any]:
+    """``mapping`` with ``key`` set to frozen ``value``: one C-speed copy (a
+    ``LayeredDict`` layer once ``mapping`` is large), the other (already
+    frozen) values shared."""
+    return _derive(mapping, _set(mapping, key, freeze(value)), key)
+
+
+def put(mapping: Mapping[str, Any], key: str, value: Any) -> Mapping[str, Any]:
+    """:func:`assoc` for a ``value`` the kernel built itself from frozen parts
+    (a ``FrozenDict`` of scalars and frozen values): no walk."""
+    return _derive(mapping, _set(mapping, key, value), key)
 
 
 def appended(items: Any, *values: Any) -> FrozenList:
@@ -519,9 +648,10 @@ def appended(items: Any, *values: Any) -> FrozenList:
 
 def dissoc(mapping: Mapping[str, Any], key: str) -> FrozenDict:
     """``mapping`` without ``key``."""
-    new = FrozenDict(mapping)
+    new = FrozenDict(mapping.as_dict() if isinstance(mapping, LayeredDict) else mapping)
     dict.pop(new, key, None)
-    return _derive(mapping, new, key)
+    _derive(mapping, new, key)
+    return new
 
 
 def _at(instance: Any, attribute: Any, value: Any) -> None:
