@@ -679,6 +679,24 @@ class RunEvent:
     sequence: int | None = None
 
 
+_EVENT_SETTERS: Final = {f.name: getattr(RunEvent, f.name).__set__ for f in attrs.fields(RunEvent)}
+_set_event_type: Final = _EVENT_SETTERS["type"]
+_set_event_at: Final = _EVENT_SETTERS["occurred_at"]
+_set_event_payload: Final = _EVENT_SETTERS["payload"]
+_set_event_sequence: Final = _EVENT_SETTERS["sequence"]
+
+
+def kernel_event(type_: str, occurred_at: float, payload: FrozenDict) -> RunEvent:
+    """A ``RunEvent`` the kernel built from values it checked (a frozen
+    payload, a command's time): set slot by slot, no converter run."""
+    event: RunEvent = object.__new__(RunEvent)
+    _set_event_type(event, type_)
+    _set_event_at(event, occurred_at)
+    _set_event_payload(event, payload)
+    _set_event_sequence(event, None)
+    return event
+
+
 _RECORD_FIELDS: Final = {field.name: field for field in attrs.fields(RunRecord)}
 
 

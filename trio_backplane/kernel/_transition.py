@@ -27,6 +27,7 @@ from ._records import (
     dissoc,
     evolve_record,
     freeze,
+    kernel_event,
     put,
     reserve,
     thaw,
@@ -454,6 +455,8 @@ COMMANDS: Final[Mapping[str, _Handler]] = {
     "deadline_exceeded": _stop("deadline_exceeded"),
     "cleanup_settled": _cleanup_settled,
 }
+#: ``"run.<command>"`` of every command.
+_EVENT_TYPES: Final = {kind: f"run.{kind}" for kind in COMMANDS}
 
 
 def cleanup_requirements(record: RunRecord) -> Mapping[str, Any]:
@@ -514,12 +517,8 @@ def transition(record: RunRecord, command: Command) -> tuple[RunRecord, list[Run
         )
     changes = handler(record, command)
     new = evolve_record(record, revision=record.revision + 1, **changes)
-    event = RunEvent(
-        type=f"run.{command.kind}",
-        occurred_at=command.at,
-        payload=FrozenDict({"state": new.state, "input": _event_input(command)}),
-    )
-    return new, [event]
+    payload = FrozenDict({"state": new.state, "input": _event_input(command)})
+    return new, [kernel_event(_EVENT_TYPES[command.kind], command.at, payload)]
 
 
 def fence(

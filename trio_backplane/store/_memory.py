@@ -22,6 +22,8 @@ class MemoryStore:
 
     def __init__(self) -> None:
         self._records: dict[str, RunRecord] = {}
+        #: each run's log: the committed events as given (frozen), numbered
+        #: by their position (sequence = index + 1) when read
         self._events: dict[str, list[RunEvent]] = {}
 
     async def create(self, record: RunRecord) -> Receipt:
@@ -77,9 +79,7 @@ class MemoryStore:
             raise Error(ErrorClass.VALIDATION, "a store commits RunEvent values")
         # Decided.  MemoryStore keeps the frozen values themselves: nothing is
         # encoded, and a RunEvent's payload is frozen already.
-        log = self._events[run_id]
-        for event in events:
-            log.append(RunEvent(event.type, event.occurred_at, event.payload, len(log) + 1))
+        self._events[run_id].extend(events)
         self._records[run_id] = record
         return Receipt(run_id, incarnation, record.revision)
 
@@ -94,4 +94,8 @@ class MemoryStore:
         ]
 
     async def events(self, run_id: str, *, after: int = 0) -> list[RunEvent]:
-        return [e for e in self._events.get(run_id, ()) if (e.sequence or 0) > after]
+        log = self._events.get(run_id, [])
+        return [
+            RunEvent(e.type, e.occurred_at, e.payload, sequence)
+            for sequence, e in enumerate(log[max(after, 0) :], max(after, 0) + 1)
+        ]
