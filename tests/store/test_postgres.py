@@ -772,3 +772,91 @@ async def test_commits_from_a_remembered_run_skip_the_row_lock_read(
     assert await b.load(record.run_id) == after
     log = await b.events(record.run_id)
     assert [e.sequence for e in log] == list(range(1, after.revision + 1))
+
+
+# -- group commit -------------------------------------------------------------------
+
+
+async def _all_at_once(store: PostgresStore, records: list[RunRecord]) -> list[RunRecord | Error]:
+    """Commit one conversation checkpoint to each run, all at once: the new
+    record, or the ``Error`` its commit raised."""
+    out: list[RunRecord | Error] = list(records)
+
+    async def one(i: int) -> None:
+        try:
+            out[i] = await _advance(
+                store, records[i], "conversation_updated", conversation=_messages(2)
+            )
+        except Error as exc:
+            out[i] = exc
+
+    async with trio.open_nursery() as nursery:
+        for i in range(len(records)):
+            nursery.start_soon(one, i)
+    return out
+
+
+async def test_concurrent_commits_share_transactions(
+    pg_store_factory: StoreFactory,
+) -> None:
+    """STO-01: commits of many runs arriving together are group-committed (a
+    transaction holds several runs' commits), and every one lands whole: its
+    revision, its parts and its events, readable from another store."""
+    store, reader = pg_store_factory(), pg_store_factory()
+    records = [await _running(store, f"group{i}") for i in range(12)]
+    for _ in range(3):
+        results = await _all_at_once(store, records)
+        assert all(isinstance(r, RunRecord) for r in results), results
+        records = results  # type: ignore[assignment]
+    assert store.stats["batches"] >= 1
+    for record in records:
+        assert await reader.load(record.run_id) == record
+        log = await reader.events(record.run_id)
+        assert [e.sequence for e in log] == list(range(1, record.revision + 1))
+
+
+async def test_sto_10_a_stale_commit_in_a_group_is_refused_alone(
+    pg_store_factory: StoreFactory,
+) -> None:
+    """STO-10: when another host moved one run of a group on, that commit gets
+    ``resource_conflict`` and the other runs' commits still land."""
+    a, b = pg_store_factory(), pg_store_factory()
+    records = [await _running(a, f"stale{i}") for i in range(6)]
+    moved = await _advance(b, records[3], "conversation_updated", conversation=_messages(9))
+    results = await _all_at_once(a, records)
+    assert isinstance(results[3], Error)
+    assert results[3].error_class is ErrorClass.RESOURCE_CONFLICT
+    assert await b.load(moved.run_id) == moved
+    for i, result in enumerate(results):
+        if i != 3:
+            assert isinstance(result, RunRecord), result
+            assert await b.load(result.run_id) == result
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+async def test_sto_06_a_failed_group_fails_every_commit_in_it(
+    pg_store_factory: StoreFactory, when: str
+) -> None:
+    """STO-06: a group whose COMMIT fails (or whose acknowledgement is lost)
+    reports ``storage_failed`` to every commit in it, never success; a failure
+    before the COMMIT leaves every run as it was."""
+    store, reader = pg_store_factory(), pg_store_factory()
+    records = [await _running(store, f"fail{i}") for i in range(6)]
+    # warm the group path, then fail the next transaction of several commits
+    records = await _all_at_once(store, records)  # type: ignore[assignment]
+    batches = store.stats["batches"]
+    if when == "before":
+        store._fail_next_commit()
+    else:
+        store._lose_next_ack()
+    results = await _all_at_once(store, records)
+    failed = [r for r in results if isinstance(r, Error)]
+    assert failed
+    assert all(e.error_class is ErrorClass.STORAGE_FAILED for e in failed)
+    for record, result in zip(records, results, strict=True):
+        stored = await reader.load(record.run_id)
+        if isinstance(result, RunRecord):
+            assert stored == result
+        elif when == "before":
+            assert stored == record  # nothing of the failed group was written
+    assert store.stats["batches"] >= batches

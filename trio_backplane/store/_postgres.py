@@ -58,9 +58,11 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
+from functools import partial
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
+import outcome
 import trio
 
 from ..errors import Error, ErrorClass
@@ -109,6 +111,45 @@ class _SimulatedFailure(OSError):
     """What the test hooks raise inside a commit (an I/O failure)."""
 
 
+_QUEUED: Final = 0
+_IN_FLIGHT: Final = 1
+_DONE: Final = 2
+
+
+class _Job:
+    """One caller's commit, waiting for (or in) a batch."""
+
+    __slots__ = (
+        "error",
+        "events",
+        "expected_revision",
+        "incarnation",
+        "receipt",
+        "record",
+        "run_id",
+        "state",
+        "task",
+    )
+
+    def __init__(
+        self,
+        run_id: str,
+        incarnation: int,
+        expected_revision: int,
+        record: RunRecord,
+        events: Sequence[RunEvent],
+    ) -> None:
+        self.run_id = run_id
+        self.incarnation = incarnation
+        self.expected_revision = expected_revision
+        self.record = record
+        self.events = events
+        self.task: Any = None
+        self.state = _QUEUED
+        self.receipt: Receipt | None = None
+        self.error: Error | None = None
+
+
 class PostgresStore:
     """Run records in PostgreSQL, shared by many hosts.
 
@@ -144,13 +185,18 @@ class PostgresStore:
         self._ready = False
         self._ready_lock = trio.Lock()
         self._fail_next: str | None = None  # None, "before" or "after" the commit
+        #: group commit (Trio side): queued commits, and whether a leader runs
+        self._queue: list[_Job] = []
+        self._leading = False
         self._sql = self._statements()
-        #: Diagnostics and tests: ``commits`` (acknowledged), ``fast_commits``
+        #: Diagnostics and tests: ``commits`` (acknowledged), ``batches``
+        #: (transactions that committed several runs' commits), ``fast_commits``
         #: (of those, made without the row lock read), ``part_rows``
         #: (part rows upserted or deleted), ``last_part_rows`` and
         #: ``last_bytes`` (head and part text written) of the last commit.
         self.stats: dict[str, int] = {
             "commits": 0,
+            "batches": 0,
             "fast_commits": 0,
             "part_rows": 0,
             "last_part_rows": 0,
@@ -531,30 +577,201 @@ class PostgresStore:
         record: RunRecord,
         events: Sequence[RunEvent],
     ) -> Receipt:
-        def body(conn: Any) -> Receipt:
-            fast = self._commit_fast(conn, run_id, incarnation, expected_revision, record, events)
-            if fast is not None:
-                return fast
-            row = conn.execute(self._sql["lock_run"], (run_id,)).fetchone()
-            # The decision needs only the locked row's identity and revision.
-            stored = None
-            if row is not None:
-                stored = RunRecord(run_id=run_id, incarnation=row[0], revision=row[1])
-            prepared = prepare_commit(
-                stored,
-                run_id,
-                incarnation=incarnation,
-                expected_revision=expected_revision,
-                record=record,
-                events=events,
-            )
-            assert row is not None  # prepare_commit refuses a missing run
-            stored_incarnation, stored_revision, _state, stored_head = row
-            old = self._entry(conn, run_id, stored_incarnation, stored_revision, stored_head)
-            entry, rows, size, last = self._replace(conn, old, prepared.record, prepared.events)
-            return self._finish_commit(conn, entry, rows, size, last)
+        """Compare-and-set on ``(run_id, incarnation, expected_revision)``
+        (STO-01..05), group-committed with this store's concurrent callers:
+        one batch in flight, one transaction per batch (see the module)."""
+        await self._ensure_schema()
+        job = _Job(run_id, incarnation, expected_revision, record, events)
+        job.task = trio.lowlevel.current_task()
+        self._queue.append(job)
+        if self._leading:
 
-        return await self._run(body)
+            def abort(_: Any) -> trio.lowlevel.Abort:
+                if job.state == _QUEUED:  # not taken yet: withdraw it
+                    self._queue.remove(job)
+                    job.state = _DONE
+                    return trio.lowlevel.Abort.SUCCEEDED
+                return trio.lowlevel.Abort.FAILED  # in flight: wait for the outcome
+
+            role = await trio.lowlevel.wait_task_rescheduled(abort)
+            if role == "lead":
+                await self._lead(job)
+        else:
+            self._leading = True
+            await self._lead(job)
+        if job.error is not None:
+            raise job.error
+        assert job.receipt is not None
+        return job.receipt
+
+    def _take_batch(self) -> list[_Job]:
+        """The queued commits of distinct runs (a run's commits stay in order:
+        one per batch), in queue order."""
+        batch: list[_Job] = []
+        seen: set[str] = set()
+        rest: list[_Job] = []
+        for job in self._queue:
+            if job.run_id in seen:
+                rest.append(job)
+            else:
+                seen.add(job.run_id)
+                job.state = _IN_FLIGHT
+                batch.append(job)
+        self._queue = rest
+        return batch
+
+    async def _lead(self, own: _Job) -> None:
+        """Commit batches until ``own`` is done, then hand the role on."""
+        try:
+            while own.state != _DONE:
+                batch = self._take_batch()
+                try:
+                    # Never abandoned: a taken batch is waited out, cancelled
+                    # or not, so every job learns its outcome.
+                    await trio.to_thread.run_sync(self._commit_batch, batch, limiter=self._limiter)
+                finally:
+                    for job in batch:
+                        job.state = _DONE
+                        if job.receipt is None and job.error is None:  # pragma: no cover - a bug
+                            job.error = Error(ErrorClass.STORAGE_FAILED, "commit not attempted")
+                        if job is not own:
+                            trio.lowlevel.reschedule(job.task, outcome.Value("done"))
+        finally:
+            if self._queue:
+                trio.lowlevel.reschedule(self._queue[0].task, outcome.Value("lead"))
+            else:
+                self._leading = False
+
+    def _commit_batch(self, jobs: list[_Job]) -> None:
+        """In a worker thread: every job gets its receipt or error.  Jobs on
+        remembered runs share one transaction (:meth:`_commit_together`); the
+        others, and any the shared transaction could not prove, commit one by
+        one as a single commit would."""
+        jobs.sort(key=lambda job: job.run_id)  # one row-lock order across hosts
+        for job in self._commit_together(jobs) if len(jobs) > 1 else jobs:
+            try:
+                job.receipt = self._transaction(partial(self._commit_one, job))
+            except Error as exc:
+                job.error = exc
+            except BaseException as exc:  # pragma: no cover - a bug: never half-acknowledge
+                job.error = Error(
+                    ErrorClass.STORAGE_FAILED, "commit failed", {"cause": _describe(exc)}
+                )
+
+    def _commit_one(self, job: _Job, conn: Any) -> Receipt:
+        """One commit in its own transaction: the fast path, else the row lock."""
+        run_id, incarnation, expected = job.run_id, job.incarnation, job.expected_revision
+        fast = self._commit_fast(conn, run_id, incarnation, expected, job.record, job.events)
+        if fast is not None:
+            return fast
+        row = conn.execute(self._sql["lock_run"], (run_id,)).fetchone()
+        # The decision needs only the locked row's identity and revision.
+        stored = None
+        if row is not None:
+            stored = RunRecord(run_id=run_id, incarnation=row[0], revision=row[1])
+        prepared = prepare_commit(
+            stored,
+            run_id,
+            incarnation=incarnation,
+            expected_revision=expected,
+            record=job.record,
+            events=job.events,
+        )
+        assert row is not None  # prepare_commit refuses a missing run
+        stored_incarnation, stored_revision, _state, stored_head = row
+        old = self._entry(conn, run_id, stored_incarnation, stored_revision, stored_head)
+        entry, rows, size, last = self._replace(conn, old, prepared.record, prepared.events)
+        return self._finish_commit(conn, entry, rows, size, last)
+
+    def _commit_together(self, jobs: list[_Job]) -> list[_Job]:
+        """Group commit: the commits of remembered runs (the fast path's
+        condition) go in one pipeline and one ``COMMIT``.  Returns the jobs
+        still to commit one by one: runs not remembered, and every job of the
+        pipeline when any compare-and-set matched no row or an event sequence
+        was taken (rolled back: nothing of it was written)."""
+        alone: list[_Job] = []
+        together: list[tuple[_Job, Entry, RunRecord, list[dict[str, Any]], int]] = []
+        for job in jobs:
+            with self._lock:
+                cached = self._cache.get(job.run_id)
+                known = self._sequences.get(job.run_id)
+            identity = (job.incarnation, job.expected_revision)
+            if (
+                cached is None
+                or known is None
+                or (cached.record.incarnation, cached.record.revision) != identity
+                or known[:2] != identity
+            ):
+                alone.append(job)
+                continue
+            try:
+                prepared = prepare_commit(
+                    cached.record,
+                    job.run_id,
+                    incarnation=job.incarnation,
+                    expected_revision=job.expected_revision,
+                    record=job.record,
+                    events=job.events,
+                )
+            except Error as exc:
+                job.error = exc  # decided against: nothing to send
+                continue
+            together.append((job, cached, prepared.record, prepared.events, known[2]))
+        if len(together) < 2:
+            return alone + [item[0] for item in together]
+        psycopg = self._psycopg
+        conn: Any = None
+        try:
+            conn = self._checkout()
+            try:
+                sent = []
+                try:
+                    with conn.pipeline():
+                        for job, cached, record, events, last in together:
+                            cur, written = self._send(conn, cached, record, events, last=last)
+                            sent.append((job, cur, written))
+                except psycopg.errors.UniqueViolation:
+                    conn.rollback()  # a sequence hint was stale: prove each alone
+                    for job, *_ in together:
+                        self._forget(job.run_id)
+                    return alone + [item[0] for item in together]
+                stale = [job for job, cur, _ in sent if cur.rowcount != 1]
+                if stale:
+                    conn.rollback()  # another host moved these runs on
+                    for job in stale:
+                        self._forget(job.run_id)
+                    return alone + [item[0] for item in together]
+                failure = self._commit_transaction(conn)
+            except BaseException:
+                if not conn.closed and not conn.broken:
+                    try:
+                        conn.rollback()
+                    except Exception:  # the original error is the one to report
+                        conn.close()
+                raise
+            finally:
+                self._checkin(conn)
+        except (Error, psycopg.Error, OSError) as exc:
+            error = self._classify(exc)
+            if error.error_class is not ErrorClass.STORAGE_FAILED:
+                error = Error(ErrorClass.STORAGE_FAILED, error.message, error.details)
+            for job, *_ in together:
+                job.error = error
+            return alone
+        with self._lock:
+            self.stats["batches"] += 1
+        for job, _, written in sent:
+            job.receipt = self._acknowledged(*written, fast=True)
+        if failure == "after":
+            lost = Error(
+                ErrorClass.STORAGE_FAILED,
+                "PostgreSQL store failed",
+                {"cause": "simulated lost acknowledgement after the commit"},
+            )
+            for job, *_ in together:
+                job.receipt = None
+                job.error = lost
+        return alone
 
     def _finish_commit(
         self,
@@ -568,10 +785,25 @@ class PostgresStore:
     ) -> Receipt:
         """COMMIT the written transaction and remember the run (test hooks:
         a failure before the COMMIT, or a lost acknowledgement after it)."""
+        failure = self._commit_transaction(conn)
+        receipt = self._acknowledged(entry, rows, size, last, fast=fast)
+        if failure == "after":
+            raise _SimulatedFailure("simulated lost acknowledgement after the commit")
+        return receipt
+
+    def _commit_transaction(self, conn: Any) -> str | None:
+        """COMMIT, unless a test asked for a failure before it; returns the
+        test hook still to apply ("after": the acknowledgement is lost)."""
         failure = self._take_failure()
         if failure == "before":
             raise _SimulatedFailure("simulated failure before the commit")
         conn.commit()
+        return failure
+
+    def _acknowledged(
+        self, entry: Entry, rows: int, size: int, last: int | None, *, fast: bool = False
+    ) -> Receipt:
+        """A committed record: remember it and its last event sequence."""
         record = entry.record
         self._remember(entry)
         if last is not None:
@@ -587,8 +819,6 @@ class PostgresStore:
             self.stats["part_rows"] += rows
             self.stats["last_part_rows"] = rows
             self.stats["last_bytes"] = size
-        if failure == "after":
-            raise _SimulatedFailure("simulated lost acknowledgement after the commit")
         return Receipt(record.run_id, record.incarnation, record.revision)
 
     def _commit_fast(  # noqa: PLR0917 - the commit's arguments, passed through
