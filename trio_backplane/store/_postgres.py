@@ -34,6 +34,15 @@ part rows and the events go in one psycopg pipeline, then ``COMMIT``.  An
 the memory stale: the transaction rolls back and the commit is made the
 locking way above, so the decision is always made against the stored row.
 
+Group commit: concurrent commits on one store queue behind a leader task,
+which takes one commit per run (sorted by run id, so hosts lock rows in one
+order) and sends those of remembered runs in one pipeline with one
+``COMMIT``.  A compare-and-set that matched no row or an event sequence
+already taken rolls the whole group back (nothing written) and each of its
+commits is then made alone, the locking way: a stale commit is refused by
+itself, the others land.  A failed or unacknowledged group ``COMMIT`` is
+``storage_failed`` for every commit in it.
+
 Incremental commits use the same mechanism as ``SQLiteStore``
 (``_layout.diff``): the store remembers, per run (LRU of ``_CACHE_RUNS``), the
 ``_layout.Entry`` of the last record it committed or loaded; a commit whose
