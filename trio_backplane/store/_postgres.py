@@ -71,12 +71,12 @@ from functools import partial
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
-import outcome
 import trio
 
 from ..errors import Error, ErrorClass
 from ..kernel import RunEvent, RunRecord, decode_event, decode_record, encode_event
 from ..kernel import fence as kernel_fence
+from ._group import GroupCommit, Job
 from ._layout import (
     NOTHING,
     Deletes,
@@ -120,25 +120,10 @@ class _SimulatedFailure(OSError):
     """What the test hooks raise inside a commit (an I/O failure)."""
 
 
-_QUEUED: Final = 0
-_IN_FLIGHT: Final = 1
-_DONE: Final = 2
-
-
-class _Job:
+class _Job(Job):
     """One caller's commit, waiting for (or in) a batch."""
 
-    __slots__ = (
-        "error",
-        "events",
-        "expected_revision",
-        "incarnation",
-        "receipt",
-        "record",
-        "run_id",
-        "state",
-        "task",
-    )
+    __slots__ = ("events", "expected_revision", "incarnation", "record")
 
     def __init__(
         self,
@@ -148,15 +133,11 @@ class _Job:
         record: RunRecord,
         events: Sequence[RunEvent],
     ) -> None:
-        self.run_id = run_id
+        super().__init__(run_id)
         self.incarnation = incarnation
         self.expected_revision = expected_revision
         self.record = record
         self.events = events
-        self.task: Any = None
-        self.state = _QUEUED
-        self.receipt: Receipt | None = None
-        self.error: Error | None = None
 
 
 class PostgresStore:
@@ -194,9 +175,7 @@ class PostgresStore:
         self._ready = False
         self._ready_lock = trio.Lock()
         self._fail_next: str | None = None  # None, "before" or "after" the commit
-        #: group commit (Trio side): queued commits, and whether a leader runs
-        self._queue: list[_Job] = []
-        self._leading = False
+        self._group: GroupCommit[_Job] = GroupCommit(self._commit_in_thread)
         self._sql = self._statements()
         #: Diagnostics and tests: ``commits`` (acknowledged), ``batches``
         #: (transactions that committed several runs' commits), ``fast_commits``
@@ -590,66 +569,15 @@ class PostgresStore:
         (STO-01..05), group-committed with this store's concurrent callers:
         one batch in flight, one transaction per batch (see the module)."""
         await self._ensure_schema()
-        job = _Job(run_id, incarnation, expected_revision, record, events)
-        job.task = trio.lowlevel.current_task()
-        self._queue.append(job)
-        if self._leading:
+        receipt: Receipt = await self._group.submit(
+            _Job(run_id, incarnation, expected_revision, record, events)
+        )
+        return receipt
 
-            def abort(_: Any) -> trio.lowlevel.Abort:
-                if job.state == _QUEUED:  # not taken yet: withdraw it
-                    self._queue.remove(job)
-                    job.state = _DONE
-                    return trio.lowlevel.Abort.SUCCEEDED
-                return trio.lowlevel.Abort.FAILED  # in flight: wait for the outcome
-
-            role = await trio.lowlevel.wait_task_rescheduled(abort)
-            if role == "lead":
-                await self._lead(job)
-        else:
-            self._leading = True
-            await self._lead(job)
-        if job.error is not None:
-            raise job.error
-        assert job.receipt is not None
-        return job.receipt
-
-    def _take_batch(self) -> list[_Job]:
-        """The queued commits of distinct runs (a run's commits stay in order:
-        one per batch), in queue order."""
-        batch: list[_Job] = []
-        seen: set[str] = set()
-        rest: list[_Job] = []
-        for job in self._queue:
-            if job.run_id in seen:
-                rest.append(job)
-            else:
-                seen.add(job.run_id)
-                job.state = _IN_FLIGHT
-                batch.append(job)
-        self._queue = rest
-        return batch
-
-    async def _lead(self, own: _Job) -> None:
-        """Commit batches until ``own`` is done, then hand the role on."""
-        try:
-            while own.state != _DONE:
-                batch = self._take_batch()
-                try:
-                    # Never abandoned: a taken batch is waited out, cancelled
-                    # or not, so every job learns its outcome.
-                    await trio.to_thread.run_sync(self._commit_batch, batch, limiter=self._limiter)
-                finally:
-                    for job in batch:
-                        job.state = _DONE
-                        if job.receipt is None and job.error is None:  # pragma: no cover - a bug
-                            job.error = Error(ErrorClass.STORAGE_FAILED, "commit not attempted")
-                        if job is not own:
-                            trio.lowlevel.reschedule(job.task, outcome.Value("done"))
-        finally:
-            if self._queue:
-                trio.lowlevel.reschedule(self._queue[0].task, outcome.Value("lead"))
-            else:
-                self._leading = False
+    async def _commit_in_thread(self, batch: list[_Job]) -> None:
+        # Never abandoned: a taken batch is waited out, cancelled or not, so
+        # every job learns its outcome.
+        await trio.to_thread.run_sync(self._commit_batch, batch, limiter=self._limiter)
 
     def _commit_batch(self, jobs: list[_Job]) -> None:
         """In a worker thread: every job gets its receipt or error.  Jobs on

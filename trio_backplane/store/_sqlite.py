@@ -91,7 +91,6 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any, Final, Literal, TypeVar
 
-import attrs
 import outcome
 import trio
 
@@ -99,6 +98,7 @@ from ..errors import Error, ErrorClass
 from ..kernel import RunEvent, RunRecord, decode_event, encode_event
 from ..kernel import decode_record as _decode_record
 from ..kernel import fence as _kernel_fence
+from ._group import GroupCommit, Job
 from ._layout import (
     NOTHING,
     RESERVATIONS,
@@ -277,10 +277,6 @@ def _conflict(message: str, run_id: str) -> Error:
     return Error(ErrorClass.RESOURCE_CONFLICT, message, {"run_id": run_id})
 
 
-_QUEUED: Final = 0
-_IN_FLIGHT: Final = 1
-_DONE: Final = 2
-
 #: What the store remembers of a run: the entry of its last committed record,
 #: the sequence of its last event (``None``: not read yet) and the record's
 #: head field by field (``()``: not encoded yet; see ``_layout.head_fields``).
@@ -293,21 +289,26 @@ _Written = tuple[_Cached, int]
 _Encoded = tuple[_Cached, Entry, Upserts, Deletes, list[str], list[tuple[str, Any, str]]]
 
 
-@attrs.define(eq=False)
-class _Job:
+class _Job(Job):
     """One ``commit`` call, queued for a batch."""
 
-    run_id: str
-    incarnation: int
-    expected_revision: int
-    record: RunRecord
-    events: tuple[RunEvent, ...]
-    task: trio.lowlevel.Task
-    #: Encoded by the caller against the run the store remembered then.
-    encoded: _Encoded | None = None
-    state: int = _QUEUED
-    receipt: Receipt | None = None
-    error: BaseException | None = None
+    __slots__ = ("encoded", "events", "expected_revision", "incarnation", "record")
+
+    def __init__(
+        self,
+        run_id: str,
+        incarnation: int,
+        expected_revision: int,
+        record: RunRecord,
+        events: tuple[RunEvent, ...],
+    ) -> None:
+        super().__init__(run_id)
+        self.incarnation = incarnation
+        self.expected_revision = expected_revision
+        self.record = record
+        self.events = events
+        #: Encoded by the caller against the run the store remembered then.
+        self.encoded: _Encoded | None = None
 
 
 def _storage_failed(exc: BaseException, message: str = "sqlite operation failed") -> Error:
@@ -336,8 +337,7 @@ class SQLiteStore:
         # Written by the writer thread only; ``commit`` reads it (single dict
         # reads, atomic) to encode against what the store remembers.
         self._cache: dict[str, _Cached] = {}
-        self._queue: list[_Job] = []
-        self._leading = False
+        self._group: GroupCommit[_Job] = GroupCommit(self._write_in_thread)
         self._inject: list[Literal["before", "after"]] = []
         self._requests: queue.SimpleQueue[_Call | int] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -815,79 +815,12 @@ class SQLiteStore:
         (STO-01..05), group-committed with concurrent callers."""
         await trio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
-        job = _Job(
-            run_id,
-            incarnation,
-            expected_revision,
-            record,
-            tuple(events),
-            trio.lowlevel.current_task(),
-        )
+        job = _Job(run_id, incarnation, expected_revision, record, tuple(events))
         # Decide and encode here, against the run the store remembers: the
         # caller has just built the record, the writer thread then only writes.
         job.encoded = self._prepared(job)
-        self._queue.append(job)
-        if self._leading:
-
-            def abort(_: Any) -> trio.lowlevel.Abort:
-                if job.state == _QUEUED:  # not taken yet: withdraw it
-                    self._queue.remove(job)
-                    job.state = _DONE
-                    return trio.lowlevel.Abort.SUCCEEDED
-                return trio.lowlevel.Abort.FAILED  # in flight: wait for the outcome
-
-            role = await trio.lowlevel.wait_task_rescheduled(abort)
-            if role == "lead":
-                await self._lead(job)
-        else:
-            self._leading = True
-            await self._lead(job)
-        if job.error is not None:
-            raise job.error
-        assert job.receipt is not None
-        return job.receipt
-
-    def _take_batch(self) -> list[_Job]:
-        queued = self._queue
-        if len(queued) == 1:
-            batch, self._queue = queued, []
-            batch[0].state = _IN_FLIGHT
-            return batch
-        batch = []
-        seen: set[str] = set()
-        rest: list[_Job] = []
-        for job in queued:
-            if job.run_id in seen:
-                rest.append(job)  # a run's commits stay in order: one per batch
-            else:
-                seen.add(job.run_id)
-                job.state = _IN_FLIGHT
-                batch.append(job)
-        self._queue = rest
-        return batch
-
-    async def _lead(self, own: _Job) -> None:
-        """Write batches until ``own`` is done, then hand the role on."""
-        try:
-            while own.state != _DONE:
-                batch = self._take_batch()
-                try:
-                    await self._write_in_thread(batch)
-                except BaseException as exc:  # pragma: no cover - a bug: release the batch
-                    for job in batch:
-                        if job.receipt is None and job.error is None:
-                            job.error = exc
-                    raise
-                finally:
-                    for job in batch:
-                        job.state = _DONE
-                        if job is not own:
-                            trio.lowlevel.reschedule(job.task, outcome.Value("done"))
-        finally:
-            if self._queue:
-                trio.lowlevel.reschedule(self._queue[0].task, outcome.Value("lead"))
-            else:
-                self._leading = False
+        receipt: Receipt = await self._group.submit(job)
+        return receipt
 
     async def _write_in_thread(self, batch: list[_Job]) -> None:
         """Have the writer thread write ``batch`` and wait it out, cancelled
