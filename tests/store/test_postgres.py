@@ -777,15 +777,17 @@ async def test_commits_from_a_remembered_run_skip_the_row_lock_read(
 # -- group commit -------------------------------------------------------------------
 
 
-async def _all_at_once(store: PostgresStore, records: list[RunRecord]) -> list[RunRecord | Error]:
-    """Commit one conversation checkpoint to each run, all at once: the new
-    record, or the ``Error`` its commit raised."""
+async def _all_at_once(
+    store: PostgresStore, records: list[RunRecord], messages: int = 2
+) -> list[RunRecord | Error]:
+    """Commit one conversation checkpoint (``messages`` long) to each run, all
+    at once: the new record, or the ``Error`` its commit raised."""
     out: list[RunRecord | Error] = list(records)
 
     async def one(i: int) -> None:
         try:
             out[i] = await _advance(
-                store, records[i], "conversation_updated", conversation=_messages(2)
+                store, records[i], "conversation_updated", conversation=_messages(messages)
             )
         except Error as exc:
             out[i] = exc
@@ -804,13 +806,14 @@ async def test_concurrent_commits_share_transactions(
     revision, its parts and its events, readable from another store."""
     store, reader = pg_store_factory(), pg_store_factory()
     records = [await _running(store, f"group{i}") for i in range(12)]
-    for _ in range(3):
-        results = await _all_at_once(store, records)
+    for messages in (5, 7, 2):  # the last one shortens each transcript: rows deleted
+        results = await _all_at_once(store, records, messages)
         assert all(isinstance(r, RunRecord) for r in results), results
         records = results  # type: ignore[assignment]
     assert store.stats["batches"] >= 1
     for record in records:
         assert await reader.load(record.run_id) == record
+        assert len(record.context["conversation"]["messages"]) == 2
         log = await reader.events(record.run_id)
         assert [e.sequence for e in log] == list(range(1, record.revision + 1))
 

@@ -36,7 +36,9 @@ locking way above, so the decision is always made against the stored row.
 
 Group commit: concurrent commits on one store queue behind a leader task,
 which takes one commit per run (sorted by run id, so hosts lock rows in one
-order) and sends those of remembered runs in one pipeline with one
+order) and commits those of remembered runs together: one compare-and-set
+``UPDATE`` of all their run rows, then one statement each for their part
+rows, deleted parts and events (``unnest`` of arrays sent in binary), one
 ``COMMIT``.  A compare-and-set that matched no row or an event sequence
 already taken rolls the whole group back (nothing written) and each of its
 commits is then made alone, the locking way: a stale commit is refused by
@@ -177,6 +179,7 @@ class PostgresStore:
         self._fail_next: str | None = None  # None, "before" or "after" the commit
         self._group: GroupCommit[_Job] = GroupCommit(self._commit_in_thread)
         self._sql = self._statements()
+        self._rendered = False
         #: Diagnostics and tests: ``commits`` (acknowledged), ``batches``
         #: (transactions that committed several runs' commits), ``fast_commits``
         #: (of those, made without the row lock read), ``part_rows``
@@ -272,6 +275,31 @@ class PostgresStore:
                 "SELECT run_id, incarnation, revision, state FROM {runs}"
                 " WHERE state = ANY(%s) ORDER BY run_id"
             ),
+            # A group's statements: one per kind of row, whatever its size.
+            "update_runs": q(
+                "UPDATE {runs} AS r SET incarnation = v.incarnation, revision = v.revision,"
+                " state = v.state, head = v.head"
+                " FROM unnest(%b::text[], %b::bigint[], %b::bigint[], %b::text[], %b::text[],"
+                " %b::bigint[], %b::bigint[])"
+                " AS v(run_id, incarnation, revision, state, head, old_incarnation, old_revision)"
+                " WHERE r.run_id = v.run_id AND r.incarnation = v.old_incarnation"
+                " AND r.revision = v.old_revision RETURNING r.run_id"
+            ),
+            "upsert_parts": q(
+                "INSERT INTO {parts} (run_id, part, key, value)"
+                " SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[])"
+                " ON CONFLICT (run_id, part, key) DO UPDATE SET value = EXCLUDED.value"
+            ),
+            "delete_parts": q(
+                "DELETE FROM {parts} AS p"
+                " USING unnest(%b::text[], %b::text[], %b::text[]) AS d(run_id, part, key)"
+                " WHERE p.run_id = d.run_id AND p.part = d.part AND p.key = d.key"
+            ),
+            "insert_events": q(
+                "INSERT INTO {events} (run_id, sequence, type, occurred_at, payload)"
+                " SELECT * FROM unnest(%b::text[], %b::bigint[], %b::text[],"
+                " %b::double precision[], %b::text[])"
+            ),
         }
         if self._schema is not None:
             statements["schema"] = sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
@@ -289,7 +317,19 @@ class PostgresStore:
                 conn = self._idle.pop()
                 if not conn.closed and not conn.broken:
                     return conn
-        return self._psycopg.connect(self._dsn, autocommit=False)
+        conn = self._psycopg.connect(self._dsn, autocommit=False)
+        if not self._rendered:
+            self._render(conn)
+        return conn
+
+    def _render(self, conn: Any) -> None:
+        """Turn the composed statements into plain text, once, with the first
+        connection's quoting: a ``sql.Composed`` is rendered again on every
+        execute (a fifth of a group commit's client time)."""
+        rendered = {name: query.as_string(conn) for name, query in self._sql.items()}
+        with self._lock:
+            self._sql = rendered
+            self._rendered = True
 
     def _checkin(self, conn: Any) -> None:
         healthy = (
@@ -622,12 +662,14 @@ class PostgresStore:
 
     def _commit_together(self, jobs: list[_Job]) -> list[_Job]:
         """Group commit: the commits of remembered runs (the fast path's
-        condition) go in one pipeline and one ``COMMIT``.  Returns the jobs
-        still to commit one by one: runs not remembered, and every job of the
-        pipeline when any compare-and-set matched no row or an event sequence
-        was taken (rolled back: nothing of it was written)."""
+        condition) share one transaction of a few statements, one per kind of
+        row (``unnest`` of arrays): the compare-and-set ``UPDATE`` of every
+        run row first, then the part rows, the deleted parts and the events.
+        Returns the jobs still to commit one by one: runs not remembered, and
+        every job of the group when any compare-and-set matched no row or an
+        event sequence was taken (rolled back: nothing of it was written)."""
         alone: list[_Job] = []
-        together: list[tuple[_Job, Entry, RunRecord, list[dict[str, Any]], int]] = []
+        group: list[tuple[_Job, Entry, RunRecord, list[dict[str, Any]], int]] = []
         for job in jobs:
             with self._lock:
                 cached = self._cache.get(job.run_id)
@@ -653,31 +695,67 @@ class PostgresStore:
             except Error as exc:
                 job.error = exc  # decided against: nothing to send
                 continue
-            together.append((job, cached, prepared.record, prepared.events, known[2]))
-        if len(together) < 2:
-            return alone + [item[0] for item in together]
+            group.append((job, cached, prepared.record, prepared.events, known[2]))
+        if len(group) < 2:
+            return alone + [item[0] for item in group]
+        runs: list[list[Any]] = [[] for _ in range(7)]
+        parts: list[list[Any]] = [[] for _ in range(4)]
+        gone: list[list[Any]] = [[] for _ in range(3)]
+        events: list[list[Any]] = [[] for _ in range(5)]
+        written: list[tuple[_Job, tuple[Entry, int, int, int | None]]] = []
+        for job, cached, record, new_events, last in group:
+            entry, upserts, deletes = diff(cached, record)
+            head = head_text(record)
+            old = cached.record
+            row = (record.run_id, record.incarnation, record.revision, record.state, head)
+            for column, value in zip(runs, (*row, old.incarnation, old.revision), strict=True):
+                column.append(value)
+            for part, key, value in upserts:
+                for column, item in zip(parts, (record.run_id, part, key, value), strict=True):
+                    column.append(item)
+            for part, key in deletes:
+                for column, item in zip(gone, (record.run_id, part, key), strict=True):
+                    column.append(item)
+            for sequence, data in enumerate(new_events, last + 1):
+                event = (
+                    record.run_id,
+                    sequence,
+                    data["type"],
+                    data["occurred_at"],
+                    dumps(data["payload"]),
+                )
+                for column, item in zip(events, event, strict=True):
+                    column.append(item)
+            size = len(head) + sum(len(r[2]) for r in upserts)
+            end = last + len(new_events) if new_events else None
+            written.append((job, (entry, len(upserts) + len(deletes), size, end)))
         psycopg = self._psycopg
         conn: Any = None
         try:
             conn = self._checkout()
             try:
-                sent = []
-                try:
-                    with conn.pipeline():
-                        for job, cached, record, events, last in together:
-                            cur, written = self._send(conn, cached, record, events, last=last)
-                            sent.append((job, cur, written))
-                except psycopg.errors.UniqueViolation:
-                    conn.rollback()  # a sequence hint was stale: prove each alone
-                    for job, *_ in together:
-                        self._forget(job.run_id)
-                    return alone + [item[0] for item in together]
-                stale = [job for job, cur, _ in sent if cur.rowcount != 1]
+                # Arrays go in binary (%b): no per-item quoting of JSON text.
+                cur = conn.execute(self._sql["update_runs"], runs)
+                updated = {r[0] for r in cur.fetchall()}
+                stale = [job for job, *_ in group if job.run_id not in updated]
                 if stale:
                     conn.rollback()  # another host moved these runs on
                     for job in stale:
                         self._forget(job.run_id)
-                    return alone + [item[0] for item in together]
+                    return alone + [item[0] for item in group]
+                try:
+                    with conn.pipeline():
+                        if parts[0]:
+                            conn.execute(self._sql["upsert_parts"], parts)
+                        if gone[0]:
+                            conn.execute(self._sql["delete_parts"], gone)
+                        if events[0]:
+                            conn.execute(self._sql["insert_events"], events)
+                except psycopg.errors.UniqueViolation:
+                    conn.rollback()  # a sequence hint was stale: prove each alone
+                    for job, *_ in group:
+                        self._forget(job.run_id)
+                    return alone + [item[0] for item in group]
                 failure = self._commit_transaction(conn)
             except BaseException:
                 if not conn.closed and not conn.broken:
@@ -692,20 +770,20 @@ class PostgresStore:
             error = self._classify(exc)
             if error.error_class is not ErrorClass.STORAGE_FAILED:
                 error = Error(ErrorClass.STORAGE_FAILED, error.message, error.details)
-            for job, *_ in together:
+            for job, *_ in group:
                 job.error = error
             return alone
         with self._lock:
             self.stats["batches"] += 1
-        for job, _, written in sent:
-            job.receipt = self._acknowledged(*written, fast=True)
+        for job, result in written:
+            job.receipt = self._acknowledged(*result, fast=True)
         if failure == "after":
             lost = Error(
                 ErrorClass.STORAGE_FAILED,
                 "PostgreSQL store failed",
                 {"cause": "simulated lost acknowledgement after the commit"},
             )
-            for job, *_ in together:
+            for job, *_ in group:
                 job.receipt = None
                 job.error = lost
         return alone
