@@ -845,6 +845,18 @@ class SlowClose:
             await trio.sleep(self.close_seconds)
             self.closed_fully = True
 
+    def open(self, **options: Any) -> Any:
+        """A conversation over this provider, with no tools."""
+        registry = ToolRegistry([])
+        return open_conversation(
+            RUN_ID,
+            store=FaultyStore(None),
+            provider=self,
+            registry=registry,
+            authority=granted(registry),
+            **options,
+        )
+
 
 async def test_can_03_stream_close_is_shielded_from_the_cancellation(
     autojump_clock: MockClock,
@@ -853,14 +865,7 @@ async def test_can_03_stream_close_is_shielded_from_the_cancellation(
     terminal event) does not cut the close short: it runs to its end, then
     the run settles."""
     provider = SlowClose(close_seconds=2.0)
-    registry = ToolRegistry([])
-    async with open_conversation(
-        RUN_ID,
-        store=FaultyStore(None),
-        provider=provider,
-        registry=registry,
-        authority=granted(registry),
-    ) as c:
+    async with provider.open() as c:
         await c.prompt("hi")
         while provider.closing_started is None:
             await trio.sleep(0.1)
@@ -879,15 +884,7 @@ async def test_can_03_stream_close_is_bounded_by_the_effect_deadline(
     close is bounded by the attempt's effect deadline, and the attempt that
     outlived it settles as an uncertain provider effect."""
     provider = SlowClose(close_seconds=math.inf)
-    registry = ToolRegistry([])
-    async with open_conversation(
-        RUN_ID,
-        store=FaultyStore(None),
-        provider=provider,
-        registry=registry,
-        authority=granted(registry),
-        effect_timeout=30.0,
-    ) as c:
+    async with provider.open(effect_timeout=30.0) as c:
         await c.prompt("hi")
         snapshot = await c.wait_settled()
     assert provider.closing_started is not None

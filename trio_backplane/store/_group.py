@@ -10,13 +10,14 @@ withdraws its commit.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, Generic, TypeVar
 
 import outcome
 import trio
 
 from ..errors import Error, ErrorClass
+from ..kernel import RunEvent, RunRecord
 
 __all__ = ["DONE", "IN_FLIGHT", "QUEUED", "GroupCommit", "Job"]
 
@@ -26,12 +27,34 @@ DONE: Final = 2
 
 
 class Job:
-    """One caller's commit: its run, and after its batch its receipt or error."""
+    """One caller's ``commit``: its arguments, and after its batch its
+    receipt or error."""
 
-    __slots__ = ("error", "receipt", "run_id", "state", "task")
+    __slots__ = (
+        "error",
+        "events",
+        "expected_revision",
+        "incarnation",
+        "receipt",
+        "record",
+        "run_id",
+        "state",
+        "task",
+    )
 
-    def __init__(self, run_id: str) -> None:
+    def __init__(
+        self,
+        run_id: str,
+        incarnation: int,
+        expected_revision: int,
+        record: RunRecord,
+        events: Sequence[RunEvent],
+    ) -> None:
         self.run_id = run_id
+        self.incarnation = incarnation
+        self.expected_revision = expected_revision
+        self.record = record
+        self.events = events
         self.task: trio.lowlevel.Task | None = None
         self.state = QUEUED
         self.receipt: Any = None

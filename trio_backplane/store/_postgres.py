@@ -62,13 +62,14 @@ psycopg error or ``OSError`` is ``storage_failed`` with the cause chained
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from functools import partial
 from types import TracebackType
 from typing import Any, Final, TypeVar
@@ -122,26 +123,6 @@ class _SimulatedFailure(OSError):
     """What the test hooks raise inside a commit (an I/O failure)."""
 
 
-class _Job(Job):
-    """One caller's commit, waiting for (or in) a batch."""
-
-    __slots__ = ("events", "expected_revision", "incarnation", "record")
-
-    def __init__(
-        self,
-        run_id: str,
-        incarnation: int,
-        expected_revision: int,
-        record: RunRecord,
-        events: Sequence[RunEvent],
-    ) -> None:
-        super().__init__(run_id)
-        self.incarnation = incarnation
-        self.expected_revision = expected_revision
-        self.record = record
-        self.events = events
-
-
 class PostgresStore:
     """Run records in PostgreSQL, shared by many hosts.
 
@@ -177,7 +158,7 @@ class PostgresStore:
         self._ready = False
         self._ready_lock = trio.Lock()
         self._fail_next: str | None = None  # None, "before" or "after" the commit
-        self._group: GroupCommit[_Job] = GroupCommit(self._commit_in_thread)
+        self._group: GroupCommit[Job] = GroupCommit(self._commit_in_thread)
         self._sql = self._statements()
         self._rendered = False
         #: Diagnostics and tests: ``commits`` (acknowledged), ``batches``
@@ -357,23 +338,29 @@ class PostgresStore:
             ErrorClass.STORAGE_FAILED, "PostgreSQL store failed", {"cause": _describe(exc)}
         )
 
+    @contextlib.contextmanager
+    def _checked_out(self) -> Iterator[Any]:
+        """A pooled connection for one transaction (worker thread): rolled
+        back if the body raises, back in the pool afterwards."""
+        conn = self._checkout()
+        try:
+            yield conn
+        except BaseException:
+            if not conn.closed and not conn.broken:
+                try:
+                    conn.rollback()
+                except Exception:  # the original error is the one to report
+                    conn.close()
+            raise
+        finally:
+            self._checkin(conn)
+
     def _transaction(self, body: Callable[[Any], _T]) -> _T:
         """Run ``body(conn)`` in one transaction and commit it (worker thread)."""
-        conn: Any = None
         try:
-            conn = self._checkout()
-            try:
+            with self._checked_out() as conn:
                 result = body(conn)
                 conn.commit()
-            except BaseException:
-                if not conn.closed and not conn.broken:
-                    try:
-                        conn.rollback()
-                    except Exception:  # the original error is the one to report
-                        conn.close()
-                raise
-            finally:
-                self._checkin(conn)
             return result
         except Error:
             raise
@@ -610,16 +597,16 @@ class PostgresStore:
         one batch in flight, one transaction per batch (see the module)."""
         await self._ensure_schema()
         receipt: Receipt = await self._group.submit(
-            _Job(run_id, incarnation, expected_revision, record, events)
+            Job(run_id, incarnation, expected_revision, record, events)
         )
         return receipt
 
-    async def _commit_in_thread(self, batch: list[_Job]) -> None:
+    async def _commit_in_thread(self, batch: list[Job]) -> None:
         # Never abandoned: a taken batch is waited out, cancelled or not, so
         # every job learns its outcome.
         await trio.to_thread.run_sync(self._commit_batch, batch, limiter=self._limiter)
 
-    def _commit_batch(self, jobs: list[_Job]) -> None:
+    def _commit_batch(self, jobs: list[Job]) -> None:
         """In a worker thread: every job gets its receipt or error.  Jobs on
         remembered runs share one transaction (:meth:`_commit_together`); the
         others, and any the shared transaction could not prove, commit one by
@@ -635,7 +622,7 @@ class PostgresStore:
                     ErrorClass.STORAGE_FAILED, "commit failed", {"cause": _describe(exc)}
                 )
 
-    def _commit_one(self, job: _Job, conn: Any) -> Receipt:
+    def _commit_one(self, job: Job, conn: Any) -> Receipt:
         """One commit in its own transaction: the fast path, else the row lock."""
         run_id, incarnation, expected = job.run_id, job.incarnation, job.expected_revision
         fast = self._commit_fast(conn, run_id, incarnation, expected, job.record, job.events)
@@ -660,7 +647,7 @@ class PostgresStore:
         entry, rows, size, last = self._replace(conn, old, prepared.record, prepared.events)
         return self._finish_commit(conn, entry, rows, size, last)
 
-    def _commit_together(self, jobs: list[_Job]) -> list[_Job]:
+    def _commit_together(self, jobs: list[Job]) -> list[Job]:
         """Group commit: the commits of remembered runs (the fast path's
         condition) share one transaction of a few statements, one per kind of
         row (``unnest`` of arrays): the compare-and-set ``UPDATE`` of every
@@ -668,8 +655,8 @@ class PostgresStore:
         Returns the jobs still to commit one by one: runs not remembered, and
         every job of the group when any compare-and-set matched no row or an
         event sequence was taken (rolled back: nothing of it was written)."""
-        alone: list[_Job] = []
-        group: list[tuple[_Job, Entry, RunRecord, list[dict[str, Any]], int]] = []
+        alone: list[Job] = []
+        group: list[tuple[Job, Entry, RunRecord, list[dict[str, Any]], int]] = []
         for job in jobs:
             with self._lock:
                 cached = self._cache.get(job.run_id)
@@ -702,7 +689,7 @@ class PostgresStore:
         parts: list[list[Any]] = [[] for _ in range(4)]
         gone: list[list[Any]] = [[] for _ in range(3)]
         events: list[list[Any]] = [[] for _ in range(5)]
-        written: list[tuple[_Job, tuple[Entry, int, int, int | None]]] = []
+        written: list[tuple[Job, tuple[Entry, int, int, int | None]]] = []
         for job, cached, record, new_events, last in group:
             entry, upserts, deletes = diff(cached, record)
             head = head_text(record)
@@ -730,10 +717,8 @@ class PostgresStore:
             end = last + len(new_events) if new_events else None
             written.append((job, (entry, len(upserts) + len(deletes), size, end)))
         psycopg = self._psycopg
-        conn: Any = None
         try:
-            conn = self._checkout()
-            try:
+            with self._checked_out() as conn:
                 # Arrays go in binary (%b): no per-item quoting of JSON text.
                 cur = conn.execute(self._sql["update_runs"], runs)
                 updated = {r[0] for r in cur.fetchall()}
@@ -757,15 +742,6 @@ class PostgresStore:
                         self._forget(job.run_id)
                     return alone + [item[0] for item in group]
                 failure = self._commit_transaction(conn)
-            except BaseException:
-                if not conn.closed and not conn.broken:
-                    try:
-                        conn.rollback()
-                    except Exception:  # the original error is the one to report
-                        conn.close()
-                raise
-            finally:
-                self._checkin(conn)
         except (Error, psycopg.Error, OSError) as exc:
             error = self._classify(exc)
             if error.error_class is not ErrorClass.STORAGE_FAILED:

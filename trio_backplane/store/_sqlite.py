@@ -292,7 +292,7 @@ _Encoded = tuple[_Cached, Entry, Upserts, Deletes, list[str], list[tuple[str, An
 class _Job(Job):
     """One ``commit`` call, queued for a batch."""
 
-    __slots__ = ("encoded", "events", "expected_revision", "incarnation", "record")
+    __slots__ = ("encoded",)
 
     def __init__(
         self,
@@ -300,13 +300,9 @@ class _Job(Job):
         incarnation: int,
         expected_revision: int,
         record: RunRecord,
-        events: tuple[RunEvent, ...],
+        events: Sequence[RunEvent],
     ) -> None:
-        super().__init__(run_id)
-        self.incarnation = incarnation
-        self.expected_revision = expected_revision
-        self.record = record
-        self.events = events
+        super().__init__(run_id, incarnation, expected_revision, record, events)
         #: Encoded by the caller against the run the store remembered then.
         self.encoded: _Encoded | None = None
 
