@@ -419,7 +419,8 @@ async def main() -> None:
     floor = mem + per_step_commits * (commit_us + hand_off_us)
     print(
         f"  SQLite floor with this engine: the MemoryStore step ({mem:.0f})"
-        f" + {per_step_commits:.2f} x (raw commit {commit_us:.0f} + writer-thread round trip {hand_off_us:.0f}) ="
+        f" + {per_step_commits:.2f} x (raw commit {commit_us:.0f}"
+        f" + writer-thread round trip {hand_off_us:.0f}) ="
         f" {floor:.0f} us = {floor / sql_target:.2f}x commits x raw commit"
     )
 
