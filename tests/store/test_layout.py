@@ -18,6 +18,7 @@ from trio_backplane.kernel import (
     FrozenList,
     RunRecord,
     encode_record,
+    evolve_record,
     freeze,
     transition,
 )
@@ -270,3 +271,32 @@ def test_kernel_derived_maps_are_diffed_by_their_changed_keys() -> None:
     assert fast_del == slow_del
     assert fast_entry.intents.keys == slow_entry.intents.keys
     assert fast_entry.intents.values == slow_entry.intents.values
+
+
+def test_incremental_head_keeps_the_context_text_only_when_it_is_the_same() -> None:
+    """STO-09: a commit that only grows the transcript keeps the head's context
+    text; one that also changes another conversation field, adds a context
+    key or reorders the conversation encodes it again: the incremental head
+    is the reference head every time."""
+    record = RunRecord.new(
+        "r", work=100, context={"conversation": {"messages": [], "queue_status": "active"}}
+    )
+    record, _ = transition(record, Command("admit", 0.0, {"state": "running"}))
+    chain = [record]
+
+    def update(conversation: dict[str, Any], **context: Any) -> None:
+        current = chain[-1]
+        new, _ = transition(
+            current, Command("conversation_updated", 1.0, {"conversation": conversation})
+        )
+        if context:
+            new = evolve_record(new, context={**new.context, **context})
+        chain.append(new)
+
+    messages = FrozenList([freeze({"role": "user", "content": "a"})])
+    update({"messages": messages, "queue_status": "active"})  # lists only
+    more = FrozenList([*messages, freeze({"role": "user", "content": "b"})])
+    update({"messages": more, "queue_status": "suspended"})  # and a field
+    update({"queue_status": "suspended", "messages": more})  # reordered
+    update({"queue_status": "suspended", "messages": more}, tenant="t1")  # a new context key
+    _check_heads(chain)

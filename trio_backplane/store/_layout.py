@@ -264,9 +264,46 @@ def head_fields(
         elif kind == _BUDGET:
             budget = {"quota": value.quota, "used": value.used, "reservations": PLACEHOLDER}
             out[i] = _HEAD_KEYS[i] + encode_part(budget)
+        elif previous is not None and fields and _same_head_context(value, previous.context):
+            pass  # only the conversation's lists moved: they are placeholders in the head
         else:
             out[i] = _HEAD_KEYS[i] + encode_part(_head_context(record))
     return out
+
+
+def _same_head_context(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:
+    """Whether ``new`` and ``old`` contexts give the same head text: the same
+    keys in the same order holding the very same objects, except the
+    conversation's growing lists (placeholders in the head) where both hold a
+    list.  A commit that only appends to the transcript keeps its head text."""
+    if len(new) != len(old):
+        return False
+    for (key, value), (old_key, old_value) in zip(new.items(), old.items(), strict=True):
+        if key != old_key:
+            return False
+        if value is old_value:
+            continue
+        if (
+            key != "conversation"
+            or not isinstance(value, Mapping)
+            or not isinstance(old_value, Mapping)
+            or len(value) != len(old_value)
+        ):
+            return False
+        for (name, item), (old_name, old_item) in zip(
+            value.items(), old_value.items(), strict=True
+        ):
+            if name != old_name:
+                return False
+            if item is old_item:
+                continue
+            if not (
+                name in _LISTS
+                and isinstance(item, tuple | list)
+                and isinstance(old_item, tuple | list)
+            ):
+                return False
+    return True
 
 
 def join_head(fields: Sequence[str]) -> str:
