@@ -497,6 +497,11 @@ class RunRecord:
     ``{"kind", "status", "effect_class", "dispatch_state", ...}``;
     ``active_tools`` maps invocation ids to their identity; ``tool_results``
     holds each completed invocation's result until its transcript projection.
+
+    Mappings are ``FrozenDict`` (a ``dict``), or ``LayeredDict`` once a
+    growing one (intents, tool results, reservations) is long: read them as
+    ``Mapping``; :func:`thaw` gives plain ``dict``/``list`` data, and
+    ``kernel.dumps`` encodes either as is.
     """
 
     run_id: str = attrs.field(validator=_run_id)
