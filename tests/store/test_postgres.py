@@ -863,3 +863,36 @@ async def test_sto_06_a_failed_group_fails_every_commit_in_it(
         elif when == "before":
             assert stored == record  # nothing of the failed group was written
     assert store.stats["batches"] >= batches
+
+
+async def test_sto_10_a_group_aborted_before_its_commit_is_committed_one_by_one(
+    pg_store_factory: StoreFactory, pg_dsn: str, pg_schema: str
+) -> None:
+    """STO-10: a group whose transaction the server aborts before the COMMIT
+    (a deadlock with another host's group, here simulated) has written
+    nothing, so each of its commits is then made alone: all land, none
+    reports a failure."""
+    store, reader = pg_store_factory(), pg_store_factory()
+    records = [await _running(store, f"abort{i}") for i in range(5)]
+    psycopg = _psycopg()
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE FUNCTION {pg_schema}.deadlock(text[], bigint[], text[],"
+            " double precision[], text[]) RETURNS void LANGUAGE plpgsql AS"
+            " $$ BEGIN RAISE EXCEPTION 'simulated deadlock' USING ERRCODE = '40P01'; END $$"
+        )
+    batches = store.stats["batches"]
+    store._sql = {
+        **store._sql,
+        "insert_events": f"SELECT {pg_schema}.deadlock(%b::text[], %b::bigint[],"
+        " %b::text[], %b::double precision[], %b::text[])",
+    }
+    results = await _all_at_once(store, records)
+    assert all(isinstance(r, RunRecord) for r in results), results
+    assert store.stats["batches"] == batches  # no group committed
+    for result in results:
+        assert isinstance(result, RunRecord)
+        assert await reader.load(result.run_id) == result
+        assert [e.sequence for e in await reader.events(result.run_id)] == list(
+            range(1, result.revision + 1)
+        )

@@ -11,6 +11,7 @@ a shielded cleanup settles the run.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import math
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -210,7 +211,10 @@ class Conversation:
         self.run_id = run_id
         self._store = store
         #: ``store.commit_nowait`` when the store offers it (it never waits)
-        self._commit_nowait: Callable[..., Receipt] | None = getattr(store, "commit_nowait", None)
+        nowait = getattr(store, "commit_nowait", None)
+        self._commit_nowait: Callable[..., Receipt] | None = (
+            None if not callable(nowait) or inspect.iscoroutinefunction(nowait) else nowait
+        )
         self._provider = provider
         self._catalog = CatalogState(bundle, options.schema_admission)
         self._pending: Pending | None = None

@@ -719,30 +719,36 @@ class PostgresStore:
         psycopg = self._psycopg
         try:
             with self._checked_out() as conn:
-                # Arrays go in binary (%b): no per-item quoting of JSON text.
-                cur = conn.execute(self._sql["update_runs"], runs)
-                updated = {r[0] for r in cur.fetchall()}
-                stale = [job for job, *_ in group if job.run_id not in updated]
+                try:
+                    # Arrays go in binary (%b): no per-item quoting of JSON text.
+                    cur = conn.execute(self._sql["update_runs"], runs)
+                    updated = {r[0] for r in cur.fetchall()}
+                    stale = [job for job, *_ in group if job.run_id not in updated]
+                    if not stale:
+                        with conn.pipeline():
+                            if parts[0]:
+                                conn.execute(self._sql["upsert_parts"], parts)
+                            if gone[0]:
+                                conn.execute(self._sql["delete_parts"], gone)
+                            if events[0]:
+                                conn.execute(self._sql["insert_events"], events)
+                except psycopg.Error as exc:
+                    # Before the COMMIT nothing is written: a deadlock with
+                    # another host's group, a serialization failure or a
+                    # taken event sequence is settled commit by commit.
+                    conn.rollback()
+                    if isinstance(exc, psycopg.errors.UniqueViolation):
+                        for job, *_ in group:
+                            self._forget(job.run_id)  # a sequence hint was stale
+                    return alone + [item[0] for item in group]
                 if stale:
                     conn.rollback()  # another host moved these runs on
                     for job in stale:
                         self._forget(job.run_id)
                     return alone + [item[0] for item in group]
-                try:
-                    with conn.pipeline():
-                        if parts[0]:
-                            conn.execute(self._sql["upsert_parts"], parts)
-                        if gone[0]:
-                            conn.execute(self._sql["delete_parts"], gone)
-                        if events[0]:
-                            conn.execute(self._sql["insert_events"], events)
-                except psycopg.errors.UniqueViolation:
-                    conn.rollback()  # a sequence hint was stale: prove each alone
-                    for job, *_ in group:
-                        self._forget(job.run_id)
-                    return alone + [item[0] for item in group]
                 failure = self._commit_transaction(conn)
         except (Error, psycopg.Error, OSError) as exc:
+            # The COMMIT failed, or its acknowledgement was lost: never success.
             error = self._classify(exc)
             if error.error_class is not ErrorClass.STORAGE_FAILED:
                 error = Error(ErrorClass.STORAGE_FAILED, error.message, error.details)
