@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -67,7 +68,8 @@ class TimelineStore(Delegating):
         #: ``fail(kind, commits_so_far)`` may return an exception to raise
         #: instead of committing (nothing is stored then)
         self.fail: Callable[[str, list[str]], BaseException | None] | None = None
-        if callable(getattr(inner, "commit_nowait", None)):
+        nowait = getattr(inner, "commit_nowait", None)
+        if callable(nowait) and not inspect.iscoroutinefunction(nowait):
             # the engine then commits without waiting, as it would on ``inner``
             self.commit_nowait = self._commit_nowait
 

@@ -96,3 +96,29 @@ async def test_a_failing_nowait_commit_is_storage_failed(
     assert not {"run_completed", "run_failed", "run_cancelled"} & set(finished.types())
     assert len(backend.operations) == 1  # dispatched once, never again
     assert "tool_completed" not in store.kinds
+
+
+class AsyncNowait(Delegating):
+    """Names a coroutine function ``commit_nowait``: not a store that never waits."""
+
+    def __init__(self) -> None:
+        super().__init__(MemoryStore())
+        self.awaited = 0
+
+    async def commit_nowait(self, run_id: str, **kwargs: Any) -> Receipt:
+        raise AssertionError("a coroutine commit_nowait was called as one that never waits")
+
+    async def commit(self, run_id: str, **kwargs: Any) -> Receipt:
+        self.awaited += 1
+        return await self.inner.commit(run_id, **kwargs)  # type: ignore[no-any-return]
+
+
+async def test_a_coroutine_commit_nowait_is_not_taken_for_one(autojump_clock: Any) -> None:
+    """A store whose ``commit_nowait`` is a coroutine function is committed to
+    the awaited way, with its commit deadline."""
+    store = AsyncNowait()
+    finished = await run_to_settled(
+        one_tool_step(), [make_tool("t", RecordingBackend(ToolResult("ok")))], store=store
+    )
+    assert finished.snapshot.run.state == "completed"
+    assert store.awaited >= 4
