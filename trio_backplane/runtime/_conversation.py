@@ -460,37 +460,34 @@ class Conversation:
         if done:
             if done > 1:
                 new = evolve_record(new, revision=record.revision + 1)
-            await self._write(record, new, events)
+            error: Error | None = None
+            try:
+                nowait = self._commit_nowait
+                if nowait is not None:  # nothing to wait for: no scope to bound the wait
+                    receipt = nowait(
+                        record.run_id,
+                        incarnation=record.incarnation,
+                        expected_revision=record.revision,
+                        record=new,
+                        events=events,
+                    )
+                else:
+                    receipt = await self._commit_waiting(record, new, events)
+                verify_receipt(receipt, run_id=record.run_id, expected_revision=record.revision)
+            except Error as exc:
+                error = exc
+            except Exception as exc:
+                error = _storage_error(f"store failed: {type(exc).__name__}: {exc}"[:500])
+            if error is not None:
+                self._storage_failure(error)
+                raise _StorageFailed(self._last_error or error)
+            self._record = new
             for step in steps[:done]:
                 if step.after is not None:
                     step.after()
         if refusal is not None:
             raise refusal
         return new
-
-    async def _write(self, record: RunRecord, new: RunRecord, events: list[RunEvent]) -> None:
-        error: Error | None = None
-        try:
-            nowait = self._commit_nowait
-            if nowait is not None:  # nothing to wait for: no scope to bound the wait
-                receipt = nowait(
-                    record.run_id,
-                    incarnation=record.incarnation,
-                    expected_revision=record.revision,
-                    record=new,
-                    events=events,
-                )
-            else:
-                receipt = await self._commit_waiting(record, new, events)
-            verify_receipt(receipt, run_id=record.run_id, expected_revision=record.revision)
-        except Error as exc:
-            error = exc
-        except Exception as exc:
-            error = _storage_error(f"store failed: {type(exc).__name__}: {exc}"[:500])
-        if error is not None:
-            self._storage_failure(error)
-            raise _StorageFailed(self._last_error or error)
-        self._record = new
 
     async def _commit_waiting(
         self, record: RunRecord, new: RunRecord, events: list[RunEvent]

@@ -26,7 +26,15 @@ from ..tools import (
     decide_approval,
     settlement,
 )
-from ._conversation import Step, checkpoint_step, conversation_of
+from ._conversation import (
+    Step,
+    _Rejected,
+    _Stop,
+    _StorageFailed,
+    checkpoint_step,
+    command_step,
+    conversation_of,
+)
 from ._deadline import DeadlineBudget
 from ._interactions import wait_for_human
 from ._provider import (
@@ -83,7 +91,6 @@ class ToolContext:
             raise Error(ErrorClass.VALIDATION, "an interaction request must be a mapping")
         if not self._live:
             raise Error(ErrorClass.RESOURCE_CONFLICT, "stale or overlapping interaction")
-        from ._conversation import _StorageFailed
 
         try:
             answer, _ = await wait_for_human(self._conversation, request)
@@ -262,8 +269,6 @@ class TurnLoop:
         message = thaw(queue[0])
         turn_id = c._new_id("turn")
         try:
-            from ._conversation import _Rejected
-
             message = await c._prompt_hook(message, "new", turn_id)
         except _Rejected as rejected:
             await c._checkpoint(
@@ -341,7 +346,6 @@ class TurnLoop:
         if not queue:
             return False
         await self._flush()
-        from ._conversation import _Rejected
 
         message = thaw(queue[0])
         try:
@@ -398,7 +402,6 @@ class TurnLoop:
         """Commit the intent of an effect, in one write with the decided steps
         (``before``, the carried one) that precede it; a kernel refusal fails
         the turn, an expired deadline stops the run (KER-08)."""
-        from ._conversation import _Stop, command_step
 
         c = self.c
         pending = self._pending(before)
@@ -421,7 +424,6 @@ class TurnLoop:
         return record
 
     async def _uncertain(self, error: Error) -> None:
-        from ._conversation import _Stop
 
         self.c._last_error = error
         self.c._request_stop("uncertain")
@@ -812,7 +814,6 @@ class TurnLoop:
 
     async def _complete(self, invocation_id: str, normalized: dict[str, Any]) -> None:
         """Commit a settled result (before any transcript projection, TOOL-08)."""
-        from ._conversation import _Stop
 
         c = self.c
         try:
@@ -833,7 +834,6 @@ class TurnLoop:
 
     async def _nested(self, outer: ToolContext, tool_name: str, arguments: Any) -> ToolResult:
         """A nested invocation on behalf of ``outer`` (NEST-01..09)."""
-        from ._conversation import _Stop
 
         c = self.c
         bundle = c._catalog.bundle
