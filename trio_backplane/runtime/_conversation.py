@@ -25,6 +25,7 @@ from ..errors import Error, ErrorClass
 from ..kernel import (
     TERMINAL_STATES,
     Command,
+    FrozenDict,
     RunEvent,
     RunRecord,
     appended,
@@ -74,7 +75,9 @@ def command_step(
 
 def conversation_of(record: RunRecord) -> Mapping[str, Any]:
     state = record.context.get("conversation")
-    return state if isinstance(state, Mapping) else _EMPTY_CONVERSATION
+    if type(state) is FrozenDict or isinstance(state, Mapping):
+        return state
+    return _EMPTY_CONVERSATION
 
 
 def checkpoint_step(
@@ -410,7 +413,9 @@ class Conversation:
 
     def _conversation_state(self) -> Mapping[str, Any]:
         state = self._record.context.get("conversation")
-        return state if isinstance(state, Mapping) else _EMPTY_CONVERSATION
+        if type(state) is FrozenDict or isinstance(state, Mapping):
+            return state
+        return _EMPTY_CONVERSATION
 
     async def _commit(self, kind: str, data: Mapping[str, Any] | None = None) -> RunRecord:
         """Apply ``kind`` to the last acknowledged record and commit it: FIFO,

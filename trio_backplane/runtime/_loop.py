@@ -10,7 +10,7 @@ import attrs
 import trio
 
 from ..errors import Error, ErrorClass
-from ..kernel import Command, FrozenList, RunRecord, appended, freeze, thaw, utf8_size
+from ..kernel import Command, FrozenDict, FrozenList, RunRecord, appended, freeze, thaw, utf8_size
 from ..schema import CompiledSchema, compile_with
 from ..tools import (
     Approval,
@@ -591,7 +591,7 @@ class TurnLoop:
             c._publish("usage_updated", {"usage": thaw(event.usage)})
 
     def _account_message(self, accounting: _Accounting, message: Any) -> None:
-        if not isinstance(message, Mapping):
+        if type(message) is not FrozenDict and not isinstance(message, Mapping):
             return
         content = message.get("content")
         if isinstance(content, str):
@@ -603,7 +603,7 @@ class TurnLoop:
             # text block after a thinking block is not counted twice (PRV-14)
             positions = {"text": 0, "thinking": 0}
             for block in content:
-                if not isinstance(block, Mapping):
+                if type(block) is not FrozenDict and not isinstance(block, Mapping):
                     continue
                 kind = block.get("type")
                 if kind == "tool_call":
@@ -1037,7 +1037,9 @@ def _tool_calls(
     blocks: list[dict[str, Any]] = []
     if isinstance(content, list | tuple):
         for block in content:
-            if isinstance(block, Mapping) and block.get("type") == "tool_call":
+            if (type(block) is FrozenDict or isinstance(block, Mapping)) and block.get(
+                "type"
+            ) == "tool_call":
                 blocks.append(
                     {
                         "id": block.get("id"),

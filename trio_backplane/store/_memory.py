@@ -75,8 +75,9 @@ class MemoryStore:
             expected_revision=expected_revision,
             record=record,
         )
-        if any(not isinstance(event, RunEvent) for event in events):
-            raise Error(ErrorClass.VALIDATION, "a store commits RunEvent values")
+        for event in events:
+            if not isinstance(event, RunEvent):
+                raise Error(ErrorClass.VALIDATION, "a store commits RunEvent values")
         # Decided.  MemoryStore keeps the frozen values themselves: nothing is
         # encoded, and a RunEvent's payload is frozen already.
         self._events[run_id].extend(events)
