@@ -48,17 +48,12 @@ AFTER_DEADLINE = frozenset(
 ACTIVE = ("queued", "running", "waiting_approval", "waiting_result")
 TERMINAL = ("completed", "failed", "cancelled", "timed_out", "unknown_outcome")
 
-#: The kernel also takes conversation checkpoints while a run waits or is
-#: cancelling (CAN-09 and INT-10 need a checkpoint after cancellation; INT-07
-#: moves the deadline around a wait); API.md's table says only ``running``.
-CHECKPOINT_EXTRA = frozenset({"waiting_approval", "waiting_result", "cancelling"})
-
 #: "allowed from" of API.md's table, by state label.  ``queued_new`` is a
 #: queued run not yet admitted; ``queued_admitted`` an admitted one.
 ALLOWED_FROM: Mapping[str, frozenset[str]] = {
     "admit": frozenset({"queued_new"}),
     "start": frozenset({"queued_admitted", "running"}),
-    "conversation_updated": frozenset({"running"}) | CHECKPOINT_EXTRA,
+    "conversation_updated": frozenset({"running"}),
     "provider_started": frozenset({"running"}),
     "provider_completed": frozenset({"running"}),
     "tool_invoked": frozenset({"running"}),

@@ -116,8 +116,7 @@ class Model:
         return None if self.admitted and self.state in ("queued", "running") else V
 
     def check_conversation_updated(self, given: dict[str, Any]) -> ErrorClass | None:
-        ok = {"running", "waiting_approval", "waiting_result", "cancelling"}
-        return None if self.state in ok else V
+        return None if self.state == "running" else V
 
     def check_provider_started(self, given: dict[str, Any]) -> ErrorClass | None:
         if self.state != "running":

@@ -233,15 +233,19 @@ def test_unknown_command_is_refused() -> None:
     assert error.message == "unknown command"
 
 
-def test_conversation_checkpoint_is_taken_while_cancelling() -> None:
-    """A checkpoint after cancellation keeps follow-ups (CAN-09) and clears a
-    pending interaction (INT-10): ``conversation_updated`` applies in
-    ``cancelling`` and in both waiting states, beyond API.md's ``running``."""
+def test_kernel_02_conversation_checkpoint_only_while_running() -> None:
+    """KER-02: ``conversation_updated`` applies in ``running`` only (API.md's
+    table): a run that waits or is cancelling refuses it with ``validation``
+    and nothing changes.  The runtime suspends a conversation's queues in the
+    commit that stops it, before the stop (CAN-09, INT-10)."""
     for label in ("cancelling", "waiting_result", "waiting_approval"):
         record = LABELS[label]
-        new = apply(record, cmd("conversation_updated", conversation={"queue_status": "suspended"}))
-        assert new.state == record.state
-        assert new.conversation == {"queue_status": "suspended"}
+        error = refused(
+            record,
+            cmd("conversation_updated", conversation={"queue_status": "suspended"}),
+            ErrorClass.VALIDATION,
+        )
+        assert error.message == INVALID
 
 
 # -- KER-03 ---------------------------------------------------------------------
@@ -610,8 +614,8 @@ def test_ker08_deadline_boundary_and_settlement() -> None:
     late = apply(
         record,
         cmd("conversation_updated", 11.0, conversation={"messages": []}),
+        cmd("conversation_updated", 11.5, conversation={"queue_status": "suspended"}),
         cmd("deadline_exceeded", 12.0),
-        cmd("conversation_updated", 13.0, conversation={"queue_status": "suspended"}),
         cmd("cleanup_settled", 14.0, certainty="uncertain", evidence=["stream cut"]),
     )
     assert late.state == "unknown_outcome"

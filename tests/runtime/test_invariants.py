@@ -333,3 +333,42 @@ def test_invariants_under_random_scripts(scenario: Scenario) -> None:
     backend = ProbeBackend(store)
     seen = trio.run(_play, scenario, store, backend, clock=MockClock(autojump_threshold=0))
     _check(scenario, store, backend, seen)
+
+
+LATE_DEADLINE = Scenario(
+    responses=[
+        ScriptedProvider.tool_calls(("call-0", "look", {"outcome": "sleep", "seconds": 3.0})),
+        ScriptedProvider.text("final answer"),
+    ],
+    cancel_at=None,
+    inputs=[],
+    faults=[
+        Fault("delay", kind="conversation_updated", occurrence=2, delay=3.0),
+        Fault("hang", kind="conversation_updated", occurrence=2),
+    ],
+    work=4,
+    run_timeout=4.0,
+    effect_timeout=10.0,
+    commit_timeout=5.0,
+    cleanup_timeout=1.0,
+    stop_hook_sleep=None,
+)
+
+
+@given(st.just(LATE_DEADLINE))
+def test_can_18_a_deadline_noticed_after_a_slow_commit_still_bounds_the_settlement(
+    scenario: Scenario,
+) -> None:
+    """CAN-18 (found by the soak profile): the run deadline (4 s) passes while
+    the worker's own commit is in flight (delayed to 6 s); the worker notices
+    the deadline only then, and the settlement commit hangs.  The settlement
+    still ends by deadline + cleanup_timeout + commit_timeout (10 s, not 11):
+    its budget counts from when the stop was due, not from when it was
+    noticed."""
+    store = FaultyStore(None, *[attrs.evolve(f, fired=0) for f in scenario.faults])
+    backend = ProbeBackend(store)
+    seen = trio.run(_play, scenario, store, backend, clock=MockClock(autojump_threshold=0))
+    assert [action for action, _kind, _number in store.fired] == ["delay", "hang"]
+    assert seen.phase == "storage_failed"
+    assert seen.exited_at == 10.0
+    _check(scenario, store, backend, seen)

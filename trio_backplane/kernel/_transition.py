@@ -135,7 +135,7 @@ def _start(record: RunRecord, command: Command) -> dict[str, Any]:
 
 
 def _conversation_updated(record: RunRecord, command: Command) -> dict[str, Any]:
-    _require_state(record, command, "running", "waiting_approval", "waiting_result", "cancelling")
+    _require_state(record, command, "running")
     changes = _with_context(record, command)
     later = command.input.get("execution_deadline")
     if later is not None:

@@ -238,6 +238,9 @@ class Conversation:
         self._worker_running = False
         self._stop_reason: str | None = None  # "cancelled" | "deadline_exceeded" | "uncertain"
         self._stop_requested = trio.Event()
+        #: when the stop was due (the run deadline for a deadline stop): the
+        #: settlement's cleanup and commit budgets count from here (CAN-18)
+        self._stop_due: float | None = None
         self._settled = trio.Event()
         self._settling = False  # one settlement at a time (CAN-06)
         self._turn_wakeup = trio.Event()
@@ -445,7 +448,9 @@ class Conversation:
         finally:
             self._commit_lock.release()
 
-    async def _commit_locked(self, steps: Sequence[Step], *, as_input: bool = False) -> RunRecord:
+    async def _commit_locked(
+        self, steps: Sequence[Step], *, as_input: bool = False, commit_by: float = math.inf
+    ) -> RunRecord:
         if as_input and (self._stop_reason is not None or self._record.state in TERMINAL_STATES):
             # cancelled meanwhile: whatever became of the settlement, input is refused
             raise Error(ErrorClass.RESOURCE_CONFLICT, "run is not accepting input")
@@ -477,7 +482,7 @@ class Conversation:
                         events=events,
                     )
                 else:
-                    receipt = await self._commit_waiting(record, new, events)
+                    receipt = await self._commit_waiting(record, new, events, commit_by)
                 verify_receipt(receipt, run_id=record.run_id, expected_revision=record.revision)
             except Error as exc:
                 error = exc
@@ -495,14 +500,13 @@ class Conversation:
         return new
 
     async def _commit_waiting(
-        self, record: RunRecord, new: RunRecord, events: list[RunEvent]
+        self, record: RunRecord, new: RunRecord, events: list[RunEvent], commit_by: float
     ) -> Receipt:
         """``store.commit`` in one scope: shielded from the caller's
         cancellation (a commit's outcome is always known), bounded by its own
-        commit deadline (rule 5)."""
-        with trio.CancelScope(
-            shield=True, deadline=trio.current_time() + self._options.commit_timeout
-        ) as scope:
+        commit deadline (rule 5), and by ``commit_by`` (a settlement's end)."""
+        deadline = min(trio.current_time() + self._options.commit_timeout, commit_by)
+        with trio.CancelScope(shield=True, deadline=deadline) as scope:
             return await self._store.commit(
                 record.run_id,
                 incarnation=record.incarnation,
@@ -573,6 +577,7 @@ class Conversation:
         self._catalog.discard()  # a cancelled or uncertain producer discards (PUB-09)
         if self._stop_reason is None:
             self._stop_reason = reason
+            self._note_stop_due(reason)
             if self._phase not in _INACTIVE_PHASES:
                 self._phase = "cancelling"
         self._stop_requested.set()
@@ -580,6 +585,14 @@ class Conversation:
             self._worker.cancel()
         if not self._worker_running and not self._settled.is_set():
             self._nursery.start_soon(self._settle)
+
+    def _note_stop_due(self, reason: str) -> None:
+        if self._stop_due is None:
+            now = trio.current_time()
+            # A deadline noticed late (after a shielded commit) was due at the deadline.
+            self._stop_due = (
+                min(now, self._run_budget.deadline) if reason == "deadline_exceeded" else now
+            )
 
     async def _start_worker(self, first_turn: str | None, failed: Error | None) -> None:
         self._worker_running = True
@@ -606,6 +619,7 @@ class Conversation:
                         pass
             if self._run_budget.timed_out() and self._stop_reason is None:
                 self._stop_reason = "deadline_exceeded"
+                self._note_stop_due("deadline_exceeded")
                 self._phase = "cancelling"
         finally:
             self._worker = None
@@ -628,15 +642,20 @@ class Conversation:
             # commit: a slow store spends commit_timeout once, and a settlement
             # is never cut between its stop and its cleanup (it would leave the
             # run cancelling with no terminal event).
+            # The queues are suspended by a checkpoint while the run is still
+            # running (a conversation checkpoint applies in `running` only,
+            # KER-02), in the same commit as the stop.  A run never admitted
+            # has no queue to suspend.
             steps: list[Step] = []
+            if self._record.state == "running":
+                steps.append(
+                    checkpoint_step(
+                        lambda c: {**c, "queue_status": "suspended", "pending_interaction": None}
+                    )
+                )
             if self._record.state != "cancelling":
                 kind = "deadline_exceeded" if reason == "deadline_exceeded" else "cancel"
                 steps.append(command_step(kind, {"reason": reason}))
-            steps.append(
-                checkpoint_step(
-                    lambda c: {**c, "queue_status": "suspended", "pending_interaction": None}
-                )
-            )
             uncertain = self._uncertain_work()
 
             def settlement(record: RunRecord, now: float) -> Command:
@@ -650,14 +669,25 @@ class Conversation:
             steps.append(Step(settlement))
             # No resource registry: resource cleanup counts as confirmed (CAN-20).
             self._resource_cleanup = ResourceCleanup(status="confirmed")
+            # The whole settlement fits in cleanup_timeout + commit_timeout
+            # from when the stop was due, even if the worker noticed it late
+            # (its own shielded commit was in flight at the deadline).
+            due = self._stop_due if self._stop_due is not None else trio.current_time()
+            settle_by = due + self._options.cleanup_timeout
             with trio.CancelScope(shield=True):
                 acquired = False
-                with trio.move_on_after(self._options.cleanup_timeout):
-                    await self._commit_lock.acquire()
+                try:
+                    self._commit_lock.acquire_nowait()
                     acquired = True
+                except trio.WouldBlock:
+                    with trio.move_on_at(settle_by):
+                        await self._commit_lock.acquire()
+                        acquired = True
                 if acquired:
                     try:
-                        await self._commit_locked(steps)
+                        await self._commit_locked(
+                            steps, commit_by=settle_by + self._options.commit_timeout
+                        )
                     except _StorageFailed:
                         return
                     finally:
