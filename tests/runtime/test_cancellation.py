@@ -892,3 +892,25 @@ async def test_can_03_stream_close_is_bounded_by_the_effect_deadline(
     assert trio.current_time() == pytest.approx(30.0)
     assert snapshot.phase == "terminal"
     assert snapshot.run.state != "completed"
+
+
+async def test_can_18_a_hanging_stream_close_cannot_hold_a_cancelled_run(
+    autojump_clock: MockClock,
+) -> None:
+    """CAN-18: cancel() while a provider stream's close hangs (effect_timeout
+    an hour): the close is cut once the cleanup budget is spent and the run
+    settles within cleanup_timeout + commit_timeout of the cancel."""
+    provider = SlowClose(close_seconds=math.inf)
+    async with provider.open(effect_timeout=3600.0, cleanup_timeout=2.0, commit_timeout=3.0) as c:
+        await c.prompt("hi")
+        while provider.closing_started is None:
+            await trio.sleep(0.5)
+        await trio.sleep(1.0)
+        cancelled_at = trio.current_time()
+        await c.cancel()
+        snapshot = await c.wait_settled()
+        settled_at = trio.current_time()
+    assert not provider.closed_fully
+    assert settled_at - cancelled_at <= 2.0 + 3.0
+    assert snapshot.phase == "terminal"
+    assert snapshot.run.state == "unknown_outcome"  # the attempt was interrupted (CAN-07)

@@ -241,6 +241,8 @@ class Conversation:
         #: when the stop was due (the run deadline for a deadline stop): the
         #: settlement's cleanup and commit budgets count from here (CAN-18)
         self._stop_due: float | None = None
+        #: the provider attempt's scope while its stream closes (shielded)
+        self._closing: trio.CancelScope | None = None
         self._settled = trio.Event()
         self._settling = False  # one settlement at a time (CAN-06)
         self._turn_wakeup = trio.Event()
@@ -580,11 +582,20 @@ class Conversation:
             self._note_stop_due(reason)
             if self._phase not in _INACTIVE_PHASES:
                 self._phase = "cancelling"
+        self._bound_closing()
         self._stop_requested.set()
         if self._worker is not None:
             self._worker.cancel()
         if not self._worker_running and not self._settled.is_set():
             self._nursery.start_soon(self._settle)
+
+    def _bound_closing(self) -> None:
+        """A stream closing when the run stops closes within the cleanup
+        budget (CAN-18): its shield keeps the run's cancellation out, not
+        the settlement's clock."""
+        scope = self._closing
+        if scope is not None and self._stop_due is not None:
+            scope.deadline = min(scope.deadline, self._stop_due + self._options.cleanup_timeout)
 
     def _note_stop_due(self, reason: str) -> None:
         if self._stop_due is None:

@@ -492,9 +492,15 @@ class TurnLoop:
                     if aclose is not None:
                         # Closing is shielded from the run's cancellation and
                         # still bounded by the attempt's own deadline: the
-                        # budget's scope shields, no scope of its own.
+                        # budget's scope shields, no scope of its own.  Once
+                        # the run stops, the cleanup budget bounds it too.
                         scope.shield = True
-                        await aclose()
+                        c._closing = scope
+                        c._bound_closing()
+                        try:
+                            await aclose()
+                        finally:
+                            c._closing = None
             except Error as error:
                 failure = error
             except trio.Cancelled:
