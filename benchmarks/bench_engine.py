@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from bench_store import hand_off_floor
 
 from trio_backplane.kernel import Command, FrozenList, RunRecord, appended, transition
 from trio_backplane.runtime import open_conversation
@@ -318,25 +319,6 @@ async def raw_commit(store: Any, count: int = 200) -> float:
     return (time.perf_counter() - start) / count * 1e6
 
 
-async def hand_off(store: Any, count: int = 2000) -> float:
-    """µs of one round trip through the SQLite store's writer thread doing
-    nothing, on the path a commit batch takes (median of 3)."""
-    from trio_backplane.store._sqlite import _Call
-
-    def nothing() -> None:
-        return None
-
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        for _ in range(count):
-            call = _Call(nothing)
-            store._submit(call)
-            await store._wait(call)
-        times.append((time.perf_counter() - start) / count * 1e6)
-    return statistics.median(times)
-
-
 # -- stores --------------------------------------------------------------------------
 
 _tmp = tempfile.TemporaryDirectory(prefix="bench_engine_")
@@ -380,7 +362,7 @@ async def main() -> None:
     sql_conc = await concurrent_per_step(sqlite)
     store = await sqlite()
     store_commit_us = statistics.median([await raw_commit(store) for _ in range(3)])
-    hand_off_us = await hand_off(store)
+    hand_off_us = await hand_off_floor(store)
     await close(store)
     raw_file = Path(_tmp.name) / "raw.db"
     commit_us = statistics.median(
