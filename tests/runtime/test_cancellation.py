@@ -914,3 +914,23 @@ async def test_can_18_a_hanging_stream_close_cannot_hold_a_cancelled_run(
     assert settled_at - cancelled_at <= 2.0 + 3.0
     assert snapshot.phase == "terminal"
     assert snapshot.run.state == "unknown_outcome"  # the attempt was interrupted (CAN-07)
+
+
+async def test_can_08_a_hanging_stream_close_cannot_outlast_the_run_deadline(
+    autojump_clock: MockClock,
+) -> None:
+    """CAN-08/CAN-18: a stream whose close hangs past the run deadline is cut
+    once the cleanup budget after the deadline is spent, and the run settles
+    within run_timeout + cleanup_timeout + commit_timeout."""
+    provider = SlowClose(close_seconds=math.inf)
+    async with provider.open(
+        run_timeout=5.0, effect_timeout=3600.0, cleanup_timeout=2.0, commit_timeout=3.0
+    ) as c:
+        await c.prompt("hi")
+        snapshot = await c.wait_settled()
+        settled_at = trio.current_time()
+    assert provider.closing_started is not None
+    assert not provider.closed_fully
+    assert settled_at <= 5.0 + 2.0 + 3.0
+    assert snapshot.phase == "terminal"
+    assert snapshot.run.stop_reason == "deadline_exceeded"

@@ -590,12 +590,14 @@ class Conversation:
             self._nursery.start_soon(self._settle)
 
     def _bound_closing(self) -> None:
-        """A stream closing when the run stops closes within the cleanup
-        budget (CAN-18): its shield keeps the run's cancellation out, not
-        the settlement's clock."""
+        """A stream closing when the run stops, or past the run deadline,
+        closes within the cleanup budget (CAN-18): its shield keeps the run's
+        cancellation out, not the settlement's clock."""
         scope = self._closing
-        if scope is not None and self._stop_due is not None:
-            scope.deadline = min(scope.deadline, self._stop_due + self._options.cleanup_timeout)
+        if scope is not None:
+            # the stop when one is due, else the run deadline (a stop then)
+            due = self._stop_due if self._stop_due is not None else self._run_budget.deadline
+            scope.deadline = min(scope.deadline, due + self._options.cleanup_timeout)
 
     def _note_stop_due(self, reason: str) -> None:
         if self._stop_due is None:

@@ -512,6 +512,13 @@ class TurnLoop:
                     {"cause": f"{type(exc).__name__}: {exc}"[:500]},
                 )
         if budget.timed_out():
+            if c._stop_reason is not None or trio.current_time() >= c._run_budget.deadline:
+                # Cut while closing by the cleanup budget of a stop (a cancel,
+                # or the run deadline that passed meanwhile), not by
+                # effect_timeout: the settlement reports the attempt.
+                if c._stop_reason is None:
+                    c._request_stop("deadline_exceeded")
+                raise _Stop
             await self._uncertain(
                 Error(
                     ErrorClass.TIMEOUT,
