@@ -354,3 +354,31 @@ async def test_a_commit_that_keeps_the_state_leaves_the_state_index_alone(tmp_pa
     finally:
         conn.close()
     assert rows == [("r1", "running", record.revision)]
+
+
+async def test_a_commit_of_something_else_than_run_events_writes_nothing(tmp_path: Path) -> None:
+    """STO-04/STO-05: events that are not ``RunEvent`` values are refused with
+    ``validation`` before anything is written, on the remembered-run path and
+    after a reopen (the row read back) alike."""
+    for reopen in (False, True):
+        path = tmp_path / f"runs-{reopen}.db"
+        async with SQLiteStore(path) as store:
+            record = await _commit(store, await _fresh(store, "r1"), 1)
+        async with SQLiteStore(path) as store:
+            if not reopen:
+                record = await _commit(store, await store.load("r1") or record, 2)
+            new, events = _next(record, 3)
+            bad = [*events, {"type": "run.x", "occurred_at": 3.0, "payload": {}}]
+            with pytest.raises(Error) as caught:
+                await store.commit(
+                    "r1",
+                    incarnation=1,
+                    expected_revision=record.revision,
+                    record=new,
+                    events=bad,
+                )
+            assert caught.value.error_class is ErrorClass.VALIDATION
+            assert await store.load("r1") == record
+            assert [e.sequence for e in await store.events("r1")] == list(
+                range(1, record.revision + 1)
+            )

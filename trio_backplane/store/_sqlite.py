@@ -21,7 +21,7 @@ store remembers, per run, the ``_layout.Entry`` of the last committed
 record, the sequence of the run's last event and the record's head field by
 field (``_layout.head_fields``).  A commit whose ``(incarnation,
 expected_revision)`` matches what is remembered is decided
-(``prepare_commit``, the decision every store shares) and encoded --
+(``check_commit``, the decision every store shares) and encoded --
 ``_layout.diff`` encodes just the entries that changed, the head just the
 fields that changed, the events their payloads -- by the caller, in
 ``commit`` on the Trio thread, which has just built the record; the writer
@@ -87,7 +87,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from functools import partial
 from typing import Any, Final, Literal, TypeVar
 
@@ -95,7 +95,7 @@ import outcome
 import trio
 
 from ..errors import Error, ErrorClass
-from ..kernel import RunEvent, RunRecord, decode_event, encode_event
+from ..kernel import RunEvent, RunRecord, decode_event
 from ..kernel import decode_record as _decode_record
 from ..kernel import fence as _kernel_fence
 from ._group import GroupCommit, Job
@@ -114,7 +114,7 @@ from ._layout import (
     join_head,
     split,
 )
-from ._protocol import Receipt, RunSummary, prepare_commit, prepare_create
+from ._protocol import Receipt, RunSummary, check_commit, prepare_create
 
 __all__ = ["LAYOUT_VERSION", "RESERVATIONS", "SQLiteStore", "join", "split"]
 
@@ -589,20 +589,20 @@ class SQLiteStore:
     # -- writing -----------------------------------------------------------------
 
     @staticmethod
-    def _encode(
-        stored: _Cached, record: RunRecord, events: Sequence[Mapping[str, Any]]
-    ) -> _Encoded:
-        """Everything a commit of ``record`` (decided: ``prepare_commit``) over
+    def _encode(stored: _Cached, record: RunRecord, events: Sequence[RunEvent]) -> _Encoded:
+        """Everything a commit of ``record`` (decided: ``check_commit``) over
         the ``stored`` record writes, encoded and checked; no I/O."""
         old, _, old_head = stored
         entry, upserts, deletes = diff(old, record)
         head = head_fields(record, old.record, old_head)
         encoded = []
         for event in events:
-            occurred_at = event["occurred_at"]
+            if not isinstance(event, RunEvent):
+                raise Error(ErrorClass.VALIDATION, "a store commits RunEvent values")
+            occurred_at = event.occurred_at
             if not isinstance(occurred_at, int | float) or not math.isfinite(occurred_at):
                 raise Error(ErrorClass.VALIDATION, "event time must be a finite number")
-            encoded.append((event["type"], occurred_at, encode_part(event["payload"])))
+            encoded.append((event.type, occurred_at, encode_part(event.payload)))
         return stored, entry, upserts, deletes, head, encoded
 
     @staticmethod
@@ -663,7 +663,7 @@ class SQLiteStore:
         conn: sqlite3.Connection,
         stored: _Cached,
         record: RunRecord,
-        events: Sequence[Mapping[str, Any]],
+        events: Sequence[RunEvent],
     ) -> _Written | None:
         """Compare-and-set the ``stored`` record -> ``record`` (inside a
         transaction): :meth:`_encode`, then :meth:`_apply`."""
@@ -680,15 +680,14 @@ class SQLiteStore:
         stored = cached[0].record
         if stored.incarnation != job.incarnation or stored.revision != job.expected_revision:
             return None
-        decided = prepare_commit(
+        check_commit(
             stored,
             job.run_id,
             incarnation=job.incarnation,
             expected_revision=job.expected_revision,
             record=job.record,
-            events=job.events,
         )
-        return self._encode(cached, decided.record, decided.events)
+        return self._encode(cached, job.record, job.events)
 
     def _apply_commit(self, conn: sqlite3.Connection, job: _Job) -> _Written:
         """One commit inside the batch transaction: decide, then write.
@@ -716,21 +715,20 @@ class SQLiteStore:
             self._cache.pop(run_id, None)
             stand_in = None
         elif (row[0], row[1]) != (job.incarnation, job.expected_revision):
-            # Refused either way: prepare_commit only needs the identity.
+            # Refused either way: check_commit only needs the identity.
             stand_in = RunRecord(run_id=run_id, incarnation=row[0], revision=row[1])
         else:
             current = self._stored(conn, run_id)
             stand_in = None if current is None else current[0].record
-        decided = prepare_commit(
+        check_commit(
             stand_in,
             run_id,
             incarnation=job.incarnation,
             expected_revision=job.expected_revision,
             record=job.record,
-            events=job.events,
         )
         assert current is not None
-        written = self._write(conn, current, decided.record, decided.events)
+        written = self._write(conn, current, job.record, job.events)
         if written is None:  # pragma: no cover - the row was read under BEGIN IMMEDIATE
             raise _conflict("stale revision", run_id)
         return written
@@ -903,7 +901,7 @@ class SQLiteStore:
                 if stored is None:
                     raise _conflict("run does not exist", run_id)
                 new, events = _kernel_fence(stored[0].record, incarnation, at=at)
-                written = self._write(conn, stored, new, [encode_event(e) for e in events])
+                written = self._write(conn, stored, new, events)
                 if written is None:  # pragma: no cover - the row was read under BEGIN IMMEDIATE
                     raise _conflict("stale revision", run_id)
             self._cache[run_id] = written[0]
