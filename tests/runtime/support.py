@@ -116,44 +116,16 @@ class TimelineStore(Delegating):
         self.timeline.extend(("commit", kind) for kind in kinds)
         return kinds
 
-    async def commit(
-        self,
-        run_id: str,
-        *,
-        incarnation: int,
-        expected_revision: int,
-        record: RunRecord,
-        events: Sequence[RunEvent],
-    ) -> Receipt:
-        kinds = self._before_commit(events)
-        receipt = await self.inner.commit(
-            run_id,
-            incarnation=incarnation,
-            expected_revision=expected_revision,
-            record=record,
-            events=events,
-        )
-        self.records.extend(record for _ in kinds)  # aligned with commits()
+    async def commit(self, run_id: str, **kwargs: Any) -> Receipt:
+        kinds = self._before_commit(kwargs["events"])
+        receipt = await self.inner.commit(run_id, **kwargs)
+        self.records.extend(kwargs["record"] for _ in kinds)  # aligned with commits()
         return receipt  # type: ignore[no-any-return]
 
-    def _commit_nowait(
-        self,
-        run_id: str,
-        *,
-        incarnation: int,
-        expected_revision: int,
-        record: RunRecord,
-        events: Sequence[RunEvent],
-    ) -> Receipt:
-        kinds = self._before_commit(events)
-        receipt = self.inner.commit_nowait(
-            run_id,
-            incarnation=incarnation,
-            expected_revision=expected_revision,
-            record=record,
-            events=events,
-        )
-        self.records.extend(record for _ in kinds)
+    def _commit_nowait(self, run_id: str, **kwargs: Any) -> Receipt:
+        kinds = self._before_commit(kwargs["events"])
+        receipt = self.inner.commit_nowait(run_id, **kwargs)
+        self.records.extend(kwargs["record"] for _ in kinds)
         return receipt  # type: ignore[no-any-return]
 
 

@@ -4,13 +4,11 @@ the same failure handling as ``commit`` (CAN-11, EVT-18)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
 from trio_backplane.errors import Error, ErrorClass
-from trio_backplane.kernel import RunEvent, RunRecord
 from trio_backplane.store import MemoryStore, Receipt
 from trio_backplane.testing import ScriptedProvider
 from trio_backplane.tools import ToolResult
@@ -30,25 +28,11 @@ class Nowait(Delegating):
     async def commit(self, run_id: str, **kwargs: Any) -> Receipt:
         raise AssertionError("the engine awaited commit on a store that never waits")
 
-    def commit_nowait(
-        self,
-        run_id: str,
-        *,
-        incarnation: int,
-        expected_revision: int,
-        record: RunRecord,
-        events: Sequence[RunEvent],
-    ) -> Receipt:
-        kinds = [e.type.removeprefix("run.") for e in events]
+    def commit_nowait(self, run_id: str, **kwargs: Any) -> Receipt:
+        kinds = [e.type.removeprefix("run.") for e in kwargs["events"]]
         if self.fail is not None and self.fail[0] in kinds:
             raise self.fail[1]
-        receipt = self.inner.commit_nowait(
-            run_id,
-            incarnation=incarnation,
-            expected_revision=expected_revision,
-            record=record,
-            events=events,
-        )
+        receipt = self.inner.commit_nowait(run_id, **kwargs)
         self.kinds.extend(kinds)
         return receipt  # type: ignore[no-any-return]
 
