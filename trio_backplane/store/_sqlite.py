@@ -293,18 +293,9 @@ class _Job(Job):
     """One ``commit`` call, queued for a batch."""
 
     __slots__ = ("encoded",)
-
-    def __init__(
-        self,
-        run_id: str,
-        incarnation: int,
-        expected_revision: int,
-        record: RunRecord,
-        events: Sequence[RunEvent],
-    ) -> None:
-        super().__init__(run_id, incarnation, expected_revision, record, events)
-        #: Encoded by the caller against the run the store remembered then.
-        self.encoded: _Encoded | None = None
+    #: Encoded by the caller against the run the store remembered then (set
+    #: by ``commit`` before the job is queued).
+    encoded: _Encoded | None
 
 
 def _storage_failed(exc: BaseException, message: str = "sqlite operation failed") -> Error:
@@ -618,31 +609,12 @@ class SQLiteStore:
         last = stored[1]
         if events and last is None:
             (last,) = conn.execute(_SELECT_LAST_SEQUENCE, (run_id,)).fetchone()
+        identity = (record.incarnation, record.revision)
+        where = (run_id, old.incarnation, old.revision)
         if record.state == old.state:
-            cursor = conn.execute(
-                _UPDATE_RUN_SAME_STATE,
-                (
-                    record.incarnation,
-                    record.revision,
-                    join_head(head),
-                    run_id,
-                    old.incarnation,
-                    old.revision,
-                ),
-            )
+            cursor = conn.execute(_UPDATE_RUN_SAME_STATE, (*identity, join_head(head), *where))
         else:
-            cursor = conn.execute(
-                _UPDATE_RUN,
-                (
-                    record.incarnation,
-                    record.revision,
-                    record.state,
-                    join_head(head),
-                    run_id,
-                    old.incarnation,
-                    old.revision,
-                ),
-            )
+            cursor = conn.execute(_UPDATE_RUN, (*identity, record.state, join_head(head), *where))
         if cursor.rowcount != 1:
             return None
         if upserts:
