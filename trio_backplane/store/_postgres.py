@@ -93,7 +93,7 @@ from ._layout import (
     inline_lists,
     join,
 )
-from ._protocol import Receipt, RunSummary, prepare_commit, prepare_create
+from ._protocol import PreparedCommit, Receipt, RunSummary, prepare_commit, prepare_create
 
 __all__ = ["PostgresStore"]
 
@@ -625,7 +625,7 @@ class PostgresStore:
     def _commit_one(self, job: Job, conn: Any) -> Receipt:
         """One commit in its own transaction: the fast path, else the row lock."""
         run_id, incarnation, expected = job.run_id, job.incarnation, job.expected_revision
-        fast = self._commit_fast(conn, run_id, incarnation, expected, job.record, job.events)
+        fast = self._commit_fast(conn, job)
         if fast is not None:
             return fast
         row = conn.execute(self._sql["lock_run"], (run_id,)).fetchone()
@@ -658,31 +658,16 @@ class PostgresStore:
         alone: list[Job] = []
         group: list[tuple[Job, Entry, RunRecord, list[dict[str, Any]], int]] = []
         for job in jobs:
-            with self._lock:
-                cached = self._cache.get(job.run_id)
-                known = self._sequences.get(job.run_id)
-            identity = (job.incarnation, job.expected_revision)
-            if (
-                cached is None
-                or known is None
-                or (cached.record.incarnation, cached.record.revision) != identity
-                or known[:2] != identity
-            ):
-                alone.append(job)
-                continue
             try:
-                prepared = prepare_commit(
-                    cached.record,
-                    job.run_id,
-                    incarnation=job.incarnation,
-                    expected_revision=job.expected_revision,
-                    record=job.record,
-                    events=job.events,
-                )
+                decided = self._decided(job)
             except Error as exc:
                 job.error = exc  # decided against: nothing to send
                 continue
-            group.append((job, cached, prepared.record, prepared.events, known[2]))
+            if decided is None:
+                alone.append(job)
+                continue
+            cached, prepared, last = decided
+            group.append((job, cached, prepared.record, prepared.events, last))
         if len(group) < 2:
             return alone + [item[0] for item in group]
         runs: list[list[Any]] = [[] for _ in range(7)]
@@ -818,46 +803,47 @@ class PostgresStore:
             self.stats["last_bytes"] = size
         return Receipt(record.run_id, record.incarnation, record.revision)
 
-    def _commit_fast(  # noqa: PLR0917 - the commit's arguments, passed through
-        self,
-        conn: Any,
-        run_id: str,
-        incarnation: int,
-        expected_revision: int,
-        record: RunRecord,
-        events: Sequence[RunEvent],
-    ) -> Receipt | None:
-        """The commit in two round trips when this store remembers the run at
-        ``(incarnation, expected_revision)`` and its last event sequence: the
-        compare-and-set ``UPDATE``, the part rows and the events go in one
-        pipeline, then ``COMMIT``.  An ``UPDATE`` that matched no row (another
-        host moved the run on) or an event sequence already taken rolls back
-        and returns ``None``: the commit is then made the locking way.
-        ``Error`` from the decision passes through (nothing was sent)."""
+    def _decided(self, job: Job) -> tuple[Entry, PreparedCommit, int] | None:
+        """``job`` decided against the run this store remembers, with the run's
+        last event sequence, when it remembers the run at the job's
+        incarnation and expected revision (``None`` otherwise: the stored row
+        decides).  ``Error`` from the decision passes through."""
         with self._lock:
-            cached = self._cache.get(run_id)
-            known = self._sequences.get(run_id)
+            cached = self._cache.get(job.run_id)
+            known = self._sequences.get(job.run_id)
+        identity = (job.incarnation, job.expected_revision)
         if (
             cached is None
             or known is None
-            or (cached.record.incarnation, cached.record.revision)
-            != (incarnation, expected_revision)
-            or known[:2] != (incarnation, expected_revision)
+            or (cached.record.incarnation, cached.record.revision) != identity
+            or known[:2] != identity
         ):
             return None
         prepared = prepare_commit(
             cached.record,
-            run_id,
-            incarnation=incarnation,
-            expected_revision=expected_revision,
-            record=record,
-            events=events,
+            job.run_id,
+            incarnation=job.incarnation,
+            expected_revision=job.expected_revision,
+            record=job.record,
+            events=job.events,
         )
+        return cached, prepared, known[2]
+
+    def _commit_fast(self, conn: Any, job: Job) -> Receipt | None:
+        """The commit in two round trips when :meth:`_decided` can decide it:
+        the compare-and-set ``UPDATE``, the part rows and the events go in one
+        pipeline, then ``COMMIT``.  An ``UPDATE`` that matched no row (another
+        host moved the run on) or an event sequence already taken rolls back
+        and returns ``None``: the commit is then made the locking way.
+        ``Error`` from the decision passes through (nothing was sent)."""
+        decided = self._decided(job)
+        if decided is None:
+            return None
+        cached, prepared, last = decided
+        run_id = job.run_id
         try:
             with conn.pipeline():
-                cur, written = self._send(
-                    conn, cached, prepared.record, prepared.events, last=known[2]
-                )
+                cur, written = self._send(conn, cached, prepared.record, prepared.events, last=last)
         except self._psycopg.errors.UniqueViolation:
             conn.rollback()  # an event sequence was taken: the hint was stale
             self._forget(run_id)
