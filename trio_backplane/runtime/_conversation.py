@@ -597,7 +597,10 @@ class Conversation:
         if scope is not None:
             # the stop when one is due, else the run deadline (a stop then)
             due = self._stop_due if self._stop_due is not None else self._run_budget.deadline
-            scope.deadline = min(scope.deadline, due + self._options.cleanup_timeout)
+            bound = due + self._options.cleanup_timeout
+            # assigning a deadline re-registers it with Trio: only when earlier
+            if bound < scope.deadline:  # noqa: PLR1730
+                scope.deadline = bound
 
     def _note_stop_due(self, reason: str) -> None:
         if self._stop_due is None:
