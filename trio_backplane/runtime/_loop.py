@@ -187,10 +187,6 @@ class _Accounting:
             )
 
 
-def _nbytes(text: Any) -> int:
-    return utf8_size(text)  # frozen values encode as they are: no thaw
-
-
 class TurnLoop:
     """Drives turns.  Commits that may share one durable write do: a provider
     response with the first tool intent of its batch, and the last tool
@@ -346,7 +342,6 @@ class TurnLoop:
         if not queue:
             return False
         await self._flush()
-
         message = thaw(queue[0])
         try:
             message = await c._prompt_hook(message, "steering", turn_id)
@@ -402,7 +397,6 @@ class TurnLoop:
         """Commit the intent of an effect, in one write with the decided steps
         (``before``, the carried one) that precede it; a kernel refusal fails
         the turn, an expired deadline stops the run (KER-08)."""
-
         c = self.c
         pending = self._pending(before)
         if c._stop_reason is not None:
@@ -424,7 +418,6 @@ class TurnLoop:
         return record
 
     async def _uncertain(self, error: Error) -> None:
-
         self.c._last_error = error
         self.c._request_stop("uncertain")
         raise _Stop
@@ -578,10 +571,10 @@ class TurnLoop:
     ) -> None:
         c = self.c
         if isinstance(event, TextDelta):
-            accounting.add(("text", event.index), delta=_nbytes(event.text))
+            accounting.add(("text", event.index), delta=utf8_size(event.text))
             c._publish("content_text_delta", {"delta": event.text, "index": event.index})
         elif isinstance(event, ThinkingDelta):
-            accounting.add(("thinking", event.index), delta=_nbytes(event.text))
+            accounting.add(("thinking", event.index), delta=utf8_size(event.text))
             c._publish("content_thinking_delta", {"delta": event.text, "index": event.index})
         elif isinstance(event, ToolCallStarted):
             c._publish(
@@ -589,13 +582,13 @@ class TurnLoop:
                 {"tool_call": {"id": event.tool_call_id, "name": event.name, "index": event.index}},
             )
         elif isinstance(event, ToolCallArgumentsDelta):
-            accounting.add(("tool", event.tool_call_id), delta=_nbytes(event.delta))
+            accounting.add(("tool", event.tool_call_id), delta=utf8_size(event.delta))
             c._publish(
                 "tool_call_arguments_delta",
                 {"delta": event.delta, "index": event.index, "tool_call_id": event.tool_call_id},
             )
         elif isinstance(event, ToolCallCompleted):
-            accounting.add(("tool", event.tool_call_id), snapshot=_nbytes(event.arguments))
+            accounting.add(("tool", event.tool_call_id), snapshot=utf8_size(event.arguments))
             call = {"id": event.tool_call_id, "name": event.name, "arguments": event.arguments}
             completed.append(call)
             c._publish("tool_call_completed", {"tool_call": thaw(call)})
@@ -608,7 +601,7 @@ class TurnLoop:
             return
         content = message.get("content")
         if isinstance(content, str):
-            accounting.add(("text", 0), snapshot=_nbytes(content))
+            accounting.add(("text", 0), snapshot=utf8_size(content))
             return
         if isinstance(content, list | tuple):
             # a block without "index" takes its position among blocks of its own
@@ -621,12 +614,12 @@ class TurnLoop:
                 kind = block.get("type")
                 if kind == "tool_call":
                     accounting.add(
-                        ("tool", block.get("id")), snapshot=_nbytes(block.get("arguments"))
+                        ("tool", block.get("id")), snapshot=utf8_size(block.get("arguments"))
                     )
                 elif kind in ("text", "thinking"):
                     index = block.get("index", positions[kind])
                     accounting.add(
-                        (kind, index), snapshot=_nbytes(block.get(kind, block.get("text", "")))
+                        (kind, index), snapshot=utf8_size(block.get(kind, block.get("text", "")))
                     )
                     positions[kind] += 1
 
@@ -827,7 +820,6 @@ class TurnLoop:
 
     async def _complete(self, invocation_id: str, normalized: dict[str, Any]) -> None:
         """Commit a settled result (before any transcript projection, TOOL-08)."""
-
         c = self.c
         try:
             await c._commit(
@@ -847,7 +839,6 @@ class TurnLoop:
 
     async def _nested(self, outer: ToolContext, tool_name: str, arguments: Any) -> ToolResult:
         """A nested invocation on behalf of ``outer`` (NEST-01..09)."""
-
         c = self.c
         bundle = c._catalog.bundle
         descriptor = bundle.registry.get(tool_name) if isinstance(tool_name, str) else None
