@@ -227,13 +227,14 @@ def freeze(value: Any, what: str = "committed intent") -> Any:
 _RECURSION: Final = 64
 
 
-#: Types :func:`_freeze` returns as they are (``None`` included).
-_KEPT: Final = frozenset({str, int, bool, type(None)})
+#: Types :func:`freeze` returns as they are: JSON leaves (``None`` included;
+#: floats need a finiteness check) and the frozen containers.
+_KEPT: Final = frozenset({str, int, bool, type(None), FrozenDict, FrozenList, LayeredDict})
 
 
 def _freeze(value: Any, what: str, depth: int) -> Any:
     t = type(value)
-    if t in _KEPT or t is FrozenDict or t is FrozenList or t is LayeredDict:
+    if t in _KEPT:
         return value
     if t is float:
         if value - value != 0.0:
@@ -250,11 +251,7 @@ def _freeze(value: Any, what: str, depth: int) -> Any:
             for key, item in value.items():
                 ti = type(item)
                 if type(key) is not str or not (
-                    ti in _KEPT
-                    or ti is FrozenDict
-                    or ti is FrozenList
-                    or (ti is float and item - item == 0.0)
-                    or ti is LayeredDict
+                    ti in _KEPT or (ti is float and item - item == 0.0)
                 ):
                     break
             else:
@@ -268,34 +265,21 @@ def _freeze(value: Any, what: str, depth: int) -> Any:
                     {"type": type(key).__name__},
                 )
             ti = type(item)
-            if ti in _KEPT or ti is FrozenDict or ti is FrozenList or ti is LayeredDict:
+            if ti in _KEPT:
                 out[key] = item
             else:
                 out[key] = _freeze(item, what, depth + 1)
         return FrozenDict(out)
     if t is list or t is tuple:
         return FrozenList(
-            [
-                item
-                if type(item) in _KEPT or type(item) is FrozenDict or type(item) is FrozenList
-                else _freeze(item, what, depth + 1)
-                for item in value
-            ]
+            [item if type(item) in _KEPT else _freeze(item, what, depth + 1) for item in value]
         )
     raise Error(ErrorClass.VALIDATION, f"{what} contains a runtime handle", {"type": t.__name__})
 
 
 def _freeze_iterative(value: Any, what: str) -> Any:
     t = type(value)
-    if (
-        t is FrozenDict
-        or t is FrozenList
-        or t is LayeredDict
-        or t is str
-        or t is int
-        or t is bool
-        or value is None
-    ):
+    if t in _KEPT:
         return value
     if t is float:
         if value - value != 0.0:
@@ -308,15 +292,7 @@ def _freeze_iterative(value: Any, what: str) -> Any:
     while stack:
         item, holder, slot = stack.pop()
         kind = type(item)
-        if (
-            kind is FrozenDict
-            or kind is FrozenList
-            or kind is LayeredDict
-            or kind is str
-            or kind is int
-            or kind is bool
-            or item is None
-        ):
+        if kind in _KEPT:
             holder[slot] = item
         elif kind is float:
             if item - item != 0.0:
@@ -575,8 +551,7 @@ _LINEAGE_MAX: Final = 1 << 20
 
 def _derive(old: Mapping[str, Any], new: Derived, key: str) -> Derived:
     """Record that ``new`` is ``old`` with ``key`` changed (see ``FrozenDict``)."""
-    kind = type(old)
-    derived = kind is FrozenDict or kind is LayeredDict
+    derived = type(old) in _DERIVED
     lineage = getattr(old, "_lineage", None) if derived else None
     if lineage is None and derived and old:
         # Root a lineage at ``old`` (never at an empty mapping: the shared
