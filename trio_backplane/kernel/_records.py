@@ -537,9 +537,11 @@ class RunRecord:
 
 
 def _input(value: Any) -> Mapping[str, Any]:
+    t = type(value)  # exact types first: an ABC isinstance check costs ~0.4 us
+    if t is FrozenDict:  # frozen already (the engine builds its inputs so)
+        return value  # type: ignore[no-any-return]
     if value is None:
         return _EMPTY
-    t = type(value)  # exact types first: an ABC isinstance check costs ~0.4 us
     if t is not dict and t is not FrozenDict and not isinstance(value, Mapping):
         raise Error(ErrorClass.VALIDATION, "command input must be a mapping")
     return freeze(value)  # type: ignore[no-any-return]

@@ -89,8 +89,12 @@ def checkpoint_step(
     of the record it lands on to the new state."""
 
     def build(record: RunRecord, now: float) -> Command:
-        state = update(dict(conversation_of(record)))
-        return Command("conversation_updated", now, {"conversation": state, **(extra or {})})
+        # Frozen level by level: each freeze is one check and one copy of a
+        # mapping of frozen values, and the command takes the result unwalked.
+        data = {"conversation": freeze(update(dict(conversation_of(record))))}
+        if extra:
+            data.update(extra)
+        return Command("conversation_updated", now, freeze(data))
 
     return Step(build, after)
 

@@ -151,13 +151,17 @@ class _TurnFailed(Exception):
         self.error = error
 
 
-def _error_result(error: Error) -> dict[str, Any]:
-    return {
-        "content": error.message,
-        "structured_content": None,
-        "is_error": True,
-        "error": error.to_dict(),
-    }
+def _error_result(error: Error) -> Mapping[str, Any]:
+    """The normalized (frozen) result of a refused or failed call."""
+    result: Mapping[str, Any] = freeze(
+        {
+            "content": error.message,
+            "structured_content": None,
+            "is_error": True,
+            "error": error.to_dict(),
+        }
+    )
+    return result
 
 
 class _Accounting:
@@ -545,11 +549,15 @@ class TurnLoop:
             return Command(
                 "provider_completed",
                 now,
-                {
-                    "attempt_id": attempt_id,
-                    "result": {"message": frozen},
-                    "conversation": _append(conversation_of(record), message=frozen, usage=usage),
-                },
+                freeze(
+                    {
+                        "attempt_id": attempt_id,
+                        "result": freeze({"message": frozen}),
+                        "conversation": _append(
+                            conversation_of(record), message=frozen, usage=usage
+                        ),
+                    }
+                ),
             )
 
         def completed_event() -> None:
@@ -818,12 +826,12 @@ class TurnLoop:
         await self._complete(invocation_id, normalized)
         await self._tool_message(call_id, descriptor.name, normalized, carry=carry)
 
-    async def _complete(self, invocation_id: str, normalized: dict[str, Any]) -> None:
+    async def _complete(self, invocation_id: str, normalized: Mapping[str, Any]) -> None:
         """Commit a settled result (before any transcript projection, TOOL-08)."""
         c = self.c
         try:
             await c._commit(
-                "tool_completed", {"invocation_id": invocation_id, "result": normalized}
+                "tool_completed", freeze({"invocation_id": invocation_id, "result": normalized})
             )
         except Error as error:
             if error.error_class is ErrorClass.TIMEOUT:
@@ -934,12 +942,14 @@ class TurnLoop:
         self.c._unsettled_dispatch[invocation_id] = reason.message
         await self._uncertain(reason)
 
-    def _normalize(self, result: Any) -> dict[str, Any]:
+    def _normalize(self, result: Any) -> Mapping[str, Any]:
+        """The result as committed and projected: frozen once, here, so the
+        result command, the tool message and its event share it unwalked."""
         if isinstance(result, ToolResult):
-            normalized: dict[str, Any] = thaw(result.to_dict())
             try:
+                normalized: Mapping[str, Any] = freeze(result.to_dict(), "tool result")
                 size = utf8_size(normalized)
-            except (TypeError, ValueError):
+            except (Error, TypeError, ValueError):
                 return _error_result(Error(ErrorClass.VALIDATION, "tool result is not JSON data"))
             if size > self.c._options.output_limit:
                 return _error_result(
@@ -984,22 +994,26 @@ class TurnLoop:
 
 def _intent(
     descriptor: ToolDescriptor, call_id: str | None, turn_id: str, authority: Any
-) -> dict[str, Any]:
-    """The durable intent of one invocation: no grants, no credentials (TOOL-10)."""
+) -> Mapping[str, Any]:
+    """The durable intent of one invocation: no grants, no credentials (TOOL-10).
+    Frozen as built (the command takes it unwalked)."""
     intent: dict[str, Any] = {
         "tool_name": descriptor.name,
         "tool_revision": descriptor.revision,
         "turn_id": turn_id,
         "effect_class": "read_only" if descriptor.read_only else "mutation",
-        "effective_authority": {
-            "caller": authority.caller,
-            "run_id": authority.run_id,
-            "tool_revision": descriptor.revision,
-        },
+        "effective_authority": freeze(
+            {
+                "caller": authority.caller,
+                "run_id": authority.run_id,
+                "tool_revision": descriptor.revision,
+            }
+        ),
     }
     if call_id is not None:
         intent["tool_call_id"] = call_id
-    return intent
+    frozen: Mapping[str, Any] = freeze(intent)
+    return frozen
 
 
 def _started(operation: ToolOperation) -> dict[str, Any]:
@@ -1023,13 +1037,16 @@ def _last_provider(record: RunRecord) -> str:
 
 def _append(
     state: Mapping[str, Any], *, message: Any = None, usage: list[Any] | None = None
-) -> dict[str, Any]:
+) -> Mapping[str, Any]:
+    """``state`` (frozen) with ``message`` and ``usage`` appended, frozen (a
+    command takes it unwalked)."""
     new = dict(state)
     if message is not None:
         new["messages"] = appended(state.get("messages", ()), message)
     if usage:
         new["usage"] = appended(state.get("usage", ()), *usage)
-    return new
+    frozen: Mapping[str, Any] = freeze(new)
+    return frozen
 
 
 def _tool_calls(
