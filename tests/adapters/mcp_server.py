@@ -1,6 +1,8 @@
-"""An MCP server for the adapter tests, written with the official SDK (stdio).
+"""An MCP server for the adapter tests, written with the official SDK.
 
-Run as ``python mcp_server.py``.  ``MCP_TEST_REF_PORT`` names the loopback
+Run as ``python mcp_server.py`` (stdio) or ``python mcp_server.py --http``
+(streamable HTTP on a loopback port of the system's choosing, printed as the
+first line of stdout once the socket listens).  ``MCP_TEST_REF_PORT`` names the loopback
 port the ``remote_ref`` tool's schema points at (MCP-05).  Every
 ``tools/call`` it receives is logged; the ``calls`` tool returns that log, so
 a test can prove a request never reached the server.
@@ -9,6 +11,7 @@ a test can prove a request never reached the server.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import anyio
@@ -183,5 +186,18 @@ async def main() -> None:
         await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
+async def main_http() -> None:
+    import socket
+
+    import uvicorn
+
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    print(listener.getsockname()[1], flush=True)
+    config = uvicorn.Config(server.streamable_http_app(), log_level="warning", lifespan="on")
+    await uvicorn.Server(config).serve(sockets=[listener])
+
+
 if __name__ == "__main__":
-    anyio.run(main)
+    anyio.run(main_http if "--http" in sys.argv else main)

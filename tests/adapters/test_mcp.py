@@ -574,3 +574,20 @@ def test_validator_must_follow_the_protocol() -> None:
         McpCatalog(validator=object())  # type: ignore[arg-type]
     with pytest.raises(Error):
         McpCatalog(validate_arguments=1)  # type: ignore[arg-type]
+
+
+async def test_stdio_server_that_cannot_start_is_a_classed_error(tmp_path: Path) -> None:
+    """A server command that does not exist, or exits before initializing,
+    raises a classed Error naming the command, never a raw OSError or the
+    SDK's exception group."""
+    missing = str(tmp_path / "no-such-server")
+    with trio.fail_after(30), pytest.raises(Error) as info:
+        async with connect_stdio(missing):
+            raise AssertionError("connected to a missing command")
+    assert info.value.error_class is ErrorClass.TRANSIENT_TRANSPORT
+    assert info.value.details["server"] == missing
+    with trio.fail_after(30), pytest.raises(Error) as info:
+        async with connect_stdio(sys.executable, ["-c", "pass"], read_timeout=5):
+            raise AssertionError("connected to a server that exited")
+    assert info.value.error_class is ErrorClass.TRANSIENT_TRANSPORT
+    assert info.value.details["method"] == "initialize"

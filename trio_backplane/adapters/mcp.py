@@ -926,27 +926,86 @@ def _is_descriptors(value: Any) -> bool:
 
 @asynccontextmanager
 async def _open(
-    streams: Any, source: McpToolSource, read_timeout: float | None
+    streams: Any, source: McpToolSource, read_timeout: float | None, server: str
 ) -> AsyncIterator[McpToolSource]:
-    async with (
-        streams as (read_stream, write_stream),
-        ClientSession(
-            read_stream,
-            write_stream,
-            read_timeout_seconds=read_timeout,
-            message_handler=source._on_message,
-        ) as session,
-    ):
-        source.session = session
-        try:
+    """Open the transport and the session, initialize and list.  A failure
+    before the source is handed out is a classed ``Error`` naming ``server``
+    (never the transport's raw exception or the SDK's task-group wrapper);
+    what the caller's block raises passes through as it is."""
+    opened = False
+    unwrapped: BaseException | None = None
+    try:
+        async with (
+            streams as (read_stream, write_stream),
+            ClientSession(
+                read_stream,
+                write_stream,
+                read_timeout_seconds=read_timeout,
+                message_handler=source._on_message,
+            ) as session,
+        ):
+            source.session = session
             try:
-                await session.initialize()
-            except MCPError as exc:
-                raise _mcp_error("initialize", exc, tool=None) from None
-            await source.refresh()
-            yield source
-        finally:
-            source.session = None
+                try:
+                    await session.initialize()
+                except MCPError as exc:
+                    raise _mcp_error("initialize", exc, tool=None) from None
+                await source.refresh()
+                opened = True
+                yield source
+            finally:
+                source.session = None
+    except BaseException as exc:
+        leaves = _leaves(exc)
+        if opened:
+            if len(leaves) != 1 or leaves[0] is exc:
+                raise
+            # The block's own exception, wrapped by the SDK's task group:
+            # raised again below, outside this handler, as it was.
+            unwrapped = leaves[0]
+        else:
+            failure = _connect_failure(leaves, server)
+            if failure is None:
+                raise
+            raise failure from exc
+    if unwrapped is not None:
+        raise unwrapped
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """``exc``, or the exceptions inside it when it is a group."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return [exc]
+    leaves: list[BaseException] = []
+    stack: list[BaseException] = [exc]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, BaseExceptionGroup):
+            stack.extend(item.exceptions)
+        else:
+            leaves.append(item)
+    return leaves
+
+
+def _connect_failure(leaves: list[BaseException], server: str) -> Error | None:
+    """The classed ``Error`` for a failure to connect, initialize or list;
+    ``None`` when it must propagate as it is (a cancellation,
+    ``KeyboardInterrupt``, ``SystemExit``)."""
+    if any(not isinstance(leaf, Exception) for leaf in leaves):
+        return None
+    ours = [leaf for leaf in leaves if isinstance(leaf, Error)]
+    if ours:
+        return ours[0]  # already classed (a refused initialize, a malformed listing)
+    first = leaves[0]
+    return Error(
+        ErrorClass.TRANSIENT_TRANSPORT,
+        "MCP server could not be reached",
+        {
+            "method": "connect",
+            "server": server[:_MAX_CAUSE],
+            "cause": f"{type(first).__name__}: {first}"[:_MAX_CAUSE],
+        },
+    )
 
 
 @asynccontextmanager
@@ -980,7 +1039,7 @@ async def connect_stdio(
         command=command, args=list(args), env=None if env is None else dict(env), cwd=cwd
     )
     streams = stdio_client(params) if errlog is None else stdio_client(params, errlog=errlog)
-    async with _open(streams, source, read_timeout) as opened:
+    async with _open(streams, source, read_timeout, command) as opened:
         yield opened
 
 
@@ -995,7 +1054,11 @@ async def connect_streamable_http(
     call_timeout: float | None = None,
     read_timeout: float | None = 30.0,
 ) -> AsyncIterator[McpToolSource]:
-    """Connect to an MCP server over streamable HTTP, initialize and list its tools."""
+    """Connect to an MCP server over streamable HTTP, initialize and list its tools.
+
+    A server that cannot be reached, or fails to initialize or list, raises
+    a classed ``Error`` (``transient_transport`` for the connection itself).
+    """
     from mcp.client.streamable_http import streamable_http_client
 
     source = McpToolSource(
@@ -1005,5 +1068,5 @@ async def connect_streamable_http(
         cache=cache,
         call_timeout=call_timeout,
     )
-    async with _open(streamable_http_client(url), source, read_timeout) as opened:
+    async with _open(streamable_http_client(url), source, read_timeout, url) as opened:
         yield opened
