@@ -252,7 +252,9 @@ class Conversation:
         self._turn_wakeup = trio.Event()
         self._step_id: str | None = None
         self._attempt_id: str | None = None
-        self._run_budget = DeadlineBudget("run", options.run_timeout)
+        #: the run's clock, read without looking the run up each time
+        self._now: Callable[[], float] = trio.lowlevel.current_clock().current_time
+        self._run_budget = DeadlineBudget("run", options.run_timeout, self._now)
         self._unsettled_dispatch: dict[str, Any] = {}  # keys of dispatched, unsettled effects
         if phase in _INACTIVE_PHASES:
             self._settled.set()
@@ -445,14 +447,20 @@ class Conversation:
         # common case: one worker commits at a time); a cancelled caller still
         # stops here before anything is decided.
         await trio.lowlevel.checkpoint_if_cancelled()
+        lock = self._commit_lock
+        if self._commit_nowait is not None and not lock.locked():
+            # A store that never waits: the whole commit runs without a
+            # checkpoint, so nothing can come between; the lock is free and
+            # nobody queues behind it (a queued waiter would hold it).
+            return await self._commit_locked(steps, as_input=as_input)
         try:
-            self._commit_lock.acquire_nowait()
+            lock.acquire_nowait()
         except trio.WouldBlock:
-            await self._commit_lock.acquire()
+            await lock.acquire()
         try:
             return await self._commit_locked(steps, as_input=as_input)
         finally:
-            self._commit_lock.release()
+            lock.release()
 
     async def _commit_locked(
         self, steps: Sequence[Step], *, as_input: bool = False, commit_by: float = math.inf
@@ -463,7 +471,7 @@ class Conversation:
         if self._phase in ("storage_failed", "recovery_required"):
             raise _StorageFailed(self._last_error or _storage_error("store is unavailable"))
         record = self._record
-        now = trio.current_time()
+        now = self._now()
         new, events, done, refusal = record, [], 0, None
         for step in steps:
             try:
@@ -625,7 +633,7 @@ class Conversation:
         now = trio.current_time()
         deadline = self._record.deadline
         self._run_budget = DeadlineBudget(
-            "run", max(0.0, (deadline if deadline is not None else now) - now)
+            "run", max(0.0, (deadline if deadline is not None else now) - now), self._now
         )
         try:
             with self._run_budget.arm() as scope:

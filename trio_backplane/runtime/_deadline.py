@@ -9,6 +9,7 @@ an older generation is ignored (ARCHITECTURE.md rule 5).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import trio
 
@@ -18,10 +19,16 @@ __all__ = ["DeadlineBudget"]
 class DeadlineBudget:
     """``seconds`` of time, spent only while armed and not suspended."""
 
-    __slots__ = ("_generation", "_remaining", "_scope", "_suspended", "name")
+    __slots__ = ("_generation", "_now", "_remaining", "_scope", "_suspended", "name")
 
-    def __init__(self, name: str, seconds: float) -> None:
+    def __init__(
+        self, name: str, seconds: float, now: Callable[[], float] = trio.current_time
+    ) -> None:
+        """``now``: the run's clock (``trio.current_time`` or the bound
+        ``current_time`` of ``trio.lowlevel.current_clock()``, which skips
+        the lookup of the run on every reading)."""
         self.name = name
+        self._now = now
         self._remaining = float(seconds)
         self._generation = 0
         self._scope: trio.CancelScope | None = None
@@ -39,27 +46,25 @@ class DeadlineBudget:
     def deadline(self) -> float:
         """The absolute deadline now in force (``inf`` while suspended)."""
         if self._scope is None:
-            return trio.current_time() + self._remaining
+            return self._now() + self._remaining
         return self._scope.deadline
 
     def remaining(self) -> float:
         if self._scope is None or self._suspended:
             return self._remaining
-        return max(0.0, self._scope.deadline - trio.current_time())
+        return max(0.0, self._scope.deadline - self._now())
 
     def arm(self, *, shield: bool = False) -> trio.CancelScope:
         """A new cancel scope whose deadline spends this budget (new generation)."""
         self._generation += 1
         self._suspended = False
-        self._scope = trio.CancelScope(
-            deadline=trio.current_time() + self._remaining, shield=shield
-        )
+        self._scope = trio.CancelScope(deadline=self._now() + self._remaining, shield=shield)
         return self._scope
 
     def suspend(self) -> int:
         """Stop the clock; returns the new generation."""
         if self._scope is not None and not self._suspended:
-            self._remaining = max(0.0, self._scope.deadline - trio.current_time())
+            self._remaining = max(0.0, self._scope.deadline - self._now())
             self._scope.deadline = math.inf
         self._suspended = True
         self._generation += 1
@@ -73,7 +78,7 @@ class DeadlineBudget:
         self._generation += 1
         self._suspended = False
         if self._scope is not None:
-            self._scope.deadline = trio.current_time() + self._remaining
+            self._scope.deadline = self._now() + self._remaining
         return self._generation
 
     def timed_out(self, generation: int | None = None) -> bool:
@@ -84,4 +89,4 @@ class DeadlineBudget:
             return False
         if generation is not None and generation != self._generation:
             return False
-        return scope.cancelled_caught and trio.current_time() >= scope.deadline
+        return scope.cancelled_caught and self._now() >= scope.deadline

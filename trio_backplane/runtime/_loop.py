@@ -456,7 +456,7 @@ class TurnLoop:
             catalog_revision=state.get("catalog_revision", 1),
             tools=c._catalog.bundle.tools,
         )
-        budget = DeadlineBudget("effect", c._options.effect_timeout)
+        budget = DeadlineBudget("effect", c._options.effect_timeout, c._now)
         usage: list[Any] = []
         completed: list[dict[str, Any]] = []
         message: Mapping[str, Any] | None = None
@@ -775,7 +775,7 @@ class TurnLoop:
         seconds = c._options.effect_timeout
         if c._effects:
             seconds = min(seconds, c._effects[-1].remaining() / 2)
-        budget = DeadlineBudget("effect", seconds)
+        budget = DeadlineBudget("effect", seconds, c._now)
         c._effects.append(budget)
         c._executing.append(invocation_id)
         result: Any = None
