@@ -86,3 +86,19 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
     return value
+
+
+def exception_leaves(exc: BaseException) -> list[BaseException]:
+    """``exc`` itself, or every exception inside it when it is an exception
+    group (nested groups flattened): what a nursery's group actually holds."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return [exc]
+    flat: list[BaseException] = []
+    stack: list[BaseException] = [exc]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, BaseExceptionGroup):
+            stack.extend(item.exceptions)
+        else:
+            flat.append(item)
+    return flat

@@ -67,6 +67,22 @@ async def server_calls(source: McpToolSource) -> list[str]:
     return list(result.structured_content["calls"])
 
 
+async def converse(source: McpToolSource, provider: ScriptedProvider, run_id: str) -> Any:
+    """Run one prompt of a conversation over ``source``'s tools (all granted)
+    to its settled snapshot."""
+    bundle = source.admit(caller="host", run_id=run_id)
+    async with open_conversation(
+        run_id,
+        store=MemoryStore(),
+        provider=provider,
+        registry=bundle.registry,
+        authority=bundle.authority,
+    ) as conversation:
+        await conversation.prompt("go")
+        with trio.fail_after(20):
+            return await conversation.wait_settled()
+
+
 def refusal(source: McpToolSource, name: str) -> Error:
     for rejected in source.rejected:
         if rejected.name == name:
@@ -487,7 +503,6 @@ async def test_mcp_14_conversation_sees_error_results_and_continues() -> None:
     the adapter's flags off; a server isError result is an is_error result;
     the provider continues and the run completes."""
     async with server() as source:
-        bundle = source.admit(caller="host", run_id="run-mcp")
         provider = ScriptedProvider(
             [
                 ScriptedProvider.tool_calls(
@@ -498,16 +513,7 @@ async def test_mcp_14_conversation_sees_error_results_and_continues() -> None:
                 ScriptedProvider.text("done"),
             ]
         )
-        async with open_conversation(
-            "run-mcp",
-            store=MemoryStore(),
-            provider=provider,
-            registry=bundle.registry,
-            authority=bundle.authority,
-        ) as conversation:
-            await conversation.prompt("go")
-            with trio.fail_after(20):
-                snapshot = await conversation.wait_settled()
+        snapshot = await converse(source, provider, "run-mcp")
         assert snapshot.run.state == "completed"
         tools = {m["tool_call_id"]: m for m in map(thaw, snapshot.messages) if m["role"] == "tool"}
         assert tools["c1"]["result"]["is_error"] is True

@@ -22,9 +22,9 @@ import trio
 from trio_backplane.adapters.mcp import McpToolSource, connect_streamable_http
 from trio_backplane.errors import Error, ErrorClass
 from trio_backplane.kernel import thaw
-from trio_backplane.runtime import open_conversation
-from trio_backplane.store import MemoryStore
 from trio_backplane.testing import ScriptedProvider
+
+from .test_mcp import converse
 
 SERVER = str(Path(__file__).with_name("mcp_server.py"))
 
@@ -103,17 +103,7 @@ async def test_mcp_http_14_conversation_calls_a_remote_tool() -> None:
                 ScriptedProvider.text("done"),
             ]
         )
-        bundle = tools.admit(caller="host", run_id="run-http")
-        async with open_conversation(
-            "run-http",
-            store=MemoryStore(),
-            provider=provider,
-            registry=bundle.registry,
-            authority=bundle.authority,
-        ) as conversation:
-            await conversation.prompt("go")
-            with trio.fail_after(20):
-                snapshot = await conversation.wait_settled()
+        snapshot = await converse(tools, provider, "run-http")
         assert snapshot.run.state == "completed"
         results = [thaw(m["result"]) for m in snapshot.messages if m["role"] == "tool"]
         assert results[0]["structured_content"] == {"id": 3, "name": "user-3"}

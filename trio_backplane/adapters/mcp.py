@@ -62,7 +62,7 @@ import trio
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 
-from ..errors import Error, ErrorClass
+from ..errors import Error, ErrorClass, exception_leaves
 from ..schema import CompiledSchema, Limits, SchemaOptions, check_bounds, compile_with
 from ..tools import (
     AdmittedBundle,
@@ -956,7 +956,7 @@ async def _open(
             finally:
                 source.session = None
     except BaseException as exc:
-        leaves = _leaves(exc)
+        leaves = exception_leaves(exc)
         if opened:
             if len(leaves) != 1 or leaves[0] is exc:
                 raise
@@ -970,21 +970,6 @@ async def _open(
             raise failure from exc
     if unwrapped is not None:
         raise unwrapped
-
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    """``exc``, or the exceptions inside it when it is a group."""
-    if not isinstance(exc, BaseExceptionGroup):
-        return [exc]
-    leaves: list[BaseException] = []
-    stack: list[BaseException] = [exc]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, BaseExceptionGroup):
-            stack.extend(item.exceptions)
-        else:
-            leaves.append(item)
-    return leaves
 
 
 def _connect_failure(leaves: list[BaseException], server: str) -> Error | None:

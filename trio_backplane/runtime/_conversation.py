@@ -21,7 +21,7 @@ from typing import Any, Final
 import attrs
 import trio
 
-from ..errors import Error, ErrorClass
+from ..errors import Error, ErrorClass, exception_leaves
 from ..kernel import (
     TERMINAL_STATES,
     Command,
@@ -895,25 +895,13 @@ async def open_conversation(
                     await conversation._close()
                 nursery.cancel_scope.cancel()
     except BaseExceptionGroup as group:
-        leaves = _leaves(group)
+        leaves = exception_leaves(group)
         if body_error is not None and all(leaf is body_error for leaf in leaves):
             raise body_error from None
         error = _surface(leaves)
         if isinstance(error, Error):
             raise error from group
         raise error from None
-
-
-def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
-    flat: list[BaseException] = []
-    stack: list[BaseException] = [group]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, BaseExceptionGroup):
-            stack.extend(item.exceptions)
-        else:
-            flat.append(item)
-    return flat
 
 
 def _surface(flat: list[BaseException]) -> BaseException:
