@@ -15,7 +15,7 @@ import trio
 from trio.testing import MockClock
 
 from trio_backplane import Error, ErrorClass
-from trio_backplane.kernel import RunRecord
+from trio_backplane.kernel import RunRecord, thaw
 from trio_backplane.runtime import Conversation
 from trio_backplane.testing import ScriptedProvider
 from trio_backplane.tools import ToolResult
@@ -316,3 +316,24 @@ async def test_nest_05_read_only_nested_timeout_is_reported_to_the_outer_tool(
     nested = [v for v in finished.record.intents.values() if v.get("tool_name") == "slow"]
     assert [v["status"] for v in nested] == ["consumed"]
     assert finished.record.active_tools == {}
+
+
+async def test_nest_04_nested_result_is_plain_data_for_the_outer_tool(
+    autojump_clock: MockClock,
+) -> None:
+    """NEST-04: the ToolResult a nested call returns carries plain JSON data,
+    as a backend returns it: the outer tool may change its own copy without
+    touching what was committed."""
+    seen: list[Any] = []
+    inner = RecordingBackend(ToolResult([{"type": "text", "text": "hi"}], {"n": [1, 2]}))
+    outer = RecordingBackend(outer_calling("inner", seen))
+    tools = [make_tool("cell", outer), make_tool("inner", inner, read_only=True)]
+    finished, _ = await run_with_host(calls_then_done(("c1", "cell", {})), tools)
+    [result] = seen
+    assert type(result.content) is list
+    assert type(result.content[0]) is dict
+    assert type(result.structured_content) is dict
+    result.structured_content["n"].append(3)  # the outer tool's own copy
+    [inner_op] = inner.operations
+    stored = finished.record.tool_results[inner_op.invocation_id]
+    assert thaw(stored["structured_content"]) == {"n": [1, 2]}

@@ -905,9 +905,9 @@ class TurnLoop:
                 ) from None
         normalized = self._normalize(result)
         await self._complete(invocation_id, normalized)
-        return ToolResult(
-            content=normalized["content"],
-            structured_content=normalized.get("structured_content"),
+        return ToolResult(  # plain data for the outer tool, as a backend returns it
+            content=thaw(normalized["content"]),
+            structured_content=thaw(normalized.get("structured_content")),
             is_error=bool(normalized.get("is_error")),
         )
 
