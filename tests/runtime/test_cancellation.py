@@ -934,3 +934,55 @@ async def test_can_08_a_hanging_stream_close_cannot_outlast_the_run_deadline(
     assert settled_at <= 5.0 + 2.0 + 3.0
     assert snapshot.phase == "terminal"
     assert snapshot.run.stop_reason == "deadline_exceeded"
+
+
+async def test_can_10_deadline_passing_as_the_tool_returns(autojump_clock: MockClock) -> None:
+    """CAN-10: the run deadline passes at the very instant the tool returns
+    (the clock jumps inside the backend, no checkpoint between), so the
+    kernel refuses the result commit as too late.  The run settles as a
+    deadline, never storage_failed; the dispatched tool's result was never
+    committed, so its outcome stays unknown (rule 4) with its intent kept."""
+    from trio_backplane.tools import ToolDescriptor, ToolResult
+
+    class LateBackend:
+        calls = 0
+
+        async def execute(self, operation: Any) -> ToolResult:
+            LateBackend.calls += 1
+            autojump_clock.jump(10.0)
+            return ToolResult("late")
+
+    registry = ToolRegistry(
+        [ToolDescriptor(name="act", schema={"type": "object"}, backend=LateBackend())]
+    )
+    store = FaultyStore(None)
+    events: list[Event] = []
+    async with open_conversation(
+        RUN_ID,
+        store=store,
+        provider=ScriptedProvider([S.tool_calls(("c1", "act", {})), S.text("never")]),
+        registry=registry,
+        authority=granted(registry),
+        run_timeout=3.0,
+    ) as conversation:
+        channel = conversation.subscribe(buffer=1000)
+        await conversation.prompt("hi")
+        snapshot = await conversation.wait_settled()
+        while True:
+            try:
+                events.append(channel.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+    assert LateBackend.calls == 1
+    assert snapshot.phase == "terminal"
+    assert snapshot.run.state == "unknown_outcome"
+    assert snapshot.run.outcome["stop_reason"] == "deadline_exceeded"
+    [invocation] = snapshot.run.active_tools
+    assert snapshot.run.intents[f"tool:{invocation}"]["status"] != "consumed"
+    assert invocation not in snapshot.run.tool_results
+    assert snapshot.run.outcome["evidence"] == [
+        {"effect": f"tool:{invocation}", "reason": "result not committed before the deadline"}
+    ]
+    types = [e.type for e in events]
+    assert "storage_failed" not in types
+    assert [t for t in types if t in TERMINAL_EVENTS] == ["run_cancelled"]

@@ -1,0 +1,98 @@
+"""``freeze``: read-only deep copies of JSON data, at any depth (KER-11).
+
+Values nested deeper than the recursive fast path (``_RECURSION`` levels)
+continue on an explicit stack; these tests go past it, far past Python's
+recursion limit, and check the iterative path refuses what the recursive
+one refuses.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any
+
+import pytest
+from hypothesis import given
+
+from trio_backplane.errors import Error, ErrorClass
+from trio_backplane.kernel import FrozenDict, FrozenList, freeze, thaw
+from trio_backplane.kernel._records import _RECURSION
+
+from .support import json_values
+
+DEEP = max(20_000, 4 * sys.getrecursionlimit())
+
+
+def nested(depth: int, leaf: Any) -> Any:
+    """``depth`` levels of alternating objects and arrays around ``leaf``."""
+    value = leaf
+    for level in range(depth):
+        value = {"k": value, "n": level} if level % 2 else [value, level, "s"]
+    return value
+
+
+@pytest.mark.parametrize("depth", [_RECURSION - 1, _RECURSION, _RECURSION + 1, DEEP])
+def test_ker_11_any_depth_is_frozen_without_recursion(depth: int) -> None:
+    """KER-11: a value of any depth freezes (no RecursionError), every level
+    read-only, equal to its source and thawed back to it."""
+    value = nested(depth, 1.5)
+    frozen = freeze(value)
+    assert type(frozen) in (FrozenDict, FrozenList)
+    level = frozen
+    levels = 0
+    while isinstance(level, FrozenDict | FrozenList):
+        assert type(level) is (FrozenDict if isinstance(level, dict) else FrozenList)
+        with pytest.raises(TypeError):
+            level["k" if isinstance(level, dict) else 0] = None  # type: ignore[index]
+        level = level["k"] if isinstance(level, dict) else level[0]
+        levels += 1
+    assert levels == depth
+    assert level == 1.5
+    if depth < 500:  # equality and thaw recurse in CPython itself
+        assert frozen == value
+        assert thaw(frozen) == value
+
+
+@pytest.mark.parametrize(
+    ("leaf", "message"),
+    [
+        (math.nan, "non-finite number"),
+        (math.inf, "non-finite number"),
+        (object(), "runtime handle"),
+        ({1: "not a str key"}, "runtime handle"),
+        ({"s": {1, 2}}, "runtime handle"),
+    ],
+)
+@pytest.mark.parametrize("depth", [3, DEEP])
+def test_ker_11_deep_non_json_is_refused(leaf: Any, message: str, depth: int) -> None:
+    """KER-11: NaN, infinities, runtime handles and non-str keys are refused at
+    any depth with ``validation`` naming what was found."""
+    with pytest.raises(Error) as info:
+        freeze(nested(depth, leaf), "committed intent")
+    assert info.value.error_class is ErrorClass.VALIDATION
+    assert message in info.value.message
+
+
+def test_ker_11_frozen_parts_are_reused_at_depth() -> None:
+    """A frozen value met again deep inside a new one is kept, not copied."""
+    shared = freeze({"big": list(range(100))})
+    frozen = freeze(nested(DEEP, shared))
+    assert innermost_frozen(frozen) is shared
+
+
+def innermost_frozen(value: Any) -> Any:
+    while True:
+        inner = value["k"] if isinstance(value, dict) else value[0]
+        if isinstance(inner, dict) and "big" in inner:
+            return inner
+        value = inner
+
+
+@given(json_values)
+def test_ker_11_iterative_path_equals_recursive_path(value: Any) -> None:
+    """The explicit-stack path gives exactly what the recursive one gives."""
+    from trio_backplane.kernel._records import _freeze, _freeze_iterative
+
+    assert _freeze_iterative(value, "x") == _freeze(value, "x", 0)
+    assert type(_freeze_iterative(value, "x")) is type(_freeze(value, "x", 0))
