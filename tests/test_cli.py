@@ -496,6 +496,28 @@ def test_readme_permission_example_runs(tmp_path: Path) -> None:
     ]
 
 
+def test_readme_mcp_example_runs() -> None:
+    """The README's MCP example, extracted and run as written (from the
+    repository root, where its test server lives)."""
+    section = _readme_section("## Tools from an MCP server")
+    [code] = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert "connect_stdio(" in code
+    assert "validate_arguments=True" in code
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code],
+        cwd=README.parent,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "refused: deep too_deep",
+        "completed | {'id': 7, 'name': 'user-7'}",
+    ]
+
+
 def test_readme_commands() -> None:
     """The first README command is the demo; the test command is .ci/run's."""
     section = _readme_section("## The two commands")
