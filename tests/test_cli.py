@@ -474,6 +474,20 @@ def _readme_section(heading: str) -> str:
     return text[start : end if end != -1 else len(text)]
 
 
+def _run_snippet(code: str, cwd: Path) -> list[str]:
+    """Run a README snippet as a script (warnings are errors): its output lines."""
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
 def test_readme_permission_example_runs(tmp_path: Path) -> None:
     """The README's permission-prompt example, extracted and run as written."""
     section = _readme_section("## Answering a permission prompt in code")
@@ -481,16 +495,7 @@ def test_readme_permission_example_runs(tmp_path: Path) -> None:
     assert "conversation.subscribe()" in code
     assert 'await conversation.resolve(event.payload["interaction_id"], "approved")' in code
     assert "requires_approval=True" in code
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == [
+    assert _run_snippet(code, tmp_path) == [
         "approving deploy {'service': 'billing'}",
         "completed | deployed billing",
     ]
@@ -503,16 +508,7 @@ def test_readme_mcp_example_runs() -> None:
     [code] = re.findall(r"```python\n(.*?)```", section, re.S)
     assert "connect_stdio(" in code
     assert "validate_arguments=True" in code
-    done = subprocess.run(
-        [sys.executable, "-W", "error", "-c", code],
-        cwd=README.parent,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == [
+    assert _run_snippet(code, README.parent) == [
         "refused: deep too_deep",
         "completed | {'id': 7, 'name': 'user-7'}",
     ]

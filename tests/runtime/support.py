@@ -78,12 +78,7 @@ class TimelineStore(Delegating):
 
     def drain(self) -> None:
         for channel in self._channels:
-            while True:
-                try:
-                    event = channel.receive_nowait()
-                except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
-                    break
-                self.timeline.append(("event", event))
+            self.timeline.extend(("event", event) for event in drained(channel))
 
     def commits(self) -> list[str]:
         return [kind for tag, kind in self.timeline if tag == "commit"]
@@ -807,3 +802,13 @@ def publication(
         ),
         schema_admission=schema_admission,
     )
+
+
+def drained(channel: trio.MemoryReceiveChannel[Event]) -> list[Event]:
+    """The events waiting in ``channel`` now, without blocking."""
+    events: list[Event] = []
+    while True:
+        try:
+            events.append(channel.receive_nowait())
+        except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+            return events

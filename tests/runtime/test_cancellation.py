@@ -30,6 +30,7 @@ from .support import (
     Fault,
     FaultyStore,
     ProbeBackend,
+    drained,
     granted,
     probe_tools,
     task_tree_size,
@@ -956,7 +957,6 @@ async def test_can_10_deadline_passing_as_the_tool_returns(autojump_clock: MockC
         [ToolDescriptor(name="act", schema={"type": "object"}, backend=LateBackend())]
     )
     store = FaultyStore(None)
-    events: list[Event] = []
     async with open_conversation(
         RUN_ID,
         store=store,
@@ -968,11 +968,7 @@ async def test_can_10_deadline_passing_as_the_tool_returns(autojump_clock: MockC
         channel = conversation.subscribe(buffer=1000)
         await conversation.prompt("hi")
         snapshot = await conversation.wait_settled()
-        while True:
-            try:
-                events.append(channel.receive_nowait())
-            except (trio.WouldBlock, trio.EndOfChannel):
-                break
+        events = drained(channel)
     assert LateBackend.calls == 1
     assert snapshot.phase == "terminal"
     assert snapshot.run.state == "unknown_outcome"
