@@ -137,3 +137,50 @@ async def test_mcp_http_errors_of_the_block_pass_through() -> None:
         async with source():
             raise KeyError("the host's own") from cause
     assert info.value.__cause__ is cause
+
+
+async def test_mcp_http_server_lost_mid_session_is_a_classed_error() -> None:
+    """A server that dies while the source is in use: the SDK's transport
+    fails and cancels the caller's block, and what comes out of the block is
+    one classed Error (transient_transport, method "session", naming the
+    server and the cause), not the transport's raw exception."""
+    process = await trio.lowlevel.open_process(
+        [sys.executable, SERVER, "--http"], stdout=subprocess.PIPE
+    )
+    reached_after_kill: list[str] = []
+    try:
+        assert process.stdout is not None
+        line = b""
+        with trio.fail_after(30):
+            while not line.endswith(b"\n"):
+                line += await process.stdout.receive_some(64)
+        url = f"http://127.0.0.1:{int(line)}/mcp"
+
+        async def use_then_lose_the_server() -> None:
+            async with connect_streamable_http(url, read_timeout=5) as tools:
+                process.kill()
+                await process.wait()
+                await tools.call_tool("plain", {})
+                reached_after_kill.append("the call returned")
+
+        with trio.fail_after(30), pytest.raises(Error) as info:
+            await use_then_lose_the_server()
+    finally:
+        process.kill()
+        with trio.CancelScope(shield=True):
+            await process.wait()
+    assert reached_after_kill == []
+    assert info.value.error_class is ErrorClass.TRANSIENT_TRANSPORT
+    assert info.value.details["method"] == "session"
+    assert info.value.details["server"] == url
+    assert "ConnectError" in info.value.details["cause"]
+
+
+async def test_mcp_http_a_host_cancellation_passes_through() -> None:
+    """The host cancelling its own block is a cancellation, never reclassed:
+    the host's scope catches it and the server is closed."""
+    with trio.move_on_after(3) as scope:
+        async with source() as tools:
+            assert tools.descriptors
+            await trio.sleep_forever()
+    assert scope.cancelled_caught

@@ -928,11 +928,19 @@ def _is_descriptors(value: Any) -> bool:
 async def _open(
     streams: Any, source: McpToolSource, read_timeout: float | None, server: str
 ) -> AsyncIterator[McpToolSource]:
-    """Open the transport and the session, initialize and list.  A failure
-    before the source is handed out is a classed ``Error`` naming ``server``
-    (never the transport's raw exception or the SDK's task-group wrapper);
-    what the caller's block raises passes through as it is."""
+    """Open the transport and the session, initialize and list.
+
+    Failures come out classed, never as the transport's raw exception or the
+    SDK's task-group wrapper: a failure before the source is handed out is
+    an ``Error`` naming ``server`` (``method`` ``"connect"``); a connection
+    that fails while the caller's block runs (the SDK then cancels the
+    block) or as it closes is ``Error(transient_transport)`` with ``method``
+    ``"session"``.  What the caller's block itself raises passes through as
+    it was raised; cancellations, ``KeyboardInterrupt`` and ``SystemExit``
+    propagate unchanged.
+    """
     opened = False
+    from_block: BaseException | None = None
     unwrapped: BaseException | None = None
     try:
         async with (
@@ -952,29 +960,48 @@ async def _open(
                     raise _mcp_error("initialize", exc, tool=None) from None
                 await source.refresh()
                 opened = True
-                yield source
+                try:
+                    yield source
+                except BaseException as exc:
+                    from_block = exc
+                    raise
             finally:
                 source.session = None
     except BaseException as exc:
         leaves = exception_leaves(exc)
-        if opened:
-            if len(leaves) != 1 or leaves[0] is exc:
-                raise
-            # The block's own exception, wrapped by the SDK's task group:
-            # raised again below, outside this handler, as it was.
-            unwrapped = leaves[0]
-        else:
-            failure = _connect_failure(leaves, server)
+        if not opened:
+            failure = _connect_failure(leaves, server, "connect")
             if failure is None:
                 raise
             raise failure from exc
+        # What the connection itself raised, beside the block's own exception.
+        # A cancellation still on its way out is someone else's (the SDK's
+        # own scope absorbs the one it delivers when the connection fails):
+        # nothing is reclassed then.
+        lost = [leaf for leaf in leaves if leaf is not from_block]
+        if lost and not any(isinstance(leaf, trio.Cancelled) for leaf in leaves):
+            if from_block is None or isinstance(from_block, trio.Cancelled):
+                failure = _connect_failure(lost, server, "session")
+                if failure is not None:
+                    raise failure from exc
+            elif isinstance(from_block, Error) and all(isinstance(x, Exception) for x in lost):
+                # a classed failure of the block (a call that lost the
+                # connection, say) beside the connection's own: the block's
+                unwrapped = from_block
+        if unwrapped is None:
+            if from_block is None or len(leaves) != 1 or leaves[0] is not from_block:
+                raise
+            # The block's own exception, wrapped by the SDK's task group:
+            # raised again below, outside this handler, as it was.
+            unwrapped = from_block
     if unwrapped is not None:
         raise unwrapped
 
 
-def _connect_failure(leaves: list[BaseException], server: str) -> Error | None:
-    """The classed ``Error`` for a failure to connect, initialize or list;
-    ``None`` when it must propagate as it is (a cancellation,
+def _connect_failure(leaves: list[BaseException], server: str, method: str) -> Error | None:
+    """The classed ``Error`` for a connection that failed (``method``
+    ``"connect"``: connecting, initializing or listing; ``"session"``:
+    later); ``None`` when it must propagate as it is (a cancellation,
     ``KeyboardInterrupt``, ``SystemExit``)."""
     if any(not isinstance(leaf, Exception) for leaf in leaves):
         return None
@@ -984,9 +1011,9 @@ def _connect_failure(leaves: list[BaseException], server: str) -> Error | None:
     first = leaves[0]
     return Error(
         ErrorClass.TRANSIENT_TRANSPORT,
-        "MCP server could not be reached",
+        "MCP server could not be reached" if method == "connect" else "MCP connection failed",
         {
-            "method": "connect",
+            "method": method,
             "server": server[:_MAX_CAUSE],
             "cause": f"{type(first).__name__}: {first}"[:_MAX_CAUSE],
         },
