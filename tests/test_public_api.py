@@ -1,0 +1,78 @@
+"""The public surface: API.md's names, importable where it says and from
+``trio_backplane`` itself ("Everything public is importable from
+``trio_backplane``")."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+import trio_backplane
+
+from .conftest import SHARED
+
+API = SHARED / "API.md"
+SUBPACKAGES = ("errors", "schema", "tools", "kernel", "store", "recovery", "runtime", "testing")
+
+
+def _api_names() -> list[tuple[str, str]]:
+    """``(module, name)`` for each name a code block of API.md declares at
+    the start of a line (a class, function or constant), in the module its
+    section names (``trio_backplane`` when it names none).  Lines that call
+    a method on a value (``attrs.evolve(...)``, ``operation.context...``)
+    declare nothing, nor does a host's example subclass."""
+    text = API.read_text()
+    found: list[tuple[str, str]] = []
+    for section in re.split(r"^## ", text, flags=re.M)[1:]:
+        heading = section.splitlines()[0]
+        named = re.search(r"\(`(trio_backplane[\w.]*)`\)", heading)
+        module = named.group(1) if named else "trio_backplane"
+        for block in re.findall(r"```python\n(.*?)```", section, re.S):
+            for raw in block.splitlines():
+                if re.match(r"class \w+\(trio_backplane\.", raw):
+                    continue  # a host's subclass, shown as an example
+                line = re.sub(r"^(class |async with |async def |def |await )", "", raw)
+                match = re.match(r"([A-Za-z_]\w*)(\(| *=| *:|$)", line)
+                if match and not line.startswith(("from ", "import ")):
+                    found.append((module, match.group(1)))
+    return found
+
+
+def test_api_md_declares_names() -> None:
+    """The parser finds API.md's declarations (a guard against a silent no-op)."""
+    names = {name for _, name in _api_names()}
+    assert {"open_conversation", "RunRecord", "SQLiteStore", "Error", "compile"} <= names
+    assert len(names) > 40
+
+
+@pytest.mark.parametrize(("module", "name"), sorted(set(_api_names())))
+def test_api_md_name_is_importable_from_its_module_and_the_package(module: str, name: str) -> None:
+    """Each name of API.md imports from the module its section names and from
+    ``trio_backplane``, as the same object."""
+    owner = importlib.import_module(module)
+    assert hasattr(owner, name), f"{module}.{name} is missing"
+    assert getattr(trio_backplane, name, None) is getattr(owner, name), (
+        f"trio_backplane.{name} is missing or differs from {module}.{name}"
+    )
+
+
+@pytest.mark.parametrize("subpackage", SUBPACKAGES)
+def test_every_public_name_is_importable_from_the_package(subpackage: str) -> None:
+    """Every name in a subpackage's ``__all__`` is ``trio_backplane``'s too,
+    the same object, and listed in ``trio_backplane.__all__``."""
+    module = importlib.import_module(f"trio_backplane.{subpackage}")
+    for name in module.__all__:
+        assert getattr(trio_backplane, name, None) is getattr(module, name), name
+        assert name in trio_backplane.__all__, name
+
+
+def test_package_all_names_only_what_it_has() -> None:
+    for name in trio_backplane.__all__:
+        assert hasattr(trio_backplane, name), name
+
+
+def test_py_typed_ships() -> None:
+    assert (Path(trio_backplane.__file__).parent / "py.typed").is_file()
