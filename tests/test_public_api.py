@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import re
 from pathlib import Path
 
@@ -76,3 +77,39 @@ def test_package_all_names_only_what_it_has() -> None:
 
 def test_py_typed_ships() -> None:
     assert (Path(trio_backplane.__file__).parent / "py.typed").is_file()
+
+
+def _api_signatures() -> list[tuple[str, list[str]]]:
+    """``(name, parameter names)`` of every ``Name(...)`` API.md shows for a
+    public callable, on one line or several (``open_conversation(...)``)."""
+    text = API.read_text()
+    found: list[tuple[str, list[str]]] = []
+    nested = r"(?:[^()]|\((?:[^()]|\([^()]*\))*\))*"  # parentheses two levels deep
+    call = re.compile(rf"^(?:async with |await )?([A-Za-z_]\w*)\(({nested})\)", re.M)
+    for block in re.findall(r"```python\n(.*?)```", text, re.S):
+        for match in call.finditer(block):
+            name, params = match.group(1), match.group(2)
+            if not callable(getattr(trio_backplane, name, None)):
+                continue
+            names = []
+            for param in re.split(r",(?![^\[(]*[\])])", re.sub(r"#[^\n]*", "", params)):
+                head = param.split("=")[0].split(":")[0].strip().lstrip("*")
+                if re.fullmatch(r"[A-Za-z_]\w*", head):
+                    names.append(head)
+            found.append((name, names))
+    return found
+
+
+def test_api_md_shows_signatures() -> None:
+    shown = dict(_api_signatures())
+    assert "open_conversation" in shown
+    assert {"run_id", "store", "provider", "cleanup_timeout"} <= set(shown["open_conversation"])
+
+
+@pytest.mark.parametrize(("name", "params"), _api_signatures())
+def test_api_md_signature_parameters_exist(name: str, params: list[str]) -> None:
+    """Every parameter API.md shows for a public callable is one of its
+    parameters (hosts pass them by name)."""
+    signature = inspect.signature(getattr(trio_backplane, name))
+    missing = [p for p in params if p not in signature.parameters]
+    assert not missing, f"{name}{signature} lacks {missing}"
