@@ -1,0 +1,77 @@
+"""ARCHITECTURE.md's one direction of dependency, checked on the import
+statements of every module (at any depth: a function-level import counts)."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import trio_backplane
+
+PACKAGE = Path(trio_backplane.__file__).parent
+
+PURE = {"errors", "schema", "tools", "kernel"}
+#: What each part may import from the rest of the package ("Nothing below
+#: imports from above"): the pure layer, then store, then runtime and
+#: recovery, then the edge.
+ALLOWED: dict[str, set[str]] = {
+    "errors": set(),
+    "schema": {"errors"},
+    "tools": {"errors", "schema"},  # tools may import schema, never the reverse
+    "kernel": {"errors"},  # only errors and its own records
+    "store": {"errors", "kernel"},  # kernel records and errors only
+    "runtime": {"errors", "kernel", "schema", "tools", "store"},
+    "recovery": {"errors", "kernel", "store"},
+    "adapters": PURE | {"store", "runtime", "recovery"},
+    "testing": PURE | {"store", "runtime", "recovery"},
+    "demo": PURE | {"store", "runtime", "recovery", "testing", "adapters"},
+    "cli": PURE | {"store", "runtime", "recovery", "testing", "adapters", "demo", "__init__"},
+    "__init__": PURE | {"store", "runtime", "recovery", "testing"},
+}
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _edges() -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = defaultdict(set)
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        module = ".".join(rel.parts).removesuffix(".__init__")
+        package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    targets.append(".".join(base + ([node.module] if node.module else [])))
+                elif node.module:
+                    targets.append(node.module)
+            elif isinstance(node, ast.Import):
+                targets.extend(alias.name for alias in node.names)
+            for target in targets:
+                inside = target == "trio_backplane" or target.startswith("trio_backplane.")
+                if inside and _part(target) != _part(module):
+                    edges[_part(module)].add(_part(target))
+    return edges
+
+
+def test_every_part_is_known() -> None:
+    """Each module and subpackage of the package has a place in ``ALLOWED``."""
+    parts = {p.stem for p in PACKAGE.glob("*.py")} | {
+        p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()
+    }
+    assert parts == set(ALLOWED), parts ^ set(ALLOWED)
+
+
+def test_imports_go_one_direction() -> None:
+    """Nothing below imports from above (ARCHITECTURE.md, "Layers")."""
+    edges = _edges()
+    assert edges["runtime"], "the parser found no imports: it is broken"
+    wrong = {
+        part: sorted(used - ALLOWED[part]) for part, used in edges.items() if used - ALLOWED[part]
+    }
+    assert not wrong, wrong
