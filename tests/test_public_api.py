@@ -113,3 +113,12 @@ def test_api_md_signature_parameters_exist(name: str, params: list[str]) -> None
     signature = inspect.signature(getattr(trio_backplane, name))
     missing = [p for p in params if p not in signature.parameters]
     assert not missing, f"{name}{signature} lacks {missing}"
+
+
+def test_error_classes_are_api_md_s() -> None:
+    """``ErrorClass`` has exactly API.md's members, with its values."""
+    text = API.read_text()
+    block = text[text.index("class ErrorClass") : text.index("class Error(Exception)")]
+    shown = dict(re.findall(r'^\s+([A-Z_]+) = "([a-z_]+)"', block, re.M))
+    assert len(shown) > 10
+    assert {member.name: member.value for member in trio_backplane.ErrorClass} == shown
