@@ -221,6 +221,8 @@ def freeze(value: Any, what: str = "committed intent") -> Any:
     a recursive fast path; anything nested deeper than ``_RECURSION`` levels
     continues on an explicit stack, so depth is never a danger.
     """
+    if type(value) in _KEPT:  # frozen already, or a leaf: most calls, no second call
+        return value
     return _freeze(value, what, 0)
 
 
@@ -444,11 +446,18 @@ def reserve(budget: Budget, reservation_id: str, amount: int = 1) -> Budget:
             "work quota exhausted",
             {"used": budget.used, "requested": amount, "quota": budget.quota},
         )
-    return Budget(
-        quota=budget.quota,
-        used=budget.used + amount,
-        reservations=assoc(budget.reservations, reservation_id, amount),
-    )
+    # Built slot by slot from checked parts (the quota as it was, a larger
+    # non-negative int, a frozen mapping): no validator or converter to run.
+    grown: Budget = object.__new__(Budget)
+    _set_budget_quota(grown, budget.quota)
+    _set_budget_used(grown, budget.used + amount)
+    _set_budget_reservations(grown, assoc(budget.reservations, reservation_id, amount))
+    return grown
+
+
+_set_budget_quota: Final = Budget.quota.__set__  # type: ignore[attr-defined]
+_set_budget_used: Final = Budget.used.__set__  # type: ignore[attr-defined]
+_set_budget_reservations: Final = Budget.reservations.__set__  # type: ignore[attr-defined]
 
 
 def _state(instance: Any, attribute: Any, value: Any) -> None:
@@ -702,6 +711,17 @@ def _make_copy() -> Any:
 _copy_record: Final = _make_copy()
 
 
+#: Per field, the exact types its converter returns as they are: a frozen
+#: mapping given to a mapping field is kept without calling the converter.
+_MAPPING_AS_IS: Final[dict[Any, frozenset[type]]] = {
+    _frozen_mapping: frozenset({FrozenDict, LayeredDict}),
+    _optional_mapping: frozenset({FrozenDict, LayeredDict, type(None)}),
+}
+_AS_IS: Final = {
+    name: _MAPPING_AS_IS.get(field.converter, frozenset()) for name, field in _RECORD_FIELDS.items()
+}
+
+
 def evolve_record(record: RunRecord, **changes: Any) -> RunRecord:
     """``attrs.evolve`` for the hot path: copies the record and runs the
     converter and validator of the changed fields only (the others were
@@ -709,7 +729,10 @@ def evolve_record(record: RunRecord, **changes: Any) -> RunRecord:
     new: RunRecord = _copy_record(record, object.__new__, RunRecord)
     for name, given in changes.items():
         field = _RECORD_FIELDS[name]  # KeyError: an unknown field is a bug
-        value = given if field.converter is None else field.converter(given)  # type: ignore[operator]
+        converter = field.converter
+        value = given
+        if converter is not None and type(given) not in _AS_IS[name]:
+            value = converter(given)  # type: ignore[operator]
         _SETTERS[name](new, value)
         if field.validator is not None:
             field.validator(new, field, value)
