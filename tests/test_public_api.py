@@ -122,3 +122,47 @@ def test_error_classes_are_api_md_s() -> None:
     shown = dict(re.findall(r'^\s+([A-Z_]+) = "([a-z_]+)"', block, re.M))
     assert len(shown) > 10
     assert {member.name: member.value for member in trio_backplane.ErrorClass} == shown
+
+
+@pytest.mark.parametrize("store_class", ["MemoryStore", "SQLiteStore", "PostgresStore"])
+def test_stores_have_api_md_s_protocol(store_class: str) -> None:
+    """Each store has the ``Store`` protocol's coroutine methods with the
+    parameters API.md shows, in its order (hosts pass them by name)."""
+    text = API.read_text()
+    protocol = text[text.index("class Store(Protocol):") : text.index("MemoryStore()")]
+    methods = re.findall(r"async def (\w+)\(self(?:, )?([^()]*)\)", protocol)
+    assert [name for name, _ in methods] == [
+        "create", "load", "commit", "fence", "list_runs", "events"
+    ]  # fmt: skip
+    cls = getattr(trio_backplane, store_class)
+    for name, params in methods:
+        shown = [p.split("=")[0].strip() for p in params.split(",") if p.strip() not in ("", "*")]
+        method = getattr(cls, name)
+        assert inspect.iscoroutinefunction(method), f"{store_class}.{name} is not async"
+        assert [p for p in inspect.signature(method).parameters if p != "self"] == shown
+
+
+def test_effect_identities_carry_api_md_s_fields() -> None:
+    """A tool operation (TOOL-05) and a provider request (PRV-01) carry the
+    fields API.md lists; an operation's context and a conversation have its
+    methods."""
+    import attrs
+
+    operation = {
+        "run_id", "incarnation", "step_id", "attempt_id", "invocation_id", "tool_call_id",
+        "turn_id", "tool_name", "tool_revision", "catalog_revision", "arguments", "caller",
+        "effective_authority", "backend_context", "context",
+    }  # fmt: skip
+    request = {
+        "run_id", "incarnation", "step_id", "attempt_id", "turn_id", "messages",
+        "catalog_revision", "tools",
+    }  # fmt: skip
+    assert operation <= set(attrs.fields_dict(trio_backplane.ToolOperation))
+    assert request <= set(attrs.fields_dict(trio_backplane.ProviderRequest))
+    for name in ("emit", "interact", "stage_catalog", "nested_dispatch"):
+        assert callable(getattr(trio_backplane.ToolContext, name, None)), name
+    for name in (
+        "prompt", "steer", "follow_up", "cancel", "resolve", "stage_catalog", "status",
+        "subscribe", "wait_settled",
+    ):  # fmt: skip
+        assert callable(getattr(trio_backplane.Conversation, name, None)), name
