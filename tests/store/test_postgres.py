@@ -782,20 +782,14 @@ async def _all_at_once(
 ) -> list[RunRecord | Error]:
     """Commit one conversation checkpoint (``messages`` long) to each run, all
     at once: the new record, or the ``Error`` its commit raised."""
-    out: list[RunRecord | Error] = list(records)
-
-    async def one(i: int) -> None:
-        try:
-            out[i] = await _advance(
-                store, records[i], "conversation_updated", conversation=_messages(messages)
+    return await _race(
+        *(
+            functools.partial(
+                _advance, store, record, "conversation_updated", conversation=_messages(messages)
             )
-        except Error as exc:
-            out[i] = exc
-
-    async with trio.open_nursery() as nursery:
-        for i in range(len(records)):
-            nursery.start_soon(one, i)
-    return out
+            for record in records
+        )
+    )
 
 
 async def test_concurrent_commits_share_transactions(
