@@ -301,7 +301,7 @@ class Conversation:
         try:
             await self._commit(
                 "admit",
-                {"state": "running", "deadline": trio.current_time() + self._options.run_timeout},
+                {"state": "running", "deadline": self._now() + self._options.run_timeout},
             )
             message = self._user_message(content)
             turn_id = self._new_id("turn")
@@ -519,7 +519,7 @@ class Conversation:
         """``store.commit`` in one scope: shielded from the caller's
         cancellation (a commit's outcome is always known), bounded by its own
         commit deadline (rule 5), and by ``commit_by`` (a settlement's end)."""
-        deadline = min(trio.current_time() + self._options.commit_timeout, commit_by)
+        deadline = min(self._now() + self._options.commit_timeout, commit_by)
         with trio.CancelScope(shield=True, deadline=deadline) as scope:
             return await self._store.commit(
                 record.run_id,
@@ -616,7 +616,7 @@ class Conversation:
 
     def _note_stop_due(self, reason: str) -> None:
         if self._stop_due is None:
-            now = trio.current_time()
+            now = self._now()
             # A deadline noticed late (after a shielded commit) was due at the deadline.
             self._stop_due = (
                 min(now, self._run_budget.deadline) if reason == "deadline_exceeded" else now
@@ -630,7 +630,7 @@ class Conversation:
         from ._loop import TurnLoop
 
         loop = TurnLoop(self)
-        now = trio.current_time()
+        now = self._now()
         deadline = self._record.deadline
         self._run_budget = DeadlineBudget(
             "run", max(0.0, (deadline if deadline is not None else now) - now), self._now
@@ -700,7 +700,7 @@ class Conversation:
             # The whole settlement fits in cleanup_timeout + commit_timeout
             # from when the stop was due, even if the worker noticed it late
             # (its own shielded commit was in flight at the deadline).
-            due = self._stop_due if self._stop_due is not None else trio.current_time()
+            due = self._stop_due if self._stop_due is not None else self._now()
             settle_by = due + self._options.cleanup_timeout
             with trio.CancelScope(shield=True):
                 acquired = False

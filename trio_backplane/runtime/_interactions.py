@@ -51,7 +51,7 @@ async def wait_for_human(c: Conversation, request: Any) -> tuple[Any, float]:
     if c._pending is not None:
         raise _overlap()
     request = freeze(request)
-    pending = Pending(c._new_id("interaction"), request, trio.current_time())
+    pending = Pending(c._new_id("interaction"), request, c._now())
     c._pending = pending
     if c._phase == "running":
         c._phase = "waiting_interaction"
@@ -66,7 +66,7 @@ async def wait_for_human(c: Conversation, request: Any) -> tuple[Any, float]:
         if c._stop_reason is None and c._pending is pending:
             c._suspend_deadlines()
             suspended = True
-            pending.started = trio.current_time()
+            pending.started = c._now()
             c._publish(
                 "interaction_requested",
                 {"interaction_id": pending.interaction_id, "request": thaw(request)},
@@ -75,7 +75,7 @@ async def wait_for_human(c: Conversation, request: Any) -> tuple[Any, float]:
         # A cancellation accepted after the answer was committed but before
         # this task ran again wins: the answer never reaches the effect (INT-11).
         await trio.lowlevel.checkpoint_if_cancelled()
-        return pending.answer, trio.current_time() - pending.started
+        return pending.answer, c._now() - pending.started
     finally:
         if c._pending is pending:
             c._pending = None
@@ -96,7 +96,7 @@ async def resolve(c: Conversation, interaction_id: Any, answer: Any) -> None:
         raise Error(ErrorClass.CANCELLED, "the run was cancelled")
     freeze(answer, "interaction answer")  # JSON data only: it is committed
     pending.resolving = True
-    waited = trio.current_time() - pending.started
+    waited = c._now() - pending.started
     deadline = c._record.deadline
     extra: dict[str, Any] = {}
     if deadline is not None:

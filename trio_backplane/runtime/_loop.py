@@ -509,7 +509,7 @@ class TurnLoop:
                     {"cause": f"{type(exc).__name__}: {exc}"[:500]},
                 )
         if budget.timed_out():
-            if c._stop_reason is not None or trio.current_time() >= c._run_budget.deadline:
+            if c._stop_reason is not None or c._now() >= c._run_budget.deadline:
                 # Cut while closing by the cleanup budget of a stop (a cancel,
                 # or the run deadline that passed meanwhile), not by
                 # effect_timeout: the settlement reports the attempt.
@@ -729,7 +729,7 @@ class TurnLoop:
         )
         # The approval expires with the run deadline it was asked under; the
         # human wait itself does not count (the deadline moved by it).
-        decide_approval(approval, decision, now=trio.current_time() - waited)
+        decide_approval(approval, decision, now=c._now() - waited)
 
     def _operation(  # noqa: PLR0917 - one call's whole identity
         self,
