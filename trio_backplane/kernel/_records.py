@@ -426,6 +426,12 @@ class Budget:
     reservations: Mapping[str, int] = attrs.field(default=_EMPTY, converter=_frozen_mapping)
 
 
+#: Budget's slot setters: ``reserve`` builds a grown budget through them.
+_set_budget_quota: Final = Budget.quota.__set__  # type: ignore[attr-defined]
+_set_budget_used: Final = Budget.used.__set__  # type: ignore[attr-defined]
+_set_budget_reservations: Final = Budget.reservations.__set__  # type: ignore[attr-defined]
+
+
 def reserve(budget: Budget, reservation_id: str, amount: int = 1) -> Budget:
     """Reserve ``amount`` under ``reservation_id``; idempotent for the same
     amount (KER-12), ``budget_exceeded`` beyond the quota (KER-13)."""
@@ -453,11 +459,6 @@ def reserve(budget: Budget, reservation_id: str, amount: int = 1) -> Budget:
     _set_budget_used(grown, budget.used + amount)
     _set_budget_reservations(grown, assoc(budget.reservations, reservation_id, amount))
     return grown
-
-
-_set_budget_quota: Final = Budget.quota.__set__  # type: ignore[attr-defined]
-_set_budget_used: Final = Budget.used.__set__  # type: ignore[attr-defined]
-_set_budget_reservations: Final = Budget.reservations.__set__  # type: ignore[attr-defined]
 
 
 def _state(instance: Any, attribute: Any, value: Any) -> None:
@@ -551,7 +552,7 @@ def _input(value: Any) -> Mapping[str, Any]:
         return value  # type: ignore[no-any-return]
     if value is None:
         return _EMPTY
-    if t is not dict and t is not FrozenDict and not isinstance(value, Mapping):
+    if t is not dict and not isinstance(value, Mapping):
         raise Error(ErrorClass.VALIDATION, "command input must be a mapping")
     return freeze(value)  # type: ignore[no-any-return]
 
