@@ -426,10 +426,18 @@ class Budget:
     reservations: Mapping[str, int] = attrs.field(default=_EMPTY, converter=_frozen_mapping)
 
 
-#: Budget's slot setters: ``reserve`` builds a grown budget through them.
-_set_budget_quota: Final = Budget.quota.__set__  # type: ignore[attr-defined]
-_set_budget_used: Final = Budget.used.__set__  # type: ignore[attr-defined]
-_set_budget_reservations: Final = Budget.reservations.__set__  # type: ignore[attr-defined]
+def _slot_setters(cls: type) -> dict[str, Any]:
+    """Each slot's setter of the attrs class ``cls`` (the member descriptor's
+    ``__set__``): setting through it skips the frozen ``__setattr__`` and the
+    attribute lookup by name.  For instances the kernel builds from values
+    it has checked."""
+    return {field.name: getattr(cls, field.name).__set__ for field in attrs.fields(cls)}
+
+
+_BUDGET_SETTERS: Final = _slot_setters(Budget)
+_set_budget_quota: Final = _BUDGET_SETTERS["quota"]
+_set_budget_used: Final = _BUDGET_SETTERS["used"]
+_set_budget_reservations: Final = _BUDGET_SETTERS["reservations"]
 
 
 def reserve(budget: Budget, reservation_id: str, amount: int = 1) -> Budget:
@@ -672,7 +680,7 @@ class RunEvent:
     sequence: int | None = None
 
 
-_EVENT_SETTERS: Final = {f.name: getattr(RunEvent, f.name).__set__ for f in attrs.fields(RunEvent)}
+_EVENT_SETTERS: Final = _slot_setters(RunEvent)
 _set_event_type: Final = _EVENT_SETTERS["type"]
 _set_event_at: Final = _EVENT_SETTERS["occurred_at"]
 _set_event_payload: Final = _EVENT_SETTERS["payload"]
@@ -693,9 +701,7 @@ def kernel_event(type_: str, occurred_at: float, payload: FrozenDict) -> RunEven
 _RECORD_FIELDS: Final = {field.name: field for field in attrs.fields(RunRecord)}
 
 
-#: Each slot's setter (the member descriptor's ``__set__``): setting through
-#: it skips the frozen ``__setattr__`` and the attribute lookup by name.
-_SETTERS: Final = {name: getattr(RunRecord, name).__set__ for name in _RECORD_FIELDS}
+_SETTERS: Final = _slot_setters(RunRecord)
 
 
 def _make_copy() -> Any:
