@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
 import pytest
 
 from trio_backplane import Error, ErrorClass
-from trio_backplane.kernel import Command, RunRecord, transition
-from trio_backplane.store import MemoryStore, Receipt, verify_receipt
+from trio_backplane.kernel import Command, RunEvent, RunRecord, transition
+from trio_backplane.store import MemoryStore, Receipt, SQLiteStore, verify_receipt
+
+if TYPE_CHECKING:  # imported by pytest_plugins, so pytest rewrites its asserts
+    from tests.store.postgres_fixture import StoreFactory
+
+pytest_plugins = ["tests.store.postgres_fixture"]
 
 
 def test_sto_03_runtime_rejects_a_receipt_for_another_revision() -> None:
@@ -35,3 +44,43 @@ async def test_sto_07_memory_store_cannot_fence() -> None:
     assert exc.value.error_class is ErrorClass.UNSUPPORTED_CAPABILITY
     assert exc.value.message == "durable store required"
     assert await store.load("r") == admitted
+
+
+BAD_EVENTS = [
+    ([{"type": "run.admit", "occurred_at": 0.0, "payload": {}}], "commits RunEvent values"),
+    ([RunEvent("run.admit", math.nan, {"state": "running", "input": {}})], "finite number"),
+    ([RunEvent("run.admit", math.inf, {"state": "running", "input": {}})], "finite number"),
+]
+
+
+async def _refuses_bad_events(store: Any) -> None:
+    """Events that are not ``RunEvent`` values, or whose time is not finite,
+    are refused with ``validation`` and nothing of the commit is stored."""
+    for n, (bad_events, message) in enumerate(BAD_EVENTS):
+        record = RunRecord.new(f"bad-events-{n}")
+        await store.create(record)
+        admitted, _ = transition(record, Command("admit", 0, {"state": "running"}))
+        with pytest.raises(Error) as exc:
+            await store.commit(
+                record.run_id,
+                incarnation=1,
+                expected_revision=0,
+                record=admitted,
+                events=bad_events,
+            )
+        assert exc.value.error_class is ErrorClass.VALIDATION
+        assert message in exc.value.message
+        assert await store.load(record.run_id) == record
+        assert await store.events(record.run_id) == []
+
+
+async def test_memory_and_sqlite_stores_refuse_bad_events(tmp_path: Path) -> None:
+    """One decision for every store (``check_commit``), events included."""
+    await _refuses_bad_events(MemoryStore())
+    async with SQLiteStore(tmp_path / "s.db") as store:
+        await _refuses_bad_events(store)
+
+
+async def test_postgres_store_refuses_bad_events(pg_store_factory: StoreFactory) -> None:
+    """The same decision on PostgreSQL."""
+    await _refuses_bad_events(pg_store_factory())

@@ -74,10 +74,8 @@ class MemoryStore:
             incarnation=incarnation,
             expected_revision=expected_revision,
             record=record,
+            events=events,
         )
-        for event in events:
-            if not isinstance(event, RunEvent):
-                raise Error(ErrorClass.VALIDATION, "a store commits RunEvent values")
         # Decided.  MemoryStore keeps the frozen values themselves: nothing is
         # encoded, and a RunEvent's payload is frozen already.
         self._events[run_id].extend(events)

@@ -107,13 +107,9 @@ class PreparedCommit:
 def _prepare(record: RunRecord, events: Sequence[RunEvent]) -> PreparedCommit:
     if not isinstance(record, RunRecord):
         raise Error(ErrorClass.VALIDATION, "a store commits RunRecord values")
-    encoded_events = []
-    for event in events:
-        if not isinstance(event, RunEvent):
-            raise Error(ErrorClass.VALIDATION, "a store commits RunEvent values")
-        # JSON by construction: a RunEvent's payload is frozen (KER-11)
-        encoded_events.append(encode_event(event))
-    return PreparedCommit(record=record, events=encoded_events)
+    # The events are checked (check_commit); JSON by construction: a
+    # RunEvent's payload is frozen (KER-11).
+    return PreparedCommit(record=record, events=[encode_event(event) for event in events])
 
 
 def prepare_create(record: RunRecord) -> PreparedCommit:
@@ -130,14 +126,17 @@ def check_commit(
     incarnation: int,
     expected_revision: int,
     record: RunRecord,
+    events: Sequence[RunEvent] = (),
 ) -> None:
     """The compare-and-set decision, against the ``stored`` record (STO-01..04):
-    raises ``validation`` or ``resource_conflict``, else returns.
+    raises ``validation`` or ``resource_conflict``, else returns.  ``events``
+    must be ``RunEvent`` values with finite times (their payloads are JSON
+    data by construction, KER-11).
 
     Stores call this inside their transaction, with the row they locked.
     Only the identity and revision of ``stored`` are read, so a store may pass
     a stand-in ``RunRecord(run_id=..., incarnation=..., revision=...)`` built
-    from the row.  Costs nothing per event or field.
+    from the row.  Costs two checks per event, nothing per field.
     """
     if not isinstance(record, RunRecord):
         raise Error(ErrorClass.VALIDATION, "a store commits RunRecord values")
@@ -167,6 +166,12 @@ def check_commit(
             "stale revision",
             {"stored": stored.revision, "expected": expected_revision},
         )
+    for event in events:
+        if type(event) is not RunEvent and not isinstance(event, RunEvent):
+            raise Error(ErrorClass.VALIDATION, "a store commits RunEvent values")
+        at = event.occurred_at
+        if type(at) not in (int, float) or at - at != 0:
+            raise Error(ErrorClass.VALIDATION, "event time must be a finite number")
 
 
 def prepare_commit(
@@ -181,6 +186,11 @@ def prepare_commit(
     """:func:`check_commit`, then the commit prepared: its events encoded.
     Costs the events, never the record."""
     check_commit(
-        stored, run_id, incarnation=incarnation, expected_revision=expected_revision, record=record
+        stored,
+        run_id,
+        incarnation=incarnation,
+        expected_revision=expected_revision,
+        record=record,
+        events=events,
     )
     return _prepare(record, events)

@@ -80,7 +80,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import queue
 import sqlite3
@@ -581,19 +580,12 @@ class SQLiteStore:
 
     @staticmethod
     def _encode(stored: _Cached, record: RunRecord, events: Sequence[RunEvent]) -> _Encoded:
-        """Everything a commit of ``record`` (decided: ``check_commit``) over
-        the ``stored`` record writes, encoded and checked; no I/O."""
+        """Everything a commit of ``record`` (decided and its events checked:
+        ``check_commit``) over the ``stored`` record writes, encoded; no I/O."""
         old, _, old_head = stored
         entry, upserts, deletes = diff(old, record)
         head = head_fields(record, old.record, old_head)
-        encoded = []
-        for event in events:
-            if not isinstance(event, RunEvent):
-                raise Error(ErrorClass.VALIDATION, "a store commits RunEvent values")
-            occurred_at = event.occurred_at
-            if not isinstance(occurred_at, int | float) or not math.isfinite(occurred_at):
-                raise Error(ErrorClass.VALIDATION, "event time must be a finite number")
-            encoded.append((event.type, occurred_at, encode_part(event.payload)))
+        encoded = [(e.type, e.occurred_at, encode_part(e.payload)) for e in events]
         return stored, entry, upserts, deletes, head, encoded
 
     @staticmethod
@@ -658,6 +650,7 @@ class SQLiteStore:
             incarnation=job.incarnation,
             expected_revision=job.expected_revision,
             record=job.record,
+            events=job.events,
         )
         return self._encode(cached, job.record, job.events)
 
@@ -698,6 +691,7 @@ class SQLiteStore:
             incarnation=job.incarnation,
             expected_revision=job.expected_revision,
             record=job.record,
+            events=job.events,
         )
         assert current is not None
         written = self._write(conn, current, job.record, job.events)
