@@ -968,34 +968,41 @@ async def _open(
             finally:
                 source.session = None
     except BaseException as exc:
-        leaves = exception_leaves(exc)
-        if not opened:
-            failure = _connect_failure(leaves, server, "connect")
-            if failure is None:
-                raise
-            raise failure from exc
-        # What the connection itself raised, beside the block's own exception.
-        # A cancellation still on its way out is someone else's (the SDK's
-        # own scope absorbs the one it delivers when the connection fails):
-        # nothing is reclassed then.
-        lost = [leaf for leaf in leaves if leaf is not from_block]
-        if lost and not any(isinstance(leaf, trio.Cancelled) for leaf in leaves):
-            if from_block is None or isinstance(from_block, trio.Cancelled):
-                failure = _connect_failure(lost, server, "session")
-                if failure is not None:
-                    raise failure from exc
-            elif isinstance(from_block, Error) and all(isinstance(x, Exception) for x in lost):
-                # a classed failure of the block (a call that lost the
-                # connection, say) beside the connection's own: the block's
-                unwrapped = from_block
-        if unwrapped is None:
-            if from_block is None or len(leaves) != 1 or leaves[0] is not from_block:
-                raise
-            # The block's own exception, wrapped by the SDK's task group:
-            # raised again below, outside this handler, as it was.
-            unwrapped = from_block
+        failure = _exit_failure(exception_leaves(exc), from_block, opened, server)
+        if failure is None or failure is exc:
+            raise
+        if failure is not from_block:
+            raise failure from exc  # classed here
+        # The block's own exception, wrapped by the SDK's task group: raised
+        # again below, outside this handler, as it was.
+        unwrapped = failure
     if unwrapped is not None:
         raise unwrapped
+
+
+def _exit_failure(
+    leaves: list[BaseException], from_block: BaseException | None, opened: bool, server: str
+) -> BaseException | None:
+    """What leaving a connection raises, given the exceptions it ended with
+    (``leaves``) and the one the caller's block raised: a classed ``Error``,
+    the block's own exception, or ``None`` for what came as it is."""
+    if not opened:
+        return _connect_failure(leaves, server, "connect")
+    # What the connection itself raised, beside the block's own exception.
+    lost = [leaf for leaf in leaves if leaf is not from_block]
+    if not lost:
+        return from_block
+    if any(isinstance(leaf, trio.Cancelled) for leaf in leaves):
+        # someone else's cancellation (the SDK's own scope absorbs the one it
+        # delivers to the block when the connection fails): nothing is reclassed
+        return None
+    if from_block is None or isinstance(from_block, trio.Cancelled):
+        return _connect_failure(lost, server, "session")
+    if isinstance(from_block, Error) and all(isinstance(leaf, Exception) for leaf in lost):
+        # a classed failure of the block (a call that lost the connection,
+        # say) beside the connection's own: the block's is the one to see
+        return from_block
+    return None
 
 
 def _connect_failure(leaves: list[BaseException], server: str, method: str) -> Error | None:
