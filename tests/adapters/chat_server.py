@@ -32,6 +32,7 @@ class Stream:
 class Status:
     status: int
     body: Any = None
+    raw: bool = False  # send ``body`` as plain text, not a JSON error object
 
 
 def text_chunks(text: str, *, usage: dict[str, Any] | None = None) -> Stream:
@@ -110,9 +111,13 @@ class ChatServer:
                     server.headers.append(dict(self.headers.items()))
                     reply = server.replies.pop(0) if server.replies else Status(500, "no reply")
                 if isinstance(reply, Status):
-                    payload = json.dumps({"error": {"message": reply.body}}).encode()
+                    if reply.raw:
+                        payload, kind = str(reply.body).encode(), "text/plain"
+                    else:
+                        payload = json.dumps({"error": {"message": reply.body}}).encode()
+                        kind = "application/json"
                     self.send_response(reply.status)
-                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Type", kind)
                     self.send_header("Content-Length", str(len(payload)))
                     self.end_headers()
                     self.wfile.write(payload)
@@ -139,7 +144,9 @@ class ChatServer:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
 
     @property
     def base_url(self) -> str:

@@ -18,7 +18,7 @@ import trio
 
 from tests.adapters.chat_server import ChatServer, Status, Stream, text_chunks, tool_call_chunks
 from trio_backplane.adapters.openai import OPENAI_NAME, OpenAIProvider, ToolAliases
-from trio_backplane.errors import ErrorClass
+from trio_backplane.errors import Error, ErrorClass
 from trio_backplane.kernel import encode_record, thaw
 from trio_backplane.runtime import (
     Event,
@@ -26,6 +26,7 @@ from trio_backplane.runtime import (
     ResponseCompleted,
     ResponseFailed,
     TextDelta,
+    ThinkingDelta,
     ToolCallArgumentsDelta,
     ToolCallCompleted,
     ToolCallStarted,
@@ -309,3 +310,200 @@ async def test_no_key_sends_no_authorization(chat: ChatServer) -> None:
         events = [e async for e in provider.stream(request(), None)]
     assert isinstance(events[-1], ResponseCompleted)
     assert "Authorization" not in chat.headers[0]
+
+
+# -- malformed streams, request shape, options --------------------------------------
+
+
+def _one(delta: Any) -> dict[str, Any]:
+    return {"choices": [{"index": 0, "delta": delta}]}
+
+
+@pytest.mark.parametrize(
+    ("chunk", "detail"),
+    [
+        ({"choices": {"index": 0}}, "dict"),
+        ({"choices": [{"index": 0, "delta": ["text"]}]}, "list"),
+        (_one({"tool_calls": ["call"]}), "str"),
+        (_one({"tool_calls": [{"index": -1, "function": {"name": "add"}}]}), "-1"),
+        (_one({"tool_calls": [{"index": "0", "function": {"name": "add"}}]}), "'0'"),
+        (_one({"tool_calls": [{"index": 0, "function": "add"}]}), "function"),
+    ],
+)
+async def test_malformed_chunks_fail_the_attempt_classed(
+    chat: ChatServer, chunk: Any, detail: str
+) -> None:
+    """A chunk of the wrong shape (choices, delta, tool call delta, index,
+    function) ends the attempt with one classed ResponseFailed, never a raw
+    exception out of the stream."""
+    chat.add(Stream((_one({"content": "partial"}), chunk)))
+    events = await collect(OpenAIProvider(chat.base_url, "m"), request())
+    assert isinstance(events[-1], ResponseFailed)
+    assert sum(isinstance(e, ResponseFailed) for e in events) == 1
+    error = events[-1].error
+    assert error.error_class is ErrorClass.EXECUTION_FAILURE
+    assert error.details["reason"] == "malformed_stream"
+    assert error.details["detail"] == detail
+
+
+async def test_reasoning_ids_and_arguments_are_normalized(chat: ChatServer) -> None:
+    """Reasoning deltas become ThinkingDelta and a thinking block; other
+    choices are ignored; a call without an id gets one from the attempt;
+    arguments sent before the name are kept and not streamed as deltas; empty
+    arguments are ``{}``, and unparsable ones reach the gateway as the raw
+    text it then refuses as a validation tool result."""
+    chat.add(
+        Stream(
+            (
+                {"choices": None, "usage": {"total_tokens": 1}},
+                _one({"reasoning_content": "let me think"}),
+                {"choices": [{"index": 1, "delta": {"content": "other choice"}}]},
+                _one({"content": "calling"}),
+                _one({"tool_calls": [{"index": 0, "function": {"arguments": '{"a": 1,'}}]}),
+                _one({"tool_calls": [{"index": 0, "function": {"name": "add"}}]}),
+                _one({"tool_calls": [{"index": 0, "function": {"arguments": ' "b": 2}'}}]}),
+                _one({"tool_calls": [{"index": 1, "id": "c2", "function": {"name": "add"}}]}),
+                _one({"tool_calls": [{"index": 2, "id": "c3", "function": {"name": "add"}}]}),
+                _one({"tool_calls": [{"index": 2, "function": {"arguments": "{oops"}}]}),
+                {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+            )
+        )
+    )
+    tools = (ProviderTool("add", "", SCHEMA),)
+    events = await collect(OpenAIProvider(chat.base_url, "m"), request(tools))
+    assert [e.text for e in events if isinstance(e, ThinkingDelta)] == ["let me think"]
+    assert [e.text for e in events if isinstance(e, TextDelta)] == ["calling"]
+    assert [e.usage for e in events if isinstance(e, Usage)] == [{"total_tokens": 1}]
+    started = [e for e in events if isinstance(e, ToolCallStarted)]
+    assert [(e.tool_call_id, e.name) for e in started] == [
+        ("call_attempt-1_0", "add"),
+        ("c2", "add"),
+        ("c3", "add"),
+    ]
+    deltas = [e.delta for e in events if isinstance(e, ToolCallArgumentsDelta)]
+    assert deltas == [' "b": 2}', "{oops"]
+    completed = [e for e in events if isinstance(e, ToolCallCompleted)]
+    assert [(e.tool_call_id, e.arguments) for e in completed] == [
+        ("call_attempt-1_0", {"a": 1, "b": 2}),
+        ("c2", {}),
+        ("c3", "{oops"),
+    ]
+    final = events[-1]
+    assert isinstance(final, ResponseCompleted)
+    blocks = final.message["content"]
+    assert blocks[0] == {"type": "thinking", "thinking": "let me think"}
+    assert blocks[1] == {"type": "text", "text": "calling"}
+    assert [b["id"] for b in blocks[2:]] == ["call_attempt-1_0", "c2", "c3"]
+
+
+async def test_request_body_carries_the_transcript(chat: ChatServer) -> None:
+    """The request body: the system prompt first, then the transcript in
+    chat-completions form (content blocks flattened to text, tool calls with
+    aliased names and JSON arguments, tool results as text, structured
+    content when there is no text), and nothing of our own bookkeeping."""
+    chat.add(text_chunks("ok"))
+    messages = [
+        {"role": "system", "content": [{"type": "text", "text": "be brief"}]},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image"}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "let me look"},
+                {"type": "tool_call", "id": "c1", "name": GET_ME, "arguments": {"x": 1}},
+                {"type": "tool_call", "id": "c2", "name": "add", "arguments": '{"a":1}'},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "name": GET_ME, "result": {"content": "me"}},
+        {
+            "role": "tool",
+            "tool_call_id": "c2",
+            "name": "add",
+            "result": {"content": [], "structured_content": {"sum": 1}},
+        },
+        {"role": "tool", "tool_call_id": "c3", "name": "add", "result": ["raw"]},
+        "not a message",
+    ]
+    tools = (ProviderTool(GET_ME, "who", {"type": "object"}), ProviderTool("add", "", SCHEMA))
+    provider = OpenAIProvider(chat.base_url, "m", system="You are terse.", extra_body={"seed": 7})
+    events = await collect(provider, request(tools, messages))
+    assert isinstance(events[-1], ResponseCompleted)
+    body = chat.requests[0]
+    alias = ToolAliases([GET_ME, "add"]).alias(GET_ME)
+    assert body["model"] == "m"
+    assert body["seed"] == 7
+    assert body["messages"][:3] == [
+        {"role": "system", "content": "You are terse."},
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}]},
+    ]
+    assistant = body["messages"][3]
+    assert assistant["content"] == "let me look"
+    assert [
+        (c["id"], c["function"]["name"], c["function"]["arguments"])
+        for c in assistant["tool_calls"]
+    ] == [("c1", alias, '{"x":1}'), ("c2", "add", '{"a":1}')]
+    tool_texts = [(m["tool_call_id"], m["content"]) for m in body["messages"][4:]]
+    assert tool_texts == [("c1", "me"), ("c2", '{"sum": 1}'), ("c3", '["raw"]')]
+    assert [t["function"]["name"] for t in body["tools"]] == [alias, "add"]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"base_url": "ftp://example.test"},
+        {"base_url": 7},
+        {"model": ""},
+        {"timeout": 0},
+        {"timeout": float("nan")},
+        {"timeout": float("inf")},
+        {"timeout": True},
+    ],
+)
+def test_bad_options_are_refused_up_front(kwargs: dict[str, Any]) -> None:
+    options: dict[str, Any] = {"base_url": "http://127.0.0.1:1/v1", "model": "m", **kwargs}
+    with pytest.raises(Error) as exc:
+        OpenAIProvider(**options)
+    assert exc.value.error_class is ErrorClass.VALIDATION
+
+
+@pytest.mark.parametrize("key", ["", 5])
+async def test_bad_api_key_is_refused_before_any_request(chat: ChatServer, key: Any) -> None:
+    provider = OpenAIProvider(chat.base_url, "m")
+    with pytest.raises(Error) as exc:
+        provider.stream(request(), {"api_key": key})
+    assert exc.value.error_class is ErrorClass.VALIDATION
+    assert chat.requests == []
+
+
+async def test_silent_server_times_out_as_transient() -> None:
+    """A server that accepts the connection and never answers: the attempt
+    fails ``transient_transport`` with reason ``timeout`` once the provider's
+    own timeout passes (real clock: the wait is in the socket layer)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        provider = OpenAIProvider(f"http://127.0.0.1:{port}/v1", "m", timeout=0.3)
+        events = await collect(provider, request())
+    assert isinstance(events[-1], ResponseFailed)
+    assert events[-1].error.error_class is ErrorClass.TRANSIENT_TRANSPORT
+    assert events[-1].error.details["reason"] == "timeout"
+
+
+async def test_http_error_with_a_plain_text_body(chat: ChatServer) -> None:
+    """An error answer that is not JSON keeps its text as the provider message."""
+    chat.add(Status(502, "bad gateway from the proxy", raw=True))
+    events = await collect(OpenAIProvider(chat.base_url, "m"), request())
+    assert isinstance(events[-1], ResponseFailed)
+    error = events[-1].error
+    assert error.error_class is ErrorClass.TRANSIENT_TRANSPORT
+    assert error.details == {"status": 502, "provider_message": "bad gateway from the proxy"}
+
+
+async def test_chunks_after_done_are_drained_not_read(chat: ChatServer) -> None:
+    """What a server sends after ``[DONE]`` is read off the wire (so the HTTP
+    stream closes cleanly) and ignored."""
+    chat.add(Stream((_one({"content": "first"}), "[DONE]", _one({"content": "ignored"}), "")))
+    events = await collect(OpenAIProvider(chat.base_url, "m"), request())
+    assert [e.text for e in events if isinstance(e, TextDelta)] == ["first"]
+    assert events[-1] == ResponseCompleted({"role": "assistant", "content": "first"})

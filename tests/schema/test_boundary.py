@@ -349,6 +349,87 @@ def test_sch_14_content_keywords() -> None:
     refused(exc, ErrorClass.UNSUPPORTED_CAPABILITY)
 
 
+_ENCODED = {
+    # encoding: (valid "hello" text, invalid text)
+    "base64": ("aGVsbG8=", "aGVsbG8"),  # missing padding
+    "BASE64": ("aGVsbG8=", "aGV sbG8="),  # names are case-insensitive; no blanks
+    "base64url": ("aGVsbG8_", "aGVsbG8/"),  # "/" is the other alphabet
+    "base32": ("NBSWY3DP", "NBSWY3D1"),  # "1" is not in the alphabet
+    "base16": ("68656C6C6F", "68656C6C6"),  # odd length
+}
+
+
+@pytest.mark.parametrize("encoding", sorted(_ENCODED))
+def test_sch_14_each_content_encoding_asserts(encoding: str) -> None:
+    """SCH-14: every supported ``contentEncoding`` decodes a valid string and
+    refuses an invalid one, only with ``content_assertion``; the argument
+    comes back as sent (never decoded) in both modes."""
+    valid, invalid = _ENCODED[encoding]
+    schema = {"properties": {"blob": {"contentEncoding": encoding}}}
+    assert validate(schema, {"blob": valid}, content_assertion=True) == {"blob": valid}
+    assert validate(schema, {"blob": invalid}) == {"blob": invalid}
+    with pytest.raises(Error) as exc:
+        validate(schema, {"blob": invalid}, content_assertion=True)
+    refused(exc, ErrorClass.VALIDATION)
+    # a non-string instance is not content: the keyword does not apply
+    assert validate(schema, {"blob": 7}, content_assertion=True) == {"blob": 7}
+
+
+def test_sch_14_text_media_types_assert_utf8_after_decoding() -> None:
+    """SCH-14: a ``text/*`` media type asserts that the (decoded) bytes are
+    UTF-8 text; a JSON one with ``contentSchema`` checks the parsed value,
+    which must be JSON data (no NaN, within the input limits)."""
+    text = {
+        "properties": {
+            "t": {"contentMediaType": "text/plain; charset=utf-8", "contentEncoding": "base64"}
+        }
+    }
+    assert validate(text, {"t": "aMOpbGxv"}, content_assertion=True) == {"t": "aMOpbGxv"}
+    with pytest.raises(Error) as exc:  # b"\xff\xfe" is not UTF-8
+        validate(text, {"t": "//4="}, content_assertion=True)
+    refused(exc, ErrorClass.VALIDATION)
+    json_doc = {
+        "properties": {
+            "d": {
+                "contentMediaType": "application/vnd.api+json",
+                "contentSchema": {"type": "array"},
+            }
+        }
+    }
+    assert validate(json_doc, {"d": "[1, 2]"}, content_assertion=True) == {"d": "[1, 2]"}
+    for bad in ("[NaN]", "{}", "[" * 200 + "]" * 200):
+        with pytest.raises(Error) as exc:
+            validate(json_doc, {"d": bad}, content_assertion=True)
+        refused(exc, ErrorClass.VALIDATION)
+    # contentSchema applies only to a JSON media type: here it is an annotation
+    plain = {
+        "properties": {"c": {"contentMediaType": "text/csv", "contentSchema": {"type": "array"}}}
+    }
+    assert validate(plain, {"c": "a,b"}, content_assertion=True) == {"c": "a,b"}
+
+
+@pytest.mark.parametrize(
+    ("node", "detail"),
+    [
+        ({"contentEncoding": "quoted-printable"}, ("encoding", "quoted-printable")),
+        ({"contentMediaType": "image/png"}, ("media_type", "image/png")),
+    ],
+)
+def test_sch_14_unassertable_content_keywords_fail_closed(
+    node: dict[str, Any], detail: tuple[str, str]
+) -> None:
+    """SCH-14: with ``content_assertion`` a content keyword the boundary
+    cannot assert is refused at preflight (never silently annotated), with
+    where it is; without it the same schema is fine."""
+    schema = {"properties": {"x": node}}
+    validate_schema(schema)
+    with pytest.raises(Error) as exc:
+        validate_schema(schema, content_assertion=True)
+    details = refused(exc, ErrorClass.UNSUPPORTED_CAPABILITY)
+    assert details[detail[0]] == detail[1]
+    assert details["path"] == "/properties/x"
+
+
 def test_sch_15_unknown_keywords_are_annotations() -> None:
     """SCH-15: x-mcp-header and typos annotate and change no verdict."""
     schema = {"properties": {"a": {"type": "string", "x-mcp-header": "A", "maxLenght": 1}}}
