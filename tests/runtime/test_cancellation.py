@@ -19,7 +19,7 @@ import trio
 from trio.testing import MockClock
 
 from trio_backplane import Error, ErrorClass
-from trio_backplane.kernel import TERMINAL_STATES, RunRecord
+from trio_backplane.kernel import TERMINAL_STATES, RunRecord, thaw
 from trio_backplane.runtime import Conversation, Event, open_conversation
 from trio_backplane.testing import Hang, ScriptedProvider, Sleep
 from trio_backplane.tools import ToolRegistry
@@ -756,6 +756,45 @@ async def test_can_18_body_exception_propagates_after_settlement(
         await body()
     assert (await h.stored()).state in TERMINAL_STATES
     assert h.terminal_events() == ["run_cancelled"]
+
+
+async def test_can_18_settlement_gives_up_when_input_holds_the_coordinator(
+    autojump_clock: MockClock,
+) -> None:
+    """CAN-18: cancel() arrives while a host's slow steering commit holds the
+    commit coordinator for longer than cleanup_timeout.  The settlement
+    cannot start within its window: once that commit is acknowledged the
+    conversation reports recovery_required with a classed timeout that says
+    so, publishes no terminal event, and leaves the stored run non-terminal
+    (its dispatched, cancelled tool for recovery to classify).  Leaving the
+    block still takes at most cleanup_timeout + commit_timeout."""
+    h = Harness([call("hang")])
+    async with (
+        trio.open_nursery() as nursery,
+        h.open(cleanup_timeout=2.0, commit_timeout=10.0) as c,
+    ):
+        await c.prompt("hi")
+        while h.backend.running == 0:
+            await trio.sleep(0.1)
+        h.store.add(Fault("delay", nth=len(h.store.attempts) + 1, delay=6.0))
+        nursery.start_soon(c.steer, "also this")
+        await trio.sleep(0.5)
+        cancelled_at = trio.current_time()
+        await c.cancel()
+        snapshot = await c.wait_settled()
+        assert trio.current_time() - cancelled_at == pytest.approx(5.5)
+    assert trio.current_time() - cancelled_at <= 2.0 + 10.0
+    assert snapshot.phase == "recovery_required"
+    assert snapshot.last_error is not None
+    assert snapshot.last_error.error_class is ErrorClass.TIMEOUT
+    assert snapshot.last_error.details == {"recovery_required": True}
+    assert h.terminal_events() == []
+    assert h.backend.cancelled == 1
+    stored = await h.stored()
+    assert stored.state == "running"
+    assert [k for k in stored.intents if k.startswith("tool:")]
+    assert [s["content"] for s in thaw(stored.conversation)["steering"]] == ["also this"]
+    assert task_tree_size() == 0
 
 
 # -- CAN-19 ----------------------------------------------------------------------------

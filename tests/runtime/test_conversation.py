@@ -778,6 +778,92 @@ async def test_conv_20_invalid_stop_hook_result(autojump_clock: Any, result: Any
     assert finished.record.outcome["error"]["message"] == "invalid stop hook result"
 
 
+class CustomHooks:
+    """Hooks given as plain coroutines (``None``: the default)."""
+
+    def __init__(self, prompt: Any = None, stop: Any = None) -> None:
+        if prompt is not None:
+            self.prompt = prompt
+        if stop is not None:
+            self.stop = stop
+
+
+async def _hang(*_: Any) -> Any:
+    await trio.sleep_forever()
+
+
+async def _assistant(message: Any, context: HookContext) -> Any:
+    return {"role": "assistant", "content": "not a user message"}
+
+
+@pytest.mark.parametrize(
+    ("hook", "error_class", "message", "after"),
+    [
+        (_hang, ErrorClass.TIMEOUT, "prompt hook timed out", 2.0),
+        (_assistant, ErrorClass.VALIDATION, "prompt hook must return a user message", 0.0),
+    ],
+    ids=["hangs", "returns-an-assistant-message"],
+)
+async def test_conv_18_prompt_hook_timeout_or_bad_result_is_a_rejection(
+    autojump_clock: Any, hook: Any, error_class: ErrorClass, message: str, after: float
+) -> None:
+    """CONV-18: a prompt hook bounded by effect_timeout that hangs, or that
+    returns something other than a user message, rejects the prompt as a
+    raised hook Error would: prompt raises a classed error, prompt_rejected
+    names it, the turn fails and no provider attempt is made."""
+    provider = ScriptedProvider([text("never")])
+    async with conversation_with(provider, hooks=CustomHooks(prompt=hook), effect_timeout=2.0) as (
+        conversation,
+        timeline,
+    ):
+        start = trio.current_time()
+        with pytest.raises(Error) as info:
+            await conversation.prompt("hello")
+        assert trio.current_time() - start == pytest.approx(after)
+        snapshot = await conversation.wait_settled()
+    assert info.value.error_class is error_class
+    assert info.value.message == message
+    assert provider.requests == []
+    published = timeline.published()
+    assert [e.type for e in published] == ["prompt_rejected", "turn_failed", "run_failed"]
+    assert published[0].payload["error"]["message"] == message
+    assert snapshot.run.state == "failed"
+    assert snapshot.messages == ()
+
+
+async def _refuse(outcome: Any, context: HookContext) -> Any:
+    raise Error(ErrorClass.FORBIDDEN, "policy says no")
+
+
+async def _empty_continue(outcome: Any, context: HookContext) -> Any:
+    return Continue("")
+
+
+@pytest.mark.parametrize(
+    ("hook", "error_class", "message"),
+    [
+        (_hang, ErrorClass.TIMEOUT, "stop hook timed out"),
+        (_refuse, ErrorClass.FORBIDDEN, "policy says no"),
+        (_empty_continue, ErrorClass.VALIDATION, "prompt must not be empty"),
+    ],
+    ids=["hangs", "raises", "continues-with-nothing"],
+)
+async def test_conv_20_stop_hook_failures_fail_the_turn_classed(
+    autojump_clock: Any, hook: Any, error_class: ErrorClass, message: str
+) -> None:
+    """CONV-20: a stop hook that hangs past effect_timeout, raises an Error, or
+    continues with empty content fails the turn with that classed error; the
+    response it judged stays in the transcript and nothing more is asked."""
+    provider = ScriptedProvider([text("a1"), text("never")])
+    finished = await run_to_settled(provider, hooks=CustomHooks(stop=hook), effect_timeout=2.0)
+    [failed] = finished.of("turn_failed")
+    assert failed.payload["error"]["class"] == error_class.value
+    assert failed.payload["error"]["message"] == message
+    assert finished.record.state == "failed"
+    assert len(provider.requests) == 1
+    assert contents(finished.messages) == ["hello", "a1"]
+
+
 class OnlyPrompt:
     def __init__(self) -> None:
         self.calls = 0

@@ -173,6 +173,48 @@ async def test_tool_03_schema_failure_gives_validation_result_without_backend_ca
     assert message["result"]["content"] == error["message"]
 
 
+async def test_tool_03_arguments_sent_as_json_text(autojump_clock: MockClock) -> None:
+    """TOOL-03: arguments a provider sends as JSON text are parsed, then
+    validated like any others; text that is not JSON is an is_error
+    validation result, with no backend call and no intent committed."""
+    backend = RecordingBackend(ToolResult("ok"))
+    provider = calls_then_done(("c1", "t", '{"x": "a"}'), ("c2", "t", '{"x": '))
+    finished = await run_to_settled(provider, [make_tool("t", backend, schema=string_schema("x"))])
+
+    assert_continued(finished, provider)
+    assert [op.arguments for op in backend.operations] == [{"x": "a"}]
+    assert finished.store.commits().count("run.tool_invoked") == 1
+    first, second = finished.tool_messages()
+    assert first["result"]["is_error"] is False
+    error = error_of(second)
+    assert (error["class"], error["message"]) == ("validation", "tool arguments are not JSON")
+
+
+@pytest.mark.parametrize("read_only", [True, False], ids=["read-only", "mutating"])
+async def test_tool_12_result_that_is_not_json_data(
+    autojump_clock: MockClock, read_only: bool
+) -> None:
+    """TOOL-12: like an oversize one, a result holding something that is not
+    JSON data (NaN, an object) becomes an is_error validation result after
+    the backend ran once; the effect is known to have completed, so the
+    provider continues whatever the descriptor, and nothing unencodable is
+    committed."""
+    backend = RecordingBackend(
+        ToolResult("ok", {"v": float("nan")}), ToolResult("ok", {"o": object()})
+    )
+    provider = calls_then_done(("c1", "t", {}), ("c2", "t", {}))
+    finished = await run_to_settled(provider, [make_tool("t", backend, read_only=read_only)])
+
+    assert_continued(finished, provider)
+    assert backend.calls == 2
+    for message in finished.tool_messages():
+        error = error_of(message)
+        assert (error["class"], error["message"]) == ("validation", "tool result is not JSON data")
+    stored = list(finished.record.tool_results.values())
+    assert len(stored) == 2
+    assert all(r["is_error"] and r["structured_content"] is None for r in stored)
+
+
 async def test_tool_04_backend_receives_arguments_unchanged(autojump_clock: MockClock) -> None:
     """TOOL-04: no default inserted, nothing coerced, no property removed."""
     schema = {
