@@ -55,7 +55,10 @@ class DeadlineBudget:
         return max(0.0, self._scope.deadline - self._now())
 
     def arm(self, *, shield: bool = False) -> trio.CancelScope:
-        """A new cancel scope whose deadline spends this budget (new generation)."""
+        """A new cancel scope whose deadline spends this budget (new
+        generation).  Arming again spends only what the last arming left."""
+        if self._scope is not None and not self._suspended:
+            self._remaining = max(0.0, self._scope.deadline - self._now())
         self._generation += 1
         self._suspended = False
         self._scope = trio.CancelScope(deadline=self._now() + self._remaining, shield=shield)
