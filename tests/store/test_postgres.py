@@ -830,6 +830,91 @@ async def test_sto_10_a_stale_commit_in_a_group_is_refused_alone(
             assert await b.load(result.run_id) == result
 
 
+async def _grouped(
+    store: PostgresStore, pg_dsn: str, pg_schema: str, plug: RunRecord, records: list[RunRecord]
+) -> list[RunRecord | Error]:
+    """Commit to ``plug`` first and hold that commit inside PostgreSQL (a row
+    lock) until the commits to ``records`` are all queued behind it: they
+    then go to the store as one group, deterministically."""
+    results: list[Any] = []
+
+    async def rest() -> None:
+        results.extend(await _all_at_once(store, records))
+
+    async with _RowLock(pg_dsn, pg_schema, plug.run_id) as lock, trio.open_nursery() as nursery:
+        nursery.start_soon(
+            lambda: _race(
+                functools.partial(
+                    _advance, store, plug, "conversation_updated", conversation=_messages(1)
+                )
+            )
+        )
+        await lock.wait_for_waiters(1)
+        nursery.start_soon(rest)
+        with trio.fail_after(15):
+            while len(store._group.queue) < len(records):
+                await trio.sleep(0.01)
+        await lock.release()
+    return results
+
+
+async def test_sto_10_a_run_moved_on_inside_a_group_rolls_the_group_back(
+    pg_store_factory: StoreFactory, pg_dsn: str, pg_schema: str
+) -> None:
+    """STO-10: a group holding a commit whose run another host moved on is
+    rolled back whole (nothing of it written) and its commits are made one by
+    one: that one gets ``resource_conflict`` and leaves the other host's
+    record in place; every other commit lands."""
+    a, b = pg_store_factory(), pg_store_factory()
+    plug = await _running(a, "plug")
+    records = [await _running(a, f"moved{i}") for i in range(4)]
+    moved = await _advance(b, records[2], "conversation_updated", conversation=_messages(9))
+    batches = a.stats["batches"]
+    fast = a.stats["fast_commits"]
+    results = await _grouped(a, pg_dsn, pg_schema, plug, records)
+    assert isinstance(results[2], Error)
+    assert results[2].error_class is ErrorClass.RESOURCE_CONFLICT
+    assert await b.load(moved.run_id) == moved
+    for i, result in enumerate(results):
+        if i != 2:
+            assert isinstance(result, RunRecord), result
+            assert await b.load(result.run_id) == result
+    assert a.stats["batches"] == batches  # the group never committed
+    assert a.stats["fast_commits"] > fast  # its commits went one by one
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+async def test_sto_06_a_failed_group_transaction_reports_every_commit_failed(
+    pg_store_factory: StoreFactory, pg_dsn: str, pg_schema: str, when: str
+) -> None:
+    """STO-06: the COMMIT of a group transaction fails (or its acknowledgement
+    is lost): every commit of the group reports ``storage_failed``, never
+    success.  Before the COMMIT nothing is written; after it every record is
+    durable and ``load`` reconciles it."""
+    store, reader = pg_store_factory(), pg_store_factory()
+    plug = await _running(store, "plug")
+    records = [await _running(store, f"grpfail{i}") for i in range(4)]
+    original = store._commit_together
+
+    def commit_together(jobs: list[Any]) -> list[Any]:
+        # armed for the group's transaction only (the plug commits alone)
+        store._fail_next_commit() if when == "before" else store._lose_next_ack()
+        return original(jobs)
+
+    store._commit_together = commit_together  # type: ignore[method-assign]
+    results = await _grouped(store, pg_dsn, pg_schema, plug, records)
+    assert all(isinstance(r, Error) for r in results), results
+    assert all(r.error_class is ErrorClass.STORAGE_FAILED for r in results)  # type: ignore[union-attr]
+    for record in records:
+        stored = await reader.load(record.run_id)
+        assert stored is not None
+        if when == "before":
+            assert stored == record
+        else:
+            assert stored.revision == record.revision + 1
+            assert len(stored.context["conversation"]["messages"]) == 2
+
+
 @pytest.mark.parametrize("when", ["before", "after"])
 async def test_sto_06_a_failed_group_fails_every_commit_in_it(
     pg_store_factory: StoreFactory, when: str
