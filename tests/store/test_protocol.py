@@ -84,3 +84,47 @@ async def test_memory_and_sqlite_stores_refuse_bad_events(tmp_path: Path) -> Non
 async def test_postgres_store_refuses_bad_events(pg_store_factory: StoreFactory) -> None:
     """The same decision on PostgreSQL."""
     await _refuses_bad_events(pg_store_factory())
+
+
+async def _created_with_parts(store: Any) -> None:
+    """A run created with a transcript already in it (``open_conversation(...,
+    messages=...)`` does that) is stored whole, its transcript as part rows:
+    ``load`` returns it, and commits on top of it keep every message."""
+    messages = [{"role": "user", "content": f"earlier {i}"} for i in range(5)]
+    record = RunRecord.new("with-parts", context={"conversation": {"messages": messages}})
+    await store.create(record)
+    assert await store.load(record.run_id) == record
+    admitted, events = transition(record, Command("admit", 0.0, {"state": "running"}))
+    await store.commit(
+        record.run_id, incarnation=1, expected_revision=0, record=admitted, events=events
+    )
+    grown = [*messages, {"role": "user", "content": "now"}]
+    updated, events = transition(
+        admitted, Command("conversation_updated", 1.0, {"conversation": {"messages": grown}})
+    )
+    await store.commit(
+        record.run_id, incarnation=1, expected_revision=1, record=updated, events=events
+    )
+    loaded = await store.load(record.run_id)
+    assert loaded == updated
+    assert [m["content"] for m in loaded.conversation["messages"]] == [
+        *(f"earlier {i}" for i in range(5)),
+        "now",
+    ]
+
+
+async def test_memory_and_sqlite_stores_create_runs_with_parts(tmp_path: Path) -> None:
+    await _created_with_parts(MemoryStore())
+    async with SQLiteStore(tmp_path / "s.db") as store:
+        await _created_with_parts(store)
+    async with SQLiteStore(tmp_path / "s.db") as reopened:
+        loaded = await reopened.load("with-parts")
+    assert loaded is not None
+    assert len(loaded.conversation["messages"]) == 6
+
+
+async def test_postgres_store_creates_runs_with_parts(pg_store_factory: StoreFactory) -> None:
+    await _created_with_parts(pg_store_factory())
+    loaded = await pg_store_factory().load("with-parts")
+    assert loaded is not None
+    assert len(loaded.conversation["messages"]) == 6

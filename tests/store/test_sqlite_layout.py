@@ -7,6 +7,9 @@ import json
 import sqlite3
 from pathlib import Path
 
+import pytest
+
+from trio_backplane import Error, ErrorClass
 from trio_backplane.kernel import Command, FrozenList, RunRecord, freeze, transition
 from trio_backplane.store import SQLiteStore
 from trio_backplane.store._sqlite import LAYOUT_VERSION
@@ -91,3 +94,27 @@ async def test_usage_rows_and_a_layout_1_file_upgraded(tmp_path: Path) -> None:
     conn.close()
     assert int(version) == LAYOUT_VERSION == 2
     assert usage_rows == (4,)
+
+
+async def test_a_file_from_a_newer_layout_is_refused_untouched(tmp_path: Path) -> None:
+    """A database whose layout is newer than this code is refused with
+    ``unsupported_capability`` naming both versions, and left as it was."""
+    path = tmp_path / "runs.db"
+    async with SQLiteStore(path) as store:
+        await store.create(RunRecord.new("r"))
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE meta SET value = ? WHERE key = 'layout_version'", (LAYOUT_VERSION + 1,))
+    conn.commit()
+    conn.close()
+    async with SQLiteStore(path) as store:
+        with pytest.raises(Error) as exc:
+            await store.load("r")
+    assert exc.value.error_class is ErrorClass.UNSUPPORTED_CAPABILITY
+    assert dict(exc.value.details) == {
+        "layout_version": LAYOUT_VERSION + 1,
+        "supported": LAYOUT_VERSION,
+    }
+    conn = sqlite3.connect(path)
+    (version,) = conn.execute("SELECT value FROM meta WHERE key = 'layout_version'").fetchone()
+    conn.close()
+    assert int(version) == LAYOUT_VERSION + 1

@@ -210,6 +210,63 @@ async def test_a_cancelled_leader_waits_its_batch_out(tmp_path: Path, wake: str)
         assert await _commit(store, new_a, 2) == (await store.load("a"))
 
 
+async def test_a_follower_cancelled_once_its_batch_is_taken_gets_its_outcome(
+    tmp_path: Path, wake: str
+) -> None:
+    """A queued commit taken into a batch is in flight: its caller, cancelled
+    then, still waits for the outcome (the commit is applied and its receipt
+    returned) and the cancellation arrives at its next checkpoint; it is
+    never both written and reported as withdrawn."""
+    async with SQLiteStore(tmp_path / "runs.db") as store:
+        a, b, c = [await _fresh(store, name) for name in "abc"]
+        write_batch = store._write_batch
+        batches: list[list[str]] = []
+        taken = threading.Semaphore(0)
+
+        def slow(jobs: Any) -> None:
+            batches.append(sorted(job.run_id for job in jobs))
+            taken.release()
+            time.sleep(0.2)
+            write_batch(jobs)
+
+        store._write_batch = slow  # type: ignore[method-assign]
+        receipts: dict[str, Any] = {}
+        after_cancel: list[str] = []
+
+        async def commit(record: RunRecord) -> None:
+            new, events = _next(record, 1)
+            receipts[record.run_id] = await store.commit(
+                record.run_id, incarnation=1, expected_revision=0, record=new, events=events
+            )
+            after_cancel.append("returned")
+            await trio.lowlevel.checkpoint()
+            after_cancel.append("not cancelled")
+
+        follower = trio.CancelScope()
+
+        async def cancellable_c() -> None:
+            with follower:
+                await commit(c)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(commit, a)
+            await trio.to_thread.run_sync(taken.acquire)  # a's batch is in the thread
+            nursery.start_soon(commit, b)
+            nursery.start_soon(cancellable_c)
+            await trio.to_thread.run_sync(taken.acquire)  # the next batch is taken
+            follower.cancel()
+        assert batches == [["a"], ["b", "c"]]
+        assert follower.cancelled_caught
+        assert all(receipts[name].revision == 1 for name in "abc")
+        # a and b carry on; c has its receipt, then its cancellation
+        assert sorted(after_cancel) == ["not cancelled"] * 2 + ["returned"] * 3
+        for record in (a, b, c):
+            stored = await store.load(record.run_id)
+            assert stored is not None
+            assert stored.revision == 1
+        store._write_batch = write_batch  # type: ignore[method-assign]
+
+
 async def test_closing_fails_queued_commits_and_new_work(tmp_path: Path, wake: str) -> None:
     store = SQLiteStore(tmp_path / "runs.db")
     records = [await _fresh(store, f"r{i}") for i in range(5)]
