@@ -812,24 +812,6 @@ async def test_concurrent_commits_share_transactions(
         assert [e.sequence for e in log] == list(range(1, record.revision + 1))
 
 
-async def test_sto_10_a_stale_commit_in_a_group_is_refused_alone(
-    pg_store_factory: StoreFactory,
-) -> None:
-    """STO-10: when another host moved one run of a group on, that commit gets
-    ``resource_conflict`` and the other runs' commits still land."""
-    a, b = pg_store_factory(), pg_store_factory()
-    records = [await _running(a, f"stale{i}") for i in range(6)]
-    moved = await _advance(b, records[3], "conversation_updated", conversation=_messages(9))
-    results = await _all_at_once(a, records)
-    assert isinstance(results[3], Error)
-    assert results[3].error_class is ErrorClass.RESOURCE_CONFLICT
-    assert await b.load(moved.run_id) == moved
-    for i, result in enumerate(results):
-        if i != 3:
-            assert isinstance(result, RunRecord), result
-            assert await b.load(result.run_id) == result
-
-
 async def _grouped(
     store: PostgresStore, pg_dsn: str, pg_schema: str, plug: RunRecord, records: list[RunRecord]
 ) -> list[RunRecord | Error]:
@@ -861,7 +843,7 @@ async def _grouped(
 async def test_sto_10_a_run_moved_on_inside_a_group_rolls_the_group_back(
     pg_store_factory: StoreFactory, pg_dsn: str, pg_schema: str
 ) -> None:
-    """STO-10: a group holding a commit whose run another host moved on is
+    """STO-10: when another host moved one run of a group on, the group is
     rolled back whole (nothing of it written) and its commits are made one by
     one: that one gets ``resource_conflict`` and leaves the other host's
     record in place; every other commit lands."""
