@@ -1241,3 +1241,94 @@ async def test_conv_29_slow_subscriber_loses_only_transient(autojump_clock: Any)
         if event.type == "events_dropped":
             assert i + 1 < len(received)
             assert received[i + 1].type != "events_dropped"
+
+
+# -- a replacement run continues a transcript (messages=) -----------------------------
+
+
+async def test_a_new_run_continues_the_committed_messages_of_a_finished_one(
+    autojump_clock: Any,
+) -> None:
+    """A completed run takes no more prompts; its committed messages (tool
+    results included) open a new run with ``messages=``, whose first provider
+    request carries all of them and then the new prompt, which is not
+    resubmitted, and whose stored record holds them from revision 0."""
+    store = MemoryStore()
+    tool = make_tool("t", RecordingBackend(ToolResult("tool said hi")))
+    first = await run_to_settled(
+        ScriptedProvider([ScriptedProvider.tool_calls(("c1", "t", {})), text("a1")]),
+        [tool],
+        store=store,
+        run_id="run-1",
+    )
+    assert first.record.state == "completed"
+    earlier = first.snapshot.messages
+    assert [m["role"] for m in earlier] == ["user", "assistant", "tool", "assistant"]
+
+    provider = ScriptedProvider([text("a2")])
+    registry = ToolRegistry([tool])
+    async with open_conversation(
+        "run-2",
+        store=store,
+        provider=provider,
+        registry=registry,
+        authority=granted(registry, "run-2"),
+        messages=earlier,
+    ) as conversation:
+        created = await store.load("run-2")
+        assert created is not None
+        assert created.revision == 0
+        assert [thaw(m) for m in created.conversation["messages"]] == [thaw(m) for m in earlier]
+        await conversation.prompt("and now?")
+        snapshot = await conversation.wait_settled()
+    assert snapshot.run.state == "completed"
+    [request] = provider.requests
+    sent = [thaw(m) for m in request.messages]
+    assert sent[:4] == [thaw(m) for m in earlier]
+    assert [m["role"] for m in sent[4:]] == ["user"]
+    assert contents(request.messages)[4:] == ["and now?"]
+    assert contents(snapshot.messages) == [*contents(earlier), "and now?", "a2"]
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        "hello",
+        {"role": "user", "content": "hi"},
+        [5],
+        [{"content": "no role"}],
+        [{"role": 1, "content": "a role that is not a string"}],
+        [{"role": "user", "content": math.nan}],
+        [{"role": "user", "content": object()}],
+    ],
+    ids=["str", "mapping", "not-an-object", "no-role", "int-role", "nan", "object"],
+)
+async def test_bad_messages_are_refused_before_the_store(
+    autojump_clock: Any, messages: Any
+) -> None:
+    """``messages`` that are not a list of message objects with a role, or
+    hold something that is not JSON data, raise ``validation`` before any
+    store or provider call: no run is created."""
+    store = MemoryStore()
+    provider = ScriptedProvider([text("never")])
+    with pytest.raises(Error) as exc:
+        async with open_conversation("run-x", store=store, provider=provider, messages=messages):
+            pytest.fail("opened")  # pragma: no cover
+    assert exc.value.error_class is ErrorClass.VALIDATION
+    assert await store.load("run-x") is None
+    assert provider.requests == []
+
+
+async def test_run_and_messages_together_are_refused(autojump_clock: Any) -> None:
+    store = MemoryStore()
+    await store.create(RunRecord.new("run-y"))
+    with pytest.raises(Error) as exc:
+        async with open_conversation(
+            "run-y",
+            store=store,
+            provider=ScriptedProvider([]),
+            run=await store.load("run-y"),
+            messages=[{"role": "user", "content": "hi"}],
+        ):
+            pytest.fail("opened")  # pragma: no cover
+    assert exc.value.error_class is ErrorClass.VALIDATION

@@ -136,6 +136,29 @@ def _check_content(content: Any) -> Any:
     raise Error(ErrorClass.VALIDATION, "content must be text or content blocks")
 
 
+def _check_messages(messages: Any) -> list[Any] | None:
+    """The transcript a new run starts from (a replacement run receives the
+    committed messages of the one it continues): a list or tuple of message
+    objects, each with a ``role``.  Whether they are JSON data is checked with
+    the rest of the run's context, before the store is called."""
+    if messages is None:
+        return None
+    if not isinstance(messages, list | tuple):
+        raise Error(
+            ErrorClass.VALIDATION,
+            "messages must be a list of transcript messages",
+            {"type": type(messages).__name__},
+        )
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping) or type(message.get("role")) is not str:
+            raise Error(
+                ErrorClass.VALIDATION,
+                "each message must be an object with a role",
+                {"index": index},
+            )
+    return list(messages)
+
+
 @attrs.define
 class _Options:
     run_timeout: float
@@ -840,6 +863,9 @@ async def open_conversation(
     )
     if context is not None and "conversation" in context:
         raise Error(ErrorClass.VALIDATION, "context key 'conversation' is reserved")
+    if run is not None and messages is not None:
+        raise Error(ErrorClass.VALIDATION, "give run (a stored run) or messages (a new one)")
+    prior = _check_messages(messages)
     bundle = admit_batch(
         registry if registry is not None else ToolRegistry(()),
         authority if authority is not None else Authority(run_id=run_id),
@@ -854,8 +880,8 @@ async def open_conversation(
         phase = "terminal" if run.state in TERMINAL_STATES else "recovery_required"
     else:
         state = dict(_EMPTY_CONVERSATION)
-        if messages is not None:
-            state["messages"] = list(messages)
+        if prior is not None:
+            state["messages"] = prior
         record = RunRecord.new(
             run_id,
             incarnation=incarnation,
