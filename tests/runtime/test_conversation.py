@@ -1332,3 +1332,43 @@ async def test_run_and_messages_together_are_refused(autojump_clock: Any) -> Non
         ):
             pytest.fail("opened")  # pragma: no cover
     assert exc.value.error_class is ErrorClass.VALIDATION
+
+
+async def test_supplied_provider_tools_reach_the_provider(autojump_clock: Any) -> None:
+    """CAT-13 through open_conversation: ``tools=`` (the host's own provider
+    tool definitions, same names and schemas as the registry) is what the
+    provider is offered; a list naming another tool is refused before the
+    store is called."""
+    from trio_backplane.tools import ProviderTool
+
+    tool = make_tool("t", RecordingBackend())
+    supplied = [ProviderTool("t", "described by the host", tool.schema)]
+    provider = ScriptedProvider([text("ok")])
+    store = MemoryStore()
+    registry = ToolRegistry([tool])
+    async with open_conversation(
+        "run-s",
+        store=store,
+        provider=provider,
+        registry=registry,
+        authority=granted(registry, "run-s"),
+        tools=supplied,
+    ) as conversation:
+        await conversation.prompt("hi")
+        assert (await conversation.wait_settled()).run.state == "completed"
+    [request] = provider.requests
+    assert [(t.name, t.description) for t in request.tools] == [("t", "described by the host")]
+
+    with pytest.raises(Error) as exc:
+        async with open_conversation(
+            "run-z",
+            store=store,
+            provider=ScriptedProvider([]),
+            registry=registry,
+            authority=granted(registry, "run-z"),
+            tools=[ProviderTool("other", "", tool.schema)],
+        ):
+            pytest.fail("opened")  # pragma: no cover
+    assert exc.value.error_class is ErrorClass.VALIDATION
+    assert exc.value.details["unknown"] == ["other"]
+    assert await store.load("run-z") is None
