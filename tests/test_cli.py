@@ -551,3 +551,59 @@ def test_runs_on_postgresql(pg_dsn: str, pg_schema: str) -> None:
         assert "fenced: incarnation 1 can no longer commit" in text
     finally:
         _drop_schema(pg_dsn, pg_schema)
+
+
+def test_demo_with_the_openai_provider_against_a_chat_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``backplane demo --provider openai`` end to end against a loopback
+    chat-completions server scripted like a model: two read-only calls, the
+    approved write, a summary.  The run completes in SQLite, the note is
+    written, every later request carries the tool results, and the API key
+    goes only into the Authorization header: never the store, never output."""
+    from tests.adapters.chat_server import ChatServer, text_chunks, tool_call_chunks
+
+    note = {"title": demo.NOTE_TITLE, "body": "written through the OpenAI adapter"}
+    monkeypatch.setenv("OPENAI_API_KEY", CANARY)
+    with ChatServer().running() as chat:
+        chat.add(
+            tool_call_chunks(
+                ("call_read", "read_package_file", '{"path": "__init__.py", "max_lines": 3}'),
+                ("call_search", "search_glossary", '{"query": "approval", "limit": 1}'),
+            ),
+            tool_call_chunks(("call_note", "write_note", json.dumps(note))),
+            text_chunks("All three tools ran.", usage={"total_tokens": 42}),
+        )
+        status, text = run(
+            "demo",
+            "--provider",
+            "openai",
+            "--base-url",
+            chat.base_url,
+            "--model",
+            "scripted-model",
+            "--db",
+            str(tmp_path / "demo.sqlite3"),
+            "--approve",
+            "yes",
+        )
+    assert status == 0, text
+    for line in ("tool ✓ read_package_file", "tool ✓ search_glossary", "tool ✓ write_note"):
+        assert line in text
+    assert "assistant ▸ All three tools ran." in text
+    found = RUN_ID_PATTERN.search(text)
+    assert found, text
+    record = _load(tmp_path / "demo.sqlite3", found.group(0))
+    assert record.state == "completed"
+    assert not any(r["is_error"] for r in _tool_messages(record).values())
+    written = tmp_path / "backplane-demo-notes" / f"{demo.NOTE_TITLE}.md"
+    assert "written through the OpenAI adapter" in written.read_text()
+    assert len(chat.requests) == 3
+    assert all(body["model"] == "scripted-model" for body in chat.requests)
+    tool_ids = [m.get("tool_call_id") for m in chat.requests[2]["messages"] if m["role"] == "tool"]
+    assert tool_ids == ["call_read", "call_search", "call_note"]
+    assert all(h.get("Authorization") == f"Bearer {CANARY}" for h in chat.headers)
+    assert CANARY not in text
+    for path in tmp_path.iterdir():
+        if path.is_file():
+            assert CANARY.encode() not in path.read_bytes(), path
