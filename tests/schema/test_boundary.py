@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import socket
 import urllib.request
 from collections.abc import Iterator
@@ -1092,3 +1093,80 @@ def test_sch_50_descending_recursion_is_fine() -> None:
     validate(tree, {"value": 1, "child": {"value": 2, "child": {"value": 3}}})
     with pytest.raises(Error):
         validate(tree, {"value": 1, "child": {"child": {"value": 3}}})
+
+
+# -- options and limits are checked where they are built ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"schema_registry": 5}, "schema_registry must be a mapping of URI to schema"),
+        ({"schema_loader": "not callable"}, "schema_loader must be callable"),
+        ({"format_assertion": 1}, "format_assertion must be a bool"),
+        ({"content_assertion": "yes"}, "content_assertion must be a bool"),
+        ({"allow_external_refs": None}, "allow_external_refs must be a bool"),
+        ({"limits": {"max_refs": 5}}, "limits must be a Limits or None"),
+        ({"dialects": "2020-12"}, "dialects must be a collection of dialect names"),
+        (
+            {"schema_registry": {}, "schema_loader": lambda uri: {}},
+            "pass either schema_registry or schema_loader, not both",
+        ),
+    ],
+    ids=lambda value: value if isinstance(value, str) else None,
+)
+def test_bad_schema_options_are_validation_errors(kwargs: dict[str, Any], message: str) -> None:
+    """A bad option is refused when the options are built, for SchemaOptions
+    and compile() alike, with a message naming the option."""
+    for build in (lambda: SchemaOptions(**kwargs), lambda: compile({}, **kwargs)):
+        with pytest.raises(Error) as exc:
+            build()
+        refused(exc, ErrorClass.VALIDATION)
+        assert exc.value.message == message
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_refs": 0}, "max_refs must be a positive int"),
+        ({"max_schema_bytes": 1.5}, "max_schema_bytes must be a positive int"),
+        ({"max_subschemas": True}, "max_subschemas must be a positive int"),
+        ({"max_json_depth": 10_001}, "max_json_depth must be at most 10000"),
+        ({"max_input_depth": 10_001}, "max_input_depth must be at most 10000"),
+    ],
+)
+def test_bad_limits_are_validation_errors(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(Error) as exc:
+        Limits(**kwargs)
+    details = refused(exc, ErrorClass.VALIDATION)
+    assert exc.value.message == message
+    assert details["option"] == next(iter(kwargs))
+    assert Limits(max_json_depth=10_000).max_json_depth == 10_000
+
+
+def test_schema_options_as_kwargs_compile_the_same_schema() -> None:
+    """``SchemaOptions.as_kwargs()`` gives compile() the same options: the
+    same fingerprint as passing them one by one."""
+    options = SchemaOptions(format_assertion=True, limits=Limits.mcp(), allow_external_refs=False)
+    schema = {"properties": {"e": {"format": "email"}}}
+    assert (
+        compile(schema, **options.as_kwargs()).fingerprint
+        == compile(
+            schema, format_assertion=True, limits=Limits.mcp(), allow_external_refs=False
+        ).fingerprint
+    )
+    assert compile(schema, **options.as_kwargs()).fingerprint != compile(schema).fingerprint
+
+
+def test_compiled_schema_errors_lists_entries_or_nothing() -> None:
+    """``CompiledSchema.errors`` returns the error entries ``validate`` would
+    raise with, and an empty list for valid arguments; a failure that is not
+    a mismatch (arguments that are not JSON data) is raised, not listed."""
+    compiled = compile({"properties": {"n": {"type": "integer", "maximum": 3}}, "required": ["n"]})
+    assert compiled.errors({"n": 2}) == []
+    entries = compiled.errors({"n": 7})
+    assert [e["keyword"] for e in entries] == ["maximum"]
+    assert set(entries[0]) >= {"instance_path", "schema_path", "keyword", "message"}
+    assert {e["keyword"] for e in compiled.errors({})} == {"required"}
+    with pytest.raises(Error):
+        compiled.errors({"n": math.nan})
