@@ -786,6 +786,7 @@ async def test_int_17_request_must_be_a_mapping(autojump_clock: MockClock) -> No
     )
     assert seen == [ErrorClass.VALIDATION] * 3
     assert host.requested == []
+    assert pending_of(finished.record) is None
     assert finished.record.state == "completed"
 
 
@@ -910,3 +911,48 @@ async def test_int_18_nested_interaction_suspends_every_deadline(
     # error, the outer tool's error is an ordinary result, the run completes
     assert finished.record.state == "completed"
     assert finished.types().count("run_completed") == 1
+
+
+async def test_int_05_a_failed_resolution_commit_reaches_the_resolver(
+    autojump_clock: MockClock,
+) -> None:
+    """INT-05: when the checkpoint that records an answer fails, ``resolve``
+    raises that ``storage_failed`` to the host, the answer never reaches the
+    tool (it was not committed), and the conversation stops storage_failed
+    with the tool's dispatched effect left for recovery."""
+    faulty = FaultyStore()
+    faulty.add(Fault("fail", when=resolution_commit(faulty)))
+    log: dict[str, Any] = {}
+    tool = make_tool("ask", RecordingBackend(asking(log)))
+    finished, host = await run_with_host(
+        calls_then_done(("c1", "ask", {})), [tool], after(2.0), store=faulty
+    )
+    [error] = host.errors
+    assert error.error_class is ErrorClass.STORAGE_FAILED
+    assert host.resolved == []
+    assert "answer" not in log
+    assert "cancelled_at" in log
+    assert finished.snapshot.phase == "storage_failed"
+    assert pending_of(finished.record) is not None  # the stored run still waits
+
+
+async def test_an_interaction_request_must_be_a_mapping(autojump_clock: MockClock) -> None:
+    """``interact`` with a request that is not a mapping raises ``validation``
+    in the tool without opening an interaction (no request event, nothing
+    pending), and the tool goes on."""
+    raised: list[Error] = []
+
+    async def ask_badly(operation: Any) -> ToolResult:
+        try:
+            await operation.context.interact("approve?")
+        except Error as error:
+            raised.append(error)
+        return ToolResult("asked badly")
+
+    tool = make_tool("ask", RecordingBackend(ask_badly))
+    finished, host = await run_with_host(calls_then_done(("c1", "ask", {})), [tool], never)
+    [error] = raised
+    assert error.error_class is ErrorClass.VALIDATION
+    assert host.requested == []
+    assert pending_of(finished.record) is None
+    assert finished.record.state == "completed"
