@@ -538,6 +538,12 @@ class RunRecord:
     ) -> RunRecord:
         """A fresh ``queued`` run at revision 0."""
         if context is not None:
+            if not isinstance(context, Mapping):
+                raise Error(
+                    ErrorClass.VALIDATION,
+                    "run context must be a mapping",
+                    {"type": type(context).__name__},
+                )
             check_json(dict(context), "run context")
         return cls(
             run_id=run_id, incarnation=incarnation, budget=Budget(quota=work), context=context

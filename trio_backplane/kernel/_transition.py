@@ -497,11 +497,18 @@ def _event_input(command: Command) -> FrozenDict:
 
 def transition(record: RunRecord, command: Command) -> tuple[RunRecord, list[RunEvent]]:
     """Apply ``command`` to ``record``: a new record (revision + 1) and one event."""
+    if type(record) is not RunRecord and not isinstance(record, RunRecord):
+        raise Error(ErrorClass.VALIDATION, "transition needs a RunRecord")
     if not isinstance(command, Command):
         raise Error(ErrorClass.VALIDATION, "transition needs a Command")
-    handler = COMMANDS.get(command.kind)
+    kind = command.kind
+    handler = COMMANDS.get(kind) if type(kind) is str else None
     if handler is None:
-        raise Error(ErrorClass.VALIDATION, "unknown command", {"command": command.kind})
+        raise Error(
+            ErrorClass.VALIDATION,
+            "unknown command",
+            {"command": kind[:100] if type(kind) is str else repr(kind)[:100]},
+        )
     if record.state in TERMINAL_STATES:
         raise _invalid(record, command)
     _check_identity(record, command)

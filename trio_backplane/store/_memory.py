@@ -6,7 +6,14 @@ from collections.abc import Collection, Sequence
 
 from ..errors import Error, ErrorClass
 from ..kernel import RunEvent, RunRecord
-from ._protocol import Receipt, RunSummary, check_commit, prepare_create
+from ._protocol import (
+    Receipt,
+    RunSummary,
+    check_arguments,
+    check_commit,
+    check_states,
+    prepare_create,
+)
 
 __all__ = ["MemoryStore"]
 
@@ -37,6 +44,7 @@ class MemoryStore:
         return Receipt(record.run_id, record.incarnation, record.revision)
 
     async def load(self, run_id: str) -> RunRecord | None:
+        check_arguments(run_id)
         return self._records.get(run_id)
 
     async def commit(
@@ -68,6 +76,7 @@ class MemoryStore:
         """:meth:`commit` without waiting (there is nothing to wait for): the
         runtime calls it directly, with no commit-deadline scope around it,
         as ``trio``'s ``send_nowait`` spares a channel send its scheduling."""
+        check_arguments(run_id, incarnation=incarnation, expected_revision=expected_revision)
         check_commit(
             self._records.get(run_id),
             run_id,
@@ -83,9 +92,11 @@ class MemoryStore:
         return Receipt(run_id, incarnation, record.revision)
 
     async def fence(self, run_id: str, *, incarnation: int) -> Receipt:
+        check_arguments(run_id, incarnation=incarnation)
         raise Error(ErrorClass.UNSUPPORTED_CAPABILITY, "durable store required")
 
     async def list_runs(self, *, states: Collection[str] | None = None) -> list[RunSummary]:
+        check_states(states)
         return [
             RunSummary(r.run_id, r.incarnation, r.revision, r.state)
             for r in sorted(self._records.values(), key=lambda r: r.run_id)
@@ -93,8 +104,9 @@ class MemoryStore:
         ]
 
     async def events(self, run_id: str, *, after: int = 0) -> list[RunEvent]:
+        check_arguments(run_id, after=after)
         log = self._events.get(run_id, [])
         return [
             RunEvent(e.type, e.occurred_at, e.payload, sequence)
-            for sequence, e in enumerate(log[max(after, 0) :], max(after, 0) + 1)
+            for sequence, e in enumerate(log[after:], after + 1)
         ]

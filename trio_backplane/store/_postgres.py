@@ -93,7 +93,15 @@ from ._layout import (
     inline_lists,
     join,
 )
-from ._protocol import PreparedCommit, Receipt, RunSummary, prepare_commit, prepare_create
+from ._protocol import (
+    PreparedCommit,
+    Receipt,
+    RunSummary,
+    check_arguments,
+    check_states,
+    prepare_commit,
+    prepare_create,
+)
 
 __all__ = ["PostgresStore"]
 
@@ -567,6 +575,8 @@ class PostgresStore:
         return receipt
 
     async def load(self, run_id: str) -> RunRecord | None:
+        check_arguments(run_id)
+
         def body(conn: Any) -> tuple[RunRecord, frozenset[str]] | None:
             # One snapshot for the head and its parts: never a torn record.
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
@@ -595,6 +605,7 @@ class PostgresStore:
         """Compare-and-set on ``(run_id, incarnation, expected_revision)``
         (STO-01..05), group-committed with this store's concurrent callers:
         one batch in flight, one transaction per batch (see the module)."""
+        check_arguments(run_id, incarnation=incarnation, expected_revision=expected_revision)
         await self._ensure_schema()
         receipt: Receipt = await self._group.submit(
             Job(run_id, incarnation, expected_revision, record, events)
@@ -855,6 +866,7 @@ class PostgresStore:
         return self._finish_commit(conn, *written, fast=True)
 
     async def fence(self, run_id: str, *, incarnation: int) -> Receipt:
+        check_arguments(run_id, incarnation=incarnation)
         at = time.time()
 
         def body(conn: Any) -> tuple[Receipt, Entry, int | None]:
@@ -874,6 +886,8 @@ class PostgresStore:
         return receipt
 
     async def list_runs(self, *, states: Collection[str] | None = None) -> list[RunSummary]:
+        check_states(states)
+
         def body(conn: Any) -> list[tuple[Any, ...]]:
             if states is None:
                 rows = conn.execute(self._sql["list_runs"]).fetchall()
@@ -885,6 +899,8 @@ class PostgresStore:
         return [RunSummary(str(r[0]), int(r[1]), int(r[2]), str(r[3])) for r in rows]
 
     async def events(self, run_id: str, *, after: int = 0) -> list[RunEvent]:
+        check_arguments(run_id, after=after)
+
         def body(conn: Any) -> list[tuple[Any, ...]]:
             rows = conn.execute(self._sql["read_events"], (run_id, after)).fetchall()
             return [tuple(row) for row in rows]

@@ -20,7 +20,9 @@ __all__ = [
     "Receipt",
     "RunSummary",
     "Store",
+    "check_arguments",
     "check_commit",
+    "check_states",
     "prepare_commit",
     "prepare_create",
     "verify_receipt",
@@ -72,6 +74,59 @@ class Store(Protocol):
     async def list_runs(self, *, states: Collection[str] | None = None) -> list[RunSummary]: ...
 
     async def events(self, run_id: str, *, after: int = 0) -> list[RunEvent]: ...
+
+
+def check_arguments(
+    run_id: Any, *, incarnation: Any = 1, expected_revision: Any = 0, after: Any = 0
+) -> None:
+    """The arguments of a store call, checked before the store touches
+    anything: a caller's mistake is ``validation`` naming the argument, never
+    a raw ``TypeError`` nor ``storage_failed`` (which would tell the runtime
+    the store itself failed).  ``run_id`` is a run's id (a non-empty str of at
+    most 256 characters, as ``RunRecord`` requires), ``incarnation`` a
+    positive int, ``expected_revision`` and ``after`` non-negative ints."""
+    if (
+        type(run_id) is str
+        and 0 < len(run_id) <= 256
+        and type(incarnation) is int
+        and incarnation >= 1
+        and type(expected_revision) is int
+        and expected_revision >= 0
+        and type(after) is int
+        and after >= 0
+    ):
+        return
+    if type(run_id) is not str or not 0 < len(run_id) <= 256:
+        raise Error(
+            ErrorClass.VALIDATION,
+            "run_id must be a non-empty str of at most 256 chars",
+            {"argument": "run_id", "type": type(run_id).__name__},
+        )
+    for name, value, least in (
+        ("incarnation", incarnation, 1),
+        ("expected_revision", expected_revision, 0),
+        ("after", after, 0),
+    ):
+        if type(value) is not int or value < least:
+            raise Error(
+                ErrorClass.VALIDATION,
+                f"{name} must be an int of at least {least}",
+                {"argument": name, "type": type(value).__name__},
+            )
+
+
+def check_states(states: Any) -> None:
+    """``list_runs``' filter: ``None`` or a collection of state names."""
+    if states is not None and (
+        isinstance(states, str | bytes)
+        or not isinstance(states, Collection)
+        or not all(type(state) is str for state in states)
+    ):
+        raise Error(
+            ErrorClass.VALIDATION,
+            "states must be None or a collection of state names",
+            {"argument": "states", "type": type(states).__name__},
+        )
 
 
 def verify_receipt(receipt: Receipt, *, run_id: str, expected_revision: int) -> Receipt:

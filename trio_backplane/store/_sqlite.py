@@ -113,7 +113,14 @@ from ._layout import (
     join_head,
     split,
 )
-from ._protocol import Receipt, RunSummary, check_commit, prepare_create
+from ._protocol import (
+    Receipt,
+    RunSummary,
+    check_arguments,
+    check_commit,
+    check_states,
+    prepare_create,
+)
 
 __all__ = ["LAYOUT_VERSION", "RESERVATIONS", "SQLiteStore", "join", "split"]
 
@@ -317,7 +324,15 @@ class SQLiteStore:
     durable = True
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
+        if not isinstance(path, str | os.PathLike) or isinstance(path, bytes):
+            raise Error(
+                ErrorClass.VALIDATION,
+                "path must be a str or os.PathLike naming the SQLite file",
+                {"type": type(path).__name__},
+            )
         self._path = os.fspath(path)
+        if not isinstance(self._path, str) or not self._path:
+            raise Error(ErrorClass.VALIDATION, "path must name the SQLite file")
         self._conn: sqlite3.Connection | None = None  # the writer thread's
         self._closed = False
         # Written by the writer thread only; ``commit`` reads it (single dict
@@ -534,6 +549,8 @@ class SQLiteStore:
         return cached
 
     async def load(self, run_id: str) -> RunRecord | None:
+        check_arguments(run_id)
+
         def read(conn: sqlite3.Connection) -> RunRecord | None:
             with _transaction(conn, "DEFERRED"):
                 stored = self._stored(conn, run_id)
@@ -542,6 +559,7 @@ class SQLiteStore:
         return await self._run(read)
 
     async def list_runs(self, *, states: Collection[str] | None = None) -> list[RunSummary]:
+        check_states(states)
         wanted = None if states is None else sorted(set(states))
 
         def read(conn: sqlite3.Connection) -> list[RunSummary]:
@@ -557,6 +575,8 @@ class SQLiteStore:
         return await self._run(read)
 
     async def events(self, run_id: str, *, after: int = 0) -> list[RunEvent]:
+        check_arguments(run_id, after=after)
+
         def read(conn: sqlite3.Connection) -> list[RunEvent]:
             return [
                 decode_event(
@@ -773,6 +793,7 @@ class SQLiteStore:
     ) -> Receipt:
         """Atomic compare-and-set on ``(run_id, incarnation, expected_revision)``
         (STO-01..05), group-committed with concurrent callers."""
+        check_arguments(run_id, incarnation=incarnation, expected_revision=expected_revision)
         await trio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
         job = _Job(run_id, incarnation, expected_revision, record, tuple(events))
@@ -859,6 +880,7 @@ class SQLiteStore:
     async def fence(self, run_id: str, *, incarnation: int) -> Receipt:
         """Advance the run to ``incarnation`` atomically (STO-08): afterwards the
         old incarnation can never commit; ``resource_conflict`` unless it rises."""
+        check_arguments(run_id, incarnation=incarnation)
         at = time.time()
 
         def write(conn: sqlite3.Connection) -> Receipt:

@@ -44,6 +44,17 @@ class Raise:
 Step = Any  # a ProviderEvent, Hang, Sleep, Raise, or any object (to test PRV-06)
 
 
+def _response(steps: Any) -> list[Step]:
+    """One scripted response: a list or tuple of steps."""
+    if not isinstance(steps, list | tuple):
+        raise Error(
+            ErrorClass.VALIDATION,
+            "a scripted response is a list of steps",
+            {"type": type(steps).__name__},
+        )
+    return list(steps)
+
+
 class ScriptedProvider:
     """Each ``stream`` call replays the next scripted response.
 
@@ -53,13 +64,19 @@ class ScriptedProvider:
     """
 
     def __init__(self, responses: Iterable[Sequence[Step]] = ()) -> None:
-        self._responses = [list(r) for r in responses]
+        if isinstance(responses, str | bytes | Mapping) or not isinstance(responses, Iterable):
+            raise Error(
+                ErrorClass.VALIDATION,
+                "responses must be a list of scripted responses (lists of steps)",
+                {"type": type(responses).__name__},
+            )
+        self._responses = [_response(r) for r in responses]
         self.requests: list[ProviderRequest] = []
         self.contexts: list[Any] = []
         self.closed = 0
 
     def add(self, *responses: Sequence[Step]) -> None:
-        self._responses.extend(list(r) for r in responses)
+        self._responses.extend(_response(r) for r in responses)
 
     @property
     def remaining(self) -> int:

@@ -117,6 +117,14 @@ class ToolRegistry:
         if isinstance(descriptors, ToolRegistry):
             by_name = dict(descriptors._by_name)
         else:
+            if isinstance(descriptors, str | bytes | Mapping) or not isinstance(
+                descriptors, Iterable
+            ):
+                raise _invalid(
+                    "a ToolRegistry takes an iterable of ToolDescriptor records",
+                    reason="invalid_registry",
+                    type=type(descriptors).__name__,
+                )
             items = list(descriptors)
             for item in items:
                 if not isinstance(item, ToolDescriptor):

@@ -1,0 +1,165 @@
+"""Bad input gets a classed ``Error``: every public entry point given an
+argument of the wrong kind raises ``validation`` (or another class that says
+what is wrong), never a raw ``TypeError``/``AttributeError``, and a store
+never answers a caller's mistake with ``storage_failed`` (which tells the
+runtime the store itself failed and the run needs recovery)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+import trio_backplane as tb
+from trio_backplane import Error, ErrorClass
+
+if TYPE_CHECKING:
+    from tests.store.postgres_fixture import StoreFactory
+
+pytest_plugins = ["tests.store.postgres_fixture"]
+
+WRONG: list[Any] = [None, 5, -1, 1.5, math.nan, "", b"x", [], {}, object(), True, ("a",)]
+SCHEMA = {"type": "object"}
+
+
+class Backend:
+    async def execute(self, operation: Any) -> tb.ToolResult:
+        return tb.ToolResult("ok")  # pragma: no cover - never called
+
+
+SYNC_ENTRY_POINTS: dict[str, Callable[[Any], Any]] = {
+    "ToolRegistry(descriptors)": tb.ToolRegistry,
+    "RunRecord.new(context=)": lambda w: tb.RunRecord.new("r", context=w),
+    "transition(record)": lambda w: tb.transition(w, tb.Command("admit", 0.0)),
+    "transition(Command(kind))": lambda w: tb.transition(tb.RunRecord.new("r"), tb.Command(w, 0.0)),
+    "SQLiteStore(path)": tb.SQLiteStore,
+    "ScriptedProvider(responses)": tb.ScriptedProvider,
+    "ScriptedProvider([response])": lambda w: tb.ScriptedProvider([w]),
+    "compile(schema)": tb.compile,
+    "ToolDescriptor(name)": lambda w: tb.ToolDescriptor(w, SCHEMA, Backend()),
+    "Authority(grants)": lambda w: tb.Authority(grants=w),
+    "Command(at)": lambda w: tb.Command("admit", w),
+}
+#: Values of the wrong kind an entry point takes on purpose.
+ACCEPTED: dict[str, tuple[Any, ...]] = {
+    "ToolRegistry(descriptors)": ([],),
+    "RunRecord.new(context=)": (None, {}),
+    "ScriptedProvider(responses)": ([],),
+    "compile(schema)": ({},),
+    "ScriptedProvider([response])": ([], ("a",)),
+    "Authority(grants)": ([], {}, ("a",)),
+    "Command(at)": (5, -1, 1.5),
+}
+
+
+def _outcome(call: Callable[[Any], Any], wrong: Any) -> Error | None:
+    try:
+        call(wrong)
+    except Error as error:
+        return error
+    return None
+
+
+@pytest.mark.parametrize("entry", sorted(SYNC_ENTRY_POINTS))
+def test_entry_points_class_arguments_of_the_wrong_kind(entry: str) -> None:
+    """Each argument of the wrong kind is refused with a classed Error;
+    nothing escapes unclassed (a raw exception fails the test)."""
+    call = SYNC_ENTRY_POINTS[entry]
+    accepted = ACCEPTED.get(entry, ())
+    for wrong in WRONG:
+        error = _outcome(call, wrong)
+        if error is None:
+            assert any(
+                wrong is ok or (type(wrong) is type(ok) and wrong == ok) for ok in accepted
+            ), (
+                entry,
+                wrong,
+            )
+        else:
+            assert error.error_class is not ErrorClass.STORAGE_FAILED
+
+
+#: Per store argument: values of the wrong kind (each must be ``validation``).
+STORE_WRONG: dict[str, list[Any]] = {
+    "run_id": [None, 5, "", b"x", [], {}, object(), True, "x" * 257],
+    "after": [None, -1, 1.5, math.nan, "1", [], True],
+    "incarnation": [None, 0, -1, 1.5, "1", [], True],
+    "expected_revision": [None, -1, 1.5, "0", [], True],
+    "record": [None, 5, "r", {}, object()],
+    "states": ["running", b"x", 5, object(), [5], {"running": 1.5, 5: 1}],
+}
+
+
+async def _store_calls(store: Any) -> None:
+    """Every store method with each wrong argument: ``validation`` (or, for
+    ``MemoryStore.fence``, its ``unsupported_capability``), nothing changed,
+    and the store still works afterwards."""
+    record = tb.RunRecord.new("good-run")
+    await store.create(record)
+    admitted, events = tb.transition(record, tb.Command("admit", 0.0, {"state": "running"}))
+
+    def commit(**given: Any) -> Awaitable[Any]:
+        arguments: dict[str, Any] = {
+            "run_id": "good-run",
+            "incarnation": 1,
+            "expected_revision": 0,
+            "record": admitted,
+            "events": events,
+        }
+        arguments.update(given)
+        run_id = arguments.pop("run_id")
+        return store.commit(run_id, **arguments)  # type: ignore[no-any-return]
+
+    calls: list[tuple[str, Callable[[Any], Awaitable[Any]]]] = [
+        ("run_id", store.load),
+        ("run_id", store.events),
+        ("after", lambda w: store.events("good-run", after=w)),
+        ("states", lambda w: store.list_runs(states=w)),
+        ("run_id", lambda w: commit(run_id=w)),
+        ("incarnation", lambda w: commit(incarnation=w)),
+        ("expected_revision", lambda w: commit(expected_revision=w)),
+        ("record", lambda w: commit(record=w)),
+        ("run_id", lambda w: store.fence(w, incarnation=2)),
+        ("incarnation", lambda w: store.fence("good-run", incarnation=w)),
+    ]
+    expected = {ErrorClass.VALIDATION}
+    if not store.durable:
+        expected.add(ErrorClass.UNSUPPORTED_CAPABILITY)  # MemoryStore cannot fence at all
+    for argument, call in calls:
+        for wrong in STORE_WRONG[argument]:
+            with pytest.raises(Error) as raised:
+                await call(wrong)
+            assert raised.value.error_class in expected, (argument, wrong, raised.value)
+    assert await store.load("good-run") == record
+    assert await store.events("good-run") == []
+    await store.commit(
+        "good-run", incarnation=1, expected_revision=0, record=admitted, events=events
+    )
+    assert await store.load("good-run") == admitted
+
+
+async def test_memory_and_sqlite_stores_refuse_wrong_arguments(tmp_path: Path) -> None:
+    await _store_calls(tb.MemoryStore())
+    async with tb.SQLiteStore(tmp_path / "s.db") as store:
+        await _store_calls(store)
+
+
+async def test_postgres_store_refuses_wrong_arguments(pg_store_factory: StoreFactory) -> None:
+    await _store_calls(pg_store_factory())
+
+
+async def test_wrong_arguments_are_refused_before_any_io(tmp_path: Path) -> None:
+    """The refusals come before any I/O: a SQLite store never used stays
+    unopened (no file is created)."""
+    path = tmp_path / "never.db"
+    store = tb.SQLiteStore(path)
+    with pytest.raises(Error):
+        await store.load([])  # type: ignore[arg-type]
+    with pytest.raises(Error):
+        await store.events("r", after=-1)
+    with pytest.raises(Error):
+        await store.list_runs(states="running")
+    assert not path.exists()
