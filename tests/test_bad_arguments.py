@@ -163,3 +163,22 @@ async def test_wrong_arguments_are_refused_before_any_io(tmp_path: Path) -> None
     with pytest.raises(Error):
         await store.list_runs(states="running")
     assert not path.exists()
+
+
+@pytest.mark.parametrize("argument", ["store", "provider", "context", "run"])
+async def test_open_conversation_checks_what_it_is_given(argument: str) -> None:
+    """``open_conversation`` refuses a store without create/commit, a provider
+    without stream, a context that is not a mapping and a run that is not a
+    RunRecord with ``validation`` naming the argument, before calling the
+    store or the provider."""
+    for wrong in [5, "x", object(), [], ("a",)]:
+        store = tb.MemoryStore()
+        provider = tb.ScriptedProvider([tb.ScriptedProvider.text("never")])
+        given: dict[str, Any] = {"store": store, "provider": provider, argument: wrong}
+        with pytest.raises(Error) as raised:
+            async with tb.open_conversation("run-1", **given):
+                pytest.fail("opened")  # pragma: no cover
+        assert raised.value.error_class is ErrorClass.VALIDATION
+        assert raised.value.details["argument"] == argument
+        assert await store.load("run-1") is None
+        assert provider.requests == []

@@ -136,6 +136,36 @@ def _check_content(content: Any) -> Any:
     raise Error(ErrorClass.VALIDATION, "content must be text or content blocks")
 
 
+def _check_collaborators(store: Any, provider: Any, context: Any, run: Any) -> None:
+    """What ``open_conversation`` is given to work with, checked before it
+    calls anything: a store with ``create`` and ``commit``, a provider with
+    ``stream``, a mapping (or ``None``) as context, a ``RunRecord`` (or
+    ``None``) as the stored run."""
+    for name, value, methods in (
+        ("store", store, ("create", "commit")),
+        ("provider", provider, ("stream",)),
+    ):
+        missing = [m for m in methods if not callable(getattr(value, m, None))]
+        if missing:
+            raise Error(
+                ErrorClass.VALIDATION,
+                f"{name} must provide {', '.join(methods)}",
+                {"argument": name, "type": type(value).__name__, "missing": missing},
+            )
+    if context is not None and not isinstance(context, Mapping):
+        raise Error(
+            ErrorClass.VALIDATION,
+            "context must be a mapping or None",
+            {"argument": "context", "type": type(context).__name__},
+        )
+    if run is not None and not isinstance(run, RunRecord):
+        raise Error(
+            ErrorClass.VALIDATION,
+            "run must be a stored RunRecord or None",
+            {"argument": "run", "type": type(run).__name__},
+        )
+
+
 def _check_messages(messages: Any) -> list[Any] | None:
     """The transcript a new run starts from (a replacement run receives the
     committed messages of the one it continues): a list or tuple of message
@@ -861,6 +891,7 @@ async def open_conversation(
         provider_output_limit=provider_output_limit,
         schema_admission=schema_admission,
     )
+    _check_collaborators(store, provider, context, run)
     if context is not None and "conversation" in context:
         raise Error(ErrorClass.VALIDATION, "context key 'conversation' is reserved")
     if run is not None and messages is not None:
