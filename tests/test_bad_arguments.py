@@ -42,6 +42,12 @@ SYNC_ENTRY_POINTS: dict[str, Callable[[Any], Any]] = {
     "ToolDescriptor(name)": lambda w: tb.ToolDescriptor(w, SCHEMA, Backend()),
     "Authority(grants)": lambda w: tb.Authority(grants=w),
     "Command(at)": lambda w: tb.Command("admit", w),
+    "Authority.for_registry(registry)": lambda w: tb.Authority.for_registry(
+        w, caller="c", run_id="r"
+    ),
+    "check_bounds(limits=)": lambda w: tb.check_bounds(SCHEMA, limits=w),
+    "encode_record(record)": tb.encode_record,
+    "decode_event(data)": tb.decode_event,
 }
 #: Values of the wrong kind an entry point takes on purpose.
 ACCEPTED: dict[str, tuple[Any, ...]] = {
@@ -49,6 +55,8 @@ ACCEPTED: dict[str, tuple[Any, ...]] = {
     "RunRecord.new(context=)": (None, {}),
     "ScriptedProvider(responses)": ([],),
     "compile(schema)": ({},),
+    "Authority.for_registry(registry)": ([],),
+    "check_bounds(limits=)": (None,),
     "ScriptedProvider([response])": ([], ("a",)),
     "Authority(grants)": ([], {}, ("a",)),
     "Command(at)": (5, -1, 1.5),

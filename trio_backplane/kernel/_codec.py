@@ -100,6 +100,8 @@ _converter.register_structure_hook(Budget, _budget)
 
 def encode_record(record: RunRecord) -> dict[str, Any]:
     """``record`` as plain JSON data (``dict``/``list``)."""
+    if not isinstance(record, RunRecord):
+        raise Error(ErrorClass.VALIDATION, "encode_record needs a RunRecord")
     data: dict[str, Any] = _converter.unstructure(record)
     data["budget"] = {
         "quota": record.budget.quota,
@@ -146,6 +148,12 @@ def encode_event(event: RunEvent) -> dict[str, Any]:
 
 
 def decode_event(data: Mapping[str, Any]) -> RunEvent:
+    """A ``RunEvent`` from :func:`encode_event` output."""
+    if not isinstance(data, Mapping) or not {"type", "occurred_at", "payload"} <= data.keys():
+        raise Error(
+            ErrorClass.VALIDATION,
+            "a stored event must be a mapping with type, occurred_at, payload",
+        )
     return RunEvent(
         type=data["type"],
         occurred_at=data["occurred_at"],

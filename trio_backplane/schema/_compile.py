@@ -502,6 +502,8 @@ def check_bounds(
     """
     if limits is None:
         limits = Limits.mcp()
+    elif not isinstance(limits, Limits):
+        raise invalid("limits must be a Limits or None", type=type(limits).__name__)
     if type(schema) is not bool and not isinstance(schema, Mapping):
         raise invalid(
             "schema must be a mapping or a boolean",

@@ -76,7 +76,9 @@ class Authority:
         cls, registry: ToolRegistry | Iterable[ToolDescriptor], *, caller: str, run_id: str
     ) -> Authority:
         """Grant every tool of ``registry`` at its descriptor revision."""
-        descriptors = list(registry)
+        descriptors = list(
+            registry if isinstance(registry, ToolRegistry) else ToolRegistry(registry)
+        )
         return cls(
             grants=frozenset(d.name for d in descriptors),
             caller=caller,
