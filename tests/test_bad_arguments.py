@@ -190,3 +190,64 @@ async def test_open_conversation_checks_what_it_is_given(argument: str) -> None:
         assert raised.value.details["argument"] == argument
         assert await store.load("run-1") is None
         assert provider.requests == []
+
+
+def _mcp_entry_points() -> dict[str, Callable[[Any], Any]]:
+    from trio_backplane.adapters import mcp
+
+    async def enter(manager: Any) -> None:
+        async with manager:
+            pytest.fail("connected")  # pragma: no cover
+
+    return {
+        "McpCatalog.admit(definitions)": lambda w: mcp.McpCatalog().admit(w),
+        "tool_fingerprint(definition)": mcp.tool_fingerprint,
+        "McpToolSource(session)": mcp.McpToolSource,
+        "connect_stdio(command)": lambda w: enter(mcp.connect_stdio(w)),
+        "connect_stdio(args)": lambda w: enter(mcp.connect_stdio("true", w)),
+        "connect_stdio(env)": lambda w: enter(mcp.connect_stdio("true", env=w)),
+        "connect_streamable_http(url)": lambda w: enter(mcp.connect_streamable_http(w)),
+    }
+
+
+MCP_ACCEPTED: dict[str, tuple[Any, ...]] = {
+    "McpCatalog.admit(definitions)": ([], ("a",)),  # "a" is a listed tool refused, kept aside
+    "tool_fingerprint(definition)": ({},),
+    "McpToolSource(session)": (None,),
+    "connect_stdio(args)": ([], ("a",)),  # valid argument lists (the server then fails)
+    "connect_stdio(env)": (None, {}),
+}
+
+
+def _is_accepted(wrong: Any, accepted: tuple[Any, ...]) -> bool:
+    return any(wrong is ok or (type(wrong) is type(ok) and wrong == ok) for ok in accepted)
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "McpCatalog.admit(definitions)",
+        "tool_fingerprint(definition)",
+        "McpToolSource(session)",
+        "connect_stdio(command)",
+        "connect_stdio(args)",
+        "connect_stdio(env)",
+        "connect_streamable_http(url)",
+    ],
+)
+async def test_mcp_entry_points_class_arguments_of_the_wrong_kind(entry: str) -> None:
+    """The MCP adapter refuses arguments of the wrong kind with
+    ``validation`` before it starts a process or opens a connection."""
+    call = _mcp_entry_points()[entry]
+    accepted = MCP_ACCEPTED.get(entry, ())
+    for wrong in [w for w in WRONG if not _is_accepted(w, accepted)]:
+        with pytest.raises(Error) as raised:
+            await _maybe_await(call, wrong)
+        assert raised.value.error_class is ErrorClass.VALIDATION, (entry, wrong)
+
+
+async def _maybe_await(call: Callable[[Any], Any], argument: Any) -> Any:
+    result = call(argument)
+    if hasattr(result, "__await__"):
+        return await result
+    return result

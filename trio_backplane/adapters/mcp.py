@@ -220,6 +220,12 @@ _canonical = json.JSONEncoder(
 def tool_fingerprint(definition: Mapping[str, Any]) -> str | None:
     """SHA-256 of the tool's name, description, input and output schema as
     canonical JSON; ``None`` when they are not JSON data (never cached)."""
+    if not isinstance(definition, Mapping):
+        raise Error(
+            ErrorClass.VALIDATION,
+            "a tool definition must be a mapping",
+            {"type": type(definition).__name__},
+        )
     try:
         text = _canonical(
             {
@@ -317,6 +323,12 @@ class McpCatalog:
 
     def admit(self, definitions: Iterable[Mapping[str, Any]]) -> None:
         """Replace the catalog with ``definitions`` (MCP-03, MCP-06, MCP-15)."""
+        if isinstance(definitions, str | bytes | Mapping) or not isinstance(definitions, Iterable):
+            raise Error(
+                ErrorClass.VALIDATION,
+                "definitions must be a list of tool definitions",
+                {"type": type(definitions).__name__},
+            )
         tools: dict[str, McpTool] = {}
         refused: dict[str, tuple[Error, Rejected]] = {}
         for definition in definitions:
@@ -521,6 +533,14 @@ class McpToolSource:
             or call_timeout <= 0
         ):
             raise Error(ErrorClass.VALIDATION, "call_timeout must be a positive number or None")
+        if session is not None and not all(
+            callable(getattr(session, method, None)) for method in ("list_tools", "call_tool")
+        ):
+            raise Error(
+                ErrorClass.VALIDATION,
+                "session must be an MCP ClientSession (list_tools, call_tool)",
+                {"type": type(session).__name__},
+            )
         self.catalog = McpCatalog(
             validate_arguments=validate_arguments,
             validate_structured_content=validate_structured_content,
@@ -1027,6 +1047,15 @@ def _connect_failure(leaves: list[BaseException], server: str, method: str) -> E
     )
 
 
+def _check_text(argument: str, value: Any, *, empty: bool = False) -> None:
+    if type(value) is not str or (not value and not empty) or "\0" in value:
+        raise Error(
+            ErrorClass.VALIDATION,
+            f"{argument} must be a {'' if empty else 'non-empty '}str",
+            {"argument": argument, "type": type(value).__name__},
+        )
+
+
 @asynccontextmanager
 async def connect_stdio(
     command: str,
@@ -1047,6 +1076,20 @@ async def connect_stdio(
     The subprocess is stopped when the block ends, however it ends.
     ``read_timeout`` bounds every request but calls (see ``call_timeout``).
     """
+    _check_text("command", command)
+    if isinstance(args, str | bytes) or not isinstance(args, Sequence):
+        raise Error(ErrorClass.VALIDATION, "args must be a list of str", {"argument": "args"})
+    for arg in args:
+        _check_text("args", arg, empty=True)
+    if env is not None and (
+        not isinstance(env, Mapping)
+        or not all(type(k) is str and type(v) is str for k, v in env.items())
+    ):
+        raise Error(
+            ErrorClass.VALIDATION, "env must be a mapping of str to str", {"argument": "env"}
+        )
+    if cwd is not None:
+        _check_text("cwd", cwd)
     source = McpToolSource(
         validate_arguments=validate_arguments,
         validate_structured_content=validate_structured_content,
@@ -1079,6 +1122,10 @@ async def connect_streamable_http(
     a classed ``Error`` (``transient_transport`` for the connection itself).
     """
     from mcp.client.streamable_http import streamable_http_client
+
+    _check_text("url", url)
+    if not url.startswith(("http://", "https://")):
+        raise Error(ErrorClass.VALIDATION, "url must be an http(s) URL", {"argument": "url"})
 
     source = McpToolSource(
         validate_arguments=validate_arguments,
