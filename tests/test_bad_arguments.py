@@ -251,3 +251,47 @@ async def _maybe_await(call: Callable[[Any], Any], argument: Any) -> Any:
     if hasattr(result, "__await__"):
         return await result
     return result
+
+
+@pytest.mark.parametrize(
+    "option", ["system", "extra_body", "client", "aliases", "request", "provider_context"]
+)
+def test_openai_provider_classes_arguments_of_the_wrong_kind(option: str) -> None:
+    """The OpenAI-compatible provider refuses options and stream arguments of
+    the wrong kind with ``validation``, before any request."""
+    from trio_backplane.adapters.openai import OpenAIProvider, ToolAliases
+
+    url = "http://127.0.0.1:1/v1"
+    calls: dict[str, Callable[[Any], Any]] = {
+        "system": lambda w: OpenAIProvider(url, "m", system=w),
+        "extra_body": lambda w: OpenAIProvider(url, "m", extra_body=w),
+        "client": lambda w: OpenAIProvider(url, "m", client=w),
+        "aliases": ToolAliases,
+        "request": lambda w: OpenAIProvider(url, "m").stream(w, None),
+        "provider_context": lambda w: OpenAIProvider(url, "m").stream(_request(), w),
+    }
+    accepted: dict[str, tuple[Any, ...]] = {
+        "system": (None, ""),
+        "extra_body": (None, {}),
+        "client": (None,),
+        "aliases": ([], ("a",)),
+        "provider_context": (None, {}),
+    }
+    extra = [{"x": math.nan}] if option == "extra_body" else []  # not JSON data
+    for wrong in [w for w in [*WRONG, *extra] if not _is_accepted(w, accepted.get(option, ()))]:
+        with pytest.raises(Error) as raised:
+            calls[option](wrong)
+        assert raised.value.error_class is ErrorClass.VALIDATION, (option, wrong)
+
+
+def _request() -> Any:
+    return tb.ProviderRequest(
+        run_id="r",
+        incarnation=1,
+        turn_id="t",
+        step_id="s",
+        attempt_id="a",
+        messages=(),
+        catalog_revision=1,
+        tools=(),
+    )

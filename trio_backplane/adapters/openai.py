@@ -40,6 +40,7 @@ import httpx
 import httpx_sse
 
 from ..errors import Error, ErrorClass
+from ..kernel import check_json
 from ..runtime import (
     ProviderEvent,
     ProviderRequest,
@@ -76,7 +77,15 @@ class ToolAliases:
     def __init__(self, names: Iterable[str]) -> None:
         self._to_alias: dict[str, str] = {}
         self._to_name: dict[str, str] = {}
+        if isinstance(names, str | bytes | Mapping) or not isinstance(names, Iterable):
+            raise Error(
+                ErrorClass.VALIDATION,
+                "tool names must be an iterable of str",
+                {"type": type(names).__name__},
+            )
         names = list(dict.fromkeys(names))
+        if not all(type(name) is str for name in names):
+            raise Error(ErrorClass.VALIDATION, "tool names must be an iterable of str")
         for name in names:
             if OPENAI_NAME.fullmatch(name):
                 self._bind(name, name)
@@ -240,6 +249,14 @@ class OpenAIProvider:
             raise Error(ErrorClass.VALIDATION, "model must be a non-empty str")
         if type(timeout) not in (int, float) or not math.isfinite(timeout) or timeout <= 0:
             raise Error(ErrorClass.VALIDATION, "timeout must be a positive number")
+        if system is not None and type(system) is not str:
+            raise Error(ErrorClass.VALIDATION, "system must be a str or None")
+        if extra_body is not None:
+            if not isinstance(extra_body, Mapping):
+                raise Error(ErrorClass.VALIDATION, "extra_body must be a mapping or None")
+            check_json(dict(extra_body), "extra_body")
+        if client is not None and not isinstance(client, httpx.AsyncClient):
+            raise Error(ErrorClass.VALIDATION, "client must be an httpx.AsyncClient or None")
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
         self.timeout = float(timeout)
@@ -279,6 +296,10 @@ class OpenAIProvider:
     def stream(
         self, request: ProviderRequest, context: Mapping[str, Any] | None
     ) -> AsyncIterator[ProviderEvent]:
+        if not isinstance(request, ProviderRequest):
+            raise Error(ErrorClass.VALIDATION, "stream needs a ProviderRequest")
+        if context is not None and not isinstance(context, Mapping):
+            raise Error(ErrorClass.VALIDATION, "provider_context must be a mapping or None")
         api_key = None if context is None else context.get("api_key")
         if api_key is not None and (not isinstance(api_key, str) or not api_key):
             raise Error(ErrorClass.VALIDATION, "provider_context api_key must be a non-empty str")
