@@ -607,3 +607,21 @@ def test_demo_with_the_openai_provider_against_a_chat_server(
     for path in tmp_path.iterdir():
         if path.is_file():
             assert CANARY.encode() not in path.read_bytes(), path
+
+
+def test_readme_continuation_example_runs(tmp_path: Path) -> None:
+    """The README's continuation example (messages= of a new run), as written."""
+    section = _readme_section("## Continuing a finished conversation")
+    [code] = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert "messages=earlier" in code
+    assert _run_snippet(code, tmp_path) == [
+        "['user', 'assistant', 'user']",
+        "completed | About 2.1 million.",
+    ]
+    runs = trio.run(_list_runs, tmp_path / "chat.sqlite3")
+    assert [(r.run_id, r.state) for r in runs] == [("chat-1", "completed"), ("chat-2", "completed")]
+
+
+async def _list_runs(path: Path) -> Any:
+    async with SQLiteStore(path) as store:
+        return await store.list_runs()
