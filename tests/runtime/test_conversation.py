@@ -796,13 +796,23 @@ async def _assistant(message: Any, context: HookContext) -> Any:
     return {"role": "assistant", "content": "not a user message"}
 
 
+async def _host_bug(*_: Any) -> Any:
+    raise ValueError("a bug in the host's hook")
+
+
+def _not_async(message: Any, context: HookContext) -> Any:
+    return message
+
+
 @pytest.mark.parametrize(
     ("hook", "error_class", "message", "after"),
     [
         (_hang, ErrorClass.TIMEOUT, "prompt hook timed out", 2.0),
         (_assistant, ErrorClass.VALIDATION, "prompt hook must return a user message", 0.0),
+        (_host_bug, ErrorClass.EXECUTION_FAILURE, "prompt hook failed", 0.0),
+        (_not_async, ErrorClass.EXECUTION_FAILURE, "prompt hook failed", 0.0),
     ],
-    ids=["hangs", "returns-an-assistant-message"],
+    ids=["hangs", "returns-an-assistant-message", "raises-ValueError", "not-async"],
 )
 async def test_conv_18_prompt_hook_timeout_or_bad_result_is_a_rejection(
     autojump_clock: Any, hook: Any, error_class: ErrorClass, message: str, after: float
@@ -845,8 +855,9 @@ async def _empty_continue(outcome: Any, context: HookContext) -> Any:
         (_hang, ErrorClass.TIMEOUT, "stop hook timed out"),
         (_refuse, ErrorClass.FORBIDDEN, "policy says no"),
         (_empty_continue, ErrorClass.VALIDATION, "prompt must not be empty"),
+        (_host_bug, ErrorClass.EXECUTION_FAILURE, "stop hook failed"),
     ],
-    ids=["hangs", "raises", "continues-with-nothing"],
+    ids=["hangs", "raises", "continues-with-nothing", "raises-ValueError"],
 )
 async def test_conv_20_stop_hook_failures_fail_the_turn_classed(
     autojump_clock: Any, hook: Any, error_class: ErrorClass, message: str
@@ -1372,3 +1383,21 @@ async def test_supplied_provider_tools_reach_the_provider(autojump_clock: Any) -
     assert exc.value.error_class is ErrorClass.VALIDATION
     assert exc.value.details["unknown"] == ["other"]
     assert await store.load("run-z") is None
+
+
+@pytest.mark.parametrize("name", ["prompt", "stop"])
+async def test_hooks_that_cannot_be_called_are_refused_up_front(
+    autojump_clock: Any, name: str
+) -> None:
+    """A hooks object whose ``prompt`` or ``stop`` is not callable is refused
+    with ``validation`` before the run is created (an absent or ``None`` hook
+    is the default, CONV-21)."""
+    store = MemoryStore()
+    with pytest.raises(Error) as exc:
+        async with open_conversation(
+            "run-h", store=store, provider=ScriptedProvider([]), hooks=CustomHooks(**{name: 5})
+        ):
+            pytest.fail("opened")  # pragma: no cover
+    assert exc.value.error_class is ErrorClass.VALIDATION
+    assert exc.value.details["hook"] == name
+    assert await store.load("run-h") is None

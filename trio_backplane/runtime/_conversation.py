@@ -136,6 +136,18 @@ def _check_content(content: Any) -> Any:
     raise Error(ErrorClass.VALIDATION, "content must be text or content blocks")
 
 
+def _check_hooks(hooks: Any) -> None:
+    """A hooks object's ``prompt`` and ``stop``, when it has them, are callables."""
+    for name in ("prompt", "stop"):
+        hook = getattr(hooks, name, None)
+        if hook is not None and not callable(hook):
+            raise Error(
+                ErrorClass.VALIDATION,
+                f"hooks.{name} must be an async callable",
+                {"argument": "hooks", "hook": name, "type": type(hook).__name__},
+            )
+
+
 def _check_collaborators(store: Any, provider: Any, context: Any, run: Any) -> None:
     """What ``open_conversation`` is given to work with, checked before it
     calls anything: a store with ``create`` and ``commit``, a provider with
@@ -619,6 +631,12 @@ class Conversation:
             refusal = exc
         except trio.TooSlowError:
             refusal = Error(ErrorClass.TIMEOUT, "prompt hook timed out")
+        except Exception as exc:  # a bug in the host's hook: reported, classed, contained
+            refusal = Error(
+                ErrorClass.EXECUTION_FAILURE,
+                "prompt hook failed",
+                {"cause": f"{type(exc).__name__}: {exc}"[:500]},
+            )
         if refusal is None and (not isinstance(result, Mapping) or result.get("role") != "user"):
             refusal = Error(ErrorClass.VALIDATION, "prompt hook must return a user message")
         if refusal is not None:
@@ -892,6 +910,7 @@ async def open_conversation(
         schema_admission=schema_admission,
     )
     _check_collaborators(store, provider, context, run)
+    _check_hooks(hooks)
     if context is not None and "conversation" in context:
         raise Error(ErrorClass.VALIDATION, "context key 'conversation' is reserved")
     if run is not None and messages is not None:

@@ -375,6 +375,14 @@ class TurnLoop:
             raise _TurnFailed(error) from None
         except trio.TooSlowError:
             raise _TurnFailed(Error(ErrorClass.TIMEOUT, "stop hook timed out")) from None
+        except Exception as exc:  # a bug in the host's hook: the turn fails, classed
+            raise _TurnFailed(
+                Error(
+                    ErrorClass.EXECUTION_FAILURE,
+                    "stop hook failed",
+                    {"cause": f"{type(exc).__name__}: {exc}"[:500]},
+                )
+            ) from None
         if result == "stop":
             return True
         if isinstance(result, Continue):
