@@ -676,3 +676,39 @@ async def test_prv_18_canary_check_detects_a_leak(autojump_clock: MockClock) -> 
     finished = await run_to_settled(provider, store=store)
     with pytest.raises(AssertionError, match="canary leaked"):
         await assert_no_canary(store, RUN_ID, [PROVIDER_CANARY], events=finished.events)
+
+
+class _Returns:
+    """A provider whose ``stream`` returns ``value`` (made by ``make``)."""
+
+    def __init__(self, make: Any) -> None:
+        self.make = make
+
+    def stream(self, request: Any, context: Any) -> Any:
+        return self.make()
+
+
+async def _coroutine() -> Any:
+    return ScriptedProvider.text("never")  # pragma: no cover - never awaited
+
+
+@pytest.mark.parametrize(
+    "make",
+    [list, lambda: None, _coroutine, lambda: ScriptedProvider.text("x")],
+    ids=["list", "None", "coroutine", "list-of-events"],
+)
+async def test_prv_04_stream_that_is_not_an_async_iterator_fails_the_turn(
+    autojump_clock: MockClock, make: Any, recwarn: pytest.WarningsRecorder
+) -> None:
+    """PRV-04: a provider whose ``stream`` returns something other than an
+    async iterator (an ``async def`` that returns, a list, ``None``) fails the
+    turn with ``execution_failure`` naming what it returned; a coroutine it
+    returned is closed, never left un-awaited."""
+    finished = await run_to_settled(_Returns(make))
+    assert finished.record.state == "failed"
+    error = finished.record.outcome["error"]
+    assert (error["class"], error["message"]) == (
+        "execution_failure",
+        "provider stream must be an async iterator",
+    )
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]

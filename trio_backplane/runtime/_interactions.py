@@ -50,7 +50,7 @@ async def wait_for_human(c: Conversation, request: Any) -> tuple[Any, float]:
         raise Error(ErrorClass.VALIDATION, "an interaction request must be a mapping")
     if c._pending is not None:
         raise _overlap()
-    request = freeze(request)
+    request = freeze(request, "interaction request")
     pending = Pending(c._new_id("interaction"), request, c._now())
     c._pending = pending
     if c._phase == "running":

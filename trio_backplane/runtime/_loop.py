@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -82,7 +83,7 @@ class ToolContext:
             raise Error(ErrorClass.RESOURCE_CONFLICT, "stale stream")
         if not isinstance(update, Mapping):
             raise Error(ErrorClass.VALIDATION, "a tool update must be a mapping")
-        self._conversation._publish("tool_update", freeze(update))
+        self._conversation._publish("tool_update", freeze(update, "tool update"))
 
     async def interact(self, request: Mapping[str, Any]) -> Any:
         """Ask a person; returns the committed answer (INT-05). While waiting, the
@@ -472,7 +473,7 @@ class TurnLoop:
         accounting = _Accounting(c._options.provider_output_limit)
         with budget.arm() as scope:
             try:
-                stream = c._provider.stream(request, c._provider_context)
+                stream = _async_iterator(c._provider.stream(request, c._provider_context))
                 try:
                     async for event in stream:
                         if not isinstance(event, PROVIDER_EVENTS):
@@ -998,6 +999,19 @@ class TurnLoop:
             self._carry = step
             return
         await self._flush(before, step)
+
+
+def _async_iterator(stream: Any) -> Any:
+    """What ``provider.stream`` returned, if it is an async iterator."""
+    if not hasattr(stream, "__aiter__"):
+        if inspect.iscoroutine(stream):
+            stream.close()  # an ``async def`` that returns: never awaited
+        raise Error(
+            ErrorClass.EXECUTION_FAILURE,
+            "provider stream must be an async iterator",
+            {"type": type(stream).__name__},
+        )
+    return stream
 
 
 def _intent(
