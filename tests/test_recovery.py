@@ -267,3 +267,14 @@ async def test_crash_on_memory_store_cannot_fence() -> None:
         MemoryStore(), RunRecord.new("m2"), "after_mutation", fence=False
     )
     assert (report.accepted, report.safe_to_withdraw) == (False, False)
+
+
+@pytest.mark.parametrize("store", [None, 5, "runs.db", {}, object()], ids=repr)
+async def test_crash_harness_needs_a_store(store: Any) -> None:
+    """Something that is not a store is refused with ``validation`` naming
+    what it lacks, before anything runs."""
+    with pytest.raises(Error) as raised:
+        await RecoveryHarness.crash(store, RunRecord.new("r"), "before_dispatch")
+    assert raised.value.error_class is ErrorClass.VALIDATION
+    assert raised.value.message == "the crash harness needs a Store"
+    assert "load" in raised.value.details["missing"]

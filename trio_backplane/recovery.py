@@ -211,6 +211,17 @@ class RecoveryHarness:
             raise Error(ErrorClass.VALIDATION, "invalid crash window", {"window": repr(window)})
         if not isinstance(record, RunRecord):
             raise Error(ErrorClass.VALIDATION, "the crash harness needs a RunRecord")
+        missing = [
+            name
+            for name in ("create", "load", "commit", "fence")
+            if not callable(getattr(store, name, None))
+        ]
+        if missing:
+            raise Error(
+                ErrorClass.VALIDATION,
+                "the crash harness needs a Store",
+                {"type": type(store).__name__, "missing": missing},
+            )
         clock = [at]
 
         async def apply(current: RunRecord, kind: str, **data: Any) -> RunRecord:
