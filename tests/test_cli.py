@@ -625,3 +625,15 @@ def test_readme_continuation_example_runs(tmp_path: Path) -> None:
 async def _list_runs(path: Path) -> Any:
     async with SQLiteStore(path) as store:
         return await store.list_runs()
+
+
+def test_runs_list_on_an_unreachable_postgresql_says_why(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A store that cannot be reached: exit status 1, the classed error with
+    the first line of its cause, and never the DSN's password."""
+    status, _ = run("runs", "list", f"postgresql://nobody:s3cret-pw@127.0.0.1:{_closed_port()}/x")
+    err = capsys.readouterr().err
+    assert status == 1
+    assert "storage_failed: PostgreSQL store failed (OperationalError:" in err
+    assert "s3cret-pw" not in err

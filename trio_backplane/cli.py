@@ -69,6 +69,9 @@ def _reason(error: Error) -> str:
         for k in ("schema", "reference", "path")
         if error.details.get(k) not in (None, "")
     ]
+    cause = error.details.get("cause")
+    if isinstance(cause, str) and cause:
+        extra.append(f"({_redact_dsn(cause.splitlines()[0])[:200]})")
     head = f"{error.error_class.value}"
     if reason:
         head += f" ({reason})"
