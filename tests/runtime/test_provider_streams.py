@@ -7,6 +7,7 @@ PRV-11 is withdrawn.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -712,3 +713,61 @@ async def test_prv_04_stream_that_is_not_an_async_iterator_fails_the_turn(
         "provider stream must be an async iterator",
     )
     assert not [w for w in recwarn if "never awaited" in str(w.message)]
+
+
+@pytest.mark.parametrize(
+    ("steps", "message"),
+    [
+        (
+            [ResponseCompleted({"role": "assistant", "content": math.nan})],
+            "provider response is not JSON data",
+        ),
+        (
+            [
+                ResponseCompleted(
+                    {"role": "assistant", "content": [{"type": "text", "text": object()}]}
+                )
+            ],
+            "provider response is not JSON data",
+        ),
+        (
+            [Usage({"tokens": object()}), ResponseCompleted({"role": "assistant", "content": "x"})],
+            "provider usage is not JSON data",
+        ),
+        (
+            [ResponseCompleted({"role": "assistant", "content": "x"}, usage={"t": math.inf})],
+            "provider usage is not JSON data",
+        ),
+        (
+            [
+                ToolCallCompleted("c1", math.nan, {}),
+                ResponseCompleted({"role": "assistant", "content": ""}),
+            ],
+            "provider tool call needs a str id and name",
+        ),
+        (
+            [
+                ResponseCompleted(
+                    {"role": "assistant", "content": [{"type": "tool_call", "id": 5, "name": "t"}]}
+                )
+            ],
+            "provider tool call needs a str id and name",
+        ),
+    ],
+    ids=["nan-content", "object-block", "usage-event", "usage-nan", "call-name", "call-id"],
+)
+async def test_prv_05_a_response_that_cannot_be_committed_fails_the_turn(
+    autojump_clock: MockClock, steps: list[Any], message: str
+) -> None:
+    """PRV-05: a terminal message, a usage report or a tool call the runtime
+    cannot commit (not JSON data; a call without a str id and name) fails
+    the attempt and the turn with ``validation``, committed like any failed
+    attempt; it never escapes the conversation, and nothing of it is stored
+    (usage that is not JSON data is dropped)."""
+    finished = await run_to_settled(SP([steps, SP.text("never")]))
+    assert_failed_run(finished)
+    error = turn_error(finished)
+    assert (error["class"], error["message"]) == ("validation", message)
+    assert finished.record.provider_result["result"]["error"]["message"] == message
+    assert [m["role"] for m in finished.messages] == ["user"]
+    assert finished.snapshot.usage == ()

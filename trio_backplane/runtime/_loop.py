@@ -538,6 +538,20 @@ class TurnLoop:
             not isinstance(message, Mapping) or message.get("role") != "assistant"
         ):
             failure = Error(ErrorClass.VALIDATION, "provider message role must be assistant")
+        if failure is None:
+            assert message is not None
+            try:  # frozen once, here: the commit takes it as it is
+                message = freeze(message, "provider response")
+            except Error as error:
+                failure = _not_json("response", error)
+        if not _is_json(usage):
+            usage.clear()  # reports that are not JSON data are dropped, never stored
+            failure = failure or _not_json("usage", None)
+        calls: list[dict[str, Any]] = []
+        if failure is None:
+            assert message is not None
+            calls = _tool_calls(message, completed)
+            failure = _malformed_call(calls)
         if failure is not None:
             await c._commit(
                 "provider_completed",
@@ -550,7 +564,6 @@ class TurnLoop:
             c._publish("response_failed", {"error": failure.to_dict()})
             raise _TurnFailed(failure)
         assert message is not None
-        calls = _tool_calls(message, completed)
         response = message
 
         def build(record: RunRecord, now: float) -> Command:
@@ -616,6 +629,16 @@ class TurnLoop:
     def _account_message(self, accounting: _Accounting, message: Any) -> None:
         if type(message) is not FrozenDict and not isinstance(message, Mapping):
             return
+        try:
+            self._account_content(accounting, message)
+        except (TypeError, ValueError, RecursionError) as exc:  # sizes of what is not JSON
+            raise Error(
+                ErrorClass.VALIDATION,
+                "provider response is not JSON data",
+                {"cause": f"{type(exc).__name__}: {exc}"[:300]},
+            ) from None
+
+    def _account_content(self, accounting: _Accounting, message: Mapping[str, Any]) -> None:
         content = message.get("content")
         if isinstance(content, str):
             accounting.add(("text", 0), snapshot=utf8_size(content))
@@ -999,6 +1022,31 @@ class TurnLoop:
             self._carry = step
             return
         await self._flush(before, step)
+
+
+def _is_json(value: Any) -> bool:
+    try:
+        freeze(value)
+    except Error:
+        return False
+    return True
+
+
+def _not_json(what: str, error: Error | None) -> Error:
+    details = {} if error is None else {"cause": error.message}
+    return Error(ErrorClass.VALIDATION, f"provider {what} is not JSON data", details)
+
+
+def _malformed_call(calls: list[dict[str, Any]]) -> Error | None:
+    """A tool call without a str id and name cannot be run nor committed."""
+    for call in calls:
+        if type(call["id"]) is not str or not call["id"] or type(call["name"]) is not str:
+            return Error(
+                ErrorClass.VALIDATION,
+                "provider tool call needs a str id and name",
+                {"id": repr(call["id"])[:100], "name": repr(call["name"])[:100]},
+            )
+    return None
 
 
 def _async_iterator(stream: Any) -> Any:
