@@ -295,3 +295,67 @@ def _request() -> Any:
         catalog_revision=1,
         tools=(),
     )
+
+
+def test_error_to_dict_is_always_json_data() -> None:
+    """``Error.to_dict`` is JSON data whatever a raiser put in the details: a
+    value that is not JSON data is written as its type name (never its repr,
+    which could carry what a backend holds), a non-finite number as its
+    name, a str or int subclass as its plain value."""
+    import json
+
+    class Secret:
+        def __repr__(self) -> str:  # pragma: no cover - must never be called
+            return "sk-secret"
+
+    error = Error(
+        ErrorClass.FORBIDDEN,
+        "no",
+        {
+            "handle": Secret(),
+            "nan": math.nan,
+            "class": ErrorClass.VALIDATION,
+            "nested": [1, {2: (3, {4})}],
+            "ok": {"a": [True, None, 1.5, "x"]},
+        },
+    )
+    data = error.to_dict()
+    assert json.loads(json.dumps(data, allow_nan=False)) == data
+    assert data["details"] == {
+        "handle": "<Secret>",
+        "nan": "nan",
+        "class": "validation",
+        "nested": [1, {"2": [3, "<set>"]}],
+        "ok": {"a": [True, None, 1.5, "x"]},
+    }
+    assert "sk-secret" not in json.dumps(data)
+
+
+async def test_a_backend_error_with_unencodable_details_is_committed() -> None:
+    """A tool backend that refuses with an ``Error`` holding an object in its
+    details: the run goes on (a read-only tool's rejection is an ordinary
+    error result), the result is committed with the detail as its type
+    name, and nothing escapes the conversation."""
+    import trio
+
+    class Refuses:
+        async def execute(self, operation: Any) -> Any:
+            return tb.reject(operation, Error(ErrorClass.FORBIDDEN, "no", {"client": object()}))
+
+    registry = tb.ToolRegistry([tb.ToolDescriptor("t", SCHEMA, Refuses(), read_only=True)])
+    provider = tb.ScriptedProvider(
+        [tb.ScriptedProvider.tool_calls(("c1", "t", {})), tb.ScriptedProvider.text("done")]
+    )
+    with trio.fail_after(30):
+        async with tb.open_conversation(
+            "run-r",
+            store=tb.MemoryStore(),
+            provider=provider,
+            registry=registry,
+            authority=tb.Authority.for_registry(registry, caller="h", run_id="run-r"),
+        ) as conversation:
+            await conversation.prompt("hi")
+            snapshot = await conversation.wait_settled()
+    assert snapshot.run.state == "completed"
+    [tool_message] = [m for m in snapshot.messages if m["role"] == "tool"]
+    assert tool_message["result"]["error"]["details"] == {"client": "<object>"}

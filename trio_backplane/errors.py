@@ -71,21 +71,42 @@ class Error(Exception):
         return (type(self), (self.error_class.value, self.message, dict(self.details)))
 
     def to_dict(self) -> dict[str, Any]:
-        """The error as JSON data: ``{"class", "message", "details"}``."""
+        """The error as JSON data: ``{"class", "message", "details"}``, always
+        (a detail that is not JSON data is written as ``"<type name>"``, never
+        its ``repr``, which could carry what a backend holds; a non-finite
+        number as ``"nan"``/``"inf"``), so an error can be committed and
+        published whoever raised it."""
         return {
             "class": self.error_class.value,
-            "message": self.message,
+            "message": self.message if type(self.message) is str else _opaque(self.message),
             "details": _plain(self.details),
         }
 
 
-def _plain(value: Any) -> Any:
-    """Copy mappings and sequences of ``details`` into plain JSON containers."""
+_JSON_LEAVES: tuple[type, ...] = (str, int, bool, type(None))
+
+
+def _plain(value: Any, depth: int = 0) -> Any:
+    """``details`` as plain JSON data: mappings and sequences copied into
+    ``dict``/``list``, anything else that is not JSON data as its type name."""
+    if depth > 64:
+        return _opaque(value)
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): _plain(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
+        return [_plain(v, depth + 1) for v in value]
+    if value is None or type(value) in _JSON_LEAVES:
+        return value
+    for kind in (bool, str, int):  # subclasses (a StrEnum, say) as their plain value
+        if isinstance(value, kind):
+            return kind(value)
+    if isinstance(value, float):
+        return float(value) if value - value == 0 else repr(float(value))
+    return _opaque(value)
+
+
+def _opaque(value: Any) -> str:
+    return f"<{type(value).__name__}>"
 
 
 def exception_leaves(exc: BaseException) -> list[BaseException]:

@@ -800,6 +800,10 @@ async def _host_bug(*_: Any) -> Any:
     raise ValueError("a bug in the host's hook")
 
 
+async def _not_json(message: Any, context: HookContext) -> Any:
+    return {**message, "content": math.nan}
+
+
 def _not_async(message: Any, context: HookContext) -> Any:
     return message
 
@@ -811,8 +815,9 @@ def _not_async(message: Any, context: HookContext) -> Any:
         (_assistant, ErrorClass.VALIDATION, "prompt hook must return a user message", 0.0),
         (_host_bug, ErrorClass.EXECUTION_FAILURE, "prompt hook failed", 0.0),
         (_not_async, ErrorClass.EXECUTION_FAILURE, "prompt hook failed", 0.0),
+        (_not_json, ErrorClass.VALIDATION, "prompt hook must return a user message", 0.0),
     ],
-    ids=["hangs", "returns-an-assistant-message", "raises-ValueError", "not-async"],
+    ids=["hangs", "returns-an-assistant-message", "raises-ValueError", "not-async", "not-json"],
 )
 async def test_conv_18_prompt_hook_timeout_or_bad_result_is_a_rejection(
     autojump_clock: Any, hook: Any, error_class: ErrorClass, message: str, after: float
@@ -1401,3 +1406,37 @@ async def test_hooks_that_cannot_be_called_are_refused_up_front(
     assert exc.value.error_class is ErrorClass.VALIDATION
     assert exc.value.details["hook"] == name
     assert await store.load("run-h") is None
+
+
+async def test_a_refused_first_message_checkpoint_still_settles_the_run(
+    autojump_clock: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """However the checkpoint of the first message is refused after the
+    admission commit (here a kernel refusal injected into it), ``prompt``
+    raises that error and the run still settles (``failed``): it is never
+    left running with no worker to finish it."""
+    from trio_backplane.runtime import _conversation
+
+    real = _conversation.transition
+    injected = Error(ErrorClass.VALIDATION, "injected refusal")
+
+    def refusing(record: Any, command: Any) -> Any:
+        state = (
+            command.input.get("conversation") if command.kind == "conversation_updated" else None
+        )
+        if state is not None and state.get("turn_id") and state.get("messages"):
+            raise injected
+        return real(record, command)
+
+    monkeypatch.setattr(_conversation, "transition", refusing)
+    provider = ScriptedProvider([text("never")])
+    async with conversation_with(provider) as (conversation, timeline):
+        with pytest.raises(Error) as exc:
+            await conversation.prompt("hello")
+        with trio.fail_after(60):
+            snapshot = await conversation.wait_settled()
+    assert exc.value is injected
+    assert snapshot.phase == "terminal"
+    assert snapshot.run.state == "failed"
+    assert provider.requests == []
+    assert [e.type for e in timeline.published()][-1] == "run_failed"

@@ -132,7 +132,7 @@ def _check_content(content: Any) -> Any:
             raise Error(ErrorClass.VALIDATION, "prompt must not be empty")
         if not all(isinstance(block, Mapping) for block in content):
             raise Error(ErrorClass.VALIDATION, "content must be text or content blocks")
-        return freeze(list(content))
+        return freeze(list(content), "message content")
     raise Error(ErrorClass.VALIDATION, "content must be text or content blocks")
 
 
@@ -361,6 +361,7 @@ class Conversation:
         if self._phase != "idle":
             return await self._enqueue("follow_up", content)
         self._phase = "running"
+        turn_id: str | None = None
         try:
             await self._commit(
                 "admit",
@@ -382,6 +383,15 @@ class Conversation:
             raise rejected.error from None
         except _StorageFailed as failed:
             raise failed.error from None
+        except Error as error:
+            # Refused by the kernel: before the admission nothing changed;
+            # after it the turn fails and the run finishes, never left running
+            # with no worker to settle it.
+            if self._record.state == "queued":
+                self._phase = "idle"
+            elif self._stop_reason is None:  # a stop settles the run itself
+                await self._start_worker(first_turn=turn_id, failed=error)
+            raise
         self._publish("prompt_consumed", {"mode": "new", "message": message, "turn_id": turn_id})
         await self._start_worker(first_turn=turn_id, failed=None)
         return str(message["id"])
@@ -639,6 +649,15 @@ class Conversation:
             )
         if refusal is None and (not isinstance(result, Mapping) or result.get("role") != "user"):
             refusal = Error(ErrorClass.VALIDATION, "prompt hook must return a user message")
+        if refusal is None:
+            try:
+                result = freeze(result, "prompt hook result")
+            except Error as exc:  # it is committed as the message: JSON data only
+                refusal = Error(
+                    ErrorClass.VALIDATION,
+                    "prompt hook must return a user message",
+                    {"cause": exc.message},
+                )
         if refusal is not None:
             event = self._event(
                 "prompt_rejected", {"message_id": message["id"], "error": refusal.to_dict()}
