@@ -1282,15 +1282,9 @@ async def test_a_new_run_continues_the_committed_messages_of_a_finished_one(
     assert [m["role"] for m in earlier] == ["user", "assistant", "tool", "assistant"]
 
     provider = ScriptedProvider([text("a2")])
-    registry = ToolRegistry([tool])
-    async with open_conversation(
-        "run-2",
-        store=store,
-        provider=provider,
-        registry=registry,
-        authority=granted(registry, "run-2"),
-        messages=earlier,
-    ) as conversation:
+    async with conversation_with(
+        provider, [tool], store=store, run_id="run-2", messages=earlier
+    ) as (conversation, _):
         created = await store.load("run-2")
         assert created is not None
         assert created.revision == 0
@@ -1360,21 +1354,21 @@ async def test_supplied_provider_tools_reach_the_provider(autojump_clock: Any) -
     tool = make_tool("t", RecordingBackend())
     supplied = [ProviderTool("t", "described by the host", tool.schema)]
     provider = ScriptedProvider([text("ok")])
-    store = MemoryStore()
     registry = ToolRegistry([tool])
     async with open_conversation(
         "run-s",
-        store=store,
+        store=MemoryStore(),
         provider=provider,
         registry=registry,
         authority=granted(registry, "run-s"),
-        tools=supplied,
+        tools=supplied,  # conversation_with's `tools` are the descriptors
     ) as conversation:
         await conversation.prompt("hi")
         assert (await conversation.wait_settled()).run.state == "completed"
     [request] = provider.requests
     assert [(t.name, t.description) for t in request.tools] == [("t", "described by the host")]
 
+    store = MemoryStore()
     with pytest.raises(Error) as exc:
         async with open_conversation(
             "run-z",
