@@ -544,7 +544,7 @@ class TurnLoop:
                 message = freeze(message, "provider response")
             except Error as error:
                 failure = _not_json("response", error)
-        if not _is_json(usage):
+        if usage and not _is_json(usage):
             usage.clear()  # reports that are not JSON data are dropped, never stored
             failure = failure or _not_json("usage", None)
         calls: list[dict[str, Any]] = []
