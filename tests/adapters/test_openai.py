@@ -507,3 +507,27 @@ async def test_chunks_after_done_are_drained_not_read(chat: ChatServer) -> None:
     events = await collect(OpenAIProvider(chat.base_url, "m"), request())
     assert [e.text for e in events if isinstance(e, TextDelta)] == ["first"]
     assert events[-1] == ResponseCompleted({"role": "assistant", "content": "first"})
+
+
+async def test_nan_from_the_model_never_reaches_the_transcript(chat: ChatServer) -> None:
+    """``NaN``/``Infinity`` are not JSON: tool-call arguments holding one
+    come through as their raw text (which the gateway refuses as a
+    validation tool result, so the model can try again), and a chunk holding
+    one is a malformed stream, not a value the runtime could not commit."""
+    chat.add(
+        tool_call_chunks(("c1", "add", '{"a": NaN, "b": 1}')),
+        Stream(
+            (
+                {"choices": [], "usage": {"total_tokens": "NaN"}},
+                '{"choices": [], "usage": {"t": Infinity}}',
+            )
+        ),
+    )
+    provider = OpenAIProvider(chat.base_url, "m")
+    events = await collect(provider, request((ProviderTool("add", "", SCHEMA),)))
+    [completed] = [e for e in events if isinstance(e, ToolCallCompleted)]
+    assert completed.arguments == '{"a": NaN, "b": 1}'
+    assert isinstance(events[-1], ResponseCompleted)
+    events = await collect(provider, request())
+    assert isinstance(events[-1], ResponseFailed)
+    assert events[-1].error.details["reason"] == "malformed_stream"

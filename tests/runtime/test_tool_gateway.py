@@ -178,16 +178,19 @@ async def test_tool_03_arguments_sent_as_json_text(autojump_clock: MockClock) ->
     validated like any others; text that is not JSON is an is_error
     validation result, with no backend call and no intent committed."""
     backend = RecordingBackend(ToolResult("ok"))
-    provider = calls_then_done(("c1", "t", '{"x": "a"}'), ("c2", "t", '{"x": '))
+    provider = calls_then_done(
+        ("c1", "t", '{"x": "a"}'), ("c2", "t", '{"x": '), ("c3", "t", '{"x": NaN}')
+    )
     finished = await run_to_settled(provider, [make_tool("t", backend, schema=string_schema("x"))])
 
     assert_continued(finished, provider)
     assert [op.arguments for op in backend.operations] == [{"x": "a"}]
     assert finished.store.commits().count("run.tool_invoked") == 1
-    first, second = finished.tool_messages()
+    first, *refused = finished.tool_messages()
     assert first["result"]["is_error"] is False
-    error = error_of(second)
-    assert (error["class"], error["message"]) == ("validation", "tool arguments are not JSON")
+    for message in refused:  # not JSON, and NaN (not JSON either)
+        error = error_of(message)
+        assert (error["class"], error["message"]) == ("validation", "tool arguments are not JSON")
 
 
 @pytest.mark.parametrize("read_only", [True, False], ids=["read-only", "mutating"])

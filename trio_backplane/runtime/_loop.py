@@ -691,7 +691,7 @@ class TurnLoop:
             return
         if isinstance(arguments, str):
             try:
-                arguments = json.loads(arguments)
+                arguments = json.loads(arguments, parse_constant=_not_a_number)
             except ValueError:
                 error = Error(ErrorClass.VALIDATION, "tool arguments are not JSON")
                 await self._tool_message(call_id, name, _error_result(error), before, carry)
@@ -1030,6 +1030,10 @@ def _is_json(value: Any) -> bool:
     except Error:
         return False
     return True
+
+
+def _not_a_number(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # NaN, Infinity: refused as text
 
 
 def _not_json(what: str, error: Error | None) -> Error:
