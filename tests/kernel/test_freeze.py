@@ -1,9 +1,10 @@
-"""``freeze``: read-only deep copies of JSON data, at any depth (KER-11).
+"""``freeze``: read-only deep copies of JSON data (KER-11), up to
+``MAX_DEPTH`` levels of nesting.
 
 Values nested deeper than the recursive fast path (``_RECURSION`` levels)
-continue on an explicit stack; these tests go past it, far past Python's
+continue on an explicit stack; these tests go past it, and far past Python's
 recursion limit, and check the iterative path refuses what the recursive
-one refuses.
+one refuses, and that deeper than ``MAX_DEPTH`` is refused without recursion.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from hypothesis import given
 
 from trio_backplane.errors import Error, ErrorClass
 from trio_backplane.kernel import FrozenDict, FrozenList, freeze, thaw
-from trio_backplane.kernel._records import _RECURSION
+from trio_backplane.kernel._records import _RECURSION, MAX_DEPTH
 
 from .support import json_values
 
@@ -32,10 +33,11 @@ def nested(depth: int, leaf: Any) -> Any:
     return value
 
 
-@pytest.mark.parametrize("depth", [_RECURSION - 1, _RECURSION, _RECURSION + 1, DEEP])
+@pytest.mark.parametrize("depth", [_RECURSION - 1, _RECURSION, _RECURSION + 1, MAX_DEPTH])
 def test_ker_11_any_depth_is_frozen_without_recursion(depth: int) -> None:
-    """KER-11: a value of any depth freezes (no RecursionError), every level
-    read-only, equal to its source and thawed back to it."""
+    """KER-11: a value of any depth up to MAX_DEPTH freezes (no
+    RecursionError), every level read-only, equal to its source and thawed
+    back to it."""
     value = nested(depth, 1.5)
     frozen = freeze(value)
     assert type(frozen) in (FrozenDict, FrozenList)
@@ -64,7 +66,7 @@ def test_ker_11_any_depth_is_frozen_without_recursion(depth: int) -> None:
         ({"s": {1, 2}}, "runtime handle"),
     ],
 )
-@pytest.mark.parametrize("depth", [3, DEEP])
+@pytest.mark.parametrize("depth", [3, MAX_DEPTH - 1])
 def test_ker_11_deep_non_json_is_refused(leaf: Any, message: str, depth: int) -> None:
     """KER-11: NaN, infinities, runtime handles and non-str keys are refused at
     any depth with ``validation`` naming what was found."""
@@ -77,7 +79,7 @@ def test_ker_11_deep_non_json_is_refused(leaf: Any, message: str, depth: int) ->
 def test_ker_11_frozen_parts_are_reused_at_depth() -> None:
     """A frozen value met again deep inside a new one is kept, not copied."""
     shared = freeze({"big": list(range(100))})
-    frozen = freeze(nested(DEEP, shared))
+    frozen = freeze(nested(MAX_DEPTH - 1, shared))
     assert innermost_frozen(frozen) is shared
 
 
@@ -96,3 +98,15 @@ def test_ker_11_iterative_path_equals_recursive_path(value: Any) -> None:
 
     assert _freeze_iterative(value, "x") == _freeze(value, "x", 0)
     assert type(_freeze_iterative(value, "x")) is type(_freeze(value, "x", 0))
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH + 1, DEEP])
+def test_ker_11_deeper_than_max_depth_is_refused_without_recursion(depth: int) -> None:
+    """Nesting deeper than ``MAX_DEPTH`` is refused with ``validation`` (no
+    RecursionError however deep): a durable store could not encode or
+    decode it, so no store takes it."""
+    with pytest.raises(Error) as info:
+        freeze(nested(depth, 1), "message content")
+    assert info.value.error_class is ErrorClass.VALIDATION
+    assert info.value.message == f"message content nests deeper than {MAX_DEPTH} levels"
+    assert info.value.details == {"limit": MAX_DEPTH}

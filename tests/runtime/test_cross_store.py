@@ -22,11 +22,12 @@ from typing import Any
 import pytest
 import trio
 
-from trio_backplane.kernel import encode_record
+from trio_backplane import Error, ErrorClass
+from trio_backplane.kernel import encode_record, thaw
 from trio_backplane.runtime import Event, open_conversation
 from trio_backplane.store import MemoryStore, PostgresStore, SQLiteStore
 from trio_backplane.testing import Hang, ScriptedProvider
-from trio_backplane.tools import ToolRegistry, ToolResult
+from trio_backplane.tools import ToolDescriptor, ToolRegistry, ToolResult
 
 from .support import RUN_ID, granted, make_tool
 
@@ -258,3 +259,43 @@ async def test_cancelled_run_reopened_on_every_store(durable_store: Any) -> None
         assert again.status().phase == "terminal"
         assert again.status().run == stored
     assert provider.requests == []
+
+
+def _deep(levels: int) -> Any:
+    value: Any = "leaf"
+    for _ in range(levels):
+        value = {"k": value}
+    return value
+
+
+async def test_deep_data_is_judged_the_same_on_every_store(durable_store: Any) -> None:
+    """KER-11 across stores: a message nested up to the limit is committed,
+    read back and reloaded; deeper, ``prompt`` refuses it with the same
+    ``validation`` on every store (a durable store's JSON codecs could not
+    hold it), and a tool result that deep becomes an error result: never
+    ``storage_failed``."""
+    from trio_backplane.kernel._records import MAX_DEPTH
+
+    class Deep:
+        async def execute(self, operation: Any) -> ToolResult:
+            return ToolResult("deep", _deep(MAX_DEPTH + 5))
+
+    registry = ToolRegistry([ToolDescriptor("deep", {"type": "object"}, Deep())])
+    provider = ScriptedProvider(
+        [ScriptedProvider.tool_calls(("c1", "deep", {})), ScriptedProvider.text("done")]
+    )
+    blocks = [{"type": "text", "text": "hi", "meta": _deep(MAX_DEPTH - 2)}]
+    async with _opened(durable_store, registry, provider) as conversation:
+        with pytest.raises(Error) as refused:
+            await conversation.prompt([{"type": "text", "text": "x", "meta": _deep(MAX_DEPTH)}])
+        assert refused.value.error_class is ErrorClass.VALIDATION
+        assert refused.value.details == {"limit": MAX_DEPTH}
+        await conversation.prompt(blocks)
+        snapshot = await conversation.wait_settled()
+    assert snapshot.phase == "terminal"
+    assert snapshot.run.state == "completed"
+    [tool_message] = [m for m in snapshot.messages if m["role"] == "tool"]
+    assert tool_message["result"]["error"]["message"] == "tool result is not JSON data"
+    stored = await durable_store.load(RUN_ID)
+    assert stored == snapshot.run
+    assert thaw(stored.conversation["messages"][0]["content"]) == blocks

@@ -207,23 +207,38 @@ _OVERLAY_MAX = 32
 _EMPTY: Final[Mapping[str, Any]] = FrozenDict()
 
 
+#: The deepest nesting of JSON data :func:`freeze` accepts from a caller
+#: (containers counted from 1): far beyond any real message, and with the few
+#: levels a record adds around it (:data:`RECORD_DEPTH`) well within what the
+#: recursive operations on committed data (the SQL stores' JSON codecs,
+#: ``thaw``, equality) can do under the interpreter's recursion limit.
+MAX_DEPTH: Final = 256
+#: What a record's own fields may nest: a value accepted at ``MAX_DEPTH``
+#: plus the levels the record adds around it, so a stored record decodes.
+RECORD_DEPTH: Final = MAX_DEPTH + 64
+
+
 def check_json(value: Any, what: str = "committed intent") -> None:
     """Raise ``validation`` unless ``value`` is JSON data (KER-11)."""
     freeze(value, what)
 
 
-def freeze(value: Any, what: str = "committed intent") -> Any:
+def freeze(value: Any, what: str = "committed intent", limit: int = MAX_DEPTH) -> Any:
     """A read-only deep copy of JSON data (``FrozenDict``/``FrozenList``),
     reusing values that are already frozen.
 
     Raises ``validation`` "<what> contains a runtime handle" for a callable, a
-    channel, a task or any other non-JSON object (KER-11).  Shallow values take
+    channel, a task or any other non-JSON object (KER-11), and "<what> nests
+    deeper than <limit> levels" past ``limit`` (:data:`MAX_DEPTH`; a record's
+    own fields allow :data:`RECORD_DEPTH`): every store must be able
+    to encode and decode what is committed (JSON codecs recurse), so the same
+    data is refused on every store, before it is stored.  Shallow values take
     a recursive fast path; anything nested deeper than ``_RECURSION`` levels
-    continues on an explicit stack, so depth is never a danger.
+    continues on an explicit stack, so walking it is never a danger.
     """
     if type(value) in _KEPT:  # frozen already, or a leaf: most calls, no second call
         return value
-    return _freeze(value, what, 0)
+    return _freeze(value, what, 0, limit)
 
 
 _RECURSION: Final = 64
@@ -234,7 +249,7 @@ _RECURSION: Final = 64
 _KEPT: Final = frozenset({str, int, bool, type(None), FrozenDict, FrozenList, LayeredDict})
 
 
-def _freeze(value: Any, what: str, depth: int) -> Any:
+def _freeze(value: Any, what: str, depth: int, limit: int = MAX_DEPTH) -> Any:
     t = type(value)
     if t in _KEPT:
         return value
@@ -243,7 +258,7 @@ def _freeze(value: Any, what: str, depth: int) -> Any:
             raise Error(ErrorClass.VALIDATION, f"{what} contains a non-finite number")
         return value
     if depth >= _RECURSION:
-        return _freeze_iterative(value, what)
+        return _freeze_iterative(value, what, depth, limit)
     # Containers: items that need no work are kept without a call (the hot
     # path: a fresh mapping of strings, numbers and already-frozen values).
     if t is dict or (t is not list and t is not tuple and isinstance(value, Mapping)):
@@ -270,16 +285,25 @@ def _freeze(value: Any, what: str, depth: int) -> Any:
             if ti in _KEPT:
                 out[key] = item
             else:
-                out[key] = _freeze(item, what, depth + 1)
+                out[key] = _freeze(item, what, depth + 1, limit)
         return FrozenDict(out)
     if t is list or t is tuple:
         return FrozenList(
-            [item if type(item) in _KEPT else _freeze(item, what, depth + 1) for item in value]
+            [
+                item if type(item) in _KEPT else _freeze(item, what, depth + 1, limit)
+                for item in value
+            ]
         )
     raise Error(ErrorClass.VALIDATION, f"{what} contains a runtime handle", {"type": t.__name__})
 
 
-def _freeze_iterative(value: Any, what: str) -> Any:
+def _too_deep(what: str, limit: int) -> Error:
+    return Error(
+        ErrorClass.VALIDATION, f"{what} nests deeper than {limit} levels", {"limit": limit}
+    )
+
+
+def _freeze_iterative(value: Any, what: str, depth: int = 0, limit: int = MAX_DEPTH) -> Any:
     t = type(value)
     if t in _KEPT:
         return value
@@ -289,11 +313,13 @@ def _freeze_iterative(value: Any, what: str) -> Any:
         return value
     # Containers: build bottom-up with an explicit stack.
     root: list[Any] = [None]
-    stack: list[tuple[Any, list[Any], Any]] = [(value, root, 0)]
+    stack: list[tuple[Any, list[Any], Any, int]] = [(value, root, 0, depth)]
     pending: list[tuple[list[Any], Any, Any, bool]] = []
     while stack:
-        item, holder, slot = stack.pop()
+        item, holder, slot, level = stack.pop()
         kind = type(item)
+        if level >= limit and (kind is list or kind is tuple or isinstance(item, Mapping)):
+            raise _too_deep(what, limit)
         if kind in _KEPT:
             holder[slot] = item
         elif kind is float:
@@ -312,12 +338,12 @@ def _freeze_iterative(value: Any, what: str) -> Any:
             values: list[Any] = [None] * len(keys)
             pending.append((holder, slot, (keys, values), True))
             for i, key in enumerate(keys):
-                stack.append((item[key], values, i))
+                stack.append((item[key], values, i, level + 1))
         elif kind is list or kind is tuple:
             values = [None] * len(item)
             pending.append((holder, slot, values, False))
             for i, sub in enumerate(item):
-                stack.append((sub, values, i))
+                stack.append((sub, values, i, level + 1))
         else:
             raise Error(
                 ErrorClass.VALIDATION, f"{what} contains a runtime handle", {"type": kind.__name__}
@@ -349,7 +375,7 @@ def _frozen_mapping(value: Any) -> Mapping[str, Any]:
         return value
     if value is None:
         return _EMPTY
-    frozen = freeze(value)
+    frozen = freeze(value, limit=RECORD_DEPTH)
     if not isinstance(frozen, Mapping):
         raise Error(ErrorClass.VALIDATION, "expected a mapping")
     return frozen

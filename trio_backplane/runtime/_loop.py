@@ -981,8 +981,15 @@ class TurnLoop:
             try:
                 normalized: Mapping[str, Any] = freeze(result.to_dict(), "tool result")
                 size = utf8_size(normalized)
-            except (Error, TypeError, ValueError):
-                return _error_result(Error(ErrorClass.VALIDATION, "tool result is not JSON data"))
+            except (Error, TypeError, ValueError) as exc:
+                cause = exc.message if isinstance(exc, Error) else f"{type(exc).__name__}: {exc}"
+                return _error_result(
+                    Error(
+                        ErrorClass.VALIDATION,
+                        "tool result is not JSON data",
+                        {"cause": cause[:300]},
+                    )
+                )
             if size > self.c._options.output_limit:
                 return _error_result(
                     Error(
