@@ -543,3 +543,23 @@ async def test_commit_5000_writes_and_encodes_what_commit_10_did(
     assert record.conversation is not None
     assert len(record.conversation["messages"]) == 2_500
     assert await store.load("long") == record
+
+
+@pytest.mark.parametrize("where", ["directory", "missing-parent", "not-a-database"])
+async def test_a_file_that_cannot_be_a_store_says_which_and_why(tmp_path: Path, where: str) -> None:
+    """A path that is a directory, under a missing directory, or a file that
+    is not a database: ``storage_failed`` naming the path and sqlite's
+    reason, so a person knows what to fix."""
+    path = {
+        "directory": tmp_path,
+        "missing-parent": tmp_path / "missing" / "runs.db",
+        "not-a-database": tmp_path / "notes.txt",
+    }[where]
+    if where == "not-a-database":
+        path.write_text("plain text, not sqlite\n" * 100)
+    async with SQLiteStore(path) as store:
+        with pytest.raises(Error) as raised:
+            await store.create(RunRecord.new("r"))
+    assert raised.value.error_class is ErrorClass.STORAGE_FAILED
+    assert raised.value.details["path"] == str(path)
+    assert raised.value.details["cause"].split(":")[0] in ("OperationalError", "DatabaseError")

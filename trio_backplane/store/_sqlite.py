@@ -304,10 +304,13 @@ class _Job(Job):
     encoded: _Encoded | None
 
 
-def _storage_failed(exc: BaseException, message: str = "sqlite operation failed") -> Error:
-    error = Error(
-        ErrorClass.STORAGE_FAILED, message, {"cause": f"{type(exc).__name__}: {exc}"[:500]}
-    )
+def _storage_failed(
+    exc: BaseException, message: str = "sqlite operation failed", path: str | None = None
+) -> Error:
+    details = {"cause": f"{type(exc).__name__}: {exc}"[:500]}
+    if path is not None:
+        details["path"] = path  # which file: what a person fixes (permissions, disk)
+    error = Error(ErrorClass.STORAGE_FAILED, message, details)
     error.__cause__ = exc
     return error
 
@@ -470,7 +473,7 @@ class SQLiteStore:
             raise
         except (sqlite3.Error, OSError) as exc:
             self._after_failure()
-            raise _storage_failed(exc) from exc
+            raise _storage_failed(exc, path=self._path) from exc
 
     def _after_failure(self) -> None:
         self._cache.clear()
@@ -752,7 +755,9 @@ class SQLiteStore:
                 _injected_failure()
             conn.execute("COMMIT")
         except (sqlite3.Error, OSError, Error) as exc:
-            failure = exc if isinstance(exc, Error) else _storage_failed(exc, "commit failed")
+            failure = (
+                exc if isinstance(exc, Error) else _storage_failed(exc, "commit failed", self._path)
+            )
             self._after_failure()
             for job in jobs:
                 if job.error is None or job.receipt is not None:
