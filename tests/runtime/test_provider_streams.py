@@ -771,3 +771,23 @@ async def test_prv_05_a_response_that_cannot_be_committed_fails_the_turn(
     assert finished.record.provider_result["result"]["error"]["message"] == message
     assert [m["role"] for m in finished.messages] == ["user"]
     assert finished.snapshot.usage == ()
+
+
+@pytest.mark.parametrize("error", [None, "timeout", ValueError("raw"), {"class": "x"}])
+async def test_prv_04_response_failed_without_a_classed_error(
+    autojump_clock: MockClock, error: Any
+) -> None:
+    """PRV-04: a provider whose ``ResponseFailed`` carries something other
+    than an ``Error`` fails the turn all the same, classed
+    ``execution_failure`` naming what it carried; the conversation does not
+    crash."""
+    from trio_backplane.runtime import ResponseFailed
+
+    finished = await run_to_settled(SP([[ResponseFailed(error)]]))
+    assert_failed_run(finished)
+    failure = turn_error(finished)
+    assert (failure["class"], failure["message"]) == (
+        "execution_failure",
+        "provider failed without a classed error",
+    )
+    assert failure["details"] == {"type": type(error).__name__}

@@ -490,7 +490,7 @@ class TurnLoop:
                                 usage.append(thaw(event.usage))
                             break
                         if isinstance(event, ResponseFailed):
-                            failure = event.error
+                            failure = _provider_error(event.error)
                             break
                         self._forward(event, accounting, usage, completed)
                 finally:
@@ -1037,6 +1037,18 @@ def _is_json(value: Any) -> bool:
     except Error:
         return False
     return True
+
+
+def _provider_error(error: Any) -> Error:
+    """The classed error a ``ResponseFailed`` carries (a provider that put
+    something else there failed all the same, classed)."""
+    if isinstance(error, Error):
+        return error
+    return Error(
+        ErrorClass.EXECUTION_FAILURE,
+        "provider failed without a classed error",
+        {"type": type(error).__name__},
+    )
 
 
 def _not_a_number(name: str) -> Any:
