@@ -40,7 +40,7 @@ import httpx
 import httpx_sse
 
 from ..errors import Error, ErrorClass
-from ..kernel import check_json
+from ..kernel import check_json, loads
 from ..runtime import (
     ProviderEvent,
     ProviderRequest,
@@ -493,7 +493,7 @@ class OpenAIProvider:
 
 def _chunk(data: str) -> Mapping[str, Any]:
     try:
-        chunk = json.loads(data, parse_constant=_not_a_number)
+        chunk = loads(data)
     except ValueError:
         raise _Failed(_malformed("stream chunk is not JSON", data[:80])) from None
     if not isinstance(chunk, Mapping):
@@ -513,16 +513,11 @@ def _chunk(data: str) -> Mapping[str, Any]:
     return chunk
 
 
-def _not_a_number(name: str) -> Any:
-    """``NaN``/``Infinity`` are not JSON: the text that holds them is refused."""
-    raise ValueError(f"{name} is not JSON")
-
-
 def _parse_arguments(text: str) -> Any:
     if not text.strip():
         return {}
     try:
-        return json.loads(text, parse_constant=_not_a_number)
+        return loads(text)  # strict: NaN and Infinity stay text
     except ValueError:
         return text  # the gateway refuses it as a validation tool result
 

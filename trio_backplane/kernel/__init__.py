@@ -5,7 +5,7 @@ command)`` returns the next record and its events or raises ``Error``.
 """
 
 from ._codec import decode_event, decode_record, encode_event, encode_record
-from ._json import dumps, utf8_size
+from ._json import dumps, loads, utf8_size
 from ._records import (
     ACTIVE_STATES,
     RUN_STATES,
@@ -52,6 +52,7 @@ __all__ = [
     "decode_record",
     "dissoc",
     "dumps",
+    "loads",
     "encode_event",
     "encode_record",
     "evolve_record",

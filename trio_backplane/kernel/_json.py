@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from ._records import LayeredDict
 
-__all__ = ["dumps", "utf8_size"]
+__all__ = ["dumps", "loads", "utf8_size"]
 
 _OPTIONS: Final[dict[str, Any]] = {
     "ensure_ascii": False,
@@ -48,6 +48,17 @@ def dumps(value: Any) -> str:
     """Compact JSON text (UTF-8 kept, NaN refused): ``TypeError`` or
     ``ValueError`` for anything that is not JSON data."""
     return "".join(_chunks(value, 0))
+
+
+def _not_a_number(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def loads(text: str | bytes) -> Any:
+    """JSON text parsed strictly: ``NaN`` and ``Infinity``, which Python's
+    ``json`` accepts but JSON does not, raise ``ValueError`` like any other
+    text that is not JSON (so a value parsed here can always be committed)."""
+    return json.loads(text, parse_constant=_not_a_number)
 
 
 def utf8_size(value: Any) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -11,7 +10,17 @@ import attrs
 import trio
 
 from ..errors import Error, ErrorClass
-from ..kernel import Command, FrozenDict, FrozenList, RunRecord, appended, freeze, thaw, utf8_size
+from ..kernel import (
+    Command,
+    FrozenDict,
+    FrozenList,
+    RunRecord,
+    appended,
+    freeze,
+    loads,
+    thaw,
+    utf8_size,
+)
 from ..schema import CompiledSchema, compile_with
 from ..tools import (
     Approval,
@@ -544,9 +553,12 @@ class TurnLoop:
                 message = freeze(message, "provider response")
             except Error as error:
                 failure = _not_json("response", error)
-        if usage and not _is_json(usage):
-            usage.clear()  # reports that are not JSON data are dropped, never stored
-            failure = failure or _not_json("usage", None)
+        if usage:
+            try:  # frozen once, here: appending them then costs no walk
+                usage[:] = freeze(usage, "provider usage")
+            except Error as error:
+                usage.clear()  # reports that are not JSON data are dropped, never stored
+                failure = failure or _not_json("usage", error)
         calls: list[dict[str, Any]] = []
         if failure is None:
             assert message is not None
@@ -691,7 +703,7 @@ class TurnLoop:
             return
         if isinstance(arguments, str):
             try:
-                arguments = json.loads(arguments, parse_constant=_not_a_number)
+                arguments = loads(arguments)
             except ValueError:
                 error = Error(ErrorClass.VALIDATION, "tool arguments are not JSON")
                 await self._tool_message(call_id, name, _error_result(error), before, carry)
@@ -1031,14 +1043,6 @@ class TurnLoop:
         await self._flush(before, step)
 
 
-def _is_json(value: Any) -> bool:
-    try:
-        freeze(value)
-    except Error:
-        return False
-    return True
-
-
 def _provider_error(error: Any) -> Error:
     """The classed error a ``ResponseFailed`` carries (a provider that put
     something else there failed all the same, classed)."""
@@ -1051,13 +1055,10 @@ def _provider_error(error: Any) -> Error:
     )
 
 
-def _not_a_number(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")  # NaN, Infinity: refused as text
-
-
-def _not_json(what: str, error: Error | None) -> Error:
-    details = {} if error is None else {"cause": error.message}
-    return Error(ErrorClass.VALIDATION, f"provider {what} is not JSON data", details)
+def _not_json(what: str, error: Error) -> Error:
+    return Error(
+        ErrorClass.VALIDATION, f"provider {what} is not JSON data", {"cause": error.message}
+    )
 
 
 def _malformed_call(calls: list[dict[str, Any]]) -> Error | None:
