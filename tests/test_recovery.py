@@ -276,5 +276,6 @@ async def test_crash_harness_needs_a_store(store: Any) -> None:
     with pytest.raises(Error) as raised:
         await RecoveryHarness.crash(store, RunRecord.new("r"), "before_dispatch")
     assert raised.value.error_class is ErrorClass.VALIDATION
-    assert raised.value.message == "the crash harness needs a Store"
+    assert raised.value.message == "store must provide create, load, commit, fence"
+    assert raised.value.details["argument"] == "store"
     assert "load" in raised.value.details["missing"]

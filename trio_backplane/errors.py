@@ -95,7 +95,7 @@ def _plain(value: Any, depth: int = 0) -> Any:
         return {str(k): _plain(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_plain(v, depth + 1) for v in value]
-    if value is None or type(value) in _JSON_LEAVES:
+    if type(value) in _JSON_LEAVES:
         return value
     for kind in (bool, str, int):  # subclasses (a StrEnum, say) as their plain value
         if isinstance(value, kind):
@@ -107,6 +107,19 @@ def _plain(value: Any, depth: int = 0) -> Any:
 
 def _opaque(value: Any) -> str:
     return f"<{type(value).__name__}>"
+
+
+def require_methods(value: Any, argument: str, methods: tuple[str, ...]) -> None:
+    """``validation`` unless ``value`` (what the caller gave as ``argument``)
+    has every one of ``methods`` as a callable: the one check of a
+    collaborator's shape (a store, a provider, an MCP session)."""
+    missing = [name for name in methods if not callable(getattr(value, name, None))]
+    if missing:
+        raise Error(
+            ErrorClass.VALIDATION,
+            f"{argument} must provide {', '.join(methods)}",
+            {"argument": argument, "type": type(value).__name__, "missing": missing},
+        )
 
 
 def exception_leaves(exc: BaseException) -> list[BaseException]:

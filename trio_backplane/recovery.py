@@ -35,7 +35,7 @@ from typing import Any, Final
 
 import attrs
 
-from .errors import Error, ErrorClass
+from .errors import Error, ErrorClass, require_methods
 from .kernel import Command, RunRecord, transition
 
 __all__ = [
@@ -211,17 +211,7 @@ class RecoveryHarness:
             raise Error(ErrorClass.VALIDATION, "invalid crash window", {"window": repr(window)})
         if not isinstance(record, RunRecord):
             raise Error(ErrorClass.VALIDATION, "the crash harness needs a RunRecord")
-        missing = [
-            name
-            for name in ("create", "load", "commit", "fence")
-            if not callable(getattr(store, name, None))
-        ]
-        if missing:
-            raise Error(
-                ErrorClass.VALIDATION,
-                "the crash harness needs a Store",
-                {"type": type(store).__name__, "missing": missing},
-            )
+        require_methods(store, "store", ("create", "load", "commit", "fence"))
         clock = [at]
 
         async def apply(current: RunRecord, kind: str, **data: Any) -> RunRecord:

@@ -62,7 +62,7 @@ import trio
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 
-from ..errors import Error, ErrorClass, exception_leaves
+from ..errors import Error, ErrorClass, exception_leaves, require_methods
 from ..schema import CompiledSchema, Limits, SchemaOptions, check_bounds, compile_with
 from ..tools import (
     AdmittedBundle,
@@ -533,14 +533,8 @@ class McpToolSource:
             or call_timeout <= 0
         ):
             raise Error(ErrorClass.VALIDATION, "call_timeout must be a positive number or None")
-        if session is not None and not all(
-            callable(getattr(session, method, None)) for method in ("list_tools", "call_tool")
-        ):
-            raise Error(
-                ErrorClass.VALIDATION,
-                "session must be an MCP ClientSession (list_tools, call_tool)",
-                {"type": type(session).__name__},
-            )
+        if session is not None:
+            require_methods(session, "session", ("list_tools", "call_tool"))
         self.catalog = McpCatalog(
             validate_arguments=validate_arguments,
             validate_structured_content=validate_structured_content,

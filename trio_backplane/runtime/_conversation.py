@@ -21,7 +21,7 @@ from typing import Any, Final
 import attrs
 import trio
 
-from ..errors import Error, ErrorClass, exception_leaves
+from ..errors import Error, ErrorClass, exception_leaves, require_methods
 from ..kernel import (
     TERMINAL_STATES,
     Command,
@@ -153,17 +153,8 @@ def _check_collaborators(store: Any, provider: Any, context: Any, run: Any) -> N
     calls anything: a store with ``create`` and ``commit``, a provider with
     ``stream``, a mapping (or ``None``) as context, a ``RunRecord`` (or
     ``None``) as the stored run."""
-    for name, value, methods in (
-        ("store", store, ("create", "commit")),
-        ("provider", provider, ("stream",)),
-    ):
-        missing = [m for m in methods if not callable(getattr(value, m, None))]
-        if missing:
-            raise Error(
-                ErrorClass.VALIDATION,
-                f"{name} must provide {', '.join(methods)}",
-                {"argument": name, "type": type(value).__name__, "missing": missing},
-            )
+    require_methods(store, "store", ("create", "commit"))
+    require_methods(provider, "provider", ("stream",))
     if context is not None and not isinstance(context, Mapping):
         raise Error(
             ErrorClass.VALIDATION,
