@@ -136,8 +136,17 @@ def _check_content(content: Any) -> Any:
     raise Error(ErrorClass.VALIDATION, "content must be text or content blocks")
 
 
-def _check_hooks(hooks: Any) -> None:
-    """A hooks object's ``prompt`` and ``stop``, when it has them, are callables."""
+def _check_inputs(
+    store: Any, provider: Any, *, hooks: Any, context: Any, run: Any, messages: Any
+) -> list[Any] | None:
+    """What ``open_conversation`` is given to work with, checked before it
+    calls anything: a store with ``create`` and ``commit``, a provider with
+    ``stream``, hooks whose ``prompt``/``stop`` (when present) are callables,
+    a mapping (or ``None``) as context without the reserved ``conversation``
+    key, a ``RunRecord`` (or ``None``) as the stored run, and ``run`` or
+    ``messages``, not both.  Returns the checked messages."""
+    require_methods(store, "store", ("create", "commit"))
+    require_methods(provider, "provider", ("stream",))
     for name in ("prompt", "stop"):
         hook = getattr(hooks, name, None)
         if hook is not None and not callable(hook):
@@ -146,27 +155,23 @@ def _check_hooks(hooks: Any) -> None:
                 f"hooks.{name} must be an async callable",
                 {"argument": "hooks", "hook": name, "type": type(hook).__name__},
             )
-
-
-def _check_collaborators(store: Any, provider: Any, context: Any, run: Any) -> None:
-    """What ``open_conversation`` is given to work with, checked before it
-    calls anything: a store with ``create`` and ``commit``, a provider with
-    ``stream``, a mapping (or ``None``) as context, a ``RunRecord`` (or
-    ``None``) as the stored run."""
-    require_methods(store, "store", ("create", "commit"))
-    require_methods(provider, "provider", ("stream",))
     if context is not None and not isinstance(context, Mapping):
         raise Error(
             ErrorClass.VALIDATION,
             "context must be a mapping or None",
             {"argument": "context", "type": type(context).__name__},
         )
+    if context is not None and "conversation" in context:
+        raise Error(ErrorClass.VALIDATION, "context key 'conversation' is reserved")
     if run is not None and not isinstance(run, RunRecord):
         raise Error(
             ErrorClass.VALIDATION,
             "run must be a stored RunRecord or None",
             {"argument": "run", "type": type(run).__name__},
         )
+    if run is not None and messages is not None:
+        raise Error(ErrorClass.VALIDATION, "give run (a stored run) or messages (a new one)")
+    return _check_messages(messages)
 
 
 def _check_messages(messages: Any) -> list[Any] | None:
@@ -919,13 +924,7 @@ async def open_conversation(
         provider_output_limit=provider_output_limit,
         schema_admission=schema_admission,
     )
-    _check_collaborators(store, provider, context, run)
-    _check_hooks(hooks)
-    if context is not None and "conversation" in context:
-        raise Error(ErrorClass.VALIDATION, "context key 'conversation' is reserved")
-    if run is not None and messages is not None:
-        raise Error(ErrorClass.VALIDATION, "give run (a stored run) or messages (a new one)")
-    prior = _check_messages(messages)
+    prior = _check_inputs(store, provider, hooks=hooks, context=context, run=run, messages=messages)
     bundle = admit_batch(
         registry if registry is not None else ToolRegistry(()),
         authority if authority is not None else Authority(run_id=run_id),
