@@ -8,6 +8,7 @@ from ._codec import decode_event, decode_record, encode_event, encode_record
 from ._json import dumps, loads, utf8_size
 from ._records import (
     ACTIVE_STATES,
+    MAX_RUN_ID,
     RUN_STATES,
     SCHEMA_VERSION,
     TERMINAL_STATES,
@@ -22,6 +23,7 @@ from ._records import (
     assoc,
     changed_keys,
     check_json,
+    check_run_id,
     dissoc,
     evolve_record,
     freeze,
@@ -33,6 +35,7 @@ from ._transition import COMMANDS, cleanup_requirements, fence, transition
 __all__ = [
     "ACTIVE_STATES",
     "COMMANDS",
+    "MAX_RUN_ID",
     "RUN_STATES",
     "SCHEMA_VERSION",
     "TERMINAL_STATES",
@@ -47,6 +50,7 @@ __all__ = [
     "assoc",
     "changed_keys",
     "check_json",
+    "check_run_id",
     "cleanup_requirements",
     "decode_event",
     "decode_record",

@@ -11,6 +11,7 @@ from ..errors import Error, ErrorClass
 
 __all__ = [
     "ACTIVE_STATES",
+    "MAX_RUN_ID",
     "INTENT_STATUSES",
     "RUN_STATES",
     "SCHEMA_VERSION",
@@ -26,6 +27,7 @@ __all__ = [
     "assoc",
     "changed_keys",
     "check_json",
+    "check_run_id",
     "dissoc",
     "evolve_record",
     "freeze",
@@ -500,9 +502,23 @@ def _state(instance: Any, attribute: Any, value: Any) -> None:
         raise Error(ErrorClass.VALIDATION, "unknown run state", {"state": repr(value)})
 
 
+#: The longest run id.
+MAX_RUN_ID: Final = 256
+
+
+def check_run_id(value: Any) -> None:
+    """``validation`` unless ``value`` is a run id: a non-empty str of at most
+    :data:`MAX_RUN_ID` characters (a record's, and every store call's)."""
+    if type(value) is not str or not value or len(value) > MAX_RUN_ID:
+        raise Error(
+            ErrorClass.VALIDATION,
+            f"run_id must be a non-empty str of at most {MAX_RUN_ID} chars",
+            {"argument": "run_id", "type": type(value).__name__},
+        )
+
+
 def _run_id(instance: Any, attribute: Any, value: Any) -> None:
-    if type(value) is not str or not value or len(value) > 256:
-        raise Error(ErrorClass.VALIDATION, "run_id must be a non-empty str of at most 256 chars")
+    check_run_id(value)
 
 
 def _optional_mapping(value: Any) -> Mapping[str, Any] | None:

@@ -13,7 +13,14 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 
 from ..errors import Error, ErrorClass
-from ..kernel import RunEvent, RunRecord, encode_event, encode_record
+from ..kernel import (
+    MAX_RUN_ID,
+    RunEvent,
+    RunRecord,
+    check_run_id,
+    encode_event,
+    encode_record,
+)
 
 __all__ = [
     "PreparedCommit",
@@ -82,12 +89,12 @@ def check_arguments(
     """The arguments of a store call, checked before the store touches
     anything: a caller's mistake is ``validation`` naming the argument, never
     a raw ``TypeError`` nor ``storage_failed`` (which would tell the runtime
-    the store itself failed).  ``run_id`` is a run's id (a non-empty str of at
-    most 256 characters, as ``RunRecord`` requires), ``incarnation`` a
+    the store itself failed).  ``run_id`` is a run's id (``check_run_id``,
+    as ``RunRecord`` requires), ``incarnation`` a
     positive int, ``expected_revision`` and ``after`` non-negative ints."""
     if (
         type(run_id) is str
-        and 0 < len(run_id) <= 256
+        and 0 < len(run_id) <= MAX_RUN_ID
         and type(incarnation) is int
         and incarnation >= 1
         and type(expected_revision) is int
@@ -96,12 +103,7 @@ def check_arguments(
         and after >= 0
     ):
         return
-    if type(run_id) is not str or not 0 < len(run_id) <= 256:
-        raise Error(
-            ErrorClass.VALIDATION,
-            "run_id must be a non-empty str of at most 256 chars",
-            {"argument": "run_id", "type": type(run_id).__name__},
-        )
+    check_run_id(run_id)
     for name, value, least in (
         ("incarnation", incarnation, 1),
         ("expected_revision", expected_revision, 0),
