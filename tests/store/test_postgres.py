@@ -145,7 +145,8 @@ class _RowLock:
     async def release(self) -> None:
         if self.conn is not None:
             conn, self.conn = self.conn, None
-            await trio.to_thread.run_sync(conn.close)  # closing rolls back
+            with trio.CancelScope(shield=True):  # a lock left held would hang its waiters
+                await trio.to_thread.run_sync(conn.close)  # closing rolls back
 
     async def __aexit__(self, *exc: object) -> None:
         await self.release()
@@ -957,3 +958,54 @@ async def test_sto_10_a_group_aborted_before_its_commit_is_committed_one_by_one(
         assert [e.sequence for e in await reader.events(result.run_id)] == list(
             range(1, result.revision + 1)
         )
+
+
+async def test_sto_06_a_cancelled_group_leader_never_cancels_the_others(
+    pg_store_factory: StoreFactory, pg_dsn: str, pg_schema: str
+) -> None:
+    """STO-06: a commit whose caller is cancelled while it leads the group,
+    waiting for a connection, is withdrawn alone: the commits queued behind
+    it are not cancelled on its behalf; the next one leads, and both land.
+    The withdrawn commit wrote nothing."""
+    store = pg_store_factory(max_connections=1)
+    plug = await _running(store, "plug")
+    leader, second, third = [await _running(store, name) for name in ("l", "y", "z")]
+    outcome: dict[str, Any] = {}
+
+    async def commit(name: str, record: RunRecord, scope: trio.CancelScope) -> None:
+        with scope:
+            outcome[name] = await _advance(
+                store, record, "conversation_updated", conversation=_messages(1)
+            )
+        if scope.cancelled_caught:
+            outcome[name] = "cancelled"
+
+    async def until(condition: Callable[[], bool]) -> None:
+        with trio.fail_after(15):
+            while not condition():
+                await trio.sleep(0.01)
+
+    async with _RowLock(pg_dsn, pg_schema, plug.run_id) as lock, trio.open_nursery() as nursery:
+        try:
+            # A fence holds the only connection, blocked on the row lock.
+            nursery.start_soon(_race, functools.partial(store.fence, plug.run_id, incarnation=2))
+            await lock.wait_for_waiters(1)
+            # The first commit leads and waits for the connection; two more
+            # queue behind it.
+            scope = trio.CancelScope()
+            nursery.start_soon(commit, "l", leader, scope)
+            await until(lambda: store._limiter.statistics().tasks_waiting == 1)
+            nursery.start_soon(commit, "y", second, trio.CancelScope())
+            nursery.start_soon(commit, "z", third, trio.CancelScope())
+            await until(lambda: len(store._group.queue) == 3)
+            scope.cancel()
+            await until(lambda: "l" in outcome)
+        finally:  # never leave the fence's thread blocked behind the nursery
+            await lock.release()
+    assert outcome["l"] == "cancelled"
+    assert isinstance(outcome["y"], RunRecord), outcome["y"]
+    assert isinstance(outcome["z"], RunRecord), outcome["z"]
+    reader = pg_store_factory()
+    assert await reader.load(leader.run_id) == leader  # withdrawn: nothing written
+    assert await reader.load(second.run_id) == outcome["y"]
+    assert await reader.load(third.run_id) == outcome["z"]

@@ -5,12 +5,17 @@ batches (one commit per run: a run's commits stay in order) until its own is
 done, then hands the role to the next queued caller.  One batch is in flight
 at a time, and a batch taken is always waited out, cancelled or not, so every
 caller learns its commit's outcome; a caller cancelled while still queued
-withdraws its commit.
+withdraws its commit.  A store whose writes need a resource first (a
+connection slot) names it as ``slot``: the leader waits for it *before*
+taking a batch, so a leader cancelled while waiting withdraws only its own
+commit and hands the role on; the commits queued with it never see its
+cancellation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Final, Generic, TypeVar
 
 import outcome
@@ -68,8 +73,13 @@ class GroupCommit(Generic[J]):
     """The queue and the leader role of one store; ``write(batch)`` writes a
     batch (in a worker thread) and sets every job's receipt or error."""
 
-    def __init__(self, write: Callable[[list[J]], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        write: Callable[[list[J]], Awaitable[None]],
+        slot: Callable[[], AbstractAsyncContextManager[Any]] | None = None,
+    ) -> None:
         self._write = write
+        self._slot = slot
         self.queue: list[J] = []
         self._leading = False
 
@@ -115,26 +125,46 @@ class GroupCommit(Generic[J]):
         self.queue = rest
         return batch
 
+    async def _write_taken(self, own: J) -> None:
+        """Take a batch and write it; every job of it learns its outcome."""
+        batch = self._take_batch()
+        try:
+            await self._write(batch)
+        except BaseException as exc:  # pragma: no cover - a bug: release the batch
+            for job in batch:
+                if job.receipt is None and job.error is None:
+                    job.error = exc
+            raise
+        finally:
+            for job in batch:
+                job.state = DONE
+                if job.receipt is None and job.error is None:  # pragma: no cover
+                    job.error = Error(ErrorClass.STORAGE_FAILED, "commit not attempted")
+                if job is not own:
+                    assert job.task is not None
+                    trio.lowlevel.reschedule(job.task, outcome.Value("done"))
+
     async def _lead(self, own: J) -> None:
         """Write batches until ``own`` is done, then hand the role on."""
         try:
             while own.state != DONE:
-                batch = self._take_batch()
+                if self._slot is None:
+                    await self._write_taken(own)
+                    continue
+                slot = self._slot()
                 try:
-                    await self._write(batch)
-                except BaseException as exc:  # pragma: no cover - a bug: release the batch
-                    for job in batch:
-                        if job.receipt is None and job.error is None:
-                            job.error = exc
+                    await slot.__aenter__()
+                except BaseException:
+                    # Cancelled before taking anything: withdraw our own commit
+                    # (still queued), the others wait for the next leader.
+                    if own.state == QUEUED:
+                        self.queue.remove(own)
+                        own.state = DONE
                     raise
+                try:
+                    await self._write_taken(own)
                 finally:
-                    for job in batch:
-                        job.state = DONE
-                        if job.receipt is None and job.error is None:  # pragma: no cover
-                            job.error = Error(ErrorClass.STORAGE_FAILED, "commit not attempted")
-                        if job is not own:
-                            assert job.task is not None
-                            trio.lowlevel.reschedule(job.task, outcome.Value("done"))
+                    await slot.__aexit__(None, None, None)
         finally:
             if self.queue:
                 task = self.queue[0].task

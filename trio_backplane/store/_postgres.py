@@ -65,6 +65,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import math
 import re
 import threading
 import time
@@ -166,7 +167,9 @@ class PostgresStore:
         self._ready = False
         self._ready_lock = trio.Lock()
         self._fail_next: str | None = None  # None, "before" or "after" the commit
-        self._group: GroupCommit[Job] = GroupCommit(self._commit_in_thread)
+        #: For a thread whose connection slot its caller holds already.
+        self._slot_held = trio.CapacityLimiter(math.inf)
+        self._group: GroupCommit[Job] = GroupCommit(self._commit_in_thread, self._connection_slot)
         self._sql = self._statements()
         self._rendered = False
         #: Diagnostics and tests: ``commits`` (acknowledged), ``batches``
@@ -612,10 +615,16 @@ class PostgresStore:
         )
         return receipt
 
+    def _connection_slot(self) -> trio.CapacityLimiter:
+        return self._limiter
+
     async def _commit_in_thread(self, batch: list[Job]) -> None:
-        # Never abandoned: a taken batch is waited out, cancelled or not, so
-        # every job learns its outcome.
-        await trio.to_thread.run_sync(self._commit_batch, batch, limiter=self._limiter)
+        # The leader holds a connection slot already (the group's ``slot``,
+        # waited for before the batch was taken).  Never abandoned: a taken
+        # batch is waited out, cancelled or not, so every job learns its
+        # outcome, and no caller's cancellation reaches another's commit.
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(self._commit_batch, batch, limiter=self._slot_held)
 
     def _commit_batch(self, jobs: list[Job]) -> None:
         """In a worker thread: every job gets its receipt or error.  Jobs on
