@@ -1434,3 +1434,53 @@ async def test_a_refused_first_message_checkpoint_still_settles_the_run(
     assert snapshot.run.state == "failed"
     assert provider.requests == []
     assert [e.type for e in timeline.published()][-1] == "run_failed"
+
+
+async def test_conv_07_conv_27_a_cancelled_first_prompt_never_leaves_the_run_hanging(
+    autojump_clock: Any,
+) -> None:
+    """CONV-07/CONV-27: a first ``prompt`` cancelled by its caller after the
+    admission commit (here during the prompt hook) never leaves the run
+    admitted with no worker: its message was not committed, so the turn
+    fails ``cancelled`` and the run finishes ``failed``; the caller's
+    ``Cancelled`` propagates unchanged and the provider is never called."""
+
+    class SlowHook:
+        async def prompt(self, message: Any, context: HookContext) -> Any:
+            await trio.sleep(10)
+            return message
+
+    provider = ScriptedProvider([text("never")])
+    async with conversation_with(provider, hooks=SlowHook()) as (conversation, timeline):
+        with trio.move_on_after(1) as scope:
+            await conversation.prompt("first")
+        assert scope.cancelled_caught
+        with trio.fail_after(60):
+            snapshot = await conversation.wait_settled()
+    assert snapshot.phase == "terminal"
+    assert snapshot.run.state == "failed"
+    outcome = thaw(snapshot.run.outcome)
+    assert outcome["error"]["class"] == "cancelled"
+    assert snapshot.messages == ()
+    assert provider.requests == []
+    types = [event.type for event in timeline.published()]
+    assert types.count("run_failed") == 1
+
+
+async def test_conv_07_a_prompt_cancelled_before_admission_admits_nothing(
+    autojump_clock: Any,
+) -> None:
+    """CONV-07: a first ``prompt`` whose caller is cancelled before the
+    admission commit commits nothing; the conversation stays ``idle`` and a
+    later prompt runs normally."""
+    provider = ScriptedProvider([text("answer")])
+    async with conversation_with(provider) as (conversation, _timeline):
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await conversation.prompt("first")
+        status = conversation.status()
+        assert (status.phase, status.run.state, status.run.revision) == ("idle", "queued", 0)
+        await conversation.prompt("second")
+        snapshot = await conversation.wait_settled()
+    assert snapshot.run.state == "completed"
+    assert [m["content"] for m in snapshot.messages if m["role"] == "user"] == ["second"]

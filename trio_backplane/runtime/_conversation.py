@@ -388,6 +388,20 @@ class Conversation:
             elif self._stop_reason is None:  # a stop settles the run itself
                 await self._start_worker(first_turn=turn_id, failed=error)
             raise
+        except BaseException:
+            # The caller was cancelled (or interrupted) before the message was
+            # committed.  Before the admission nothing changed; after it the
+            # turn fails ``cancelled`` and the run finishes: never left
+            # admitted with no worker (CONV-27).  Starting the worker does not
+            # checkpoint, so it happens even while the caller is cancelled.
+            if self._record.state == "queued":
+                self._phase = "idle"
+            elif self._stop_reason is None and not self._worker_running:
+                interrupted = Error(
+                    ErrorClass.CANCELLED, "prompt was cancelled before its message was committed"
+                )
+                await self._start_worker(first_turn=turn_id, failed=interrupted)
+            raise
         self._publish("prompt_consumed", {"mode": "new", "message": message, "turn_id": turn_id})
         await self._start_worker(first_turn=turn_id, failed=None)
         return str(message["id"])
