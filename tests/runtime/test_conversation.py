@@ -1484,3 +1484,74 @@ async def test_conv_07_a_prompt_cancelled_before_admission_admits_nothing(
         snapshot = await conversation.wait_settled()
     assert snapshot.run.state == "completed"
     assert [m["content"] for m in snapshot.messages if m["role"] == "user"] == ["second"]
+
+
+def _turn_record(kind: str, record: RunRecord) -> bool:
+    """The checkpoint recording a turn's outcome."""
+    conversation = record.conversation
+    return (
+        kind == "conversation_updated"
+        and conversation is not None
+        and conversation.get("last_turn") is not None
+    )
+
+
+@pytest.mark.parametrize("method", ["follow_up", "steer", "prompt"])
+async def test_conv_27_input_acknowledged_as_the_turn_ends_is_never_dropped(
+    autojump_clock: Any, method: str
+) -> None:
+    """CONV-27/CONV-15/CONV-11: input whose commit lands after the worker
+    last looked at the queues (its turn-outcome commit in flight) but before
+    ``finish`` is never dropped: ``finish`` is decided against the queues as
+    committed, so the message starts a new turn and is answered.  Trio
+    schedules the racing tasks in either order: several rounds cover both."""
+    for round_ in range(6):
+        store = FaultyStore(None, Fault("delay", when=_turn_record, delay=1.0))
+        provider = ScriptedProvider([text("first answer"), text("second answer")])
+        run_id = f"{RUN_ID}-{round_}"
+        async with conversation_with(provider, store=store, run_id=run_id) as (conversation, _tl):
+            await conversation.prompt("hello")
+            while not store.fired:  # the turn-outcome commit is in flight (slow)
+                await trio.sleep(0.01)
+            await getattr(conversation, method)("and another thing")
+            snapshot = await conversation.wait_settled()
+        assert snapshot.run.state == "completed"
+        assert snapshot.follow_up == ()
+        assert snapshot.steering == ()
+        assert len(provider.requests) == 2
+        last_request = [thaw(m) for m in provider.requests[1].messages]
+        users = [m["content"] for m in last_request if m["role"] == "user"]
+        assert users[-1] == "and another thing"
+
+
+async def test_conv_13_steering_arriving_during_the_stop_hook_continues_the_turn(
+    autojump_clock: Any,
+) -> None:
+    """CONV-13/CONV-14: steering committed while the stop hook decides is
+    consumed by the same turn (one steering item, then another provider
+    attempt and the stop hook again), never left queued by a finished run."""
+    stop_calls: list[float] = []
+
+    class SlowStop:
+        async def stop(self, turn: Any, context: HookContext) -> Any:
+            stop_calls.append(trio.current_time())
+            await trio.sleep(1)
+            return "stop"
+
+    provider = ScriptedProvider([text("first answer"), text("second answer")])
+    async with conversation_with(provider, hooks=SlowStop()) as (conversation, timeline):
+        await conversation.prompt("hello")
+        while not stop_calls:
+            await trio.sleep(0.01)
+        await conversation.steer("also this")
+        snapshot = await conversation.wait_settled()
+    assert snapshot.run.state == "completed"
+    assert snapshot.steering == ()
+    assert len(provider.requests) == 2
+    assert len(stop_calls) == 2
+    published = timeline.published()
+    assert [event.type for event in published].count("turn_completed") == 1  # one turn, steered
+    [consumed] = [
+        e for e in published if e.type == "prompt_consumed" and e.payload["mode"] == "steering"
+    ]
+    assert consumed.payload["message"]["content"] == "also this"

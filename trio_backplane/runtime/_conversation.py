@@ -101,6 +101,12 @@ class _Stop(Exception):
     """Internal: the turn loop must stop (cancel, deadline, uncertainty, storage)."""
 
 
+class _InputArrived(Exception):
+    """Internal: a step that ends a turn or the run was refused because host
+    input (steering, a follow-up) is queued in the record it would land on:
+    input committed meanwhile is never dropped (CONV-27)."""
+
+
 class _StorageFailed(Exception):
     def __init__(self, error: Error) -> None:
         super().__init__(error.message)
@@ -553,11 +559,12 @@ class Conversation:
             raise _StorageFailed(self._last_error or _storage_error("store is unavailable"))
         record = self._record
         now = self._now()
-        new, events, done, refusal = record, [], 0, None
+        new, events, done = record, [], 0
+        refusal: Error | _InputArrived | None = None
         for step in steps:
             try:
                 new, produced = transition(new, step.build(new, now))
-            except Error as exc:
+            except (Error, _InputArrived) as exc:
                 refusal = exc
                 break
             events.extend(produced)

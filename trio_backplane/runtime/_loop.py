@@ -38,6 +38,7 @@ from ..tools import (
 )
 from ._conversation import (
     Step,
+    _InputArrived,
     _Rejected,
     _Stop,
     _StorageFailed,
@@ -243,18 +244,32 @@ class TurnLoop:
     # -- turns ----------------------------------------------------------------
 
     async def run(self, first_turn: str | None, failed: Error | None) -> None:
+        """Turns until none is queued, then ``finish``.  The steps that end a
+        turn or the run are decided against the queues as committed (the
+        host's input may commit between the worker's last look and them):
+        steering that arrived before its turn's outcome is consumed by that
+        turn, and any input queued before ``finish`` starts another turn, so
+        acknowledged input is never dropped (CONV-27)."""
         c = self.c
         turn_id = first_turn or c._new_id("turn")
         error = failed
+        steered = False
         while True:
             if error is None:
-                error = await self._turn(turn_id)
-            await self._record_turn(turn_id, error)
-            follow = await self._next_follow_up()
-            if follow is None:
-                break
+                error = await self._turn(turn_id, steering_first=steered)
+            try:
+                await self._record_turn(turn_id, error)
+            except _InputArrived:
+                steered = True  # steering came as the turn ended: it goes on
+                continue
+            steered = False
+            while (follow := await self._next_follow_up()) is None:
+                try:
+                    await self._finish(turn_id, error)
+                except _InputArrived:
+                    continue  # input came as the run was finishing: take it
+                return
             turn_id, error = follow
-        await self._finish(turn_id, error)
 
     async def _record_turn(self, turn_id: str, error: Error | None) -> None:
         await self._flush()
@@ -263,17 +278,28 @@ class TurnLoop:
             "status": "failed" if error else "completed",
             "error": None if error is None else error.to_dict(),
         }
-        # The turn record names its turn: a turn whose prompt was rejected before
-        # any checkpoint still reports its own turn_id on its events (CONV-26).
-        await self.c._checkpoint(lambda s: {**s, "last_turn": outcome, "turn_id": turn_id})
+
+        def record(state: dict[str, Any]) -> dict[str, Any]:
+            if error is None and state.get("steering"):
+                raise _InputArrived
+            # The turn record names its turn: a turn whose prompt was rejected
+            # before any checkpoint still reports its own turn_id on its
+            # events (CONV-26).
+            return {**state, "last_turn": outcome, "turn_id": turn_id}
+
+        await self.c._checkpoint(record)
         self.c._publish(
             "turn_failed" if error else "turn_completed",
             {"turn_id": turn_id, "outcome": outcome, "error": outcome["error"]},
         )
 
     async def _next_follow_up(self) -> tuple[str, Error | None] | None:
+        """The next queued follow-up as a new turn; once none is left, steering
+        its turn never consumed (it committed after that turn's outcome)."""
         c = self.c
-        queue = c._conversation_state().get("follow_up", ())
+        state = c._conversation_state()
+        queue_name = "follow_up" if state.get("follow_up") else "steering"
+        queue = state.get(queue_name, ())
         if not queue:
             return None
         message = thaw(queue[0])
@@ -282,13 +308,13 @@ class TurnLoop:
             message = await c._prompt_hook(message, "new", turn_id)
         except _Rejected as rejected:
             await c._checkpoint(
-                lambda s: {**s, "follow_up": FrozenList(s["follow_up"][1:]), "turn_id": turn_id}
+                lambda s: {**s, queue_name: FrozenList(s[queue_name][1:]), "turn_id": turn_id}
             )
             return turn_id, rejected.error
         await c._checkpoint(
             lambda s: {
                 **s,
-                "follow_up": FrozenList(s["follow_up"][1:]),
+                queue_name: FrozenList(s[queue_name][1:]),
                 "messages": appended(s["messages"], message),
                 "turn_id": turn_id,
             }
@@ -304,14 +330,24 @@ class TurnLoop:
             "status": status,
             "error": None if error is None else error.to_dict(),
         }
-        await c._commit("finish", {"status": status, "outcome": outcome})
+        data = freeze({"status": status, "outcome": outcome})
+
+        def finish(record: RunRecord, now: float) -> Command:
+            state = conversation_of(record)
+            if state.get("follow_up") or state.get("steering"):
+                raise _InputArrived
+            return Command("finish", now, data)
+
+        await c._commit_steps((Step(finish),))
         c._phase = "terminal"
         c._resource_cleanup = attrs.evolve(c._resource_cleanup, status="confirmed")
         c._publish("run_failed" if error else "run_completed", {"outcome": outcome})
         c._settled.set()
 
-    async def _turn(self, turn_id: str) -> Error | None:
+    async def _turn(self, turn_id: str, *, steering_first: bool = False) -> Error | None:
         try:
+            if steering_first:  # the turn goes on with the steering that came at its end
+                await self._consume_steering(turn_id)
             while True:
                 message, calls, response = await self._provider_attempt(turn_id)
                 completion = await self._batch_start(calls, response)
