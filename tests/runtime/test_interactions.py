@@ -956,3 +956,33 @@ async def test_an_interaction_request_must_be_a_mapping(autojump_clock: MockCloc
     assert host.requested == []
     assert pending_of(finished.record) is None
     assert finished.record.state == "completed"
+
+
+async def test_int_04_a_cancelled_resolve_leaves_the_interaction_open(
+    autojump_clock: MockClock,
+) -> None:
+    """INT-04/INT-05: a ``resolve`` whose caller is cancelled before its
+    commit committed nothing: the interaction stays pending, a retry with the
+    same id is accepted (never ``not_found``), and the answer reaches the
+    tool."""
+    log: dict[str, Any] = {}
+    tool = make_tool("ask", RecordingBackend(asking(log)))
+    outcomes: dict[str, Any] = {}
+
+    async def during(conversation: Conversation, host: Host) -> None:
+        await until(lambda: bool(host.requested))
+        interaction_id = host.requested[0][1]
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await conversation.resolve(interaction_id, "first")
+        outcomes["cancelled"] = scope.cancelled_caught
+        pending = conversation.status().pending_interaction
+        outcomes["still_pending"] = pending is not None and pending["id"] == interaction_id
+        await conversation.resolve(interaction_id, "second")
+
+    finished, _ = await run_with_host(
+        calls_then_done(("c1", "ask", {})), [tool], never, during=during
+    )
+    assert outcomes == {"cancelled": True, "still_pending": True}
+    assert log["answer"] == "second"
+    assert finished.record.state == "completed"

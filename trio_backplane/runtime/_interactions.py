@@ -107,6 +107,12 @@ async def resolve(c: Conversation, interaction_id: Any, answer: Any) -> None:
         await c._checkpoint(lambda s: {**s, "pending_interaction": None}, extra)
     except _StorageFailed as failed:
         raise failed.error from None
+    except BaseException:
+        # Not committed (the caller was cancelled before the commit, or the
+        # kernel refused it): the interaction is still open, and a retry of
+        # this resolve must find it (INT-04).
+        pending.resolving = False
+        raise
     if c._stop_reason is not None:
         raise Error(ErrorClass.CANCELLED, "the run was cancelled")
     pending.answer = answer
