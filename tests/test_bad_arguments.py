@@ -92,7 +92,17 @@ def test_entry_points_class_arguments_of_the_wrong_kind(entry: str) -> None:
 
 #: Per store argument: values of the wrong kind (each must be ``validation``).
 STORE_WRONG: dict[str, list[Any]] = {
-    "run_id": [None, 5, "", b"x", [], {}, object(), True, "x" * 257],
+    # A lone surrogate is no Unicode text: no store could encode it as UTF-8.
+    "run_id": [None, 5, "", b"x", [], {}, object(), True, "x" * 257, "caf\udce9"],
+    # A generator would be read once by the checks and found empty by the write.
+    "events": [
+        None,
+        "run.admit",
+        (event for event in ()),
+        iter(()),
+        [tb.RunEvent(type="run.x\ud800", occurred_at=0.0, payload={})],
+        [tb.RunEvent(type=5, occurred_at=0.0, payload={})],  # type: ignore[arg-type]
+    ],
     "after": [None, -1, 1.5, math.nan, "1", [], True],
     "incarnation": [None, 0, -1, 1.5, "1", [], True],
     "expected_revision": [None, -1, 1.5, "0", [], True],
@@ -130,6 +140,7 @@ async def _store_calls(store: Any) -> None:
         ("incarnation", lambda w: commit(incarnation=w)),
         ("expected_revision", lambda w: commit(expected_revision=w)),
         ("record", lambda w: commit(record=w)),
+        ("events", lambda w: commit(events=w)),
         ("run_id", lambda w: store.fence(w, incarnation=2)),
         ("incarnation", lambda w: store.fence("good-run", incarnation=w)),
     ]

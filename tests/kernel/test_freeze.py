@@ -110,3 +110,44 @@ def test_ker_11_deeper_than_max_depth_is_refused_without_recursion(depth: int) -
     assert info.value.error_class is ErrorClass.VALIDATION
     assert info.value.message == f"message content nests deeper than {MAX_DEPTH} levels"
     assert info.value.details == {"limit": MAX_DEPTH}
+
+
+def _nested(leaf: Any, depth: int) -> Any:
+    value = leaf
+    for _ in range(depth):
+        value = {"k": [value]}
+    return value
+
+
+@pytest.mark.parametrize("depth", [0, 1, _RECURSION + 3])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda text: text,
+        lambda text: {"content": text},
+        lambda text: {text: 1},
+        lambda text: [text],
+        lambda text: {"a": "é", "b": [{"c": text}]},
+    ],
+)
+def test_ker_11_text_holding_a_lone_surrogate_is_refused(make: Any, depth: int) -> None:
+    """KER-11: a str holding a lone UTF-16 surrogate (``os.fsdecode`` of a
+    non-UTF-8 file name, a ``\\ud800`` JSON escape) is no Unicode text, so no
+    store could encode it: refused with ``validation`` wherever it sits (a
+    value, a key, at any depth), the same on every store."""
+    for text in ("caf\udce9", "\ud800", "a\udfffb"):
+        with pytest.raises(Error) as raised:
+            freeze(_nested(make(text), depth))
+        assert raised.value.error_class is ErrorClass.VALIDATION
+        assert raised.value.details == {"reason": "lone_surrogate"}
+
+
+def test_ker_11_unicode_text_is_kept() -> None:
+    """KER-11: text outside ASCII, astral characters included, is JSON data."""
+    value = {
+        "é": "日本語",
+        "emoji": ["😀", "\U0010ffff"],
+        "pair": "\ud83d\ude00".encode("utf-16", "surrogatepass").decode("utf-16"),
+    }
+    assert thaw(freeze(value)) == value
+    assert freeze(_nested("日本", _RECURSION + 3)) == _nested("日本", _RECURSION + 3)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
@@ -247,14 +248,31 @@ _RECURSION: Final = 64
 
 
 #: Types :func:`freeze` returns as they are: JSON leaves (``None`` included;
-#: floats need a finiteness check) and the frozen containers.
-_KEPT: Final = frozenset({str, int, bool, type(None), FrozenDict, FrozenList, LayeredDict})
+#: floats need a finiteness check, strs a Unicode check) and the frozen
+#: containers.
+_KEPT: Final = frozenset({int, bool, type(None), FrozenDict, FrozenList, LayeredDict})
+#: A UTF-16 surrogate code point: a str holding one alone is no Unicode text,
+#: so no store can encode it as UTF-8.
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+
+
+def _text(value: str, what: str) -> str:
+    """``value`` if it is Unicode text (ASCII: a flag read; else one C scan)."""
+    if value.isascii() or _SURROGATE.search(value) is None:
+        return value
+    raise Error(
+        ErrorClass.VALIDATION,
+        f"{what} contains text that is not valid Unicode (a lone surrogate)",
+        {"reason": "lone_surrogate"},
+    )
 
 
 def _freeze(value: Any, what: str, depth: int, limit: int = MAX_DEPTH) -> Any:
     t = type(value)
     if t in _KEPT:
         return value
+    if t is str:
+        return _text(value, what)
     if t is float:
         if value - value != 0.0:
             raise Error(ErrorClass.VALIDATION, f"{what} contains a non-finite number")
@@ -269,8 +287,14 @@ def _freeze(value: Any, what: str, depth: int, limit: int = MAX_DEPTH) -> Any:
             # copied once, by the FrozenDict constructor, after one check.
             for key, item in value.items():
                 ti = type(item)
-                if type(key) is not str or not (
-                    ti in _KEPT or (ti is float and item - item == 0.0)
+                if (
+                    type(key) is not str
+                    or not key.isascii()
+                    or not (
+                        ti in _KEPT
+                        or (ti is str and item.isascii())
+                        or (ti is float and item - item == 0.0)
+                    )
                 ):
                     break
             else:
@@ -283,6 +307,7 @@ def _freeze(value: Any, what: str, depth: int, limit: int = MAX_DEPTH) -> Any:
                     f"{what} contains a runtime handle",
                     {"type": type(key).__name__},
                 )
+            _text(key, what)
             ti = type(item)
             if ti in _KEPT:
                 out[key] = item
@@ -309,6 +334,8 @@ def _freeze_iterative(value: Any, what: str, depth: int = 0, limit: int = MAX_DE
     t = type(value)
     if t in _KEPT:
         return value
+    if t is str:
+        return _text(value, what)
     if t is float:
         if value - value != 0.0:
             raise Error(ErrorClass.VALIDATION, f"{what} contains a non-finite number")
@@ -324,6 +351,8 @@ def _freeze_iterative(value: Any, what: str, depth: int = 0, limit: int = MAX_DE
             raise _too_deep(what, limit)
         if kind in _KEPT:
             holder[slot] = item
+        elif kind is str:
+            holder[slot] = _text(item, what)
         elif kind is float:
             if item - item != 0.0:
                 raise Error(ErrorClass.VALIDATION, f"{what} contains a non-finite number")
@@ -337,6 +366,7 @@ def _freeze_iterative(value: Any, what: str, depth: int = 0, limit: int = MAX_DE
                         f"{what} contains a runtime handle",
                         {"type": type(key).__name__},
                     )
+                _text(key, what)
             values: list[Any] = [None] * len(keys)
             pending.append((holder, slot, (keys, values), True))
             for i, key in enumerate(keys):
@@ -515,6 +545,7 @@ def check_run_id(value: Any) -> None:
             f"run_id must be a non-empty str of at most {MAX_RUN_ID} chars",
             {"argument": "run_id", "type": type(value).__name__},
         )
+    _text(value, "run_id")
 
 
 def _run_id(instance: Any, attribute: Any, value: Any) -> None:

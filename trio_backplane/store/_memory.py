@@ -76,7 +76,9 @@ class MemoryStore:
         """:meth:`commit` without waiting (there is nothing to wait for): the
         runtime calls it directly, with no commit-deadline scope around it,
         as ``trio``'s ``send_nowait`` spares a channel send its scheduling."""
-        check_arguments(run_id, incarnation=incarnation, expected_revision=expected_revision)
+        check_arguments(
+            run_id, incarnation=incarnation, expected_revision=expected_revision, events=events
+        )
         check_commit(
             self._records.get(run_id),
             run_id,

@@ -608,7 +608,9 @@ class PostgresStore:
         """Compare-and-set on ``(run_id, incarnation, expected_revision)``
         (STO-01..05), group-committed with this store's concurrent callers:
         one batch in flight, one transaction per batch (see the module)."""
-        check_arguments(run_id, incarnation=incarnation, expected_revision=expected_revision)
+        check_arguments(
+            run_id, incarnation=incarnation, expected_revision=expected_revision, events=events
+        )
         await self._ensure_schema()
         receipt: Receipt = await self._group.submit(
             Job(run_id, incarnation, expected_revision, record, events)

@@ -17,6 +17,7 @@ from ..kernel import (
     MAX_RUN_ID,
     RunEvent,
     RunRecord,
+    check_json,
     check_run_id,
     encode_event,
     encode_record,
@@ -84,17 +85,26 @@ class Store(Protocol):
 
 
 def check_arguments(
-    run_id: Any, *, incarnation: Any = 1, expected_revision: Any = 0, after: Any = 0
+    run_id: Any,
+    *,
+    incarnation: Any = 1,
+    expected_revision: Any = 0,
+    after: Any = 0,
+    events: Any = (),
 ) -> None:
     """The arguments of a store call, checked before the store touches
     anything: a caller's mistake is ``validation`` naming the argument, never
     a raw ``TypeError`` nor ``storage_failed`` (which would tell the runtime
     the store itself failed).  ``run_id`` is a run's id (``check_run_id``,
     as ``RunRecord`` requires), ``incarnation`` a
-    positive int, ``expected_revision`` and ``after`` non-negative ints."""
+    positive int, ``expected_revision`` and ``after`` non-negative ints,
+    ``events`` a sequence (a generator would be read once by the checks and
+    then found empty: its events silently lost)."""
     if (
         type(run_id) is str
         and 0 < len(run_id) <= MAX_RUN_ID
+        and run_id.isascii()
+        and (type(events) is tuple or type(events) is list)
         and type(incarnation) is int
         and incarnation >= 1
         and type(expected_revision) is int
@@ -104,6 +114,12 @@ def check_arguments(
     ):
         return
     check_run_id(run_id)
+    if isinstance(events, str | bytes) or not isinstance(events, Sequence):
+        raise Error(
+            ErrorClass.VALIDATION,
+            "events must be a sequence of RunEvent values",
+            {"argument": "events", "type": type(events).__name__},
+        )
     for name, value, least in (
         ("incarnation", incarnation, 1),
         ("expected_revision", expected_revision, 0),
@@ -229,6 +245,11 @@ def check_commit(
         at = event.occurred_at
         if type(at) not in (int, float) or at - at != 0:
             raise Error(ErrorClass.VALIDATION, "event time must be a finite number")
+        kind = event.type
+        if type(kind) is not str or not kind.isascii():
+            if type(kind) is not str:
+                raise Error(ErrorClass.VALIDATION, "event type must be a str")
+            check_json(kind, "event type")  # Unicode text only (no lone surrogate)
 
 
 def prepare_commit(

@@ -798,7 +798,9 @@ class SQLiteStore:
     ) -> Receipt:
         """Atomic compare-and-set on ``(run_id, incarnation, expected_revision)``
         (STO-01..05), group-committed with concurrent callers."""
-        check_arguments(run_id, incarnation=incarnation, expected_revision=expected_revision)
+        check_arguments(
+            run_id, incarnation=incarnation, expected_revision=expected_revision, events=events
+        )
         await trio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
         job = _Job(run_id, incarnation, expected_revision, record, tuple(events))
