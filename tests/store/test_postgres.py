@@ -1009,3 +1009,27 @@ async def test_sto_06_a_cancelled_group_leader_never_cancels_the_others(
     assert await reader.load(leader.run_id) == leader  # withdrawn: nothing written
     assert await reader.load(second.run_id) == outcome["y"]
     assert await reader.load(third.run_id) == outcome["z"]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        'UPDATE "{schema}".runs SET head = %s WHERE run_id = %s',
+        'UPDATE "{schema}".run_events SET payload = %s WHERE run_id = %s',
+    ],
+)
+async def test_sto_06_damaged_rows_are_storage_failed_naming_the_run(
+    pg_store_factory: StoreFactory, pg_dsn: str, pg_schema: str, damage: str
+) -> None:
+    """STO-06: rows damaged outside the store give ``storage_failed`` naming
+    the run (never a raw ``JSONDecodeError``); other runs still load."""
+    writer = pg_store_factory()
+    bad, good = await _running(writer, "bad"), await _running(writer, "good")
+    await _sql(pg_dsn, damage.format(schema=pg_schema), ("{not json", bad.run_id))
+    reader = pg_store_factory()  # remembers nothing: reads the rows
+    read = reader.events if "run_events" in damage else reader.load
+    with pytest.raises(Error) as raised:
+        await read(bad.run_id)
+    assert raised.value.error_class is ErrorClass.STORAGE_FAILED
+    assert raised.value.details["run_id"] == bad.run_id
+    assert await reader.load(good.run_id) == good

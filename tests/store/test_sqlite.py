@@ -563,3 +563,146 @@ async def test_a_file_that_cannot_be_a_store_says_which_and_why(tmp_path: Path, 
     assert raised.value.error_class is ErrorClass.STORAGE_FAILED
     assert raised.value.details["path"] == str(path)
     assert raised.value.details["cause"].split(":")[0] in ("OperationalError", "DatabaseError")
+
+
+def _tables_and_journal(path: Path) -> tuple[list[str], str]:
+    conn = sqlite3.connect(path)
+    try:
+        tables = sorted(n for (n,) in conn.execute("SELECT name FROM sqlite_master"))
+        (journal,) = conn.execute("PRAGMA journal_mode").fetchone()
+        return tables, journal
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        "CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)",
+        "CREATE TABLE meta (name TEXT, value TEXT)",  # someone else's "meta"
+    ],
+)
+async def test_sto_06_another_applications_database_is_refused_untouched(
+    tmp_path: Path, schema: str
+) -> None:
+    """STO-06: a SQLite file another application owns (tables, but not this
+    store's marker) is refused with ``validation`` naming the file; nothing
+    is written to it, not even the switch to WAL."""
+    path = tmp_path / "other.db"
+    conn = sqlite3.connect(path)
+    conn.execute(schema)
+    conn.commit()
+    conn.close()
+    before = _tables_and_journal(path)
+    async with SQLiteStore(path) as store:
+        for call in (store.list_runs, lambda: store.load("r"), lambda: _fresh(store, "r")):
+            with pytest.raises(Error) as raised:
+                await call()
+            assert raised.value.error_class is ErrorClass.VALIDATION
+            assert raised.value.details["path"] == str(path)
+    assert _tables_and_journal(path) == before
+    assert before[1] == "delete"
+
+
+async def test_an_empty_database_file_becomes_a_store(tmp_path: Path) -> None:
+    path = tmp_path / "empty.db"
+    path.touch()
+    async with SQLiteStore(path) as store:
+        record = await _fresh(store, "r")
+        assert await store.load("r") == record
+
+
+@pytest.mark.parametrize("version", ["v1.3", "", "0", "-2"])
+async def test_sto_06_an_unreadable_layout_version_is_storage_failed(
+    tmp_path: Path, version: str
+) -> None:
+    """STO-06: a store whose layout version is not a version number fails
+    classed, naming the file: never a raw ``ValueError``."""
+    path = tmp_path / "s.db"
+    async with SQLiteStore(path) as store:
+        await _fresh(store, "r")
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE meta SET value = ? WHERE key = 'layout_version'", (version,))
+    conn.commit()
+    conn.close()
+    async with SQLiteStore(path) as store:
+        with pytest.raises(Error) as raised:
+            await store.load("r")
+    assert raised.value.error_class is ErrorClass.STORAGE_FAILED
+    assert raised.value.details["path"] == str(path)
+
+
+@pytest.mark.parametrize(
+    ("table", "damage"),
+    [
+        ("runs", "UPDATE runs SET head = '{not json' WHERE run_id = 'bad'"),
+        ("runs", "UPDATE runs SET head = '[1, 2]' WHERE run_id = 'bad'"),
+        ("run_parts", "UPDATE run_parts SET value = '{' WHERE run_id = 'bad'"),
+        ("run_events", "UPDATE run_events SET payload = 'nope' WHERE run_id = 'bad'"),
+    ],
+)
+async def test_sto_06_damaged_rows_are_storage_failed_for_their_run_alone(
+    tmp_path: Path, table: str, damage: str
+) -> None:
+    """STO-06: rows damaged outside the store give ``storage_failed`` naming
+    the run and the file (never a raw ``JSONDecodeError``); a group commit
+    carrying a commit to that run fails that commit alone, and the other
+    runs' commits in the same transaction land."""
+    path = tmp_path / "s.db"
+    async with SQLiteStore(path) as store:
+        bad = await _step(
+            store, await _fresh(store, "bad"), Command("admit", 0.5, {"state": "running"})
+        )
+        bad = await _step(
+            store,
+            bad,
+            Command("conversation_updated", 1.0, {"conversation": {"messages": ["hi"]}}),
+        )
+        good = [await _fresh(store, f"good{i}") for i in range(5)]
+    conn = sqlite3.connect(path)
+    conn.execute(damage)
+    conn.commit()
+    conn.close()
+    async with SQLiteStore(path) as store:  # remembers nothing: reads every run
+        if table == "run_events":
+            with pytest.raises(Error) as raised:
+                await store.events("bad")
+            assert raised.value.error_class is ErrorClass.STORAGE_FAILED
+            assert raised.value.details["run_id"] == "bad"
+            assert raised.value.details["path"] == str(path)
+            return
+        with pytest.raises(Error) as raised:
+            await store.load("bad")
+        assert raised.value.error_class is ErrorClass.STORAGE_FAILED
+        assert (raised.value.details["run_id"], raised.value.details["path"]) == ("bad", str(path))
+        results: dict[str, Any] = {}
+
+        async def commit(record: RunRecord) -> None:
+            command = (
+                Command("admit", 2.0, {"state": "running"})
+                if record.state == "queued"
+                else Command("conversation_updated", 2.0, {"conversation": {"messages": []}})
+            )
+            new, events = transition(record, command)
+            try:
+                results[record.run_id] = await store.commit(
+                    record.run_id,
+                    incarnation=1,
+                    expected_revision=record.revision,
+                    record=new,
+                    events=events,
+                )
+            except Error as exc:
+                results[record.run_id] = exc
+
+        batches = store.stats["batches"]
+        async with trio.open_nursery() as nursery:
+            for record in (good[0], bad, *good[1:]):
+                nursery.start_soon(commit, record)
+        assert store.stats["batches"] - batches <= 2  # the rest shared one transaction
+        assert isinstance(results["bad"], Error)
+        assert results["bad"].error_class is ErrorClass.STORAGE_FAILED
+        for record in good:
+            loaded = await store.load(record.run_id)
+            assert loaded is not None
+            assert loaded.revision == record.revision + 1

@@ -55,7 +55,17 @@ from typing import Any, Final
 import attrs
 
 from ..errors import Error, ErrorClass
-from ..kernel import Budget, FrozenDict, FrozenList, RunRecord, changed_keys, dumps
+from ..kernel import (
+    Budget,
+    FrozenDict,
+    FrozenList,
+    RunEvent,
+    RunRecord,
+    changed_keys,
+    decode_event,
+    decode_record,
+    dumps,
+)
 
 __all__ = [
     "MESSAGES",
@@ -63,11 +73,14 @@ __all__ = [
     "PLACEHOLDER",
     "RESERVATIONS",
     "USAGE",
+    "CorruptRecord",
     "Deletes",
     "Entry",
     "Parts",
     "Upserts",
     "blank",
+    "decode_stored",
+    "decode_stored_event",
     "diff",
     "dumps",
     "encode_part",
@@ -352,6 +365,50 @@ def inline_lists(head: str) -> frozenset[str]:
 
 #: The former name of :func:`join`.
 join_record = join
+
+
+class CorruptRecord(Error):
+    """``storage_failed``: one run's stored rows cannot be decoded (edited or
+    damaged outside the store).  It concerns that run alone: a group commit
+    fails only the commit that read it."""
+
+    def __init__(self, run_id: str, cause: BaseException, path: str | None = None) -> None:
+        details = {"run_id": run_id, "cause": f"{type(cause).__name__}: {cause}"[:500]}
+        if path is not None:
+            details["path"] = path
+        super().__init__(ErrorClass.STORAGE_FAILED, "stored run cannot be decoded", details)
+        self.__cause__ = cause
+
+
+def decode_stored(
+    run_id: str, head: str, parts: Mapping[tuple[str, str], str], path: str | None = None
+) -> tuple[RunRecord, frozenset[str]]:
+    """The record stored as ``head`` and ``parts``, and the lists its head holds
+    inline (:func:`inline_lists`); :class:`CorruptRecord` when they do not
+    decode (never a raw ``JSONDecodeError`` or ``AttributeError``)."""
+    try:
+        return decode_record(join(head, parts)), inline_lists(head)
+    except Exception as exc:  # any damage: JSON, shape, or a record the kernel refuses
+        raise CorruptRecord(run_id, exc, path) from exc
+
+
+def decode_stored_event(
+    run_id: str, row: tuple[int, Any, Any, str], path: str | None = None
+) -> RunEvent:
+    """One stored event row ``(sequence, type, occurred_at, payload text)``;
+    :class:`CorruptRecord` when it does not decode."""
+    sequence, kind, occurred_at, payload = row
+    try:
+        return decode_event(
+            {
+                "sequence": sequence,
+                "type": kind,
+                "occurred_at": occurred_at,
+                "payload": json.loads(payload),
+            }
+        )
+    except Exception as exc:
+        raise CorruptRecord(run_id, exc, path) from exc
 
 
 # -- incremental diff --------------------------------------------------------------

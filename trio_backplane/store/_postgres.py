@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import json
 import math
 import re
 import threading
@@ -78,7 +77,7 @@ from typing import Any, Final, TypeVar
 import trio
 
 from ..errors import Error, ErrorClass
-from ..kernel import RunEvent, RunRecord, decode_event, decode_record, encode_event
+from ..kernel import RunEvent, RunRecord, encode_event
 from ..kernel import fence as kernel_fence
 from ._group import GroupCommit, Job
 from ._layout import (
@@ -87,12 +86,12 @@ from ._layout import (
     Entry,
     Parts,
     Upserts,
+    decode_stored,
+    decode_stored_event,
     diff,
     dumps,
     entry_of,
     head_text,
-    inline_lists,
-    join,
 )
 from ._protocol import (
     PreparedCommit,
@@ -405,10 +404,11 @@ class PostgresStore:
 
     # -- the run entry cache (worker threads) --------------------------------------
 
-    def _read_record(self, conn: Any, run_id: str, head: str) -> RunRecord:
+    def _read_record(self, conn: Any, run_id: str, head: str) -> tuple[RunRecord, frozenset[str]]:
+        """The stored record and the lists its head holds inline."""
         rows = conn.execute(self._sql["read_parts"], (run_id,)).fetchall()
         parts: Parts = {(part, key): value for part, key, value in rows}
-        return decode_record(join(head, parts))
+        return decode_stored(run_id, head, parts)
 
     def _entry(self, conn: Any, run_id: str, incarnation: int, revision: int, head: str) -> Entry:
         """The stored run whose locked row is ``(incarnation, revision, head)``:
@@ -423,7 +423,7 @@ class PostgresStore:
             and entry.record.revision == revision
         ):
             return entry
-        return entry_of(self._read_record(conn, run_id, head), inline_lists(head))
+        return entry_of(*self._read_record(conn, run_id, head))
 
     def _remember(self, entry: Entry) -> None:
         """Cache ``entry`` unless a later revision of its run is cached already."""
@@ -586,7 +586,7 @@ class PostgresStore:
             row = conn.execute(self._sql["read_run"], (run_id,)).fetchone()
             if row is None:
                 return None
-            return self._read_record(conn, run_id, row[3]), inline_lists(row[3])
+            return self._read_record(conn, run_id, row[3])
 
         read = await self._run(body)
         if read is None:
@@ -918,14 +918,7 @@ class PostgresStore:
 
         rows = await self._run(body)
         return [
-            decode_event(
-                {
-                    "sequence": int(sequence),
-                    "type": type_,
-                    "occurred_at": occurred_at,
-                    "payload": json.loads(payload),
-                }
-            )
+            decode_stored_event(run_id, (int(sequence), type_, occurred_at, payload))
             for sequence, type_, occurred_at, payload in rows
         ]
 

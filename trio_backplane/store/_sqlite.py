@@ -79,7 +79,6 @@ store raises ``storage_failed``.  Test hook:
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import queue
 import sqlite3
@@ -94,21 +93,22 @@ import outcome
 import trio
 
 from ..errors import Error, ErrorClass
-from ..kernel import RunEvent, RunRecord, decode_event
-from ..kernel import decode_record as _decode_record
+from ..kernel import RunEvent, RunRecord
 from ..kernel import fence as _kernel_fence
 from ._group import GroupCommit, Job
 from ._layout import (
     NOTHING,
     RESERVATIONS,
+    CorruptRecord,
     Deletes,
     Entry,
     Upserts,
+    decode_stored,
+    decode_stored_event,
     diff,
     encode_part,
     entry_of,
     head_fields,
-    inline_lists,
     join,
     join_head,
     split,
@@ -266,7 +266,41 @@ def _check_wal(mode: object) -> None:
         raise sqlite3.OperationalError(f"cannot enable WAL (journal_mode={mode})")
 
 
-def _check_layout(version: int) -> None:
+def _check_ours(conn: sqlite3.Connection, path: str) -> None:
+    """Refuse a database another application owns: it holds tables, but not
+    this store's ``meta`` marker.  An empty database becomes a store; nothing
+    is written to someone else's (not even the switch to WAL)."""
+    tables = {
+        name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+    }
+    if not tables:
+        return
+    marked = False
+    if "meta" in tables:
+        try:
+            query = "SELECT 1 FROM meta WHERE key = 'layout_version'"
+            marked = conn.execute(query).fetchone() is not None
+        except sqlite3.OperationalError:  # another application's table named meta
+            marked = False
+    if not marked:
+        raise Error(
+            ErrorClass.VALIDATION,
+            "database is not a trio_backplane store: it holds other tables",
+            {"path": path, "tables": sorted(tables)[:10]},
+        )
+
+
+def _check_layout(stored: object, path: str) -> None:
+    try:
+        version = int(str(stored))
+    except ValueError:
+        version = -1
+    if version < 1:
+        raise Error(
+            ErrorClass.STORAGE_FAILED,
+            "database layout version is not recognized",
+            {"path": path, "layout_version": str(stored)[:100]},
+        )
     if version > LAYOUT_VERSION:
         raise Error(
             ErrorClass.UNSUPPORTED_CAPABILITY,
@@ -495,6 +529,7 @@ class SQLiteStore:
         )
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
+            _check_ours(conn, self._path)  # before anything changes the file
             _check_wal(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
             conn.execute("PRAGMA synchronous = FULL")
             conn.execute("PRAGMA foreign_keys = ON")
@@ -508,7 +543,7 @@ class SQLiteStore:
                         (str(LAYOUT_VERSION),),
                     )
                 else:
-                    _check_layout(int(row[0]))
+                    _check_layout(row[0], self._path)
                     if int(row[0]) < LAYOUT_VERSION:  # readable as is; see the docstring
                         conn.execute(
                             "UPDATE meta SET value = ? WHERE key = 'layout_version'",
@@ -522,15 +557,17 @@ class SQLiteStore:
 
     # -- reading -----------------------------------------------------------------
 
-    @staticmethod
-    def _read_record(conn: sqlite3.Connection, run_id: str, head: str) -> RunRecord:
+    def _read_record(
+        self, conn: sqlite3.Connection, run_id: str, head: str
+    ) -> tuple[RunRecord, frozenset[str]]:
+        """The stored record and the lists its head holds inline."""
         parts = {
             (part, key): value
             for part, key, value in conn.execute(
                 "SELECT part, key, value FROM run_parts WHERE run_id = ?", (run_id,)
             )
         }
-        return _decode_record(join(head, parts))
+        return decode_stored(run_id, head, parts, self._path)
 
     def _stored(self, conn: sqlite3.Connection, run_id: str) -> _Cached | None:
         """The stored run (inside the caller's transaction): cached when the
@@ -546,8 +583,7 @@ class SQLiteStore:
             record = cached[0].record
             if record.incarnation == row[0] and record.revision == row[1]:
                 return cached
-        record = self._read_record(conn, run_id, row[2])
-        cached = (entry_of(record, inline_lists(row[2])), None, ())
+        cached = (entry_of(*self._read_record(conn, run_id, row[2])), None, ())
         self._cache[run_id] = cached
         return cached
 
@@ -582,15 +618,8 @@ class SQLiteStore:
 
         def read(conn: sqlite3.Connection) -> list[RunEvent]:
             return [
-                decode_event(
-                    {
-                        "sequence": sequence,
-                        "type": kind,
-                        "occurred_at": occurred_at,
-                        "payload": json.loads(payload),
-                    }
-                )
-                for sequence, kind, occurred_at, payload in conn.execute(
+                decode_stored_event(run_id, row, self._path)
+                for row in conn.execute(
                     "SELECT sequence, type, occurred_at, payload FROM run_events"
                     " WHERE run_id = ? AND sequence > ? ORDER BY sequence",
                     (run_id, after),
@@ -740,7 +769,11 @@ class SQLiteStore:
                 try:
                     written = self._apply_commit(conn, job)
                 except Error as exc:
-                    if exc.error_class is ErrorClass.STORAGE_FAILED:
+                    # A failure of the database fails the batch; one run's
+                    # undecodable rows fail its own commit (nothing written).
+                    if exc.error_class is ErrorClass.STORAGE_FAILED and not isinstance(
+                        exc, CorruptRecord
+                    ):
                         raise
                     if conn.total_changes != changes:  # pragma: no cover - a bug
                         raise _storage_failed(exc, "a refused commit wrote rows") from exc
