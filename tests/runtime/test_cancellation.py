@@ -758,16 +758,16 @@ async def test_can_18_body_exception_propagates_after_settlement(
     assert h.terminal_events() == ["run_cancelled"]
 
 
-async def test_can_18_settlement_gives_up_when_input_holds_the_coordinator(
+async def test_can_18_settlement_waits_out_input_holding_the_coordinator(
     autojump_clock: MockClock,
 ) -> None:
     """CAN-18: cancel() arrives while a host's slow steering commit holds the
-    commit coordinator for longer than cleanup_timeout.  The settlement
-    cannot start within its window: once that commit is acknowledged the
-    conversation reports recovery_required with a classed timeout that says
-    so, publishes no terminal event, and leaves the stored run non-terminal
-    (its dispatched, cancelled tool for recovery to classify).  Leaving the
-    block still takes at most cleanup_timeout + commit_timeout."""
+    commit coordinator for longer than cleanup_timeout, though within its
+    own commit_timeout.  The store is healthy, so the settlement waits for
+    that commit and then settles the run: one ``run_cancelled``, the
+    dispatched and cancelled tool as evidence (``unknown_outcome``), the
+    acknowledged steering kept with the queues suspended, all within
+    cleanup_timeout + commit_timeout of the cancel."""
     h = Harness([call("hang")])
     async with (
         trio.open_nursery() as nursery,
@@ -784,16 +784,15 @@ async def test_can_18_settlement_gives_up_when_input_holds_the_coordinator(
         snapshot = await c.wait_settled()
         assert trio.current_time() - cancelled_at == pytest.approx(5.5)
     assert trio.current_time() - cancelled_at <= 2.0 + 10.0
-    assert snapshot.phase == "recovery_required"
-    assert snapshot.last_error is not None
-    assert snapshot.last_error.error_class is ErrorClass.TIMEOUT
-    assert snapshot.last_error.details == {"recovery_required": True}
-    assert h.terminal_events() == []
+    assert snapshot.phase == "terminal"
+    assert snapshot.run.state == "unknown_outcome"
+    assert len(h.terminal_events()) == 1
     assert h.backend.cancelled == 1
     stored = await h.stored()
-    assert stored.state == "running"
-    assert [k for k in stored.intents if k.startswith("tool:")]
-    assert [s["content"] for s in thaw(stored.conversation)["steering"]] == ["also this"]
+    assert stored.state == "unknown_outcome"
+    conversation = thaw(stored.conversation)
+    assert [s["content"] for s in conversation["steering"]] == ["also this"]
+    assert conversation["queue_status"] == "suspended"
     assert task_tree_size() == 0
 
 
@@ -1021,3 +1020,75 @@ async def test_can_10_deadline_passing_as_the_tool_returns(autojump_clock: MockC
     types = [e.type for e in events]
     assert "storage_failed" not in types
     assert [t for t in types if t in TERMINAL_EVENTS] == ["run_cancelled"]
+
+
+class _Stubborn:
+    """A tool backend that ignores cancellation for ``seconds`` (a shielded
+    scope, like a blocking call in a thread that cannot be interrupted)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.started = trio.Event()
+        self.returned_at: float | None = None
+
+    async def execute(self, operation: Any) -> Any:
+        from trio_backplane.tools import ToolResult
+
+        self.started.set()
+        with trio.CancelScope(shield=True):
+            await trio.sleep(self.seconds)
+        self.returned_at = trio.current_time()
+        return ToolResult("late")
+
+
+@pytest.mark.parametrize("stop", ["cancel", "deadline"])
+async def test_can_18_a_worker_ignoring_its_cancellation_does_not_hold_the_settlement(
+    autojump_clock: MockClock, stop: str
+) -> None:
+    """CAN-18/CAN-03: a tool that ignores its cancellation (20 s, shielded)
+    does not hold the settlement back: once cleanup_timeout after the stop
+    (a cancel, or the run deadline) is spent, the run settles without it:
+    one ``run_cancelled``, ``unknown_outcome`` with the dispatched tool as
+    evidence, within cleanup_timeout + commit_timeout.  What the tool
+    returns afterwards is never committed, and the block exits once it
+    returns (Trio cannot stop it) with no error."""
+    from trio_backplane.tools import ToolDescriptor
+
+    backend = _Stubborn(20.0)
+    registry = ToolRegistry(
+        [ToolDescriptor(name="act", schema={"type": "object"}, backend=backend)]
+    )
+    store = FaultyStore(None)
+    run_timeout = 3.0 if stop == "deadline" else 3600.0
+    async with open_conversation(
+        RUN_ID,
+        store=store,
+        provider=ScriptedProvider([S.tool_calls(("c1", "act", {})), S.text("never")]),
+        registry=registry,
+        authority=granted(registry),
+        run_timeout=run_timeout,
+        effect_timeout=3600.0,
+        cleanup_timeout=1.0,
+        commit_timeout=1.0,
+    ) as conversation:
+        channel = conversation.subscribe(buffer=1000)
+        await conversation.prompt("hi")
+        await backend.started.wait()
+        if stop == "cancel":
+            await trio.sleep(1.0)
+            await conversation.cancel()
+        stopped_at = trio.current_time() if stop == "cancel" else run_timeout
+        snapshot = await conversation.wait_settled()
+        settled_at = trio.current_time()
+    assert settled_at - stopped_at <= 1.0 + 1.0
+    assert backend.returned_at is not None  # the block waited for it
+    assert snapshot.phase == "terminal"
+    assert snapshot.run.state == "unknown_outcome"
+    [invocation] = snapshot.run.active_tools
+    assert snapshot.run.outcome["evidence"][0]["effect"] == f"tool:{invocation}"
+    stored = await store.load(RUN_ID)
+    assert stored == snapshot.run  # nothing committed after the settlement
+    assert invocation not in stored.tool_results
+    types = [e.type for e in drained(channel)]
+    assert [t for t in types if t in TERMINAL_EVENTS] == ["run_cancelled"]
+    assert task_tree_size() == 0

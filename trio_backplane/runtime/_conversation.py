@@ -314,6 +314,8 @@ class Conversation:
         self._closing: trio.CancelScope | None = None
         self._settled = trio.Event()
         self._settling = False  # one settlement at a time (CAN-06)
+        #: wakes the worker's watchdog: a stop, a deadline moved, the worker done
+        self._watch_poke = trio.Event()
         self._turn_wakeup = trio.Event()
         self._step_id: str | None = None
         self._attempt_id: str | None = None
@@ -454,11 +456,13 @@ class Conversation:
         self._run_budget.suspend()
         for budget in self._effects:
             budget.suspend()
+        self._watch_poke.set()
 
     def _resume_deadlines(self) -> None:
         self._run_budget.resume()
         for budget in self._effects:
             budget.resume()
+        self._watch_poke.set()
 
     async def cancel(self) -> None:
         """Accept cancellation and return at once (CAN-01); settlement follows."""
@@ -557,6 +561,8 @@ class Conversation:
             raise Error(ErrorClass.RESOURCE_CONFLICT, "run is not accepting input")
         if self._phase in ("storage_failed", "recovery_required"):
             raise _StorageFailed(self._last_error or _storage_error("store is unavailable"))
+        if self._record.state in TERMINAL_STATES:
+            raise _Stop  # settled without a worker that ignored its cancellation
         record = self._record
         now = self._now()
         new, events, done = record, [], 0
@@ -699,6 +705,7 @@ class Conversation:
                 self._phase = "cancelling"
         self._bound_closing()
         self._stop_requested.set()
+        self._watch_poke.set()
         if self._worker is not None:
             self._worker.cancel()
         if not self._worker_running and not self._settled.is_set():
@@ -728,6 +735,40 @@ class Conversation:
     async def _start_worker(self, first_turn: str | None, failed: Error | None) -> None:
         self._worker_running = True
         self._nursery.start_soon(self._run_worker, first_turn, failed)
+        self._nursery.start_soon(self._watch_worker)
+
+    async def _watch_worker(self) -> None:
+        """A worker that ignores its cancellation (a tool shielding itself, a
+        blocking call in a thread that cannot be interrupted) never holds the
+        settlement back: once the cleanup budget after a stop (or after the
+        run deadline) is spent with the worker still running, the run
+        settles without it, its effects reported uncertain (CAN-18).  Trio
+        cannot stop such a task: the block waits for it to return, and
+        whatever it commits after the settlement is refused."""
+        while self._worker_running:
+            self._watch_poke = poke = trio.Event()
+            if self._stop_requested.is_set():
+                due = self._stop_due if self._stop_due is not None else self._now()
+            else:
+                due = self._run_budget.deadline  # inf during a human wait
+            with trio.move_on_at(due + self._options.cleanup_timeout) as timer:
+                await poke.wait()
+            if not timer.cancelled_caught:
+                continue  # a stop, a deadline moved, or the worker done
+            if self._commit_lock.locked():
+                # A commit in flight (bounded by commit_timeout, and shielded)
+                # holds the worker: it is not ignoring its cancellation.
+                with trio.move_on_after(self._options.commit_timeout):
+                    await poke.wait()
+                if poke.is_set():
+                    continue
+            if self._settled.is_set() or self._settling or not self._worker_running:
+                return
+            if self._stop_reason is None:
+                self._request_stop("deadline_exceeded")
+            with trio.CancelScope(shield=True):
+                await self._settle()
+            return
 
     async def _run_worker(self, first_turn: str | None, failed: Error | None) -> None:
         from ._loop import TurnLoop
@@ -755,6 +796,7 @@ class Conversation:
         finally:
             self._worker = None
             self._worker_running = False
+            self._watch_poke.set()
             if not self._settled.is_set():
                 with trio.CancelScope(shield=True):
                     await self._settle()
@@ -811,7 +853,10 @@ class Conversation:
                     self._commit_lock.acquire_nowait()
                     acquired = True
                 except trio.WouldBlock:
-                    with trio.move_on_at(settle_by):
+                    # A commit in flight ends within its own commit_timeout;
+                    # the settlement then commits in what is left of
+                    # cleanup_timeout + commit_timeout (commit_by below).
+                    with trio.move_on_at(settle_by + self._options.commit_timeout):
                         await self._commit_lock.acquire()
                         acquired = True
                 if acquired:
@@ -824,11 +869,11 @@ class Conversation:
                     finally:
                         self._commit_lock.release()
                 else:
-                    # A commit in flight held the coordinator past cleanup_timeout.
-                    # Its outcome comes within its own commit_timeout: a failure
-                    # is the conversation's state (storage_failed); otherwise the
-                    # window for the settlement is gone, the stored run is not
-                    # terminal and nobody drives it any more.
+                    # A commit in flight held the coordinator past the whole
+                    # window.  Its outcome comes within its own commit_timeout: a
+                    # failure is the conversation's state (storage_failed);
+                    # otherwise the window for the settlement is gone, the stored
+                    # run is not terminal and nobody drives it any more.
                     async with self._commit_lock:
                         pass
                     if self._phase not in _INACTIVE_PHASES:
