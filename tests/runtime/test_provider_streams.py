@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 import pytest
+import trio
 from trio.testing import MockClock
 
 from trio_backplane import Error, ErrorClass
@@ -186,6 +187,63 @@ async def test_prv_03_first_response_completed_ends_the_response(autojump_clock:
     assert finished.types().count("run_completed") == 1
     assert finished.store.commits().count("run.provider_completed") == 1
     assert finished.store.commits().count("run.finish") == 1
+
+
+class _ClosingBadly:
+    """A stream that completes, then misbehaves when closed: ``mode`` is
+    ``"raise"`` (a RuntimeError), ``"error"`` (our Error), ``"hang"`` (never
+    returns: cut by effect_timeout) or ``"yield"`` (an async generator that
+    yields again while closing)."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.requests: list[Any] = []
+
+    def stream(self, request: Any, context: Any) -> Any:
+        self.requests.append(request)
+        if self.mode == "yield":
+            return self._generator()
+        return self
+
+    async def _generator(self) -> Any:
+        try:
+            yield ResponseCompleted(assistant("done"))
+        finally:
+            yield TextDelta("while closing")
+
+    def __aiter__(self) -> Any:
+        self._sent = False
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._sent:
+            return TextDelta("after the terminal event")
+        self._sent = True
+        return ResponseCompleted(assistant("done"))
+
+    async def aclose(self) -> None:
+        if self.mode == "raise":
+            raise RuntimeError("close failed")
+        if self.mode == "error":
+            raise Error(ErrorClass.EXECUTION_FAILURE, "close failed")
+        if self.mode == "hang":
+            await trio.sleep_forever()
+
+
+@pytest.mark.parametrize("mode", ["raise", "error", "hang", "yield"])
+async def test_prv_03_closing_after_the_terminal_event_cannot_fail_the_response(
+    autojump_clock: MockClock, mode: str
+) -> None:
+    """PRV-03: once ``ResponseCompleted`` ended the response, trouble closing
+    the stream (an error, a hang cut by effect_timeout, a generator yielding
+    again) changes nothing: the response stands and the run completes once."""
+    provider = _ClosingBadly(mode)
+    finished = await run_to_settled(provider, effect_timeout=2.0)
+    assert finished.record.state == "completed"
+    assert [m["content"] for m in finished.messages if m["role"] == "assistant"] == ["done"]
+    assert finished.types().count("response_completed") == 1
+    assert finished.types().count("run_completed") == 1
+    assert "response_failed" not in finished.types()
 
 
 async def test_prv_04_stream_without_terminal_event_fails_the_turn(

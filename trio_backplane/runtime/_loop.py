@@ -516,6 +516,7 @@ class TurnLoop:
         message: Mapping[str, Any] | None = None
         failure: Error | None = None
         accounting = _Accounting(c._options.provider_output_limit)
+        terminal = False  # a terminal event ended the response (PRV-03)
         with budget.arm() as scope:
             try:
                 stream = _async_iterator(c._provider.stream(request, c._provider_context))
@@ -529,12 +530,14 @@ class TurnLoop:
                             )
                             break
                         if isinstance(event, ResponseCompleted):
+                            terminal = True
                             message = event.message
                             self._account_message(accounting, message)
                             if event.usage is not None:
                                 usage.append(thaw(event.usage))
                             break
                         if isinstance(event, ResponseFailed):
+                            terminal = True
                             failure = _provider_error(event.error)
                             break
                         self._forward(event, accounting, usage, completed)
@@ -550,6 +553,12 @@ class TurnLoop:
                         c._bound_closing()
                         try:
                             await aclose()
+                        except Exception:
+                            # After the terminal event the response is what it
+                            # said; closing the stream cannot change it (an
+                            # error, or a generator that yields again).
+                            if not terminal:
+                                raise
                         finally:
                             c._closing = None
             except Error as error:
@@ -562,8 +571,11 @@ class TurnLoop:
                     "provider stream failed",
                     {"cause": f"{type(exc).__name__}: {exc}"[:500]},
                 )
-        if budget.timed_out():
-            if c._stop_reason is not None or c._now() >= c._run_budget.deadline:
+        stopping = c._stop_reason is not None or c._now() >= c._run_budget.deadline
+        if budget.timed_out() and not (terminal and not stopping):
+            # (A close cut by effect_timeout after the terminal event leaves
+            # the response as it arrived.)
+            if stopping:
                 # Cut while closing by the cleanup budget of a stop (a cancel,
                 # or the run deadline that passed meanwhile), not by
                 # effect_timeout: the settlement reports the attempt.
