@@ -303,6 +303,41 @@ async def test_echoed_key_is_redacted(chat: ChatServer) -> None:
     assert re.search(r"\[redacted\]", events[-1].error.details["provider_message"])
 
 
+def _fragments(text: str) -> list[str]:
+    """Every prefix of the canary of six characters or more found in ``text``."""
+    return [CANARY[:n] for n in range(6, len(CANARY) + 1) if CANARY[:n] in text]
+
+
+@pytest.mark.parametrize("pad", [470, 480, 490, 495, 499])
+@pytest.mark.parametrize(
+    "reply",
+    [
+        lambda text: Status(401, text),
+        lambda text: Status(500, text, raw=True),
+        lambda text: Stream(({"error": {"message": text}},)),
+        lambda text: Stream((text,)),  # not JSON: quoted as the malformed detail
+    ],
+    ids=["http_json", "http_text", "stream_error", "not_json"],
+)
+async def test_key_straddling_the_cut_is_redacted(chat: ChatServer, pad: int, reply: Any) -> None:
+    """PRV-18: a key echoed across the 500-character cut of a provider text
+    is redacted before the cut, so not even a prefix of it survives."""
+    chat.add(reply("x" * pad + " " + CANARY + " tail"))
+    events = await collect(OpenAIProvider(chat.base_url, "m"), request())
+    assert isinstance(events[-1], ResponseFailed)
+    assert _fragments(repr(events[-1].error)) == []
+
+
+async def test_key_prefix_the_server_cut_is_redacted(chat: ChatServer) -> None:
+    """PRV-18: a key the server itself cut short at the end of its text is
+    redacted as well (a prefix of a meaningful length)."""
+    chat.add(Status(401, "invalid key " + CANARY[:15]))
+    events = await collect(OpenAIProvider(chat.base_url, "m"), request())
+    error = events[-1].error
+    assert _fragments(repr(error)) == []
+    assert error.details["provider_message"] == "invalid key [redacted]"
+
+
 async def test_no_key_sends_no_authorization(chat: ChatServer) -> None:
     chat.add(text_chunks("ok"))
     provider = OpenAIProvider(chat.base_url, "m")

@@ -60,6 +60,9 @@ __all__ = ["OPENAI_NAME", "OpenAIProvider", "ToolAliases", "transcript_messages"
 OPENAI_NAME: Final = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 _UNSAFE_CHARS: Final = re.compile(r"[^a-zA-Z0-9_-]")
 _MAX_TEXT: Final = 500
+#: The shortest prefix of the key redacted where a text ends (a cut through an echo).
+_MIN_KEY_FRAGMENT: Final = 6
+_REDACTED: Final = "[redacted]"
 #: Events read (and ignored) after [DONE] or a malformed chunk before giving up.
 _DRAIN_LIMIT: Final = 1000
 
@@ -495,7 +498,7 @@ def _chunk(data: str) -> Mapping[str, Any]:
     try:
         chunk = loads(data)
     except ValueError:
-        raise _Failed(_malformed("stream chunk is not JSON", data[:80])) from None
+        raise _Failed(_malformed("stream chunk is not JSON", data)) from None
     if not isinstance(chunk, Mapping):
         raise _Failed(_malformed("stream chunk is not a JSON object", type(chunk).__name__))
     error = chunk.get("error")
@@ -506,7 +509,7 @@ def _chunk(data: str) -> Mapping[str, Any]:
                 "provider reported an error mid-stream",
                 {
                     "reason": "stream_error",
-                    "provider_message": str(error.get("message"))[:_MAX_TEXT],
+                    "provider_message": str(error.get("message")),
                 },
             )
         )
@@ -526,7 +529,7 @@ def _malformed(message: str, detail: str) -> Error:
     return Error(
         ErrorClass.EXECUTION_FAILURE,
         message,
-        {"reason": "malformed_stream", "detail": detail[:_MAX_TEXT]},
+        {"reason": "malformed_stream", "detail": detail},
     )
 
 
@@ -547,7 +550,7 @@ def _http_error(response: httpx.Response) -> Error:
             provider_message = str(payload["error"].get("message", ""))
     except ValueError:
         provider_message = response.text
-    details = {"status": status, "provider_message": provider_message[:_MAX_TEXT]}
+    details = {"status": status, "provider_message": provider_message}
     if status == 429 or status >= 500:
         return Error(ErrorClass.TRANSIENT_TRANSPORT, f"provider answered HTTP {status}", details)
     if status in (401, 403):
@@ -555,12 +558,29 @@ def _http_error(response: httpx.Response) -> Error:
     return Error(ErrorClass.VALIDATION, f"provider rejected the request (HTTP {status})", details)
 
 
+def _excerpt(text: str, api_key: str | None, limit: int | None = None) -> str:
+    """``text`` with the key redacted, then cut to ``limit``.
+
+    Redacting first means a key across the cut never survives as a prefix;
+    a prefix of the key still ending the text (a server that cut its own
+    echo) is redacted too.
+    """
+    if api_key:
+        text = text.replace(api_key, _REDACTED)
+    if limit is not None:
+        text = text[:limit]
+    if api_key:
+        for size in range(min(len(api_key), len(text)), _MIN_KEY_FRAGMENT - 1, -1):
+            if text.endswith(api_key[:size]):
+                return text[:-size] + _REDACTED
+    return text
+
+
 def _redact(error: Error, api_key: str | None) -> Error:
-    """Never let the key back in through text a server echoed."""
-    if not api_key:
-        return error
-    text = json.dumps(error.to_dict(), ensure_ascii=False)
-    if api_key not in text:
-        return error
-    cleaned = json.loads(text.replace(api_key, "[redacted]"))
-    return Error(error.error_class, cleaned["message"], cleaned["details"])
+    """The error as it may leave: the key never back in through text a server
+    echoed, and server text (left whole until now) cut to ``_MAX_TEXT``."""
+    details = {
+        key: _excerpt(value, api_key, _MAX_TEXT) if isinstance(value, str) else value
+        for key, value in error.details.items()
+    }
+    return Error(error.error_class, _excerpt(error.message, api_key), details)
