@@ -535,13 +535,64 @@ async def test_http_error_with_a_plain_text_body(chat: ChatServer) -> None:
     assert error.details == {"status": 502, "provider_message": "bad gateway from the proxy"}
 
 
-async def test_chunks_after_done_are_drained_not_read(chat: ChatServer) -> None:
-    """What a server sends after ``[DONE]`` is read off the wire (so the HTTP
-    stream closes cleanly) and ignored."""
+async def test_chunks_after_done_are_never_read(chat: ChatServer) -> None:
+    """What a server sends after ``[DONE]`` is ignored: ``[DONE]`` ends the
+    response and the HTTP stream is closed (cleanly, no generator left)."""
     chat.add(Stream((_one({"content": "first"}), "[DONE]", _one({"content": "ignored"}), "")))
     events = await collect(OpenAIProvider(chat.base_url, "m"), request())
     assert [e.text for e in events if isinstance(e, TextDelta)] == ["first"]
     assert events[-1] == ResponseCompleted({"role": "assistant", "content": "first"})
+
+
+_STOP = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+
+
+@pytest.mark.parametrize("tail", ["drop", "reset", "hang"])
+async def test_done_ends_the_response_at_once(chat: ChatServer, tail: str) -> None:
+    """PRV-03: ``[DONE]`` ends the response: the provider stops reading and
+    closes it, so a connection that then drops, resets or stays open does
+    not turn a whole response into a failure."""
+    chat.add(Stream((_one({"content": "hello"}), _STOP), tail=tail))
+    with trio.fail_after(5):  # well under the provider's read timeout
+        events = await collect(OpenAIProvider(chat.base_url, "m", timeout=30), request())
+    assert events[-1] == ResponseCompleted({"role": "assistant", "content": "hello"})
+
+
+@pytest.mark.parametrize("tail", ["drop", "reset", "hang"])
+async def test_a_finished_response_survives_a_lost_tail(chat: ChatServer, tail: str) -> None:
+    """PRV-16: after a finish reason, a connection lost (or a read timeout)
+    before ``[DONE]`` completes the response with what arrived; the usage
+    that never came is not invented."""
+    chat.add(Stream((_one({"content": "hello"}), _STOP), done=False, tail=tail))
+    events = await collect(OpenAIProvider(chat.base_url, "m", timeout=0.3), request())
+    assert events[-1] == ResponseCompleted({"role": "assistant", "content": "hello"})
+    assert not any(isinstance(e, Usage) for e in events)
+
+
+@pytest.mark.parametrize("tail", ["end", "drop", "hang"])
+async def test_no_finish_reason_is_still_a_failure(chat: ChatServer, tail: str) -> None:
+    """PRV-04: a stream that ends before any finish reason stays a classed failure."""
+    chat.add(Stream((_one({"content": "par"}),), done=False, tail=tail))
+    events = await collect(OpenAIProvider(chat.base_url, "m", timeout=0.3), request())
+    assert isinstance(events[-1], ResponseFailed)
+    assert events[-1].error.error_class is ErrorClass.TRANSIENT_TRANSPORT
+
+
+async def test_done_then_a_silent_connection_completes_the_run(chat: ChatServer) -> None:
+    """PRV-03: in a conversation, a server that keeps the connection open
+    after ``[DONE]`` neither times the attempt out nor makes it uncertain."""
+    chat.add(Stream((_one({"content": "hello"}), _STOP), tail="hang"))
+    async with open_conversation(
+        "run-1",
+        store=MemoryStore(),
+        provider=OpenAIProvider(chat.base_url, "m", timeout=30),
+        effect_timeout=2.0,
+    ) as conversation:
+        with trio.fail_after(10):
+            await conversation.prompt("hi")
+            snapshot = await conversation.wait_settled()
+    assert snapshot.run.state == "completed"
+    assert snapshot.messages[-1]["content"] == "hello"
 
 
 async def test_nan_from_the_model_never_reaches_the_transcript(chat: ChatServer) -> None:

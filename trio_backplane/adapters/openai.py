@@ -15,6 +15,10 @@ the server sends it, and one terminal :class:`ResponseCompleted` or
   ``github::get_me``) are sent as a reversible, per-request alias
   (:class:`ToolAliases`) and mapped back on the way in: events, transcripts
   and results keep the real name.
+* **The end.** ``[DONE]`` ends the response at once (the body is not read
+  further); after a finish reason, a connection lost or a read timeout
+  before ``[DONE]`` still completes the response with what arrived (usage
+  that never came is not invented).
 * **Errors** are classed: HTTP 429 and 5xx, a dropped connection, a timeout and
   a stream that ends before a finish reason or ``[DONE]`` are
   ``transient_transport`` (a retry is the host's call); 401/403 are
@@ -38,6 +42,7 @@ from typing import Any, Final
 
 import httpx
 import httpx_sse
+import trio
 
 from ..errors import Error, ErrorClass
 from ..kernel import check_json, loads
@@ -63,7 +68,7 @@ _MAX_TEXT: Final = 500
 #: The shortest prefix of the key redacted where a text ends (a cut through an echo).
 _MIN_KEY_FRAGMENT: Final = 6
 _REDACTED: Final = "[redacted]"
-#: Events read (and ignored) after [DONE] or a malformed chunk before giving up.
+#: Events read (and ignored) after a malformed chunk before giving up.
 _DRAIN_LIMIT: Final = 1000
 
 
@@ -346,6 +351,7 @@ class OpenAIProvider:
         thinking: list[str] = []
         finished = done = False
         failure: Error | None = None
+        lost: Error | None = None
         drained = 0
         try:
             async with httpx_sse.aconnect_sse(
@@ -355,11 +361,12 @@ class OpenAIProvider:
                 if response.status_code != 200:
                     await response.aread()
                     raise _Failed(_http_error(response))
-                # Read the body to its end even after [DONE] or a bad chunk: an
-                # httpx stream left half-read leaves its generators unexhausted.
+                # Read the body on after a bad chunk (up to _DRAIN_LIMIT
+                # events), so the stream closes cleanly; [DONE] ends it at
+                # once: what a server does after it cannot fail the response.
                 async with aclosing(source.aiter_sse()) as sses:
                     async for sse in sses:
-                        if done or failure is not None:
+                        if failure is not None:
                             drained += 1
                             if drained > _DRAIN_LIMIT:
                                 break
@@ -367,7 +374,7 @@ class OpenAIProvider:
                         data = sse.data.strip()
                         if data == "[DONE]":
                             done = True
-                            continue
+                            break
                         if not data:
                             continue
                         try:
@@ -385,12 +392,16 @@ class OpenAIProvider:
                             for c in chunk.get("choices") or ()
                         ):
                             finished = True
+                    if done:
+                        await _abandon(sses)
         except httpx_sse.SSEError as exc:
             raise _Failed(_malformed("response is not an event stream", str(exc))) from None
         except httpx.TimeoutException as exc:
-            raise _Failed(_transport("provider request timed out", exc, "timeout")) from None
+            lost = _transport("provider request timed out", exc, "timeout")
         except httpx.HTTPError as exc:
-            raise _Failed(_transport("provider connection failed", exc, "connection")) from None
+            lost = _transport("provider connection failed", exc, "connection")
+        if lost is not None and (failure is not None or not finished):
+            raise _Failed(lost)  # after a finish reason, what arrived is the response
         if failure is not None:
             raise _Failed(failure)
         if not (done or finished):
@@ -492,6 +503,19 @@ class OpenAIProvider:
             if call.started:
                 events.append(ToolCallArgumentsDelta(call.id, fragment, index))
         return events
+
+
+async def _abandon(sses: AsyncGenerator[Any, None]) -> None:
+    """Stop reading ``sses`` without waiting on the network.
+
+    Events already buffered are discarded and the first read that would wait
+    is cancelled: the cancellation unwinds httpx's own generators beneath
+    (breaking out would leave them unexhausted), and closes the connection.
+    """
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        async for _ in sses:
+            pass
 
 
 def _chunk(data: str) -> Mapping[str, Any]:
