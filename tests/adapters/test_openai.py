@@ -544,6 +544,45 @@ async def test_chunks_after_done_are_never_read(chat: ChatServer) -> None:
     assert events[-1] == ResponseCompleted({"role": "assistant", "content": "first"})
 
 
+_DEEP = "[" * 100_000 + "]" * 100_000
+
+
+async def test_deeply_nested_chunk_is_malformed(chat: ChatServer) -> None:
+    """PRV-07: a chunk nested too deep to parse (a ``RecursionError``, not a
+    ``ValueError``) is one classed ``malformed_stream`` failure, never a raw
+    exception out of the stream."""
+    chat.add(Stream((_one({"content": "a"}), _DEEP)))
+    events = await collect(OpenAIProvider(chat.base_url, "m"), request())
+    assert isinstance(events[-1], ResponseFailed)
+    error = events[-1].error
+    assert error.error_class is ErrorClass.EXECUTION_FAILURE
+    assert error.details["reason"] == "malformed_stream"
+
+
+async def test_deeply_nested_arguments_stay_text(chat: ChatServer) -> None:
+    """Tool-call arguments nested too deep to parse come through as their raw
+    text, like any other arguments that are not JSON (the gateway refuses
+    them as a validation tool result)."""
+    chat.add(tool_call_chunks(("c1", "add", _DEEP)))
+    events = await collect(OpenAIProvider(chat.base_url, "m"), request())
+    [completed] = [e for e in events if isinstance(e, ToolCallCompleted)]
+    assert completed.arguments == _DEEP
+    assert isinstance(events[-1], ResponseCompleted)
+
+
+async def test_deeply_nested_error_body_keeps_its_status(chat: ChatServer) -> None:
+    """An HTTP error whose JSON body is nested too deep to parse is classed by
+    its status, with its text (cut) as the provider message, like any other
+    body that is not JSON."""
+    chat.add(Status(400, '{"error": ' + _DEEP + "}", raw=True))
+    events = await collect(OpenAIProvider(chat.base_url, "m"), request())
+    assert isinstance(events[-1], ResponseFailed)
+    error = events[-1].error
+    assert error.error_class is ErrorClass.VALIDATION
+    assert error.details["status"] == 400
+    assert error.details["provider_message"] == ('{"error": ' + _DEEP)[:500]
+
+
 _STOP = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
 
 

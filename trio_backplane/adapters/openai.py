@@ -23,7 +23,8 @@ the server sends it, and one terminal :class:`ResponseCompleted` or
   a stream that ends before a finish reason or ``[DONE]`` are
   ``transient_transport`` (a retry is the host's call); 401/403 are
   ``forbidden``; any other 4xx is ``validation``; a chunk that is not a JSON
-  object, or a response that is not an event stream, is ``execution_failure``
+  object (or nests too deep to parse), or a response that is not an event
+  stream, is ``execution_failure``
   with ``details["reason"]`` ``"malformed_stream"``.
 * **The API key** is read from ``context["api_key"]`` (the trusted
   ``provider_context``) and sent only as the ``Authorization`` header: it is
@@ -521,7 +522,7 @@ async def _abandon(sses: AsyncGenerator[Any, None]) -> None:
 def _chunk(data: str) -> Mapping[str, Any]:
     try:
         chunk = loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested too deep to parse
         raise _Failed(_malformed("stream chunk is not JSON", data)) from None
     if not isinstance(chunk, Mapping):
         raise _Failed(_malformed("stream chunk is not a JSON object", type(chunk).__name__))
@@ -545,7 +546,7 @@ def _parse_arguments(text: str) -> Any:
         return {}
     try:
         return loads(text)  # strict: NaN and Infinity stay text
-    except ValueError:
+    except (ValueError, RecursionError):
         return text  # the gateway refuses it as a validation tool result
 
 
@@ -572,7 +573,7 @@ def _http_error(response: httpx.Response) -> Error:
         payload = response.json()
         if isinstance(payload, Mapping) and isinstance(payload.get("error"), Mapping):
             provider_message = str(payload["error"].get("message", ""))
-    except ValueError:
+    except (ValueError, RecursionError):
         provider_message = response.text
     details = {"status": status, "provider_message": provider_message}
     if status == 429 or status >= 500:
