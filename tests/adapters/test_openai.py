@@ -33,7 +33,7 @@ from trio_backplane.runtime import (
     Usage,
     open_conversation,
 )
-from trio_backplane.store import MemoryStore
+from trio_backplane.store import MemoryStore, SQLiteStore
 from trio_backplane.tools import (
     Authority,
     ProviderTool,
@@ -581,6 +581,42 @@ async def test_deeply_nested_error_body_keeps_its_status(chat: ChatServer) -> No
     assert error.error_class is ErrorClass.VALIDATION
     assert error.details["status"] == 400
     assert error.details["provider_message"] == ('{"error": ' + _DEEP)[:500]
+
+
+_LONE = '{"choices": [{"index": 0, "delta": {"content": "a\\ud800b\\uDC00c\\ud83d\\ude00"}}]}'
+
+
+async def test_lone_surrogates_become_replacement_characters(chat: ChatServer) -> None:
+    """A lone UTF-16 surrogate escape in a chunk (valid JSON) decodes to
+    U+FFFD, as invalid UTF-8 bytes do; a surrogate pair stays its character.
+    Tool-call arguments get the same treatment."""
+    chat.add(
+        Stream((_LONE,)),
+        tool_call_chunks(("c1", "add", '{"a": "x\\uD801y", "b": "\\ud83d\\ude00"}')),
+    )
+    provider = OpenAIProvider(chat.base_url, "m")
+    events = await collect(provider, request())
+    assert [e.text for e in events if isinstance(e, TextDelta)] == ["a\ufffdb\ufffdc\U0001f600"]
+    events = await collect(provider, request())
+    [completed] = [e for e in events if isinstance(e, ToolCallCompleted)]
+    assert completed.arguments == {"a": "x\ufffdy", "b": "\U0001f600"}
+
+
+async def test_lone_surrogate_text_commits_on_sqlite(chat: ChatServer, tmp_path: Any) -> None:
+    """A streamed lone surrogate never reaches the transcript, so the
+    provider completion commits on SQLite (no storage_failed)."""
+    chat.add(Stream((_LONE, _STOP)))
+    async with (
+        SQLiteStore(str(tmp_path / "runs.db")) as store,
+        open_conversation(
+            "run-1", store=store, provider=OpenAIProvider(chat.base_url, "m")
+        ) as conversation,
+    ):
+        with trio.fail_after(10):
+            await conversation.prompt("hi")
+            snapshot = await conversation.wait_settled()
+    assert snapshot.run.state == "completed"
+    assert snapshot.messages[-1]["content"] == "a\ufffdb\ufffdc\U0001f600"
 
 
 _STOP = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}

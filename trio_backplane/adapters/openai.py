@@ -15,6 +15,9 @@ the server sends it, and one terminal :class:`ResponseCompleted` or
   ``github::get_me``) are sent as a reversible, per-request alias
   (:class:`ToolAliases`) and mapped back on the way in: events, transcripts
   and results keep the real name.
+* **Text** that is not valid Unicode never reaches the transcript: invalid
+  UTF-8 bytes and lone UTF-16 surrogate escapes (``"\\ud800"``, valid JSON)
+  both decode to U+FFFD.
 * **The end.** ``[DONE]`` ends the response at once (the body is not read
   further); after a finish reason, a connection lost or a read timeout
   before ``[DONE]`` still completes the response with what arrived (usage
@@ -69,6 +72,9 @@ _MAX_TEXT: Final = 500
 #: The shortest prefix of the key redacted where a text ends (a cut through an echo).
 _MIN_KEY_FRAGMENT: Final = 6
 _REDACTED: Final = "[redacted]"
+#: A ``\\uD800``..``\\uDFFF`` escape in JSON text: the only way to a lone surrogate.
+_SURROGATE_ESCAPE: Final = re.compile(r"\\u[dD][89a-fA-F]")
+_LONE_SURROGATE: Final = re.compile("[\ud800-\udfff]")
 #: Events read (and ignored) after a malformed chunk before giving up.
 _DRAIN_LIMIT: Final = 1000
 
@@ -521,7 +527,7 @@ async def _abandon(sses: AsyncGenerator[Any, None]) -> None:
 
 def _chunk(data: str) -> Mapping[str, Any]:
     try:
-        chunk = loads(data)
+        chunk = _loads(data)
     except (ValueError, RecursionError):  # not JSON, or nested too deep to parse
         raise _Failed(_malformed("stream chunk is not JSON", data)) from None
     if not isinstance(chunk, Mapping):
@@ -541,11 +547,31 @@ def _chunk(data: str) -> Mapping[str, Any]:
     return chunk
 
 
+def _loads(text: str) -> Any:
+    """Strict JSON (``kernel.loads``) holding no lone UTF-16 surrogate: an
+    escape that is not half of a pair decodes to U+FFFD, as invalid UTF-8
+    bytes already do, so what a server sends can always be stored."""
+    value = loads(text)
+    if _SURROGATE_ESCAPE.search(text):  # rare: only then walk the value
+        value = _replace_surrogates(value)
+    return value
+
+
+def _replace_surrogates(value: Any) -> Any:
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_replace_surrogates(item) for item in value]
+    if isinstance(value, dict):
+        return {_replace_surrogates(k): _replace_surrogates(v) for k, v in value.items()}
+    return value
+
+
 def _parse_arguments(text: str) -> Any:
     if not text.strip():
         return {}
     try:
-        return loads(text)  # strict: NaN and Infinity stay text
+        return _loads(text)  # strict: NaN and Infinity stay text
     except (ValueError, RecursionError):
         return text  # the gateway refuses it as a validation tool result
 
@@ -570,7 +596,7 @@ def _http_error(response: httpx.Response) -> Error:
     status = response.status_code
     provider_message = ""
     try:
-        payload = response.json()
+        payload = _loads(response.text)
         if isinstance(payload, Mapping) and isinstance(payload.get("error"), Mapping):
             provider_message = str(payload["error"].get("message", ""))
     except (ValueError, RecursionError):
