@@ -637,3 +637,52 @@ def test_runs_list_on_an_unreachable_postgresql_says_why(
     assert status == 1
     assert "storage_failed: PostgreSQL store failed (OperationalError:" in err
     assert "s3cret-pw" not in err
+
+
+def _closed_stdout(*argv: str) -> subprocess.CompletedProcess[bytes]:
+    """The entry point with standard output a pipe whose reader is gone."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "trio_backplane.cli", *argv],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            check=False,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+
+
+def test_a_closed_stdout_exits_quietly(demo_store: tuple[Path, str, str], tmp_path: Path) -> None:
+    """A reader that went away (``backplane runs list DB | head -0``): exit
+    status 141 (128 + SIGPIPE), no traceback, no "Exception ignored" at exit."""
+    db, approved, _ = demo_store
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([{"name": "a", "inputSchema": {"type": "object"}}]))
+    for argv in (
+        ("runs", "list", str(db), "--json"),
+        ("runs", "show", str(db), approved, "--json"),
+        ("runs", "show", str(db), approved),
+        ("catalog", "admit", str(tools)),
+    ):
+        done = _closed_stdout(*argv)
+        assert (done.returncode, done.stderr) == (141, b""), argv
+
+
+def test_a_run_id_that_is_not_utf8_is_a_usage_error(demo_store: tuple[Path, str, str]) -> None:
+    """A run id that is not UTF-8 (``$'caf\\xe9'``): a one-line usage error."""
+    db, _, _ = demo_store
+    for command in ("show", "recover"):
+        done = subprocess.run(
+            [sys.executable, "-m", "trio_backplane.cli", "runs", command, str(db), b"caf\xe9"],
+            capture_output=True,
+            check=False,
+            timeout=120,
+        )
+        assert done.returncode == 2, done.stderr
+        assert done.stdout == b""
+        assert done.stderr.count(b"\n") == 1
+        assert b"UTF-8" in done.stderr
+        assert b"Traceback" not in done.stderr

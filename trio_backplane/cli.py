@@ -40,6 +40,8 @@ __all__ = ["main"]
 EXIT_OK = 0
 EXIT_REJECTED = 1
 EXIT_USAGE = 2
+#: Standard output's reader went away (128 + SIGPIPE, as a shell reports it).
+EXIT_BROKEN_PIPE = 141
 
 
 def _example_text() -> str:
@@ -128,7 +130,7 @@ def _print_rows(rows: list[tuple[str, bool, str]], out: TextIO) -> None:
             )
         print(summary, file=out)
         return
-    console = Console(file=out, highlight=False, soft_wrap=True)
+    console = _pipe_to_main(Console(file=out, highlight=False, soft_wrap=True))
     for name, ok, reason in rows:
         if ok:
             console.print(f"[green]accepted[/green]  {name}", markup=True)
@@ -207,7 +209,19 @@ def _print_table(
     for name, status, reason in rows:
         label = f"{name} (!)" if name in warned else name
         table.add_row(label, status, reason)
-    Console(file=out, highlight=False, width=120).print(table)
+    _pipe_to_main(Console(file=out, highlight=False, width=120)).print(table)
+
+
+def _pipe_to_main(console: Any) -> Any:
+    """``console`` leaving a broken pipe to :func:`main` (rich's own answer
+    is exit status 1, which means "rejected" here)."""
+
+    def broken_pipe() -> None:
+        console.quiet = True
+        raise BrokenPipeError
+
+    console.on_broken_pipe = broken_pipe
+    return console
 
 
 # -- shared output ---------------------------------------------------------------
@@ -252,8 +266,8 @@ class _Out:
         except ImportError:  # the cli extra is optional: plain lines then
             return
         terminal = bool(getattr(out, "isatty", lambda: False)())
-        self.console = Console(
-            file=out, highlight=False, soft_wrap=True, width=None if terminal else 120
+        self.console = _pipe_to_main(
+            Console(file=out, highlight=False, soft_wrap=True, width=None if terminal else 120)
         )
 
     @property
@@ -740,6 +754,7 @@ def _final_status(out: _Out, snapshot: Any, db: str, run_id: str) -> None:
 
 def _runs(args: argparse.Namespace, out: TextIO) -> int:
     try:
+        _check_run_id(getattr(args, "run_id", None))
         store = open_store(args.store)
     except _UsageError as exc:
         print(f"backplane: {exc}", file=sys.stderr)
@@ -753,6 +768,17 @@ def _runs(args: argparse.Namespace, out: TextIO) -> int:
         print(f"backplane: {_reason(error)}", file=sys.stderr)
         return EXIT_REJECTED
     return status
+
+
+def _check_run_id(run_id: str | None) -> None:
+    """A run id from the command line that is not UTF-8 (``$'caf\\xe9'``
+    arrives with surrogate escapes) can name no stored run."""
+    if run_id is None:
+        return
+    try:
+        run_id.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _UsageError(f"run id {_clean(ascii(run_id))} is not valid UTF-8") from None
 
 
 async def _with_store(store: Any, handler: Any, args: argparse.Namespace, out: _Out) -> int:
@@ -1115,8 +1141,26 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Run the command line; returns the exit status."""
     args = build_parser().parse_args(argv)
-    status: int = args.handler(args, out or sys.stdout)
+    out = out or sys.stdout
+    try:
+        status: int = args.handler(args, out)
+        out.flush()  # here, so a reader that went away is seen here
+    except BrokenPipeError:
+        _discard_output(out)
+        return EXIT_BROKEN_PIPE
     return status
+
+
+def _discard_output(out: TextIO) -> None:
+    """Point ``out``'s file descriptor at ``/dev/null``, so what is still
+    buffered is dropped at exit instead of raising again (the recipe of
+    Python's ``signal`` documentation for SIGPIPE)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, out.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no file descriptor (a StringIO): nothing to drop
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover
