@@ -686,3 +686,39 @@ def test_a_run_id_that_is_not_utf8_is_a_usage_error(demo_store: tuple[Path, str,
         assert done.stderr.count(b"\n") == 1
         assert b"UTF-8" in done.stderr
         assert b"Traceback" not in done.stderr
+
+
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+def test_runs_refuse_a_file_that_is_not_a_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Another application's SQLite file, a 0-byte file or a file that is not
+    SQLite at all: every ``runs`` command refuses it as a usage error (one
+    line) and leaves the directory byte for byte as it was (no tables
+    added, no switch to WAL, no journal files)."""
+    import sqlite3
+
+    other = tmp_path / "other.db"
+    conn = sqlite3.connect(other)
+    conn.execute("CREATE TABLE foo (x)")
+    conn.commit()
+    conn.close()
+    (tmp_path / "empty.db").write_bytes(b"")
+    (tmp_path / "garbage.db").write_bytes(b"not a database, not at all" * 100)
+    before = _snapshot(tmp_path)
+    for name in ("other.db", "empty.db", "garbage.db"):
+        for argv in (
+            ("runs", "list", str(tmp_path / name)),
+            ("runs", "show", f"sqlite:///{tmp_path / name}", "r"),
+            ("runs", "recover", str(tmp_path / name), "r"),
+            ("runs", "recover", str(tmp_path / name), "r", "--fence"),
+        ):
+            status, out = run(*argv)
+            err = capsys.readouterr().err
+            assert (status, out) == (2, ""), argv
+            assert err.count("\n") == 1, err
+            assert "is not a trio_backplane store" in err, err
+    assert _snapshot(tmp_path) == before

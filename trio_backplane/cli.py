@@ -389,7 +389,37 @@ def open_store(url: str, *, must_exist: bool = True) -> Any:
         if url.startswith("sqlite:///") and not path.startswith("/"):
             hint = f" (sqlite:/// takes a relative path; for /{path} write sqlite:////{path})"
         raise _UsageError(f"no SQLite store at {path!r}{hint}")
+    if must_exist:
+        _check_store_file(path)
     return SQLiteStore(path)
+
+
+def _check_store_file(path: str) -> None:
+    """Refuse a file that is not a trio_backplane store, looking without
+    writing (``mode=ro``): ``SQLiteStore`` would add its tables to another
+    application's database (and switch it to WAL), or make an empty file a
+    store, and a read would then report "0 runs"."""
+    import sqlite3
+    import urllib.parse
+
+    uri = "file:" + urllib.parse.quote(os.fsencode(os.path.abspath(path))) + "?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True, timeout=10.0)
+        try:
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+            version = None
+            if {"meta", "runs", "run_events"} <= tables:
+                version = conn.execute(
+                    "SELECT value FROM meta WHERE key = 'layout_version'"
+                ).fetchone()
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        if "not a database" not in str(exc):
+            raise _UsageError(f"cannot read {path!r}: {exc}") from None
+        version = None
+    if version is None or not str(version[0]).isdigit():
+        raise _UsageError(f"{path!r} is not a trio_backplane store (no layout version)")
 
 
 def _store_url(path: str) -> str:
