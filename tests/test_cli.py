@@ -722,3 +722,19 @@ def test_runs_refuse_a_file_that_is_not_a_store(
             assert err.count("\n") == 1, err
             assert "is not a trio_backplane store" in err, err
     assert _snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    "password", ["pa@ss-SECRET1", "p@ss@word-SECRET1", "pa@ss:SECRET1", "pa@ss-SECRET1%21"]
+)
+def test_a_raw_at_in_the_dsn_password_never_leaks_a_fragment(
+    password: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A password holding an unescaped ``@``: libpq takes what follows the
+    first ``@`` for the host and names it in its error; no fragment of the
+    password reaches the output."""
+    status, out = run("runs", "list", f"postgresql://u:{password}@127.0.0.1:{_closed_port()}/x")
+    err = capsys.readouterr().err
+    assert status in (1, 2)
+    assert "SECRET1" not in out + err, err
+    assert "ss-SEC" not in out + err, err

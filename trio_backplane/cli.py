@@ -26,6 +26,7 @@ import json
 import os
 import re
 import sys
+import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib import resources
 from typing import Any, TextIO
@@ -353,8 +354,42 @@ class _UsageError(Exception):
 
 
 def _redact_dsn(url: str) -> str:
-    """A DSN for display: the password is never printed."""
-    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+    """A DSN for display: the password (up to the last ``@``, which may be a
+    raw ``@`` in the password) is never printed."""
+    return re.sub(r"(://[^:/@\s]*:)\S*@", r"\1***@", url)
+
+
+def _dsn_secret_fragments(url: str) -> list[str]:
+    """What of a DSN's password may reach an error text, longest first.
+
+    The password runs from the userinfo's first ``:`` to the last ``@``; a
+    raw ``@`` (or ``:``, ``/``) in it makes a driver take part of it for the
+    host, port or database and print that part.  So every run of its pieces
+    between such delimiters (three characters or more), as written and
+    percent-decoded, is a fragment to hide.
+    """
+    _, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return []
+    _, colon, secret = rest[: rest.rindex("@")].partition(":")
+    if not colon or not secret:
+        return []
+    bounds = [0, *(m.end() for m in re.finditer(r"[@:/?#]", secret))]
+    ends = [*(m.start() for m in re.finditer(r"[@:/?#]", secret)), len(secret)]
+    fragments = {secret}
+    for i, start in enumerate(bounds):
+        for end in ends[i:]:
+            if end - start >= 3:
+                fragments.add(secret[start:end])
+    fragments |= {urllib.parse.unquote(f) for f in fragments}
+    return sorted(fragments, key=len, reverse=True)
+
+
+def _hide_dsn_secret(text: str, url: str) -> str:
+    """``text`` with every fragment of ``url``'s password replaced by ``***``."""
+    for fragment in _dsn_secret_fragments(url):
+        text = text.replace(fragment, "***")
+    return _redact_dsn(text)
 
 
 def store_path(url: str) -> str:
@@ -400,7 +435,6 @@ def _check_store_file(path: str) -> None:
     application's database (and switch it to WAL), or make an empty file a
     store, and a read would then report "0 runs"."""
     import sqlite3
-    import urllib.parse
 
     uri = "file:" + urllib.parse.quote(os.fsencode(os.path.abspath(path))) + "?mode=ro"
     try:
@@ -787,7 +821,7 @@ def _runs(args: argparse.Namespace, out: TextIO) -> int:
         _check_run_id(getattr(args, "run_id", None))
         store = open_store(args.store)
     except _UsageError as exc:
-        print(f"backplane: {exc}", file=sys.stderr)
+        print(_hide_dsn_secret(f"backplane: {exc}", args.store), file=sys.stderr)
         return EXIT_USAGE
     handler = {"list": _runs_list, "show": _runs_show, "recover": _runs_recover}[args.runs_command]
     view = _Out(out)
@@ -795,7 +829,7 @@ def _runs(args: argparse.Namespace, out: TextIO) -> int:
         status: int = trio.run(_with_store, store, handler, args, view)
     except Error as error:
         view.stop()
-        print(f"backplane: {_reason(error)}", file=sys.stderr)
+        print(_hide_dsn_secret(f"backplane: {_reason(error)}", args.store), file=sys.stderr)
         return EXIT_REJECTED
     return status
 
