@@ -1085,6 +1085,14 @@ async def connect_stdio(
 
     The subprocess is stopped when the block ends, however it ends.
     ``read_timeout`` bounds every request but calls (see ``call_timeout``).
+
+    Known limitation (the ``mcp`` SDK's): the server runs in its own process
+    group, but the SDK kills that group only when the server outlives the
+    grace period after its standard input is closed.  A server that exits
+    promptly on end of input leaves the processes it started (its children)
+    running; a server that starts helpers must stop them itself.  The SDK
+    does not expose the process, so the adapter cannot kill the group
+    without re-implementing ``stdio_client``.
     """
     _check_text("command", command)
     if isinstance(args, str | bytes) or not isinstance(args, Sequence):
