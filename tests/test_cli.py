@@ -637,3 +637,104 @@ def test_runs_list_on_an_unreachable_postgresql_says_why(
     assert status == 1
     assert "storage_failed: PostgreSQL store failed (OperationalError:" in err
     assert "s3cret-pw" not in err
+
+
+def _closed_stdout(*argv: str) -> subprocess.CompletedProcess[bytes]:
+    """The entry point with standard output a pipe whose reader is gone."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "trio_backplane.cli", *argv],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            check=False,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+
+
+def test_a_closed_stdout_exits_quietly(demo_store: tuple[Path, str, str], tmp_path: Path) -> None:
+    """A reader that went away (``backplane runs list DB | head -0``): exit
+    status 141 (128 + SIGPIPE), no traceback, no "Exception ignored" at exit."""
+    db, approved, _ = demo_store
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([{"name": "a", "inputSchema": {"type": "object"}}]))
+    for argv in (
+        ("runs", "list", str(db), "--json"),
+        ("runs", "show", str(db), approved, "--json"),
+        ("runs", "show", str(db), approved),
+        ("catalog", "admit", str(tools)),
+    ):
+        done = _closed_stdout(*argv)
+        assert (done.returncode, done.stderr) == (141, b""), argv
+
+
+def test_a_run_id_that_is_not_utf8_is_a_usage_error(demo_store: tuple[Path, str, str]) -> None:
+    """A run id that is not UTF-8 (``$'caf\\xe9'``): a one-line usage error."""
+    db, _, _ = demo_store
+    for command in ("show", "recover"):
+        done = subprocess.run(
+            [sys.executable, "-m", "trio_backplane.cli", "runs", command, str(db), b"caf\xe9"],
+            capture_output=True,
+            check=False,
+            timeout=120,
+        )
+        assert done.returncode == 2, done.stderr
+        assert done.stdout == b""
+        assert done.stderr.count(b"\n") == 1
+        assert b"UTF-8" in done.stderr
+        assert b"Traceback" not in done.stderr
+
+
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+def test_runs_refuse_a_file_that_is_not_a_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Another application's SQLite file, a 0-byte file or a file that is not
+    SQLite at all: every ``runs`` command refuses it as a usage error (one
+    line) and leaves the directory byte for byte as it was (no tables
+    added, no switch to WAL, no journal files)."""
+    import sqlite3
+
+    other = tmp_path / "other.db"
+    conn = sqlite3.connect(other)
+    conn.execute("CREATE TABLE foo (x)")
+    conn.commit()
+    conn.close()
+    (tmp_path / "empty.db").write_bytes(b"")
+    (tmp_path / "garbage.db").write_bytes(b"not a database, not at all" * 100)
+    before = _snapshot(tmp_path)
+    for name in ("other.db", "empty.db", "garbage.db"):
+        for argv in (
+            ("runs", "list", str(tmp_path / name)),
+            ("runs", "show", f"sqlite:///{tmp_path / name}", "r"),
+            ("runs", "recover", str(tmp_path / name), "r"),
+            ("runs", "recover", str(tmp_path / name), "r", "--fence"),
+        ):
+            status, out = run(*argv)
+            err = capsys.readouterr().err
+            assert (status, out) == (2, ""), argv
+            assert err.count("\n") == 1, err
+            assert "is not a trio_backplane store" in err, err
+    assert _snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    "password", ["pa@ss-SECRET1", "p@ss@word-SECRET1", "pa@ss:SECRET1", "pa@ss-SECRET1%21"]
+)
+def test_a_raw_at_in_the_dsn_password_never_leaks_a_fragment(
+    password: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A password holding an unescaped ``@``: libpq takes what follows the
+    first ``@`` for the host and names it in its error; no fragment of the
+    password reaches the output."""
+    status, out = run("runs", "list", f"postgresql://u:{password}@127.0.0.1:{_closed_port()}/x")
+    err = capsys.readouterr().err
+    assert status in (1, 2)
+    assert "SECRET1" not in out + err, err
+    assert "ss-SEC" not in out + err, err

@@ -26,6 +26,7 @@ import json
 import os
 import re
 import sys
+import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib import resources
 from typing import Any, TextIO
@@ -40,6 +41,8 @@ __all__ = ["main"]
 EXIT_OK = 0
 EXIT_REJECTED = 1
 EXIT_USAGE = 2
+#: Standard output's reader went away (128 + SIGPIPE, as a shell reports it).
+EXIT_BROKEN_PIPE = 141
 
 
 def _example_text() -> str:
@@ -128,7 +131,7 @@ def _print_rows(rows: list[tuple[str, bool, str]], out: TextIO) -> None:
             )
         print(summary, file=out)
         return
-    console = Console(file=out, highlight=False, soft_wrap=True)
+    console = _pipe_to_main(Console(file=out, highlight=False, soft_wrap=True))
     for name, ok, reason in rows:
         if ok:
             console.print(f"[green]accepted[/green]  {name}", markup=True)
@@ -207,7 +210,19 @@ def _print_table(
     for name, status, reason in rows:
         label = f"{name} (!)" if name in warned else name
         table.add_row(label, status, reason)
-    Console(file=out, highlight=False, width=120).print(table)
+    _pipe_to_main(Console(file=out, highlight=False, width=120)).print(table)
+
+
+def _pipe_to_main(console: Any) -> Any:
+    """``console`` leaving a broken pipe to :func:`main` (rich's own answer
+    is exit status 1, which means "rejected" here)."""
+
+    def broken_pipe() -> None:
+        console.quiet = True
+        raise BrokenPipeError
+
+    console.on_broken_pipe = broken_pipe
+    return console
 
 
 # -- shared output ---------------------------------------------------------------
@@ -252,8 +267,8 @@ class _Out:
         except ImportError:  # the cli extra is optional: plain lines then
             return
         terminal = bool(getattr(out, "isatty", lambda: False)())
-        self.console = Console(
-            file=out, highlight=False, soft_wrap=True, width=None if terminal else 120
+        self.console = _pipe_to_main(
+            Console(file=out, highlight=False, soft_wrap=True, width=None if terminal else 120)
         )
 
     @property
@@ -339,8 +354,42 @@ class _UsageError(Exception):
 
 
 def _redact_dsn(url: str) -> str:
-    """A DSN for display: the password is never printed."""
-    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+    """A DSN for display: the password (up to the last ``@``, which may be a
+    raw ``@`` in the password) is never printed."""
+    return re.sub(r"(://[^:/@\s]*:)\S*@", r"\1***@", url)
+
+
+def _dsn_secret_fragments(url: str) -> list[str]:
+    """What of a DSN's password may reach an error text, longest first.
+
+    The password runs from the userinfo's first ``:`` to the last ``@``; a
+    raw ``@`` (or ``:``, ``/``) in it makes a driver take part of it for the
+    host, port or database and print that part.  So every run of its pieces
+    between such delimiters (three characters or more), as written and
+    percent-decoded, is a fragment to hide.
+    """
+    _, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return []
+    _, colon, secret = rest[: rest.rindex("@")].partition(":")
+    if not colon or not secret:
+        return []
+    bounds = [0, *(m.end() for m in re.finditer(r"[@:/?#]", secret))]
+    ends = [*(m.start() for m in re.finditer(r"[@:/?#]", secret)), len(secret)]
+    fragments = {secret}
+    for i, start in enumerate(bounds):
+        for end in ends[i:]:
+            if end - start >= 3:
+                fragments.add(secret[start:end])
+    fragments |= {urllib.parse.unquote(f) for f in fragments}
+    return sorted(fragments, key=len, reverse=True)
+
+
+def _hide_dsn_secret(text: str, url: str) -> str:
+    """``text`` with every fragment of ``url``'s password replaced by ``***``."""
+    for fragment in _dsn_secret_fragments(url):
+        text = text.replace(fragment, "***")
+    return _redact_dsn(text)
 
 
 def store_path(url: str) -> str:
@@ -375,7 +424,36 @@ def open_store(url: str, *, must_exist: bool = True) -> Any:
         if url.startswith("sqlite:///") and not path.startswith("/"):
             hint = f" (sqlite:/// takes a relative path; for /{path} write sqlite:////{path})"
         raise _UsageError(f"no SQLite store at {path!r}{hint}")
+    if must_exist:
+        _check_store_file(path)
     return SQLiteStore(path)
+
+
+def _check_store_file(path: str) -> None:
+    """Refuse a file that is not a trio_backplane store, looking without
+    writing (``mode=ro``): ``SQLiteStore`` would add its tables to another
+    application's database (and switch it to WAL), or make an empty file a
+    store, and a read would then report "0 runs"."""
+    import sqlite3
+
+    uri = "file:" + urllib.parse.quote(os.fsencode(os.path.abspath(path))) + "?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True, timeout=10.0)
+        try:
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+            version = None
+            if {"meta", "runs", "run_events"} <= tables:
+                version = conn.execute(
+                    "SELECT value FROM meta WHERE key = 'layout_version'"
+                ).fetchone()
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        if "not a database" not in str(exc):
+            raise _UsageError(f"cannot read {path!r}: {exc}") from None
+        version = None
+    if version is None or not str(version[0]).isdigit():
+        raise _UsageError(f"{path!r} is not a trio_backplane store (no layout version)")
 
 
 def _store_url(path: str) -> str:
@@ -740,9 +818,10 @@ def _final_status(out: _Out, snapshot: Any, db: str, run_id: str) -> None:
 
 def _runs(args: argparse.Namespace, out: TextIO) -> int:
     try:
+        _check_run_id(getattr(args, "run_id", None))
         store = open_store(args.store)
     except _UsageError as exc:
-        print(f"backplane: {exc}", file=sys.stderr)
+        print(_hide_dsn_secret(f"backplane: {exc}", args.store), file=sys.stderr)
         return EXIT_USAGE
     handler = {"list": _runs_list, "show": _runs_show, "recover": _runs_recover}[args.runs_command]
     view = _Out(out)
@@ -750,9 +829,20 @@ def _runs(args: argparse.Namespace, out: TextIO) -> int:
         status: int = trio.run(_with_store, store, handler, args, view)
     except Error as error:
         view.stop()
-        print(f"backplane: {_reason(error)}", file=sys.stderr)
+        print(_hide_dsn_secret(f"backplane: {_reason(error)}", args.store), file=sys.stderr)
         return EXIT_REJECTED
     return status
+
+
+def _check_run_id(run_id: str | None) -> None:
+    """A run id from the command line that is not UTF-8 (``$'caf\\xe9'``
+    arrives with surrogate escapes) can name no stored run."""
+    if run_id is None:
+        return
+    try:
+        run_id.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _UsageError(f"run id {_clean(ascii(run_id))} is not valid UTF-8") from None
 
 
 async def _with_store(store: Any, handler: Any, args: argparse.Namespace, out: _Out) -> int:
@@ -1115,8 +1205,26 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Run the command line; returns the exit status."""
     args = build_parser().parse_args(argv)
-    status: int = args.handler(args, out or sys.stdout)
+    out = out or sys.stdout
+    try:
+        status: int = args.handler(args, out)
+        out.flush()  # here, so a reader that went away is seen here
+    except BrokenPipeError:
+        _discard_output(out)
+        return EXIT_BROKEN_PIPE
     return status
+
+
+def _discard_output(out: TextIO) -> None:
+    """Point ``out``'s file descriptor at ``/dev/null``, so what is still
+    buffered is dropped at exit instead of raising again (the recipe of
+    Python's ``signal`` documentation for SIGPIPE)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, out.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no file descriptor (a StringIO): nothing to drop
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

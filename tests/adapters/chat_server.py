@@ -3,18 +3,21 @@
 ``ChatServer`` runs a stdlib ``ThreadingHTTPServer`` on 127.0.0.1, port 0,
 in a daemon thread.  Each POST to ``/v1/chat/completions`` consumes the next
 scripted reply: :class:`Stream` (SSE chunks, optionally without ``[DONE]``,
-optionally dropping the connection mid-body) or :class:`Status` (a plain
-HTTP error).  Every request's JSON body and headers are recorded.
+optionally dropping the connection mid-body, optionally ending with a
+dropped, reset or silent connection instead of the body's end) or
+:class:`Status` (a plain HTTP error).  Every request's JSON body and headers are recorded.
 """
 
 from __future__ import annotations
 
 import json
+import socket
+import struct
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
@@ -26,6 +29,9 @@ class Stream:
     chunks: tuple[Any, ...]
     done: bool = True
     drop: bool = False  # close the socket without ending the chunked body
+    #: after the chunks (and [DONE]): end the body, close the socket, reset
+    #: it, or keep it open and silent until the server stops
+    tail: Literal["end", "drop", "reset", "hang"] = "end"
 
 
 @attrs.frozen
@@ -95,6 +101,7 @@ class ChatServer:
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self._lock = threading.Lock()
+        self._stopping = threading.Event()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -135,8 +142,16 @@ class ChatServer:
                     return
                 if reply.done:
                     self._chunk(b"data: [DONE]\n\n")
-                self.wfile.write(b"0\r\n\r\n")
-                self.wfile.flush()
+                if reply.tail == "end":
+                    self.wfile.write(b"0\r\n\r\n")
+                    self.wfile.flush()
+                    return
+                self.close_connection = True
+                if reply.tail == "hang":
+                    server._stopping.wait(30)
+                elif reply.tail == "reset":
+                    linger = struct.pack("ii", 1, 0)
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
 
             def _chunk(self, data: bytes) -> None:
                 self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
@@ -163,6 +178,7 @@ class ChatServer:
         try:
             yield self
         finally:
+            self._stopping.set()
             self._server.shutdown()
             self._server.server_close()
             self._thread.join(timeout=5)

@@ -3,7 +3,9 @@
 Run as ``python mcp_server.py`` (stdio) or ``python mcp_server.py --http``
 (streamable HTTP on a loopback port of the system's choosing, printed as the
 first line of stdout once the socket listens).  ``MCP_TEST_REF_PORT`` names the loopback
-port the ``remote_ref`` tool's schema points at (MCP-05).  Every
+port the ``remote_ref`` tool's schema points at (MCP-05); with
+``MCP_TEST_REFUSE_CODE`` set, calls to ``plain`` are refused with that
+JSON-RPC error code (the connection stays healthy).  Every
 ``tools/call`` it receives is logged; the ``calls`` tool returns that log, so
 a test can prove a request never reached the server.
 """
@@ -18,8 +20,10 @@ import anyio
 from mcp import types
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import MCPError
 
 REF_PORT = os.environ.get("MCP_TEST_REF_PORT", "9")
+REFUSE_CODE = os.environ.get("MCP_TEST_REFUSE_CODE")
 
 USER_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -166,6 +170,8 @@ async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Call
         )
     if name == "fail":
         return types.CallToolResult(content=text("the tool failed"), is_error=True)
+    if name == "plain" and REFUSE_CODE is not None:
+        raise MCPError(int(REFUSE_CODE), "database is locked, refusing")
     if name == "slow":
         await anyio.sleep(float(arguments.get("seconds", 30)))
         return types.CallToolResult(content=text("slept"))

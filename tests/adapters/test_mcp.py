@@ -563,6 +563,74 @@ async def test_slow_tool_timeout_is_classed_and_uncertain() -> None:
         assert await server_calls(source) == ["slow", "slow"]
 
 
+@pytest.mark.parametrize("code", [-32000, -32603])
+async def test_server_error_on_a_healthy_connection_is_a_refusal(code: int) -> None:
+    """A JSON-RPC error the server sends (-32000 is a generic server error,
+    the same number as the SDK's own "connection closed") is
+    ``execution_failure`` "MCP server refused ...", uncertain for a call,
+    and the connection goes on working."""
+    async with server(env={"MCP_TEST_REFUSE_CODE": str(code)}) as source:
+        with pytest.raises(Error) as exc:
+            await source.call_tool("plain", {})
+        assert await server_calls(source) == ["plain"]
+    error = exc.value
+    assert error.error_class is ErrorClass.EXECUTION_FAILURE
+    assert error.message == "MCP server refused tools/call"
+    assert error.details["code"] == code
+    assert error.details["server_message"] == "database is locked, refusing"
+    assert error.details["certainty"] == "uncertain"
+
+
+_REFUSE_EVERYTHING = """
+import json, sys
+for line in sys.stdin:
+    message = json.loads(line)
+    if "id" in message:
+        error = {"code": -32000, "message": "database is locked, refusing"}
+        print(json.dumps({"jsonrpc": "2.0", "id": message["id"], "error": error}), flush=True)
+"""
+
+
+async def test_server_refusing_initialize_is_a_refusal() -> None:
+    """A server that answers ``initialize`` with a -32000 error refused it:
+    ``execution_failure``, not a closed connection."""
+    with trio.fail_after(30), pytest.raises(Error) as exc:
+        async with connect_stdio(sys.executable, ["-c", _REFUSE_EVERYTHING], read_timeout=5):
+            pass
+    assert exc.value.error_class is ErrorClass.EXECUTION_FAILURE
+    assert exc.value.message == "MCP server refused initialize"
+    assert exc.value.details["code"] == -32000
+
+
+_EXIT_ON_CALL = """
+import json, os, sys
+for line in sys.stdin:
+    message = json.loads(line)
+    method, key = message.get("method"), message.get("id")
+    if method == "initialize":
+        result = {"protocolVersion": message["params"]["protocolVersion"], "capabilities": {},
+                  "serverInfo": {"name": "exits", "version": "1"}}
+    elif method == "tools/list":
+        result = {"tools": [{"name": "echo", "inputSchema": {"type": "object"}}]}
+    elif method == "tools/call":
+        os._exit(3)
+    else:
+        continue
+    print(json.dumps({"jsonrpc": "2.0", "id": key, "result": result}), flush=True)
+"""
+
+
+async def test_connection_closed_by_the_sdk_stays_transient() -> None:
+    """The SDK's own "connection closed" (a server that exits mid-call) is
+    still ``transient_transport`` "MCP connection closed", uncertain."""
+    with trio.fail_after(30), pytest.raises(Error) as exc:
+        async with connect_stdio(sys.executable, ["-c", _EXIT_ON_CALL], read_timeout=5) as source:
+            await source.call_tool("echo", {})
+    assert exc.value.error_class is ErrorClass.TRANSIENT_TRANSPORT
+    assert exc.value.message == "MCP connection closed"
+    assert exc.value.details["certainty"] == "uncertain"
+
+
 async def test_rejected_diagnostics_are_trusted_host_data() -> None:
     """Refusals are kept as Rejected: unserializable, repr without details."""
     async with server(env={"MCP_TEST_REF_PORT": "4242"}) as source:

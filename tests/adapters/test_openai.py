@@ -33,7 +33,7 @@ from trio_backplane.runtime import (
     Usage,
     open_conversation,
 )
-from trio_backplane.store import MemoryStore
+from trio_backplane.store import MemoryStore, SQLiteStore
 from trio_backplane.tools import (
     Authority,
     ProviderTool,
@@ -303,6 +303,41 @@ async def test_echoed_key_is_redacted(chat: ChatServer) -> None:
     assert re.search(r"\[redacted\]", events[-1].error.details["provider_message"])
 
 
+def _fragments(text: str) -> list[str]:
+    """Every prefix of the canary of six characters or more found in ``text``."""
+    return [CANARY[:n] for n in range(6, len(CANARY) + 1) if CANARY[:n] in text]
+
+
+@pytest.mark.parametrize("pad", [470, 480, 490, 495, 499])
+@pytest.mark.parametrize(
+    "reply",
+    [
+        lambda text: Status(401, text),
+        lambda text: Status(500, text, raw=True),
+        lambda text: Stream(({"error": {"message": text}},)),
+        lambda text: Stream((text,)),  # not JSON: quoted as the malformed detail
+    ],
+    ids=["http_json", "http_text", "stream_error", "not_json"],
+)
+async def test_key_straddling_the_cut_is_redacted(chat: ChatServer, pad: int, reply: Any) -> None:
+    """PRV-18: a key echoed across the 500-character cut of a provider text
+    is redacted before the cut, so not even a prefix of it survives."""
+    chat.add(reply("x" * pad + " " + CANARY + " tail"))
+    events = await collect(OpenAIProvider(chat.base_url, "m"), request())
+    assert isinstance(events[-1], ResponseFailed)
+    assert _fragments(repr(events[-1].error)) == []
+
+
+async def test_key_prefix_the_server_cut_is_redacted(chat: ChatServer) -> None:
+    """PRV-18: a key the server itself cut short at the end of its text is
+    redacted as well (a prefix of a meaningful length)."""
+    chat.add(Status(401, "invalid key " + CANARY[:15]))
+    events = await collect(OpenAIProvider(chat.base_url, "m"), request())
+    error = events[-1].error
+    assert _fragments(repr(error)) == []
+    assert error.details["provider_message"] == "invalid key [redacted]"
+
+
 async def test_no_key_sends_no_authorization(chat: ChatServer) -> None:
     chat.add(text_chunks("ok"))
     provider = OpenAIProvider(chat.base_url, "m")
@@ -500,13 +535,139 @@ async def test_http_error_with_a_plain_text_body(chat: ChatServer) -> None:
     assert error.details == {"status": 502, "provider_message": "bad gateway from the proxy"}
 
 
-async def test_chunks_after_done_are_drained_not_read(chat: ChatServer) -> None:
-    """What a server sends after ``[DONE]`` is read off the wire (so the HTTP
-    stream closes cleanly) and ignored."""
+async def test_chunks_after_done_are_never_read(chat: ChatServer) -> None:
+    """What a server sends after ``[DONE]`` is ignored: ``[DONE]`` ends the
+    response and the HTTP stream is closed (cleanly, no generator left)."""
     chat.add(Stream((_one({"content": "first"}), "[DONE]", _one({"content": "ignored"}), "")))
     events = await collect(OpenAIProvider(chat.base_url, "m"), request())
     assert [e.text for e in events if isinstance(e, TextDelta)] == ["first"]
     assert events[-1] == ResponseCompleted({"role": "assistant", "content": "first"})
+
+
+_DEEP = "[" * 100_000 + "]" * 100_000
+
+
+async def test_deeply_nested_chunk_is_malformed(chat: ChatServer) -> None:
+    """PRV-07: a chunk nested too deep to parse (a ``RecursionError``, not a
+    ``ValueError``) is one classed ``malformed_stream`` failure, never a raw
+    exception out of the stream."""
+    chat.add(Stream((_one({"content": "a"}), _DEEP)))
+    events = await collect(OpenAIProvider(chat.base_url, "m"), request())
+    assert isinstance(events[-1], ResponseFailed)
+    error = events[-1].error
+    assert error.error_class is ErrorClass.EXECUTION_FAILURE
+    assert error.details["reason"] == "malformed_stream"
+
+
+async def test_deeply_nested_arguments_stay_text(chat: ChatServer) -> None:
+    """Tool-call arguments nested too deep to parse come through as their raw
+    text, like any other arguments that are not JSON (the gateway refuses
+    them as a validation tool result)."""
+    chat.add(tool_call_chunks(("c1", "add", _DEEP)))
+    events = await collect(OpenAIProvider(chat.base_url, "m"), request())
+    [completed] = [e for e in events if isinstance(e, ToolCallCompleted)]
+    assert completed.arguments == _DEEP
+    assert isinstance(events[-1], ResponseCompleted)
+
+
+async def test_deeply_nested_error_body_keeps_its_status(chat: ChatServer) -> None:
+    """An HTTP error whose JSON body is nested too deep to parse is classed by
+    its status, with its text (cut) as the provider message, like any other
+    body that is not JSON."""
+    chat.add(Status(400, '{"error": ' + _DEEP + "}", raw=True))
+    events = await collect(OpenAIProvider(chat.base_url, "m"), request())
+    assert isinstance(events[-1], ResponseFailed)
+    error = events[-1].error
+    assert error.error_class is ErrorClass.VALIDATION
+    assert error.details["status"] == 400
+    assert error.details["provider_message"] == ('{"error": ' + _DEEP)[:500]
+
+
+_LONE = '{"choices": [{"index": 0, "delta": {"content": "a\\ud800b\\uDC00c\\ud83d\\ude00"}}]}'
+
+
+async def test_lone_surrogates_become_replacement_characters(chat: ChatServer) -> None:
+    """A lone UTF-16 surrogate escape in a chunk (valid JSON) decodes to
+    U+FFFD, as invalid UTF-8 bytes do; a surrogate pair stays its character.
+    Tool-call arguments get the same treatment."""
+    chat.add(
+        Stream((_LONE,)),
+        tool_call_chunks(("c1", "add", '{"a": "x\\uD801y", "b": "\\ud83d\\ude00"}')),
+    )
+    provider = OpenAIProvider(chat.base_url, "m")
+    events = await collect(provider, request())
+    assert [e.text for e in events if isinstance(e, TextDelta)] == ["a\ufffdb\ufffdc\U0001f600"]
+    events = await collect(provider, request())
+    [completed] = [e for e in events if isinstance(e, ToolCallCompleted)]
+    assert completed.arguments == {"a": "x\ufffdy", "b": "\U0001f600"}
+
+
+async def test_lone_surrogate_text_commits_on_sqlite(chat: ChatServer, tmp_path: Any) -> None:
+    """A streamed lone surrogate never reaches the transcript, so the
+    provider completion commits on SQLite (no storage_failed)."""
+    chat.add(Stream((_LONE, _STOP)))
+    async with (
+        SQLiteStore(str(tmp_path / "runs.db")) as store,
+        open_conversation(
+            "run-1", store=store, provider=OpenAIProvider(chat.base_url, "m")
+        ) as conversation,
+    ):
+        with trio.fail_after(10):
+            await conversation.prompt("hi")
+            snapshot = await conversation.wait_settled()
+    assert snapshot.run.state == "completed"
+    assert snapshot.messages[-1]["content"] == "a\ufffdb\ufffdc\U0001f600"
+
+
+_STOP = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+
+
+@pytest.mark.parametrize("tail", ["drop", "reset", "hang"])
+async def test_done_ends_the_response_at_once(chat: ChatServer, tail: str) -> None:
+    """PRV-03: ``[DONE]`` ends the response: the provider stops reading and
+    closes it, so a connection that then drops, resets or stays open does
+    not turn a whole response into a failure."""
+    chat.add(Stream((_one({"content": "hello"}), _STOP), tail=tail))
+    with trio.fail_after(5):  # well under the provider's read timeout
+        events = await collect(OpenAIProvider(chat.base_url, "m", timeout=30), request())
+    assert events[-1] == ResponseCompleted({"role": "assistant", "content": "hello"})
+
+
+@pytest.mark.parametrize("tail", ["drop", "reset", "hang"])
+async def test_a_finished_response_survives_a_lost_tail(chat: ChatServer, tail: str) -> None:
+    """PRV-16: after a finish reason, a connection lost (or a read timeout)
+    before ``[DONE]`` completes the response with what arrived; the usage
+    that never came is not invented."""
+    chat.add(Stream((_one({"content": "hello"}), _STOP), done=False, tail=tail))
+    events = await collect(OpenAIProvider(chat.base_url, "m", timeout=0.3), request())
+    assert events[-1] == ResponseCompleted({"role": "assistant", "content": "hello"})
+    assert not any(isinstance(e, Usage) for e in events)
+
+
+@pytest.mark.parametrize("tail", ["end", "drop", "hang"])
+async def test_no_finish_reason_is_still_a_failure(chat: ChatServer, tail: str) -> None:
+    """PRV-04: a stream that ends before any finish reason stays a classed failure."""
+    chat.add(Stream((_one({"content": "par"}),), done=False, tail=tail))
+    events = await collect(OpenAIProvider(chat.base_url, "m", timeout=0.3), request())
+    assert isinstance(events[-1], ResponseFailed)
+    assert events[-1].error.error_class is ErrorClass.TRANSIENT_TRANSPORT
+
+
+async def test_done_then_a_silent_connection_completes_the_run(chat: ChatServer) -> None:
+    """PRV-03: in a conversation, a server that keeps the connection open
+    after ``[DONE]`` neither times the attempt out nor makes it uncertain."""
+    chat.add(Stream((_one({"content": "hello"}), _STOP), tail="hang"))
+    async with open_conversation(
+        "run-1",
+        store=MemoryStore(),
+        provider=OpenAIProvider(chat.base_url, "m", timeout=30),
+        effect_timeout=2.0,
+    ) as conversation:
+        with trio.fail_after(10):
+            await conversation.prompt("hi")
+            snapshot = await conversation.wait_settled()
+    assert snapshot.run.state == "completed"
+    assert snapshot.messages[-1]["content"] == "hello"
 
 
 async def test_nan_from_the_model_never_reaches_the_transcript(chat: ChatServer) -> None:

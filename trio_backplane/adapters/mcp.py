@@ -106,6 +106,8 @@ Role = Literal["input", "output"]
 #: Refusal reasons a build failure keeps instead of ``"build_failed"`` (MCP-03).
 _KEPT_BUILD_REASONS: Final = frozenset({"root_not_object"})
 _MAX_CAUSE: Final = 500
+#: The message of the SDK's own CONNECTION_CLOSED error (mcp.shared.jsonrpc_dispatcher).
+_SDK_CONNECTION_CLOSED: Final = "Connection closed"
 
 
 # -- the swappable validator ---------------------------------------------------
@@ -752,9 +754,23 @@ def _mcp_error(method: str, exc: MCPError, *, tool: str | None) -> Error:
         details["certainty"] = "uncertain"
     if exc.code == mcp_types.REQUEST_TIMEOUT:
         return Error(ErrorClass.TIMEOUT, f"MCP {method} timed out", details)
-    if exc.code == mcp_types.CONNECTION_CLOSED:
+    if _connection_closed(exc):
         return Error(ErrorClass.TRANSIENT_TRANSPORT, "MCP connection closed", details)
     return Error(ErrorClass.EXECUTION_FAILURE, f"MCP server refused {method}", details)
+
+
+def _connection_closed(exc: MCPError) -> bool:
+    """Whether the SDK itself reports the connection closed.
+
+    Its code, -32000, is also JSON-RPC's generic server error, which a
+    server on a healthy connection sends to refuse a request: only the
+    SDK's own error (exactly that message, no data) is a closed connection.
+    """
+    return (
+        exc.code == mcp_types.CONNECTION_CLOSED
+        and exc.message == _SDK_CONNECTION_CLOSED
+        and exc.data is None
+    )
 
 
 def _transport_error(method: str, exc: BaseException, *, tool: str | None) -> Error:
@@ -1069,6 +1085,14 @@ async def connect_stdio(
 
     The subprocess is stopped when the block ends, however it ends.
     ``read_timeout`` bounds every request but calls (see ``call_timeout``).
+
+    Known limitation (the ``mcp`` SDK's): the server runs in its own process
+    group, but the SDK kills that group only when the server outlives the
+    grace period after its standard input is closed.  A server that exits
+    promptly on end of input leaves the processes it started (its children)
+    running; a server that starts helpers must stop them itself.  The SDK
+    does not expose the process, so the adapter cannot kill the group
+    without re-implementing ``stdio_client``.
     """
     _check_text("command", command)
     if isinstance(args, str | bytes) or not isinstance(args, Sequence):

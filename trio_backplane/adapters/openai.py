@@ -15,11 +15,19 @@ the server sends it, and one terminal :class:`ResponseCompleted` or
   ``github::get_me``) are sent as a reversible, per-request alias
   (:class:`ToolAliases`) and mapped back on the way in: events, transcripts
   and results keep the real name.
+* **Text** that is not valid Unicode never reaches the transcript: invalid
+  UTF-8 bytes and lone UTF-16 surrogate escapes (``"\\ud800"``, valid JSON)
+  both decode to U+FFFD.
+* **The end.** ``[DONE]`` ends the response at once (the body is not read
+  further); after a finish reason, a connection lost or a read timeout
+  before ``[DONE]`` still completes the response with what arrived (usage
+  that never came is not invented).
 * **Errors** are classed: HTTP 429 and 5xx, a dropped connection, a timeout and
   a stream that ends before a finish reason or ``[DONE]`` are
   ``transient_transport`` (a retry is the host's call); 401/403 are
   ``forbidden``; any other 4xx is ``validation``; a chunk that is not a JSON
-  object, or a response that is not an event stream, is ``execution_failure``
+  object (or nests too deep to parse), or a response that is not an event
+  stream, is ``execution_failure``
   with ``details["reason"]`` ``"malformed_stream"``.
 * **The API key** is read from ``context["api_key"]`` (the trusted
   ``provider_context``) and sent only as the ``Authorization`` header: it is
@@ -38,6 +46,7 @@ from typing import Any, Final
 
 import httpx
 import httpx_sse
+import trio
 
 from ..errors import Error, ErrorClass
 from ..kernel import check_json, loads
@@ -60,7 +69,13 @@ __all__ = ["OPENAI_NAME", "OpenAIProvider", "ToolAliases", "transcript_messages"
 OPENAI_NAME: Final = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 _UNSAFE_CHARS: Final = re.compile(r"[^a-zA-Z0-9_-]")
 _MAX_TEXT: Final = 500
-#: Events read (and ignored) after [DONE] or a malformed chunk before giving up.
+#: The shortest prefix of the key redacted where a text ends (a cut through an echo).
+_MIN_KEY_FRAGMENT: Final = 6
+_REDACTED: Final = "[redacted]"
+#: A ``\\uD800``..``\\uDFFF`` escape in JSON text: the only way to a lone surrogate.
+_SURROGATE_ESCAPE: Final = re.compile(r"\\u[dD][89a-fA-F]")
+_LONE_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+#: Events read (and ignored) after a malformed chunk before giving up.
 _DRAIN_LIMIT: Final = 1000
 
 
@@ -343,6 +358,7 @@ class OpenAIProvider:
         thinking: list[str] = []
         finished = done = False
         failure: Error | None = None
+        lost: Error | None = None
         drained = 0
         try:
             async with httpx_sse.aconnect_sse(
@@ -352,11 +368,12 @@ class OpenAIProvider:
                 if response.status_code != 200:
                     await response.aread()
                     raise _Failed(_http_error(response))
-                # Read the body to its end even after [DONE] or a bad chunk: an
-                # httpx stream left half-read leaves its generators unexhausted.
+                # Read the body on after a bad chunk (up to _DRAIN_LIMIT
+                # events), so the stream closes cleanly; [DONE] ends it at
+                # once: what a server does after it cannot fail the response.
                 async with aclosing(source.aiter_sse()) as sses:
                     async for sse in sses:
-                        if done or failure is not None:
+                        if failure is not None:
                             drained += 1
                             if drained > _DRAIN_LIMIT:
                                 break
@@ -364,7 +381,7 @@ class OpenAIProvider:
                         data = sse.data.strip()
                         if data == "[DONE]":
                             done = True
-                            continue
+                            break
                         if not data:
                             continue
                         try:
@@ -382,12 +399,16 @@ class OpenAIProvider:
                             for c in chunk.get("choices") or ()
                         ):
                             finished = True
+                    if done:
+                        await _abandon(sses)
         except httpx_sse.SSEError as exc:
             raise _Failed(_malformed("response is not an event stream", str(exc))) from None
         except httpx.TimeoutException as exc:
-            raise _Failed(_transport("provider request timed out", exc, "timeout")) from None
+            lost = _transport("provider request timed out", exc, "timeout")
         except httpx.HTTPError as exc:
-            raise _Failed(_transport("provider connection failed", exc, "connection")) from None
+            lost = _transport("provider connection failed", exc, "connection")
+        if lost is not None and (failure is not None or not finished):
+            raise _Failed(lost)  # after a finish reason, what arrived is the response
         if failure is not None:
             raise _Failed(failure)
         if not (done or finished):
@@ -491,11 +512,24 @@ class OpenAIProvider:
         return events
 
 
+async def _abandon(sses: AsyncGenerator[Any, None]) -> None:
+    """Stop reading ``sses`` without waiting on the network.
+
+    Events already buffered are discarded and the first read that would wait
+    is cancelled: the cancellation unwinds httpx's own generators beneath
+    (breaking out would leave them unexhausted), and closes the connection.
+    """
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        async for _ in sses:
+            pass
+
+
 def _chunk(data: str) -> Mapping[str, Any]:
     try:
-        chunk = loads(data)
-    except ValueError:
-        raise _Failed(_malformed("stream chunk is not JSON", data[:80])) from None
+        chunk = _loads(data)
+    except (ValueError, RecursionError):  # not JSON, or nested too deep to parse
+        raise _Failed(_malformed("stream chunk is not JSON", data)) from None
     if not isinstance(chunk, Mapping):
         raise _Failed(_malformed("stream chunk is not a JSON object", type(chunk).__name__))
     error = chunk.get("error")
@@ -506,19 +540,39 @@ def _chunk(data: str) -> Mapping[str, Any]:
                 "provider reported an error mid-stream",
                 {
                     "reason": "stream_error",
-                    "provider_message": str(error.get("message"))[:_MAX_TEXT],
+                    "provider_message": str(error.get("message")),
                 },
             )
         )
     return chunk
 
 
+def _loads(text: str) -> Any:
+    """Strict JSON (``kernel.loads``) holding no lone UTF-16 surrogate: an
+    escape that is not half of a pair decodes to U+FFFD, as invalid UTF-8
+    bytes already do, so what a server sends can always be stored."""
+    value = loads(text)
+    if _SURROGATE_ESCAPE.search(text):  # rare: only then walk the value
+        value = _replace_surrogates(value)
+    return value
+
+
+def _replace_surrogates(value: Any) -> Any:
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_replace_surrogates(item) for item in value]
+    if isinstance(value, dict):
+        return {_replace_surrogates(k): _replace_surrogates(v) for k, v in value.items()}
+    return value
+
+
 def _parse_arguments(text: str) -> Any:
     if not text.strip():
         return {}
     try:
-        return loads(text)  # strict: NaN and Infinity stay text
-    except ValueError:
+        return _loads(text)  # strict: NaN and Infinity stay text
+    except (ValueError, RecursionError):
         return text  # the gateway refuses it as a validation tool result
 
 
@@ -526,7 +580,7 @@ def _malformed(message: str, detail: str) -> Error:
     return Error(
         ErrorClass.EXECUTION_FAILURE,
         message,
-        {"reason": "malformed_stream", "detail": detail[:_MAX_TEXT]},
+        {"reason": "malformed_stream", "detail": detail},
     )
 
 
@@ -542,12 +596,12 @@ def _http_error(response: httpx.Response) -> Error:
     status = response.status_code
     provider_message = ""
     try:
-        payload = response.json()
+        payload = _loads(response.text)
         if isinstance(payload, Mapping) and isinstance(payload.get("error"), Mapping):
             provider_message = str(payload["error"].get("message", ""))
-    except ValueError:
+    except (ValueError, RecursionError):
         provider_message = response.text
-    details = {"status": status, "provider_message": provider_message[:_MAX_TEXT]}
+    details = {"status": status, "provider_message": provider_message}
     if status == 429 or status >= 500:
         return Error(ErrorClass.TRANSIENT_TRANSPORT, f"provider answered HTTP {status}", details)
     if status in (401, 403):
@@ -555,12 +609,29 @@ def _http_error(response: httpx.Response) -> Error:
     return Error(ErrorClass.VALIDATION, f"provider rejected the request (HTTP {status})", details)
 
 
+def _excerpt(text: str, api_key: str | None, limit: int | None = None) -> str:
+    """``text`` with the key redacted, then cut to ``limit``.
+
+    Redacting first means a key across the cut never survives as a prefix;
+    a prefix of the key still ending the text (a server that cut its own
+    echo) is redacted too.
+    """
+    if api_key:
+        text = text.replace(api_key, _REDACTED)
+    if limit is not None:
+        text = text[:limit]
+    if api_key:
+        for size in range(min(len(api_key), len(text)), _MIN_KEY_FRAGMENT - 1, -1):
+            if text.endswith(api_key[:size]):
+                return text[:-size] + _REDACTED
+    return text
+
+
 def _redact(error: Error, api_key: str | None) -> Error:
-    """Never let the key back in through text a server echoed."""
-    if not api_key:
-        return error
-    text = json.dumps(error.to_dict(), ensure_ascii=False)
-    if api_key not in text:
-        return error
-    cleaned = json.loads(text.replace(api_key, "[redacted]"))
-    return Error(error.error_class, cleaned["message"], cleaned["details"])
+    """The error as it may leave: the key never back in through text a server
+    echoed, and server text (left whole until now) cut to ``_MAX_TEXT``."""
+    details = {
+        key: _excerpt(value, api_key, _MAX_TEXT) if isinstance(value, str) else value
+        for key, value in error.details.items()
+    }
+    return Error(error.error_class, _excerpt(error.message, api_key), details)
