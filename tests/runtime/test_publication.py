@@ -592,3 +592,52 @@ async def test_pub_18_nested_or_outer_failure_discards(
     assert [r.catalog_revision for r in provider.requests] == [1, 1]
     assert finished.of("catalog_published") == []
     assert finished.snapshot.receipts == ()
+
+
+def _tool_message_commit(kind: str, record: Any) -> bool:
+    messages = (record.conversation or {}).get("messages", ())
+    return kind == "conversation_updated" and any(m.get("role") == "tool" for m in messages)
+
+
+@pytest.mark.parametrize("slow", ["tool_completed", "tool_message"])
+async def test_pub_06_pub_09_a_cancel_at_the_publication_boundary_never_half_publishes(
+    autojump_clock: MockClock, slow: str
+) -> None:
+    """PUB-06/PUB-09: the producer succeeded; cancel() arrives while a commit
+    at the publication boundary is in flight (the result's, or the one
+    carrying its tool message).  The staging takes effect only with the
+    checkpoint that commits it: the receipt, the status, the stored record
+    and ``catalog_published`` always agree: published whole (revision 2),
+    or discarded (revision 1, no receipt).  Never a receipt saying
+    ``published`` for a catalog the record does not hold."""
+    log: dict[str, Any] = {}
+    pub = publication("pub-2", new_catalog())
+    faulty = FaultyStore()
+    if slow == "tool_completed":
+        faulty.add(Fault("delay", kind="tool_completed", delay=2.0))
+    else:
+        faulty.add(Fault("delay", when=_tool_message_commit, delay=2.0))
+
+    async def discover(operation: Any) -> Any:
+        await staging(pub, log)(operation)
+        return ToolResult("discovered")
+
+    async def during(conversation: Conversation, host: Host) -> None:
+        while not faulty.fired:
+            await trio.sleep(0.1)
+        await conversation.cancel()
+
+    provider = SP([SP.tool_calls(("c1", "discover", {})), SP.text("done")])
+    finished, _ = await run_with_host(provider, base_tools(discover), store=faulty, during=during)
+    stored_revision = dict(finished.record.conversation or {}).get("catalog_revision", 1)
+    published = finished.of("catalog_published")
+    receipts = [(r.status, r.catalog_revision) for r in finished.snapshot.receipts]
+    if stored_revision == 2:
+        assert len(published) == 1
+        assert receipts == [("published", 2)]
+        assert finished.snapshot.catalog_revision == 2
+    else:
+        assert published == []
+        assert receipts == []
+        assert finished.snapshot.catalog_revision == 1
+    assert finished.record.state in ("cancelled", "unknown_outcome")

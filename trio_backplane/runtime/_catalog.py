@@ -35,6 +35,8 @@ class _Staged:
     #: invocations whose acknowledged success makes the staging eligible
     waiting_for: set[str]
     eligible: bool = False
+    #: its publication checkpoint is being committed: that commit decides
+    publishing: bool = False
 
 
 class CatalogState:
@@ -130,14 +132,34 @@ class CatalogState:
             staged.eligible = True
 
     def discard(self) -> None:
+        """Drop the staging (PUB-09), unless its publication checkpoint is
+        being committed: then the commit decides (:meth:`publish` or
+        :meth:`abort_publish`)."""
         staged = self.staged
-        if staged is None:
+        if staged is None or staged.publishing:
             return
         self.staged = None
         self._receipts.pop(staged.publication.publication_id, None)
 
+    def begin_publish(self) -> int | None:
+        """At the boundary: the catalog revision an eligible staging will have
+        once its checkpoint commits, or ``None``.  Nothing changes until
+        :meth:`publish` (after the commit): a receipt never says "published"
+        for a catalog that was not (PUB-06)."""
+        staged = self.staged
+        if staged is None or not staged.eligible:
+            return None
+        staged.publishing = True
+        return staged.receipt.catalog_revision
+
+    def abort_publish(self) -> None:
+        """The publication checkpoint was not committed: discard the staging."""
+        if self.staged is not None:
+            self.staged.publishing = False
+        self.discard()
+
     def publish(self) -> PublicationReceipt | None:
-        """At the boundary: make an eligible staging the active catalog."""
+        """Its checkpoint committed: make the staging the active catalog."""
         staged = self.staged
         if staged is None or not staged.eligible:
             return None

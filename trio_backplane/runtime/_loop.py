@@ -379,12 +379,20 @@ class TurnLoop:
         """The boundary after a tool batch: an eligible staging takes effect
         before steering, hooks or the next provider attempt (PUB-03, EVT-14)."""
         c = self.c
-        receipt = c._catalog.publish()
-        if receipt is None:
+        revision = c._catalog.begin_publish()
+        if revision is None:
             return
-        await self._flush()
-        await c._checkpoint(lambda s: {**s, "catalog_revision": receipt.catalog_revision})
-        c._publish("catalog_published", {"catalog_revision": receipt.catalog_revision})
+
+        def published() -> None:
+            c._catalog.publish()
+            c._publish("catalog_published", {"catalog_revision": revision})
+
+        step = checkpoint_step(lambda s: {**s, "catalog_revision": revision}, after=published)
+        try:
+            await self._flush(step)
+        except BaseException:
+            c._catalog.abort_publish()  # not committed: the staging is discarded (PUB-09)
+            raise
 
     async def _consume_steering(self, turn_id: str) -> bool:
         c = self.c
