@@ -337,25 +337,34 @@ async def test_group_commit_100_runs_20_commits(store: SQLiteStore) -> None:
         assert [e.occurred_at for e in logged][1:] == sorted(e.occurred_at for e in logged[1:])
 
 
+async def _commit_into(
+    results: dict[Any, Any], key: Any, store: SQLiteStore, record: RunRecord, command: Command
+) -> None:
+    """Commit ``command`` over ``record``: ``results[key]`` is the receipt or
+    the ``Error`` (for commits raced in one nursery)."""
+    new, events = transition(record, command)
+    try:
+        results[key] = await store.commit(
+            record.run_id,
+            incarnation=1,
+            expected_revision=record.revision,
+            record=new,
+            events=events,
+        )
+    except Error as exc:
+        results[key] = exc
+
+
 async def test_group_commit_conflict_fails_alone(store: SQLiteStore) -> None:
     """A conflicting commit inside a batch fails alone; the others commit."""
     records = [await _fresh(store, f"r{i}") for i in range(10)]
     # run 9 moves on first, so the batch below carries one stale commit for it
     ahead = await _step(store, records[9], Command("admit", 0.5, {"state": "queued"}))
     results: dict[int, Any] = {}
+    admit = Command("admit", 1.0, {"state": "running"})
 
     async def commit(i: int, record: RunRecord) -> None:
-        new, events = transition(record, Command("admit", 1.0, {"state": "running"}))
-        try:
-            results[i] = await store.commit(
-                record.run_id,
-                incarnation=1,
-                expected_revision=record.revision,
-                record=new,
-                events=events,
-            )
-        except Error as exc:
-            results[i] = exc
+        await _commit_into(results, i, store, record, admit)
 
     before = store.stats["batches"]
     async with trio.open_nursery() as nursery:
@@ -683,17 +692,7 @@ async def test_sto_06_damaged_rows_are_storage_failed_for_their_run_alone(
                 if record.state == "queued"
                 else Command("conversation_updated", 2.0, {"conversation": {"messages": []}})
             )
-            new, events = transition(record, command)
-            try:
-                results[record.run_id] = await store.commit(
-                    record.run_id,
-                    incarnation=1,
-                    expected_revision=record.revision,
-                    record=new,
-                    events=events,
-                )
-            except Error as exc:
-                results[record.run_id] = exc
+            await _commit_into(results, record.run_id, store, record, command)
 
         batches = store.stats["batches"]
         async with trio.open_nursery() as nursery:
