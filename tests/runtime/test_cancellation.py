@@ -976,13 +976,31 @@ async def test_can_08_a_hanging_stream_close_cannot_outlast_the_run_deadline(
     assert snapshot.run.stop_reason == "deadline_exceeded"
 
 
+def _one_act_call(backend: Any, store: Any, **options: Any) -> Any:
+    """``open_conversation`` whose provider calls the tool ``act`` (served by
+    ``backend``) once, then answers."""
+    from trio_backplane.tools import ToolDescriptor
+
+    registry = ToolRegistry(
+        [ToolDescriptor(name="act", schema={"type": "object"}, backend=backend)]
+    )
+    return open_conversation(
+        RUN_ID,
+        store=store,
+        provider=ScriptedProvider([S.tool_calls(("c1", "act", {})), S.text("never")]),
+        registry=registry,
+        authority=granted(registry),
+        **options,
+    )
+
+
 async def test_can_10_deadline_passing_as_the_tool_returns(autojump_clock: MockClock) -> None:
     """CAN-10: the run deadline passes at the very instant the tool returns
     (the clock jumps inside the backend, no checkpoint between), so the
     kernel refuses the result commit as too late.  The run settles as a
     deadline, never storage_failed; the dispatched tool's result was never
     committed, so its outcome stays unknown (rule 4) with its intent kept."""
-    from trio_backplane.tools import ToolDescriptor, ToolResult
+    from trio_backplane.tools import ToolResult
 
     class LateBackend:
         calls = 0
@@ -992,18 +1010,8 @@ async def test_can_10_deadline_passing_as_the_tool_returns(autojump_clock: MockC
             autojump_clock.jump(10.0)
             return ToolResult("late")
 
-    registry = ToolRegistry(
-        [ToolDescriptor(name="act", schema={"type": "object"}, backend=LateBackend())]
-    )
     store = FaultyStore(None)
-    async with open_conversation(
-        RUN_ID,
-        store=store,
-        provider=ScriptedProvider([S.tool_calls(("c1", "act", {})), S.text("never")]),
-        registry=registry,
-        authority=granted(registry),
-        run_timeout=3.0,
-    ) as conversation:
+    async with _one_act_call(LateBackend(), store, run_timeout=3.0) as conversation:
         channel = conversation.subscribe(buffer=1000)
         await conversation.prompt("hi")
         snapshot = await conversation.wait_settled()
@@ -1053,20 +1061,12 @@ async def test_can_18_a_worker_ignoring_its_cancellation_does_not_hold_the_settl
     evidence, within cleanup_timeout + commit_timeout.  What the tool
     returns afterwards is never committed, and the block exits once it
     returns (Trio cannot stop it) with no error."""
-    from trio_backplane.tools import ToolDescriptor
-
     backend = _Stubborn(20.0)
-    registry = ToolRegistry(
-        [ToolDescriptor(name="act", schema={"type": "object"}, backend=backend)]
-    )
     store = FaultyStore(None)
     run_timeout = 3.0 if stop == "deadline" else 3600.0
-    async with open_conversation(
-        RUN_ID,
-        store=store,
-        provider=ScriptedProvider([S.tool_calls(("c1", "act", {})), S.text("never")]),
-        registry=registry,
-        authority=granted(registry),
+    async with _one_act_call(
+        backend,
+        store,
         run_timeout=run_timeout,
         effect_timeout=3600.0,
         cleanup_timeout=1.0,
