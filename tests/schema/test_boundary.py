@@ -1095,6 +1095,92 @@ def test_sch_50_descending_recursion_is_fine() -> None:
         validate(tree, {"value": 1, "child": {"child": {"value": 3}}})
 
 
+# -- reference targets that no subschema position reaches ------------------------------
+
+D04 = "http://json-schema.org/draft-04/schema#"
+
+
+def hidden(target: Any, where: str) -> dict[str, Any]:
+    """A schema whose property ``a`` refers to ``target``, placed where preflight's
+    walk of subschema positions never goes: an unknown keyword or an enum value."""
+    if where == "x-foo":
+        return {"type": "object", "properties": {"a": {"$ref": "#/x-foo"}}, "x-foo": target}
+    return {
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/e/enum/0"}},
+        "$defs": {"e": {"enum": [target]}},
+    }
+
+
+HIDDEN_POINTER = {"x-foo": "#/x-foo", "enum": "#/$defs/e/enum/0"}
+
+
+@pytest.mark.parametrize("where", ["x-foo", "enum"])
+@pytest.mark.parametrize(
+    ("target", "cls", "reason"),
+    [
+        ({"type": "string", "pattern": "(?i)^abc$"}, ErrorClass.VALIDATION, "invalid_pattern"),
+        ({"pattern": "a" * 5000}, ErrorClass.EXECUTION_FAILURE, "pattern_too_long"),
+        ({"$schema": D04, "type": "string"}, ErrorClass.UNSUPPORTED_CAPABILITY, None),
+        ({"$ref": "#/$defs/missing"}, ErrorClass.VALIDATION, "unresolved"),
+        ({"anyOf": [{}] * 200}, ErrorClass.EXECUTION_FAILURE, "too_many_subschemas"),
+        ({"$id": "https://e.test/x", "type": "string"}, ErrorClass.VALIDATION, "hidden_resource"),
+        ({"$anchor": "n", "type": "string"}, ErrorClass.VALIDATION, "hidden_resource"),
+        (5, ErrorClass.VALIDATION, "invalid_schema"),
+    ],
+)
+def test_sch_24_reference_targets_outside_subschema_positions_are_preflighted(
+    where: str, target: Any, cls: ErrorClass, reason: str | None
+) -> None:
+    """SCH-24/27/28/03/21/33: a $ref into an unknown keyword or an enum value is
+    walked as a subschema with every check, counted toward the same bounds."""
+    with pytest.raises(Error) as exc:
+        validate_schema(hidden(target, where), limits=Limits(max_subschemas=200))
+    details = refused(exc, cls)
+    if reason is not None:
+        assert details["reason"] == reason
+
+
+@pytest.mark.parametrize("where", ["x-foo", "enum"])
+def test_sch_50_cycle_through_a_hidden_reference_target(where: str) -> None:
+    """SCH-50: a cycle through a location outside subschema positions is ref_cycle."""
+    for target in (
+        {"$ref": HIDDEN_POINTER[where]},
+        {"allOf": [{"$ref": HIDDEN_POINTER[where]}], "type": "string"},
+    ):
+        with pytest.raises(Error) as exc:
+            validate_schema(hidden(target, where))
+        assert refused(exc, ErrorClass.VALIDATION)["reason"] == "ref_cycle"
+
+
+@pytest.mark.parametrize("where", ["x-foo", "enum"])
+def test_sch_40_remote_ref_behind_a_hidden_reference_target(where: str, no_io: list[str]) -> None:
+    """SCH-40: check_bounds and allow_external_refs=False follow local references
+    into unknown keywords and enum values; so do its bounds (SCH-38)."""
+    schema = hidden({"$ref": "http://169.254.169.254/"}, where)
+    with pytest.raises(Error) as exc:
+        check_bounds(schema)
+    assert refused(exc, ErrorClass.VALIDATION)["reason"] == "remote_ref"
+    with pytest.raises(Error) as exc:
+        validate_schema(schema, allow_external_refs=False)
+    assert refused(exc, ErrorClass.VALIDATION)["reason"] == "remote_ref"
+    with pytest.raises(Error) as exc:
+        check_bounds(hidden({"anyOf": [{}] * 1000}, where))
+    assert refused(exc, ErrorClass.EXECUTION_FAILURE)["reason"] == "too_many_subschemas"
+    check_bounds(hidden({"anyOf": [{}] * 10}, where))
+    assert no_io == []
+
+
+@pytest.mark.parametrize("where", ["x-foo", "enum"])
+def test_sch_24_valid_hidden_reference_target_still_applies(where: str) -> None:
+    """SCH-24: a well-formed target outside subschema positions is accepted and bites."""
+    schema = hidden({"type": "string", "pattern": "^a"}, where)
+    validate(schema, {"a": "abc"})
+    with pytest.raises(Error) as exc:
+        validate(schema, {"a": "b"})
+    assert "errors" in refused(exc, ErrorClass.VALIDATION)
+
+
 # -- options and limits are checked where they are built ------------------------------
 
 

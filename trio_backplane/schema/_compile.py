@@ -518,4 +518,6 @@ def check_bounds(
         allow_external_refs,
         bounds_only=True,
     )
-    result.add_document(schema, DEFAULT_BASE, role="schema")
+    number = result.add_document(schema, DEFAULT_BASE, role="schema")
+    result.resources.setdefault(DEFAULT_BASE, (number, ()))
+    result.resolve_references()  # local targets outside subschema positions

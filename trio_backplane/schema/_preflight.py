@@ -10,7 +10,10 @@ branch included, without Python recursion, and refuses with a class:
   custom meta-schema from the registry/loader whose vocabularies we know);
 * every ``$ref``/``$dynamicRef``: local ones must resolve, external ones come
   only from ``schema_registry``/``schema_loader`` (never fetched), and a cycle
-  of references that consumes no input is refused.
+  of references that consumes no input is refused;
+* a reference target that no subschema position reaches (an unknown keyword,
+  an ``enum`` value): the engine evaluates it, so it is walked as a subschema
+  with every check above, or refused.
 
 The result names the external resources the engine needs, and nothing else.
 """
@@ -125,6 +128,7 @@ class Preflight:
         "resources",
         "root_dialect",
         "subschemas",
+        "walked",
     )
 
     def __init__(
@@ -155,6 +159,8 @@ class Preflight:
         self.dynamic_anchors: dict[str, list[Location]] = {}
         self.bases: dict[Location, str] = {}
         self.edges: dict[Location, list[Location]] = {}
+        #: every subschema position walked: its (dialect, subschema depth)
+        self.walked: dict[Location, tuple[str, int]] = {}
         self.refs: list[tuple[Location, str, str]] = []  # (where, keyword, reference)
         #: external resources the engine needs, by URI (registry/loader entries)
         self.external: dict[str, Any] = {}
@@ -191,13 +197,26 @@ class Preflight:
         self._walk(number, doc, base)
         return number
 
-    def _walk(self, number: int, doc: Any, base: str) -> None:
+    def _walk(  # noqa: PLR0917 - one walk for documents and hidden reference targets
+        self,
+        number: int,
+        doc: Any,
+        base: str,
+        start: Path = (),
+        dialect: str = "2020-12",
+        depth: int = 1,
+    ) -> None:
         limits = self._limits
+        hidden = start != ()  # a reference target outside subschema positions
         # (node, path, base URI, dialect, subschema depth)
-        stack: list[tuple[Any, Path, str, str, int]] = [(doc, (), base, "2020-12", 1)]
-        first = True
+        stack: list[tuple[Any, Path, str, str, int]] = [(doc, start, base, dialect, depth)]
+        first = not hidden
         while stack:
             node, path, base, dialect, depth = stack.pop()
+            loc = (number, path)
+            if hidden and loc in self.walked:
+                continue  # an earlier hidden target holds this one
+            self.walked[loc] = (dialect, depth)
             self.subschemas += 1
             if self.subschemas > limits.max_subschemas:
                 raise limit_error("too_many_subschemas", "max_subschemas", limits.max_subschemas)
@@ -210,7 +229,8 @@ class Preflight:
                 )
             if type(node) is not dict:
                 continue  # booleans; anything else is the meta-schema's to refuse
-            loc = (number, path)
+            if hidden and not self.bounds_only:
+                self._refuse_hidden_resource(node, path)
             declared = node.get("$schema")
             if type(declared) is str and not self.bounds_only:
                 dialect = self._dialect(declared, path)
@@ -282,6 +302,41 @@ class Preflight:
                 self.edges[loc] = edges
             stack.extend(reversed(children))
 
+    def _refuse_hidden_resource(self, node: dict[str, Any], path: Path) -> None:
+        """The engine does not treat ``$id`` and anchors consistently outside
+        subschema positions, so we refuse rather than guess its base URI."""
+        for key in ("$id", "$anchor", "$dynamicAnchor"):
+            if key in node:
+                raise invalid(
+                    f"a schema reached only by reference may not declare {key}",
+                    reason="hidden_resource",
+                    path=_pointer((*path, key)),
+                )
+
+    def _walk_hidden(self, target: Location, ref: str) -> None:
+        """Walk a reference target that no subschema position reaches, in the
+        scope of the nearest walked schema that holds it (SCH-24)."""
+        number, path = target
+        node = self.docs[number]
+        for part in path:
+            node = node[part]
+        if type(node) is not bool and type(node) is not dict:
+            if self.bounds_only:
+                return  # not a schema: nothing to bound
+            raise invalid(
+                "schema reference does not point to a schema",
+                reason="invalid_schema",
+                reference=ref,
+                path=_pointer(path),
+            )
+        for length in range(len(path) - 1, -1, -1):
+            owner = (number, path[:length])
+            if owner in self.bases:  # walked, and a mapping
+                dialect, depth = self.walked[owner]
+                self._walk(number, node, self.bases[owner], path, dialect, depth + 1)
+                return
+        raise invalid("schema reference does not resolve", reference=ref, reason="unresolved")
+
     # -- dialects ----------------------------------------------------------
 
     def _dialect(self, declared: str, path: Path) -> str:
@@ -351,8 +406,7 @@ class Preflight:
                 reference=ref,
                 path=_pointer(loc[1] + (keyword,)),
             )
-        if not self.bounds_only:
-            self.refs.append((loc, keyword, ref))
+        self.refs.append((loc, keyword, ref))
 
     def _fetch(self, uri: str, reference: str) -> Any:
         """An external resource from the registry or the loader, never the network."""
@@ -390,9 +444,16 @@ class Preflight:
         while done < len(self.refs):
             loc, keyword, ref = self.refs[done]
             done += 1
-            target = self._resolve(loc, ref)
+            try:
+                target = self._resolve(loc, ref)
+            except Error:
+                if self.bounds_only:  # check_bounds resolves nothing external
+                    continue
+                raise
             if target is None:
                 continue
+            if target not in self.walked:
+                self._walk_hidden(target, ref)
             self.edges.setdefault(loc, []).append(target)
             if keyword == "$dynamicRef":
                 fragment = _uri.split_fragment(ref)[1]
