@@ -1181,6 +1181,67 @@ def test_sch_24_valid_hidden_reference_target_still_applies(where: str) -> None:
     assert "errors" in refused(exc, ErrorClass.VALIDATION)
 
 
+# -- legacy keywords the engine honours in a 2020-12 schema ---------------------------
+
+
+@pytest.mark.parametrize("legacy", ["dependencies", "definitions"])
+@pytest.mark.parametrize(
+    ("sub", "cls", "reason"),
+    [
+        ({"pattern": "(?i)^abc$"}, ErrorClass.VALIDATION, "invalid_pattern"),
+        ({"pattern": "a" * 4000}, ErrorClass.EXECUTION_FAILURE, "pattern_too_long"),
+        ({"$schema": D04}, ErrorClass.UNSUPPORTED_CAPABILITY, None),
+        ({"$ref": "#/$defs/missing"}, ErrorClass.VALIDATION, "unresolved"),
+    ],
+)
+def test_sch_24_legacy_keywords_the_engine_honours_are_preflighted(
+    legacy: str, sub: dict[str, Any], cls: ErrorClass, reason: str | None
+) -> None:
+    """SCH-24/27/28/03/21: in 2020-12 the engine still applies `dependencies`
+    and registers resources in `definitions`, so both are subschema positions."""
+    with pytest.raises(Error) as exc:
+        validate_schema({"type": "object", legacy: {"k": {"properties": {"s": sub}}}})
+    details = refused(exc, cls)
+    if reason is not None:
+        assert details["reason"] == reason
+
+
+def test_sch_50_cycle_through_legacy_dependencies() -> None:
+    """SCH-50: `dependencies` applies in place, so a $ref back to it is a cycle."""
+    with pytest.raises(Error) as exc:
+        validate_schema({"type": "object", "dependencies": {"k": {"$ref": "#"}}})
+    assert refused(exc, ErrorClass.VALIDATION)["reason"] == "ref_cycle"
+
+
+@pytest.mark.parametrize("legacy", ["dependencies", "definitions"])
+def test_sch_38_40_check_bounds_walks_legacy_keywords(legacy: str, no_io: list[str]) -> None:
+    """SCH-38/SCH-40: check_bounds counts and checks 2020-12 legacy keywords."""
+    with pytest.raises(Error) as exc:
+        check_bounds({"type": "object", legacy: {"k": {"$ref": "http://169.254.169.254/"}}})
+    assert refused(exc, ErrorClass.VALIDATION)["reason"] == "remote_ref"
+    many = {"type": "object", legacy: {f"k{i}": {"type": "string"} for i in range(1000)}}
+    with pytest.raises(Error) as exc:
+        check_bounds(many)
+    assert refused(exc, ErrorClass.EXECUTION_FAILURE)["reason"] == "too_many_subschemas"
+    assert no_io == []
+
+
+def test_sch_24_legacy_keywords_keep_their_engine_meaning() -> None:
+    """Both `dependencies` forms still apply (the suite's optional
+    dependencies-compatibility), and an $id in `definitions` resolves."""
+    schema = {
+        "type": "object",
+        "dependencies": {"a": ["b"], "c": {"required": ["d"]}},
+        "properties": {"e": {"$ref": "https://example.test/d"}},
+        "definitions": {"d": {"$id": "https://example.test/d", "type": "string"}},
+    }
+    validate(schema, {"a": 1, "b": 2, "c": 3, "d": 4, "e": "x"})
+    for arguments in ({"a": 1}, {"c": 1}, {"e": 1}):
+        with pytest.raises(Error) as exc:
+            validate(schema, arguments)
+        assert "errors" in refused(exc, ErrorClass.VALIDATION)
+
+
 # -- options and limits are checked where they are built ------------------------------
 
 

@@ -73,8 +73,18 @@ BUNDLED_2020_12: Final = frozenset(
     }
 )
 
-# Schema-valued keywords (API.md, "Subschema positions").
-_MAP_2020: Final = ("$defs", "properties", "patternProperties", "dependentSchemas")
+# Schema-valued keywords (API.md, "Subschema positions").  In a 2020-12 schema
+# the engine still applies the legacy ``dependencies`` (the suite's optional
+# dependencies-compatibility) and finds resources in ``definitions``, so both
+# are walked in every dialect: what the engine uses is never unchecked.
+_MAP_2020: Final = (
+    "$defs",
+    "properties",
+    "patternProperties",
+    "dependentSchemas",
+    "definitions",
+    "dependencies",
+)
 _LIST_2020: Final = ("prefixItems", "allOf", "anyOf", "oneOf")
 _ONE_2020: Final = (
     "additionalProperties",
@@ -89,7 +99,6 @@ _ONE_2020: Final = (
     "unevaluatedProperties",
     "contentSchema",
 )
-_MAP_07: Final = (*_MAP_2020, "definitions", "dependencies")
 _ONE_07: Final = (*_ONE_2020, "additionalItems")
 #: Keywords whose subschemas apply to the same instance location.
 _IN_PLACE: Final = frozenset(
@@ -268,7 +277,7 @@ class Preflight:
             children: list[tuple[Any, Path, str, str, int]] = []
             edges: list[Location] = []
             draft07 = dialect == "draft-07"
-            for key in _MAP_07 if draft07 else _MAP_2020:
+            for key in _MAP_2020:
                 value = node.get(key)
                 if type(value) is dict:
                     for name, sub in value.items():
