@@ -1242,6 +1242,48 @@ def test_sch_24_legacy_keywords_keep_their_engine_meaning() -> None:
         assert "errors" in refused(exc, ErrorClass.VALIDATION)
 
 
+# -- check_bounds and draft-07 (MCP servers often send draft-07) ----------------------
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$schema": D07, "definitions": {"a": {"$ref": "http://169.254.169.254/"}}},
+        {"$schema": D07, "dependencies": {"a": {"$ref": "file:///etc/passwd"}}},
+        {"$schema": D07, "type": "array", "items": [{"$ref": "other.json"}]},
+        {"$schema": D07, "type": "array", "additionalItems": {"$ref": "other.json"}},
+        {"$schema": D07, "properties": {"p": {"items": [{}, {"$ref": "other.json"}]}}},
+    ],
+)
+def test_sch_40_check_bounds_walks_draft_07_positions(
+    schema: dict[str, Any], no_io: list[str]
+) -> None:
+    """SCH-40/MCP-04: check_bounds walks a draft-07 schema with draft-07 positions."""
+    with pytest.raises(Error) as exc:
+        check_bounds(schema)
+    assert refused(exc, ErrorClass.VALIDATION)["reason"] == "remote_ref"
+    assert no_io == []
+
+
+def test_sch_37_38_check_bounds_counts_draft_07_positions() -> None:
+    """SCH-37/SCH-38: draft-07 array items and additionalItems count, and
+    exactly 1 000 subschemas and 32 levels still pass."""
+    items = {"$schema": D07, "type": "array", "items": [{}] * 998, "additionalItems": {}}
+    check_bounds(items)  # root + 998 + 1
+    with pytest.raises(Error) as exc:
+        check_bounds({**items, "items": [{}] * 999})
+    assert refused(exc, ErrorClass.EXECUTION_FAILURE)["reason"] == "too_many_subschemas"
+    deep: dict[str, Any] = {}
+    for _ in range(31):
+        deep = {"items": [deep]}
+    roomy = attrs.evolve(Limits.mcp(), max_json_depth=128)  # only subschemas bite
+    check_bounds({"$schema": D07, **deep}, roomy)  # 32 subschema levels
+    with pytest.raises(Error) as exc:
+        check_bounds({"$schema": D07, "items": [deep]}, roomy)
+    details = refused(exc, ErrorClass.EXECUTION_FAILURE)
+    assert (details["reason"], details["limit"]) == ("too_deep", "max_subschema_depth")
+
+
 # -- options and limits are checked where they are built ------------------------------
 
 

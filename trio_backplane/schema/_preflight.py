@@ -113,6 +113,12 @@ def _dialect_uri(uri: str) -> str:
     return uri[:-1] if uri.endswith("#") else uri
 
 
+def _bounds_dialect(declared: str) -> str:
+    """The positions ``check_bounds`` walks under ``declared``: it refuses no
+    dialect, so any URI but 2020-12 gets draft-07's, a superset of 2020-12's."""
+    return "2020-12" if _dialect_uri(declared) == DRAFT_2020_12 else "draft-07"
+
+
 class Preflight:
     """What preflight learnt: the engine's inputs and the analysis behind them."""
 
@@ -241,10 +247,13 @@ class Preflight:
             if hidden and not self.bounds_only:
                 self._refuse_hidden_resource(node, path)
             declared = node.get("$schema")
-            if type(declared) is str and not self.bounds_only:
-                dialect = self._dialect(declared, path)
-                if first:
-                    self.root_dialect = dialect
+            if type(declared) is str:
+                if self.bounds_only:
+                    dialect = _bounds_dialect(declared)
+                else:
+                    dialect = self._dialect(declared, path)
+                    if first:
+                        self.root_dialect = dialect
             first = False
             ident = node.get("$id")
             if type(ident) is str:
