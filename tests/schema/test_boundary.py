@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import math
 import socket
 import urllib.request
@@ -997,6 +998,31 @@ def test_sch_46_cache_compiles_once_and_caches_refusals() -> None:
         with pytest.raises(Error):
             validate_schema({"$ref": "https://example.test/x"}, schema_loader=loader)
     assert len(calls) == 2  # the refusal was not cached
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"enum": ("x", "y")},
+        {"anyOf": ({"const": "x"},)},
+        {"properties": {"q": {"enum": ("x",)}}},
+    ],
+)
+def test_sch_46_non_json_registry_never_shares_a_cache_entry(entry: dict[str, Any]) -> None:
+    """SCH-46: a registry that is not JSON data (a tuple encodes like a list)
+    never caches a result under the key of the JSON registry it resembles."""
+    schema = {"type": "object", "properties": {"a": {"$ref": "https://example.test/e"}}}
+    bad = {"https://example.test/e": entry}
+    good = {"https://example.test/e": json.loads(json.dumps(entry))}
+    for first, second in ((bad, good), (good, bad)):
+        cache_clear()
+        for registry in (first, second):
+            if registry is bad:
+                with pytest.raises(Error) as exc:
+                    validate(schema, {"a": "x"}, schema_registry=registry)
+                assert refused(exc, ErrorClass.VALIDATION)["reason"] == "not_json"
+            else:
+                assert validate(schema, {"a": "x"}, schema_registry=registry) == {"a": "x"}
 
 
 def test_sch_46_cache_is_bounded() -> None:
