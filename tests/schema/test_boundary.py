@@ -509,6 +509,27 @@ def test_sch_19_failing_loader(outcome: str) -> None:
     assert exc.value.message == "external schema reference could not be loaded"
 
 
+@pytest.mark.parametrize("outcome", ["raise", "list", "number"])
+def test_sch_19_failing_loader_for_a_custom_metaschema(outcome: str) -> None:
+    """SCH-19: a loader that fails on a custom $schema meta-schema is the same
+    execution_failure, never an unsupported dialect (SCH-02)."""
+
+    def loader(uri: str) -> Any:
+        if outcome == "raise":
+            raise OSError("meta down")
+        return {"list": [], "number": 42}[outcome]
+
+    meta = "https://example.test/meta"
+    with pytest.raises(Error) as exc:
+        validate_schema({"$schema": meta, "type": "object"}, schema_loader=loader)
+    details = refused(exc, ErrorClass.EXECUTION_FAILURE)
+    assert details["reference"] == meta
+    assert exc.value.message == "external schema reference could not be loaded"
+    with pytest.raises(Error) as exc:  # a registry without it: an unknown dialect
+        validate_schema({"$schema": meta, "type": "object"}, schema_registry={})
+    refused(exc, ErrorClass.UNSUPPORTED_CAPABILITY)
+
+
 @pytest.fixture
 def no_io(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """Fail loudly on any socket or file open during the test."""

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 from urllib.parse import unquote
 
-from ..errors import Error
+from ..errors import Error, ErrorClass
 from . import _ecma, _uri
 from ._content import check_content_keywords
 from ._errors import failure, invalid, limit_error, unsupported
@@ -386,7 +386,9 @@ class Preflight:
             return None
         try:
             meta = self._fetch(uri, declared)
-        except Error:
+        except Error as error:
+            if error.error_class is ErrorClass.EXECUTION_FAILURE:
+                raise  # the loader failed: SCH-19, not an unknown dialect
             return None
         own = meta.get("$schema") if type(meta) is dict else None
         if type(own) is not str or _dialect_uri(own) != DRAFT_2020_12:
