@@ -787,6 +787,52 @@ def test_sch_33_host_preset_sizes_and_counts() -> None:
     assert details["maximum"] == 1_048_576
 
 
+def fan_out(depth: int) -> dict[str, Any]:
+    """Each $defs level is allOf of two $refs to the next: 2**depth evaluations."""
+    defs: dict[str, Any] = {
+        str(i): {"allOf": [{"$ref": f"#/$defs/{i + 1}"}, {"$ref": f"#/$defs/{i + 1}"}]}
+        for i in range(depth)
+    }
+    defs[str(depth)] = {"type": "string"}
+    return {"type": "object", "properties": {"a": {"$ref": "#/$defs/0"}}, "$defs": defs}
+
+
+@pytest.mark.parametrize("depth", [27, 40, 200])
+def test_sch_33_reference_fan_out_is_bounded(depth: int) -> None:
+    """SCH-33/SCH-35: a small schema whose references expand to more than ten
+    times max_subschemas evaluations is refused before the engine sees it."""
+    with pytest.raises(Error) as exc:
+        validate_schema(fan_out(depth))
+    details = refused(exc, ErrorClass.EXECUTION_FAILURE)
+    assert (details["reason"], details["limit"]) == ("ref_fanout", "max_subschemas")
+    assert details["maximum"] == 1_000_000
+    with pytest.raises(Error) as exc:
+        check_bounds(fan_out(depth))
+    assert refused(exc, ErrorClass.EXECUTION_FAILURE)["maximum"] == 10_000
+    validate(fan_out(12), {"a": "x"})  # 2**12 expanded: fine
+
+
+def test_sch_33_reference_fan_out_boundary() -> None:
+    """SCH-33: the expanded size counts each reference as its target's subtree
+    and $defs only through references; up to ten times max_subschemas passes,
+    and recursion counts once."""
+    limits = Limits(max_subschemas=100)
+
+    def schema(refs: int) -> dict[str, Any]:
+        return {
+            "$defs": {"d": {"anyOf": [{}] * 50}},  # 51 subschemas
+            "properties": {f"p{i}": {"$ref": "#/$defs/d"} for i in range(refs)},
+        }
+
+    validate_schema(schema(19), limits=limits)  # 1 + 19 * (1 + 51) = 989 ($defs aside)
+    with pytest.raises(Error) as exc:
+        validate_schema(schema(20), limits=limits)  # 1 041
+    details = refused(exc, ErrorClass.EXECUTION_FAILURE)
+    assert (details["reason"], details["maximum"]) == ("ref_fanout", 1000)
+    tree = {"properties": {"l": {"$ref": "#"}, "r": {"$ref": "#"}}}
+    validate(tree, {"l": {"r": {"l": {}}}}, limits=Limits(max_subschemas=3))
+
+
 def test_sch_34_limits_per_call() -> None:
     """SCH-34: any Limits field is configurable per call and reported as maximum."""
     tight = attrs.evolve(Limits(), max_input_depth=3, max_subschemas=5, max_pattern_bytes=4)

@@ -536,3 +536,4 @@ def check_bounds(
     number = result.add_document(schema, DEFAULT_BASE, role="schema")
     result.resources.setdefault(DEFAULT_BASE, (number, ()))
     result.resolve_references()  # local targets outside subschema positions
+    result.check_fanout()
