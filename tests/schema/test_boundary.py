@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import math
 import socket
 import urllib.request
@@ -508,6 +509,27 @@ def test_sch_19_failing_loader(outcome: str) -> None:
     assert exc.value.message == "external schema reference could not be loaded"
 
 
+@pytest.mark.parametrize("outcome", ["raise", "list", "number"])
+def test_sch_19_failing_loader_for_a_custom_metaschema(outcome: str) -> None:
+    """SCH-19: a loader that fails on a custom $schema meta-schema is the same
+    execution_failure, never an unsupported dialect (SCH-02)."""
+
+    def loader(uri: str) -> Any:
+        if outcome == "raise":
+            raise OSError("meta down")
+        return {"list": [], "number": 42}[outcome]
+
+    meta = "https://example.test/meta"
+    with pytest.raises(Error) as exc:
+        validate_schema({"$schema": meta, "type": "object"}, schema_loader=loader)
+    details = refused(exc, ErrorClass.EXECUTION_FAILURE)
+    assert details["reference"] == meta
+    assert exc.value.message == "external schema reference could not be loaded"
+    with pytest.raises(Error) as exc:  # a registry without it: an unknown dialect
+        validate_schema({"$schema": meta, "type": "object"}, schema_registry={})
+    refused(exc, ErrorClass.UNSUPPORTED_CAPABILITY)
+
+
 @pytest.fixture
 def no_io(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """Fail loudly on any socket or file open during the test."""
@@ -765,6 +787,52 @@ def test_sch_33_host_preset_sizes_and_counts() -> None:
     assert details["maximum"] == 1_048_576
 
 
+def fan_out(depth: int) -> dict[str, Any]:
+    """Each $defs level is allOf of two $refs to the next: 2**depth evaluations."""
+    defs: dict[str, Any] = {
+        str(i): {"allOf": [{"$ref": f"#/$defs/{i + 1}"}, {"$ref": f"#/$defs/{i + 1}"}]}
+        for i in range(depth)
+    }
+    defs[str(depth)] = {"type": "string"}
+    return {"type": "object", "properties": {"a": {"$ref": "#/$defs/0"}}, "$defs": defs}
+
+
+@pytest.mark.parametrize("depth", [27, 40, 200])
+def test_sch_33_reference_fan_out_is_bounded(depth: int) -> None:
+    """SCH-33/SCH-35: a small schema whose references expand to more than ten
+    times max_subschemas evaluations is refused before the engine sees it."""
+    with pytest.raises(Error) as exc:
+        validate_schema(fan_out(depth))
+    details = refused(exc, ErrorClass.EXECUTION_FAILURE)
+    assert (details["reason"], details["limit"]) == ("ref_fanout", "max_subschemas")
+    assert details["maximum"] == 1_000_000
+    with pytest.raises(Error) as exc:
+        check_bounds(fan_out(depth))
+    assert refused(exc, ErrorClass.EXECUTION_FAILURE)["maximum"] == 10_000
+    validate(fan_out(12), {"a": "x"})  # 2**12 expanded: fine
+
+
+def test_sch_33_reference_fan_out_boundary() -> None:
+    """SCH-33: the expanded size counts each reference as its target's subtree
+    and $defs only through references; up to ten times max_subschemas passes,
+    and recursion counts once."""
+    limits = Limits(max_subschemas=100)
+
+    def schema(refs: int) -> dict[str, Any]:
+        return {
+            "$defs": {"d": {"anyOf": [{}] * 50}},  # 51 subschemas
+            "properties": {f"p{i}": {"$ref": "#/$defs/d"} for i in range(refs)},
+        }
+
+    validate_schema(schema(19), limits=limits)  # 1 + 19 * (1 + 51) = 989 ($defs aside)
+    with pytest.raises(Error) as exc:
+        validate_schema(schema(20), limits=limits)  # 1 041
+    details = refused(exc, ErrorClass.EXECUTION_FAILURE)
+    assert (details["reason"], details["maximum"]) == ("ref_fanout", 1000)
+    tree = {"properties": {"l": {"$ref": "#"}, "r": {"$ref": "#"}}}
+    validate(tree, {"l": {"r": {"l": {}}}}, limits=Limits(max_subschemas=3))
+
+
 def test_sch_34_limits_per_call() -> None:
     """SCH-34: any Limits field is configurable per call and reported as maximum."""
     tight = attrs.evolve(Limits(), max_input_depth=3, max_subschemas=5, max_pattern_bytes=4)
@@ -999,6 +1067,31 @@ def test_sch_46_cache_compiles_once_and_caches_refusals() -> None:
     assert len(calls) == 2  # the refusal was not cached
 
 
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"enum": ("x", "y")},
+        {"anyOf": ({"const": "x"},)},
+        {"properties": {"q": {"enum": ("x",)}}},
+    ],
+)
+def test_sch_46_non_json_registry_never_shares_a_cache_entry(entry: dict[str, Any]) -> None:
+    """SCH-46: a registry that is not JSON data (a tuple encodes like a list)
+    never caches a result under the key of the JSON registry it resembles."""
+    schema = {"type": "object", "properties": {"a": {"$ref": "https://example.test/e"}}}
+    bad = {"https://example.test/e": entry}
+    good = {"https://example.test/e": json.loads(json.dumps(entry))}
+    for first, second in ((bad, good), (good, bad)):
+        cache_clear()
+        for registry in (first, second):
+            if registry is bad:
+                with pytest.raises(Error) as exc:
+                    validate(schema, {"a": "x"}, schema_registry=registry)
+                assert refused(exc, ErrorClass.VALIDATION)["reason"] == "not_json"
+            else:
+                assert validate(schema, {"a": "x"}, schema_registry=registry) == {"a": "x"}
+
+
 def test_sch_46_cache_is_bounded() -> None:
     """SCH-46: the cache holds at most 4 096 entries."""
     cache_clear()
@@ -1093,6 +1186,195 @@ def test_sch_50_descending_recursion_is_fine() -> None:
     validate(tree, {"value": 1, "child": {"value": 2, "child": {"value": 3}}})
     with pytest.raises(Error):
         validate(tree, {"value": 1, "child": {"child": {"value": 3}}})
+
+
+# -- reference targets that no subschema position reaches ------------------------------
+
+D04 = "http://json-schema.org/draft-04/schema#"
+
+
+def hidden(target: Any, where: str) -> dict[str, Any]:
+    """A schema whose property ``a`` refers to ``target``, placed where preflight's
+    walk of subschema positions never goes: an unknown keyword or an enum value."""
+    if where == "x-foo":
+        return {"type": "object", "properties": {"a": {"$ref": "#/x-foo"}}, "x-foo": target}
+    return {
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/e/enum/0"}},
+        "$defs": {"e": {"enum": [target]}},
+    }
+
+
+HIDDEN_POINTER = {"x-foo": "#/x-foo", "enum": "#/$defs/e/enum/0"}
+
+
+@pytest.mark.parametrize("where", ["x-foo", "enum"])
+@pytest.mark.parametrize(
+    ("target", "cls", "reason"),
+    [
+        ({"type": "string", "pattern": "(?i)^abc$"}, ErrorClass.VALIDATION, "invalid_pattern"),
+        ({"pattern": "a" * 5000}, ErrorClass.EXECUTION_FAILURE, "pattern_too_long"),
+        ({"$schema": D04, "type": "string"}, ErrorClass.UNSUPPORTED_CAPABILITY, None),
+        ({"$ref": "#/$defs/missing"}, ErrorClass.VALIDATION, "unresolved"),
+        ({"anyOf": [{}] * 200}, ErrorClass.EXECUTION_FAILURE, "too_many_subschemas"),
+        ({"$id": "https://e.test/x", "type": "string"}, ErrorClass.VALIDATION, "hidden_resource"),
+        ({"$anchor": "n", "type": "string"}, ErrorClass.VALIDATION, "hidden_resource"),
+        (5, ErrorClass.VALIDATION, "invalid_schema"),
+    ],
+)
+def test_sch_24_reference_targets_outside_subschema_positions_are_preflighted(
+    where: str, target: Any, cls: ErrorClass, reason: str | None
+) -> None:
+    """SCH-24/27/28/03/21/33: a $ref into an unknown keyword or an enum value is
+    walked as a subschema with every check, counted toward the same bounds."""
+    with pytest.raises(Error) as exc:
+        validate_schema(hidden(target, where), limits=Limits(max_subschemas=200))
+    details = refused(exc, cls)
+    if reason is not None:
+        assert details["reason"] == reason
+
+
+@pytest.mark.parametrize("where", ["x-foo", "enum"])
+def test_sch_50_cycle_through_a_hidden_reference_target(where: str) -> None:
+    """SCH-50: a cycle through a location outside subschema positions is ref_cycle."""
+    for target in (
+        {"$ref": HIDDEN_POINTER[where]},
+        {"allOf": [{"$ref": HIDDEN_POINTER[where]}], "type": "string"},
+    ):
+        with pytest.raises(Error) as exc:
+            validate_schema(hidden(target, where))
+        assert refused(exc, ErrorClass.VALIDATION)["reason"] == "ref_cycle"
+
+
+@pytest.mark.parametrize("where", ["x-foo", "enum"])
+def test_sch_40_remote_ref_behind_a_hidden_reference_target(where: str, no_io: list[str]) -> None:
+    """SCH-40: check_bounds and allow_external_refs=False follow local references
+    into unknown keywords and enum values; so do its bounds (SCH-38)."""
+    schema = hidden({"$ref": "http://169.254.169.254/"}, where)
+    with pytest.raises(Error) as exc:
+        check_bounds(schema)
+    assert refused(exc, ErrorClass.VALIDATION)["reason"] == "remote_ref"
+    with pytest.raises(Error) as exc:
+        validate_schema(schema, allow_external_refs=False)
+    assert refused(exc, ErrorClass.VALIDATION)["reason"] == "remote_ref"
+    with pytest.raises(Error) as exc:
+        check_bounds(hidden({"anyOf": [{}] * 1000}, where))
+    assert refused(exc, ErrorClass.EXECUTION_FAILURE)["reason"] == "too_many_subschemas"
+    check_bounds(hidden({"anyOf": [{}] * 10}, where))
+    assert no_io == []
+
+
+@pytest.mark.parametrize("where", ["x-foo", "enum"])
+def test_sch_24_valid_hidden_reference_target_still_applies(where: str) -> None:
+    """SCH-24: a well-formed target outside subschema positions is accepted and bites."""
+    schema = hidden({"type": "string", "pattern": "^a"}, where)
+    validate(schema, {"a": "abc"})
+    with pytest.raises(Error) as exc:
+        validate(schema, {"a": "b"})
+    assert "errors" in refused(exc, ErrorClass.VALIDATION)
+
+
+# -- legacy keywords the engine honours in a 2020-12 schema ---------------------------
+
+
+@pytest.mark.parametrize("legacy", ["dependencies", "definitions"])
+@pytest.mark.parametrize(
+    ("sub", "cls", "reason"),
+    [
+        ({"pattern": "(?i)^abc$"}, ErrorClass.VALIDATION, "invalid_pattern"),
+        ({"pattern": "a" * 4000}, ErrorClass.EXECUTION_FAILURE, "pattern_too_long"),
+        ({"$schema": D04}, ErrorClass.UNSUPPORTED_CAPABILITY, None),
+        ({"$ref": "#/$defs/missing"}, ErrorClass.VALIDATION, "unresolved"),
+    ],
+)
+def test_sch_24_legacy_keywords_the_engine_honours_are_preflighted(
+    legacy: str, sub: dict[str, Any], cls: ErrorClass, reason: str | None
+) -> None:
+    """SCH-24/27/28/03/21: in 2020-12 the engine still applies `dependencies`
+    and registers resources in `definitions`, so both are subschema positions."""
+    with pytest.raises(Error) as exc:
+        validate_schema({"type": "object", legacy: {"k": {"properties": {"s": sub}}}})
+    details = refused(exc, cls)
+    if reason is not None:
+        assert details["reason"] == reason
+
+
+def test_sch_50_cycle_through_legacy_dependencies() -> None:
+    """SCH-50: `dependencies` applies in place, so a $ref back to it is a cycle."""
+    with pytest.raises(Error) as exc:
+        validate_schema({"type": "object", "dependencies": {"k": {"$ref": "#"}}})
+    assert refused(exc, ErrorClass.VALIDATION)["reason"] == "ref_cycle"
+
+
+@pytest.mark.parametrize("legacy", ["dependencies", "definitions"])
+def test_sch_38_40_check_bounds_walks_legacy_keywords(legacy: str, no_io: list[str]) -> None:
+    """SCH-38/SCH-40: check_bounds counts and checks 2020-12 legacy keywords."""
+    with pytest.raises(Error) as exc:
+        check_bounds({"type": "object", legacy: {"k": {"$ref": "http://169.254.169.254/"}}})
+    assert refused(exc, ErrorClass.VALIDATION)["reason"] == "remote_ref"
+    many = {"type": "object", legacy: {f"k{i}": {"type": "string"} for i in range(1000)}}
+    with pytest.raises(Error) as exc:
+        check_bounds(many)
+    assert refused(exc, ErrorClass.EXECUTION_FAILURE)["reason"] == "too_many_subschemas"
+    assert no_io == []
+
+
+def test_sch_24_legacy_keywords_keep_their_engine_meaning() -> None:
+    """Both `dependencies` forms still apply (the suite's optional
+    dependencies-compatibility), and an $id in `definitions` resolves."""
+    schema = {
+        "type": "object",
+        "dependencies": {"a": ["b"], "c": {"required": ["d"]}},
+        "properties": {"e": {"$ref": "https://example.test/d"}},
+        "definitions": {"d": {"$id": "https://example.test/d", "type": "string"}},
+    }
+    validate(schema, {"a": 1, "b": 2, "c": 3, "d": 4, "e": "x"})
+    for arguments in ({"a": 1}, {"c": 1}, {"e": 1}):
+        with pytest.raises(Error) as exc:
+            validate(schema, arguments)
+        assert "errors" in refused(exc, ErrorClass.VALIDATION)
+
+
+# -- check_bounds and draft-07 (MCP servers often send draft-07) ----------------------
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$schema": D07, "definitions": {"a": {"$ref": "http://169.254.169.254/"}}},
+        {"$schema": D07, "dependencies": {"a": {"$ref": "file:///etc/passwd"}}},
+        {"$schema": D07, "type": "array", "items": [{"$ref": "other.json"}]},
+        {"$schema": D07, "type": "array", "additionalItems": {"$ref": "other.json"}},
+        {"$schema": D07, "properties": {"p": {"items": [{}, {"$ref": "other.json"}]}}},
+    ],
+)
+def test_sch_40_check_bounds_walks_draft_07_positions(
+    schema: dict[str, Any], no_io: list[str]
+) -> None:
+    """SCH-40/MCP-04: check_bounds walks a draft-07 schema with draft-07 positions."""
+    with pytest.raises(Error) as exc:
+        check_bounds(schema)
+    assert refused(exc, ErrorClass.VALIDATION)["reason"] == "remote_ref"
+    assert no_io == []
+
+
+def test_sch_37_38_check_bounds_counts_draft_07_positions() -> None:
+    """SCH-37/SCH-38: draft-07 array items and additionalItems count, and
+    exactly 1 000 subschemas and 32 levels still pass."""
+    items = {"$schema": D07, "type": "array", "items": [{}] * 998, "additionalItems": {}}
+    check_bounds(items)  # root + 998 + 1
+    with pytest.raises(Error) as exc:
+        check_bounds({**items, "items": [{}] * 999})
+    assert refused(exc, ErrorClass.EXECUTION_FAILURE)["reason"] == "too_many_subschemas"
+    deep: dict[str, Any] = {}
+    for _ in range(31):
+        deep = {"items": [deep]}
+    roomy = attrs.evolve(Limits.mcp(), max_json_depth=128)  # only subschemas bite
+    check_bounds({"$schema": D07, **deep}, roomy)  # 32 subschema levels
+    with pytest.raises(Error) as exc:
+        check_bounds({"$schema": D07, "items": [deep]}, roomy)
+    details = refused(exc, ErrorClass.EXECUTION_FAILURE)
+    assert (details["reason"], details["limit"]) == ("too_deep", "max_subschema_depth")
 
 
 # -- options and limits are checked where they are built ------------------------------

@@ -302,6 +302,25 @@ def test_cat_13_supplied_provider_tools() -> None:
     assert not_tools.value.error_class is ErrorClass.VALIDATION
 
 
+@pytest.mark.parametrize(
+    ("declared", "supplied"),
+    [(1, True), (True, 1), (1, 1.0), (0.0, -0.0), ([1], [True]), ("1", 1)],
+)
+def test_cat_13_provider_tool_compares_as_json_not_python(declared: Any, supplied: Any) -> None:
+    """CAT-13/CAT-08: parameters that Python's == calls equal but that encode to
+    other JSON (true vs 1, 1.0 vs 1) are resource_conflict; key order is not."""
+
+    def schema(value: Any) -> dict[str, Any]:
+        return {"type": "object", "properties": {"m": {"const": value}}, "required": ["m"]}
+
+    registry = ToolRegistry([tool("a", schema(declared))])
+    with pytest.raises(Error) as info:
+        admit(registry, tools=[ProviderTool("a", "", schema(supplied))])
+    assert info.value.error_class is ErrorClass.RESOURCE_CONFLICT
+    reordered = dict(reversed(list(schema(declared).items())))
+    assert admit(registry, tools=[ProviderTool("a", "", reordered)]).accepted == ("a",)
+
+
 def live_catalog() -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = json.loads(
         (FIXTURES / "issue_46_live_catalog.json").read_text("utf-8")

@@ -288,10 +288,13 @@ def _options(  # noqa: PLR0917 - mirrors compile()'s keywords
 def _compile_cached(schema: Any, options: SchemaOptions, root: Root) -> CompiledSchema:
     limits = options.limits or Limits.host()
     _check_root(schema, root)
-    if _instance.first_violation(schema, limits.max_json_depth, limits.max_schema_bytes):
+    if _instance.first_violation(
+        schema, limits.max_json_depth, limits.max_schema_bytes
+    ) or not _registry_is_json(options.schema_registry, limits):
         # Not JSON data (a tuple, a subclass, nan...): its canonical JSON could
-        # equal a real schema's, so it never touches the cache.  Preflight
-        # refuses it with the exact reason.
+        # equal a real schema's or registry's, so it never touches the cache.
+        # Preflight refuses it with the exact reason (a registry entry only
+        # when referenced, SCH-03).
         return _build(schema, options, limits, root, "")
     key = _fingerprint(schema, options, limits, root)
     with _cache_lock:
@@ -311,6 +314,18 @@ def _compile_cached(schema: Any, options: SchemaOptions, root: Root) -> Compiled
         raise
     _store(key, compiled)
     return compiled
+
+
+def _registry_is_json(registry: Mapping[str, Any] | None, limits: Limits) -> bool:
+    """Whether the fingerprint's JSON text says exactly what ``registry`` holds."""
+    if registry is None:
+        return True
+    for uri, entry in registry.items():
+        if type(uri) is not str or _instance.first_violation(
+            entry, limits.max_json_depth, limits.max_schema_bytes
+        ):
+            return False
+    return True
 
 
 def _store(key: str, value: CompiledSchema | Error) -> None:
@@ -518,4 +533,7 @@ def check_bounds(
         allow_external_refs,
         bounds_only=True,
     )
-    result.add_document(schema, DEFAULT_BASE, role="schema")
+    number = result.add_document(schema, DEFAULT_BASE, role="schema")
+    result.resources.setdefault(DEFAULT_BASE, (number, ()))
+    result.resolve_references()  # local targets outside subschema positions
+    result.check_fanout()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import Iterable, Sequence
 from typing import Any, Final, Literal
 
@@ -98,6 +99,23 @@ def _registry(registry: Any) -> ToolRegistry:
     raise Error(ErrorClass.VALIDATION, "registry must be a ToolRegistry or descriptors")
 
 
+_canonical: Final = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":")
+).encode
+
+
+def _json_text(value: Any) -> str | None:
+    """``value`` as canonical JSON (key order aside), ``None`` if it is not JSON.
+
+    Python's ``==`` calls ``true`` and ``1``, or ``1.0`` and ``1``, equal; what
+    a provider sees must encode to the descriptor's JSON (CAT-08, CAT-13).
+    """
+    try:
+        return _canonical(value)
+    except (TypeError, ValueError, RecursionError):
+        return None
+
+
 def _provider_tools(tools: Any, registry: ToolRegistry) -> dict[str, ProviderTool] | None:
     if tools is None:
         return None
@@ -123,7 +141,10 @@ def _provider_tools(tools: Any, registry: ToolRegistry) -> dict[str, ProviderToo
         )
     for name, tool in by_name.items():
         schema = registry[name].schema
-        if tool.parameters is not schema and tool.parameters != schema:
+        if tool.parameters is schema:
+            continue
+        expected = _json_text(schema)  # None: not JSON, preflight refuses it
+        if expected is not None and _json_text(tool.parameters) != expected:
             raise Error(
                 ErrorClass.RESOURCE_CONFLICT,
                 f"provider tool {name!r} parameters differ from its descriptor's schema",
