@@ -632,6 +632,38 @@ def test_sch_23_error_entries_are_bounded() -> None:
     assert details["error_count"] == 100
 
 
+def test_sch_23_a_recursive_schema_reports_its_first_error_only() -> None:
+    """SCH-23: collecting every error of a recursive schema can grow
+    exponentially with the instance's nesting (here each level re-enters two
+    branches: 2**40 errors for 40 levels), so for a schema whose references
+    recurse the engine's first error is reported, marked as such; the
+    verdict is the same.  A schema without recursion still lists them all."""
+    recursive = {
+        "type": "object",
+        "$defs": {"X": {"properties": {"c": {"$ref": "#"}, "n": {"type": "string"}}}},
+        "allOf": [{"$ref": "#/$defs/X"}, {"$ref": "#/$defs/X"}],
+    }
+    deep: dict[str, Any] = {"n": 1}
+    for _ in range(40):
+        deep = {"c": deep}
+    with pytest.raises(Error) as exc:
+        validate(recursive, deep)
+    details = refused(exc, ErrorClass.VALIDATION)
+    assert details["first_error_only"] is True
+    assert details["error_count"] == 1
+    [entry] = details["errors"]
+    assert entry["keyword"] == "type"
+    assert entry["instance_path"] == "/c" * 40 + "/n"
+    shallow = {"c": {"n": "fine"}, "n": "fine"}
+    assert validate(recursive, shallow) is shallow
+    flat = {"additionalProperties": {"type": "string"}}
+    with pytest.raises(Error) as exc:
+        validate(flat, {"a": 1, "b": 2})
+    details = refused(exc, ErrorClass.VALIDATION)
+    assert "first_error_only" not in details
+    assert details["error_count"] == 2
+
+
 def test_sch_24_every_branch_is_preflighted() -> None:
     """SCH-24: a malformed pattern in an anyOf branch no argument reaches fails preflight."""
     schema = {

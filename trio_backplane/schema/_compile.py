@@ -107,6 +107,12 @@ class CompiledSchema:
         repr=False, alias="_iter_errors"
     )
     _limits: Limits = attrs.field(repr=False, alias="_limits")
+    #: the first error only (the engine stops there), for a recursive schema:
+    #: collecting every error of one can grow exponentially with the nesting
+    #: of the instance (each level re-entering several branches)
+    _first_error: Callable[[Any], None] | None = attrs.field(
+        default=None, repr=False, alias="_first_error"
+    )
 
     def validate(self, arguments: Any) -> Any:
         """Return ``arguments`` if they satisfy the schema; raise ``Error`` otherwise."""
@@ -151,7 +157,10 @@ class CompiledSchema:
 
     def _raise_mismatch(self, instance: Any) -> None:
         try:
-            collected = list(self._iter_errors(instance))
+            if self._first_error is None:
+                collected = list(self._iter_errors(instance))
+            else:
+                collected = _first_of(self._first_error, instance)
         except Exception as exc:
             raise failure(
                 "schema validator failed", reason="engine_failure", cause=_cause(exc)
@@ -174,11 +183,21 @@ class CompiledSchema:
             for e in collected[:MAX_ERROR_ENTRIES]
         ]
         what = "tool arguments" if self.root == "tool" else "structured content"
-        raise invalid(
-            f"{what} do not match the schema",
-            errors=entries,
-            error_count=len(collected),
-        )
+        details: dict[str, Any] = {"errors": entries, "error_count": len(collected)}
+        if self._first_error is not None:
+            details["first_error_only"] = True  # a recursive schema: see _first_error
+        raise invalid(f"{what} do not match the schema", **details)
+
+
+def _first_of(
+    validate: Callable[[Any], None], instance: Any
+) -> list[jsonschema_rs.ValidationError]:
+    """The engine's first error for an instance it found invalid."""
+    try:
+        validate(instance)
+    except jsonschema_rs.ValidationError as error:
+        return [error]
+    raise AssertionError("the engine judged the instance both invalid and valid")
 
 
 def _cause(exc: BaseException) -> str:
@@ -382,6 +401,7 @@ def _build(
         _is_valid=validator.is_valid,
         _iter_errors=validator.iter_errors,
         _limits=limits,
+        _first_error=validator.validate if result.recursive else None,
     )
 
 

@@ -152,6 +152,7 @@ class Preflight:
         "format_assertion_vocabulary",
         "loader_used",
         "metaschemas",
+        "recursive",
         "refs",
         "resources",
         "root_dialect",
@@ -198,6 +199,9 @@ class Preflight:
         self.external: dict[str, Any] = {}
         #: custom meta-schemas in use, by URI
         self.metaschemas: dict[str, Any] = {}
+        #: a reference leads back to a schema it came from (``check_fanout``):
+        #: evaluation then grows with the instance, not only with the schema
+        self.recursive = False
         self.format_assertion_vocabulary = False
         self.loader_used = False
         self.subschemas = 0
@@ -600,9 +604,11 @@ class Preflight:
             elif nxt in weight:
                 added = weight[nxt]
             else:
-                if nxt not in total:  # else recursion: adds nothing
+                if nxt not in total:
                     total[nxt] = 1
                     stack.append((nxt, self._successors(nxt)))
+                else:  # recursion: bounded by the instance, adds nothing here
+                    self.recursive = True
                 continue
             total[loc] += added
             if total[loc] > maximum:
