@@ -15,6 +15,7 @@ import pytest
 
 import trio_backplane as tb
 from trio_backplane import Error, ErrorClass
+from trio_backplane.kernel import FrozenDict
 
 if TYPE_CHECKING:
     from tests.store.postgres_fixture import StoreFactory
@@ -370,3 +371,29 @@ async def test_a_backend_error_with_unencodable_details_is_committed() -> None:
     assert snapshot.run.state == "completed"
     [tool_message] = [m for m in snapshot.messages if m["role"] == "tool"]
     assert tool_message["result"]["error"]["details"] == {"client": "<object>"}
+
+
+async def _refuses_hand_built_frozen_text(store: Any) -> None:
+    record = tb.RunRecord.new("hand-built", context={"x": FrozenDict({"name": "caf\udce9"})})
+    with pytest.raises(Error) as raised:
+        await store.create(record)
+    assert raised.value.error_class is ErrorClass.VALIDATION
+    assert raised.value.details["reason"] == "lone_surrogate"
+    assert await store.load("hand-built") is None
+
+
+async def test_ker_11_durable_stores_refuse_a_lone_surrogate_freeze_never_saw(
+    tmp_path: Path,
+) -> None:
+    """KER-11: a ``FrozenDict`` built by hand skips ``freeze``; a lone
+    surrogate in it still never reaches a database as a raw
+    ``UnicodeEncodeError``: the store's encoder refuses it with
+    ``validation``, before anything is written."""
+    async with tb.SQLiteStore(tmp_path / "s.db") as store:
+        await _refuses_hand_built_frozen_text(store)
+
+
+async def test_ker_11_postgres_refuses_a_lone_surrogate_freeze_never_saw(
+    pg_store_factory: StoreFactory,
+) -> None:
+    await _refuses_hand_built_frozen_text(pg_store_factory())

@@ -769,7 +769,6 @@ PURE_STDLIB = {
     "enum",
     "functools",
     "json",  # text encoding of JSON data: no I/O
-    "re",  # text checks (a lone surrogate): no I/O
 }
 
 

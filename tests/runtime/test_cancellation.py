@@ -1093,3 +1093,117 @@ async def test_can_18_a_worker_ignoring_its_cancellation_does_not_hold_the_settl
     types = [e.type for e in drained(channel)]
     assert [t for t in types if t in TERMINAL_EVENTS] == ["run_cancelled"]
     assert task_tree_size() == 0
+
+
+def test_can_18_the_watchdog_counts_from_the_stored_run_deadline() -> None:
+    """CAN-18: the deadline the watchdog keeps is the run's own (admission +
+    run_timeout), whichever of the worker and the watchdog Trio runs first:
+    with a prompt hook taking 2 s of a 3 s run, a tool ignoring its
+    cancellation is cut loose at 3 + cleanup_timeout, never later (several
+    runs cover both scheduling orders)."""
+
+    class SlowHook:
+        async def prompt(self, message: Any, context: Any) -> Any:
+            await trio.sleep(2.0)
+            return message
+
+    async def one() -> tuple[float, float | None, str]:
+        async with _one_act_call(
+            _Stubborn(20.0),
+            FaultyStore(None),
+            hooks=SlowHook(),
+            run_timeout=3.0,
+            effect_timeout=3600.0,
+            cleanup_timeout=1.0,
+            commit_timeout=1.0,
+        ) as conversation:
+            await conversation.prompt("hi")
+            snapshot = await conversation.wait_settled()
+            return trio.current_time(), snapshot.run.deadline, snapshot.run.state
+
+    for _ in range(12):
+        settled_at, deadline, state = trio.run(one, clock=MockClock(autojump_threshold=0))
+        assert (settled_at, deadline, state) == (4.0, 3.0, "unknown_outcome")
+
+
+@pytest.mark.parametrize("call", ["interact", "nested_dispatch"])
+async def test_can_18_a_backend_calling_into_a_settled_run_gets_a_classed_error(
+    autojump_clock: MockClock, call: str
+) -> None:
+    """CAN-18/NEST-01: a backend that ignored its cancellation and calls back
+    into the run after the settlement (an interaction, a nested tool) gets
+    ``cancelled`` "the run is stopping", never an internal exception."""
+    from trio_backplane.tools import ToolDescriptor, ToolResult
+
+    seen: dict[str, Any] = {}
+
+    class Late:
+        def __init__(self) -> None:
+            self.started = trio.Event()
+
+        async def execute(self, operation: Any) -> Any:
+            self.started.set()
+            with trio.CancelScope(shield=True):
+                await trio.sleep(20)
+                try:
+                    if call == "interact":
+                        await operation.context.interact({"q": "still there?"})
+                    else:
+                        await operation.context.nested_dispatch("other", {})
+                except BaseException as exc:
+                    seen["raised"] = exc
+            return ToolResult("late")
+
+    backend = Late()
+    registry = ToolRegistry(
+        [
+            ToolDescriptor(name="act", schema={"type": "object"}, backend=backend),
+            ToolDescriptor(name="other", schema={"type": "object"}, backend=_Stubborn(0)),
+        ]
+    )
+    async with open_conversation(
+        RUN_ID,
+        store=FaultyStore(None),
+        provider=ScriptedProvider([S.tool_calls(("c1", "act", {})), S.text("never")]),
+        registry=registry,
+        authority=granted(registry),
+        effect_timeout=3600.0,
+        cleanup_timeout=1.0,
+        commit_timeout=1.0,
+    ) as conversation:
+        await conversation.prompt("hi")
+        await backend.started.wait()
+        await conversation.cancel()
+        snapshot = await conversation.wait_settled()
+    assert snapshot.run.state == "unknown_outcome"
+    raised = seen["raised"]
+    assert isinstance(raised, Error), raised
+    assert raised.error_class is ErrorClass.CANCELLED
+
+
+async def test_can_10_the_deadline_passing_in_synchronous_code_is_a_deadline_stop(
+    autojump_clock: MockClock,
+) -> None:
+    """CAN-10: the run deadline passes with no checkpoint between the
+    provider's terminal event and its commit (time passing in synchronous
+    code): the kernel refuses the commit as too late, and the run settles on
+    its deadline (the interrupted attempt as evidence), never an exception
+    out of the block."""
+    from trio_backplane.runtime import ResponseCompleted
+
+    class Jumping:
+        def stream(self, request: Any, context: Any) -> Any:
+            return self._events()
+
+        async def _events(self) -> Any:
+            autojump_clock.jump(10.0)
+            yield ResponseCompleted(message={"role": "assistant", "content": "done"})
+
+    async with open_conversation(
+        RUN_ID, store=FaultyStore(None), provider=Jumping(), run_timeout=3.0
+    ) as conversation:
+        await conversation.prompt("hi")
+        snapshot = await conversation.wait_settled()
+    assert snapshot.phase == "terminal"
+    assert snapshot.run.state == "unknown_outcome"
+    assert snapshot.run.outcome["stop_reason"] == "deadline_exceeded"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
@@ -251,20 +250,32 @@ _RECURSION: Final = 64
 #: floats need a finiteness check, strs a Unicode check) and the frozen
 #: containers.
 _KEPT: Final = frozenset({int, bool, type(None), FrozenDict, FrozenList, LayeredDict})
-#: A UTF-16 surrogate code point: a str holding one alone is no Unicode text,
-#: so no store can encode it as UTF-8.
-_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+
+
+def _is_text(value: str) -> bool:
+    """Whether ``value`` is Unicode text (no lone surrogate)."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _text(value: str, what: str) -> str:
-    """``value`` if it is Unicode text (ASCII: a flag read; else one C scan)."""
-    if value.isascii() or _SURROGATE.search(value) is None:
+    """``value`` if it is Unicode text: a str holding a lone UTF-16 surrogate
+    is not, and no store could encode it as UTF-8.  ASCII costs a flag read;
+    other text one UTF-8 encoding (C speed, faster than any scan)."""
+    if value.isascii():
         return value
-    raise Error(
-        ErrorClass.VALIDATION,
-        f"{what} contains text that is not valid Unicode (a lone surrogate)",
-        {"reason": "lone_surrogate"},
-    )
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise Error(
+            ErrorClass.VALIDATION,
+            f"{what} contains text that is not valid Unicode (a lone surrogate)",
+            {"reason": "lone_surrogate"},
+        ) from None
+    return value
 
 
 def _freeze(value: Any, what: str, depth: int, limit: int = MAX_DEPTH) -> Any:
@@ -289,10 +300,10 @@ def _freeze(value: Any, what: str, depth: int, limit: int = MAX_DEPTH) -> Any:
                 ti = type(item)
                 if (
                     type(key) is not str
-                    or not key.isascii()
+                    or not (key.isascii() or _is_text(key))
                     or not (
                         ti in _KEPT
-                        or (ti is str and item.isascii())
+                        or (ti is str and (item.isascii() or _is_text(item)))
                         or (ti is float and item - item == 0.0)
                     )
                 ):
@@ -317,7 +328,9 @@ def _freeze(value: Any, what: str, depth: int, limit: int = MAX_DEPTH) -> Any:
     if t is list or t is tuple:
         return FrozenList(
             [
-                item if type(item) in _KEPT else _freeze(item, what, depth + 1, limit)
+                item
+                if type(item) in _KEPT or (type(item) is str and item.isascii())
+                else _freeze(item, what, depth + 1, limit)
                 for item in value
             ]
         )

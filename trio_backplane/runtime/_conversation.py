@@ -735,7 +735,6 @@ class Conversation:
     async def _start_worker(self, first_turn: str | None, failed: Error | None) -> None:
         self._worker_running = True
         self._nursery.start_soon(self._run_worker, first_turn, failed)
-        self._nursery.start_soon(self._watch_worker)
 
     async def _watch_worker(self) -> None:
         """A worker that ignores its cancellation (a tool shielding itself, a
@@ -779,6 +778,8 @@ class Conversation:
         self._run_budget = DeadlineBudget(
             "run", max(0.0, (deadline if deadline is not None else now) - now), self._now
         )
+        # Started once the run budget is the record's: it reads that deadline.
+        self._nursery.start_soon(self._watch_worker)
         try:
             with self._run_budget.arm() as scope:
                 self._worker = scope
@@ -789,6 +790,19 @@ class Conversation:
                         pass
                     except _Stop:
                         pass
+                    except Error as error:
+                        # The kernel refused a commit as past the run deadline
+                        # (time passed in synchronous code, no checkpoint for
+                        # the deadline to cancel at): a deadline stop.
+                        if (
+                            error.error_class is not ErrorClass.TIMEOUT
+                            or error.details.get("boundary") != "before_store"
+                        ):
+                            raise
+                        if self._stop_reason is None:
+                            self._stop_reason = "deadline_exceeded"
+                            self._note_stop_due("deadline_exceeded")
+                            self._phase = "cancelling"
             if self._run_budget.timed_out() and self._stop_reason is None:
                 self._stop_reason = "deadline_exceeded"
                 self._note_stop_due("deadline_exceeded")

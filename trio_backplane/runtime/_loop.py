@@ -107,6 +107,8 @@ class ToolContext:
             answer, _ = await wait_for_human(self._conversation, request)
         except _StorageFailed as failed:
             raise failed.error from None  # the backend sees storage_failed (CAN-17)
+        except _Stop:
+            raise _stopping() from None  # settled meanwhile: classed for the backend
         return answer
 
     @property
@@ -131,8 +133,15 @@ class ToolContext:
         self._nested_busy = True
         try:
             return await self._loop._nested(self, tool_name, arguments)
+        except _Stop:
+            raise _stopping() from None  # settled meanwhile: classed for the backend
         finally:
             self._nested_busy = False
+
+
+def _stopping() -> Error:
+    """What a backend sees from a call into a run that is stopping or settled."""
+    return Error(ErrorClass.CANCELLED, "the run is stopping")
 
 
 @attrs.frozen
@@ -974,7 +983,7 @@ class TurnLoop:
         except _TurnFailed as failed:
             raise failed.error from None
         except _Stop:
-            raise Error(ErrorClass.CANCELLED, "the run is stopping") from None
+            raise _stopping() from None
         invocation_id = max(record.active_tools, key=_invocation_number)
         operation = self._operation(descriptor, record, invocation_id, call_id, turn_id, arguments)
         if c._hub.active:

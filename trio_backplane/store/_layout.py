@@ -62,6 +62,7 @@ from ..kernel import (
     RunEvent,
     RunRecord,
     changed_keys,
+    check_json,
     decode_event,
     decode_record,
     dumps,
@@ -122,15 +123,20 @@ Deletes = list[tuple[str, str]]
 
 
 def encode_part(value: Any) -> str:
-    """JSON text of ``value``; ``validation`` for anything that is not JSON data."""
+    """JSON text of ``value``; ``validation`` for anything that is not JSON data
+    (a lone surrogate included: ``freeze`` refuses one, but a ``FrozenDict``
+    built by hand skips ``freeze``, and no database could store it)."""
     try:
-        return dumps(value)
+        text = dumps(value)
     except (TypeError, ValueError, RecursionError) as exc:  # KER-11
         raise Error(
             ErrorClass.VALIDATION,
             "committed record contains a runtime handle",
             {"cause": f"{type(exc).__name__}: {exc}"[:300]},
         ) from exc
+    if not text.isascii():
+        check_json(text, "committed record")
+    return text
 
 
 def message_key(index: int) -> str:

@@ -89,7 +89,7 @@ from ._layout import (
     decode_stored,
     decode_stored_event,
     diff,
-    dumps,
+    encode_part,
     entry_of,
     head_text,
 )
@@ -489,7 +489,7 @@ class PostgresStore:
                             last + index,
                             data["type"],
                             data["occurred_at"],
-                            dumps(data["payload"]),
+                            encode_part(data["payload"]),
                         )
                         for index, data in enumerate(events, start=1)
                     ],
@@ -716,7 +716,7 @@ class PostgresStore:
                     sequence,
                     data["type"],
                     data["occurred_at"],
-                    dumps(data["payload"]),
+                    encode_part(data["payload"]),
                 )
                 for column, item in zip(events, event, strict=True):
                     column.append(item)
