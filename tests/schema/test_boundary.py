@@ -432,6 +432,78 @@ def test_sch_14_unassertable_content_keywords_fail_closed(
     assert details["path"] == "/properties/x"
 
 
+def _in_content(sub: Any, **extra: Any) -> dict[str, Any]:
+    """A tool schema whose ``p`` holds JSON text that must match ``sub``."""
+    content = {"type": "string", "contentMediaType": "application/json", "contentSchema": sub}
+    return {"type": "object", "properties": {"p": content}, **extra}
+
+
+@pytest.mark.parametrize(
+    "wrap",
+    [lambda c: c, lambda c: {"not": c}, lambda c: {"anyOf": [c, {"type": "integer"}]}],
+)
+def test_sch_14_sch_29_sch_30_content_schema_regex_work_limit(wrap: Any) -> None:
+    """SCH-14, SCH-29, SCH-30: a pattern inside ``contentSchema`` runs under
+    the same work limit, and exhausting it raises execution_failure
+    ``regex_work_limit`` even through ``not`` (never a pass or a mismatch)."""
+    content = _in_content({"pattern": "(a|a)*\\1c"})["properties"]["p"]
+    schema = {"type": "object", "properties": {"p": wrap(content)}}
+    with pytest.raises(Error) as exc:
+        validate(schema, {"p": json.dumps("a" * 40)}, content_assertion=True)
+    assert refused(exc, ErrorClass.EXECUTION_FAILURE)["reason"] == "regex_work_limit"
+    # the validator's own failure path (iter_errors) says the same
+    with pytest.raises(Error) as exc:
+        compile(schema, content_assertion=True).errors({"p": json.dumps("a" * 40)})
+    assert refused(exc, ErrorClass.EXECUTION_FAILURE)["reason"] == "regex_work_limit"
+
+
+def test_sch_13_sch_14_format_asserted_inside_content_schema() -> None:
+    """SCH-13, SCH-14: ``format_assertion=True`` applies inside ``contentSchema``."""
+    schema = _in_content({"type": "string", "format": "email"})
+    assert validate(schema, {"p": '"nope"'}, content_assertion=True) == {"p": '"nope"'}
+    with pytest.raises(Error) as exc:
+        validate(schema, {"p": '"nope"'}, content_assertion=True, format_assertion=True)
+    refused(exc, ErrorClass.VALIDATION)
+    ok = {"p": '"a@example.test"'}
+    assert validate(schema, ok, content_assertion=True, format_assertion=True) == ok
+
+
+def test_sch_14_content_schema_references_resolve_in_the_document() -> None:
+    """SCH-14: ``contentSchema`` references resolve against the enclosing
+    document (its ``$defs``, an embedded ``$id`` resource, a registry entry),
+    and a recursive one terminates."""
+    local = _in_content({"$ref": "#/$defs/n"}, **{"$defs": {"n": {"type": "integer"}}})
+    validate_schema(local, content_assertion=True)
+    assert validate(local, {"p": "5"}, content_assertion=True) == {"p": "5"}
+    with pytest.raises(Error) as exc:
+        validate(local, {"p": '"x"'}, content_assertion=True)
+    refused(exc, ErrorClass.VALIDATION)
+    embedded = {
+        "type": "object",
+        "$defs": {"n": {"type": "integer"}},
+        "properties": {
+            "q": {
+                "$id": "https://example.test/inner",
+                "$defs": {"n": {"type": "string"}},
+                **_in_content({"$ref": "#/$defs/n"}),
+            }
+        },
+    }
+    assert validate(embedded, {"q": {"p": '"x"'}}, content_assertion=True)
+    with pytest.raises(Error):
+        validate(embedded, {"q": {"p": "5"}}, content_assertion=True)
+    registry = {"https://example.test/n": {"type": "integer"}}
+    remote = _in_content({"$ref": "https://example.test/n"})
+    assert validate(remote, {"p": "5"}, content_assertion=True, schema_registry=registry)
+    with pytest.raises(Error):
+        validate(remote, {"p": "[]"}, content_assertion=True, schema_registry=registry)
+    recursive = _in_content({"$ref": "#"})  # JSON text holding JSON text ...
+    inner = {"p": json.dumps({"p": json.dumps({})})}
+    assert validate(recursive, inner, content_assertion=True) == inner
+    with pytest.raises(Error):
+        validate(recursive, {"p": json.dumps({"p": "[1"})}, content_assertion=True)
+
+
 def test_sch_15_unknown_keywords_are_annotations() -> None:
     """SCH-15: x-mcp-header and typos annotate and change no verdict."""
     schema = {"properties": {"a": {"type": "string", "x-mcp-header": "A", "maxLenght": 1}}}
