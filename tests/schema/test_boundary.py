@@ -777,6 +777,83 @@ def test_sch_26_ecma_digit_and_dot() -> None:
             validate(dot, {"s": terminator})
 
 
+def test_sch_25_sch_26_ascii_word_boundary_everywhere() -> None:
+    """SCH-25, SCH-26: ``\\b``/``\\B`` are ASCII as in ECMA-262 (u flag, no i),
+    in ``pattern``, ``patternProperties`` keys, registry resources and
+    ``contentSchema``, and the caller's schema is never rewritten (CAT-08)."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "s": {"pattern": "^\u00e9\\b"},
+            "n": {"pattern": "\\B"},
+            "r": {"$ref": "https://example.test/word"},
+            "c": {"contentMediaType": "application/json", "contentSchema": {"pattern": "\\b"}},
+        },
+        "patternProperties": {"\\Bz": {"type": "integer"}},
+    }
+    registry = {"https://example.test/word": {"pattern": "\\Ba"}}
+    before = copy.deepcopy(schema)
+    compiled = compile(schema, schema_registry=registry, content_assertion=True)
+    assert compiled.schema is schema
+    assert schema == before
+    assert registry["https://example.test/word"] == {"pattern": "\\Ba"}
+    assert (
+        compiled.fingerprint
+        == compile(
+            before, schema_registry=copy.deepcopy(registry), content_assertion=True
+        ).fingerprint
+    )
+    assert compiled.validate({"n": "\u00e9", "\u00e9z": "not checked", "r": "ba"})
+    for bad in ({"s": "\u00e9"}, {"r": "\u00e9a"}, {"c": '"\u00e9"'}, {"zz": "string"}):
+        entries = compiled.errors(bad)
+        assert entries, bad
+    entry = compiled.errors({"s": "\u00e9"})[0]
+    assert entry["schema_path"] == "/properties/s/pattern"
+    assert "^\u00e9\\b" in entry["message"]
+    assert "(?<=" not in entry["message"]
+    entry = compiled.errors({"zz": "string"})[0]
+    assert entry["schema_path"] == "/patternProperties/\\Bz/type"
+
+
+@pytest.mark.parametrize(
+    ("pattern", "matches", "fails"),
+    [
+        ("^[^]$", "\n", ""),
+        ("^a[]", None, "a"),
+        ("^\\0$", "\x00", "0"),
+        ("^[\\b]$", "\b", "b"),
+        ("^(?<n>a)\\k<n>$", "aa", "ab"),
+        ("^\\uD83D\\uDE00$", "\U0001f600", "\U0001f601"),
+    ],
+)
+def test_sch_25_valid_ecma_patterns_the_engine_refused(
+    pattern: str, matches: str | None, fails: str
+) -> None:
+    """SCH-25: valid ECMA-262 patterns the engine refuses in its own syntax
+    are accepted with their ECMA-262 meaning, also as ``patternProperties`` keys."""
+    schema = {"properties": {"s": {"pattern": pattern}}}
+    if matches is not None:
+        assert validate(schema, {"s": matches}) == {"s": matches}
+    with pytest.raises(Error) as exc:
+        validate(schema, {"s": fails})
+    refused(exc, ErrorClass.VALIDATION)
+    keyed = {"patternProperties": {pattern: {"type": "integer"}, "^x$": {}}}
+    if matches is not None:
+        with pytest.raises(Error):
+            validate(keyed, {matches: "not an integer"})
+    assert validate(keyed, {fails: "anything"})
+
+
+def test_sch_25_patterns_with_one_engine_form_both_apply() -> None:
+    """SCH-25: two ``patternProperties`` keys that differ only in spelling
+    (``\\0`` and ``\\x00``) both keep applying."""
+    schema = {"patternProperties": {"\\0": {"type": "integer"}, "\\x00": {"minimum": 5}}}
+    assert validate(schema, {"\x00": 7})
+    for bad in ("7", 3):
+        with pytest.raises(Error):
+            validate(schema, {"\x00": bad})
+
+
 @pytest.mark.parametrize("pattern", ["(?P<n>a)", "(?i)abc", "\\Aabc\\z", "a++", "[[:alpha:]]"])
 def test_sch_27_non_ecma_patterns(pattern: str) -> None:
     """SCH-27: non-ECMA-262 pattern syntax raises validation at preflight."""
