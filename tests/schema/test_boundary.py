@@ -432,6 +432,78 @@ def test_sch_14_unassertable_content_keywords_fail_closed(
     assert details["path"] == "/properties/x"
 
 
+def _in_content(sub: Any, **extra: Any) -> dict[str, Any]:
+    """A tool schema whose ``p`` holds JSON text that must match ``sub``."""
+    content = {"type": "string", "contentMediaType": "application/json", "contentSchema": sub}
+    return {"type": "object", "properties": {"p": content}, **extra}
+
+
+@pytest.mark.parametrize(
+    "wrap",
+    [lambda c: c, lambda c: {"not": c}, lambda c: {"anyOf": [c, {"type": "integer"}]}],
+)
+def test_sch_14_sch_29_sch_30_content_schema_regex_work_limit(wrap: Any) -> None:
+    """SCH-14, SCH-29, SCH-30: a pattern inside ``contentSchema`` runs under
+    the same work limit, and exhausting it raises execution_failure
+    ``regex_work_limit`` even through ``not`` (never a pass or a mismatch)."""
+    content = _in_content({"pattern": "(a|a)*\\1c"})["properties"]["p"]
+    schema = {"type": "object", "properties": {"p": wrap(content)}}
+    with pytest.raises(Error) as exc:
+        validate(schema, {"p": json.dumps("a" * 40)}, content_assertion=True)
+    assert refused(exc, ErrorClass.EXECUTION_FAILURE)["reason"] == "regex_work_limit"
+    # the validator's own failure path (iter_errors) says the same
+    with pytest.raises(Error) as exc:
+        compile(schema, content_assertion=True).errors({"p": json.dumps("a" * 40)})
+    assert refused(exc, ErrorClass.EXECUTION_FAILURE)["reason"] == "regex_work_limit"
+
+
+def test_sch_13_sch_14_format_asserted_inside_content_schema() -> None:
+    """SCH-13, SCH-14: ``format_assertion=True`` applies inside ``contentSchema``."""
+    schema = _in_content({"type": "string", "format": "email"})
+    assert validate(schema, {"p": '"nope"'}, content_assertion=True) == {"p": '"nope"'}
+    with pytest.raises(Error) as exc:
+        validate(schema, {"p": '"nope"'}, content_assertion=True, format_assertion=True)
+    refused(exc, ErrorClass.VALIDATION)
+    ok = {"p": '"a@example.test"'}
+    assert validate(schema, ok, content_assertion=True, format_assertion=True) == ok
+
+
+def test_sch_14_content_schema_references_resolve_in_the_document() -> None:
+    """SCH-14: ``contentSchema`` references resolve against the enclosing
+    document (its ``$defs``, an embedded ``$id`` resource, a registry entry),
+    and a recursive one terminates."""
+    local = _in_content({"$ref": "#/$defs/n"}, **{"$defs": {"n": {"type": "integer"}}})
+    validate_schema(local, content_assertion=True)
+    assert validate(local, {"p": "5"}, content_assertion=True) == {"p": "5"}
+    with pytest.raises(Error) as exc:
+        validate(local, {"p": '"x"'}, content_assertion=True)
+    refused(exc, ErrorClass.VALIDATION)
+    embedded = {
+        "type": "object",
+        "$defs": {"n": {"type": "integer"}},
+        "properties": {
+            "q": {
+                "$id": "https://example.test/inner",
+                "$defs": {"n": {"type": "string"}},
+                **_in_content({"$ref": "#/$defs/n"}),
+            }
+        },
+    }
+    assert validate(embedded, {"q": {"p": '"x"'}}, content_assertion=True)
+    with pytest.raises(Error):
+        validate(embedded, {"q": {"p": "5"}}, content_assertion=True)
+    registry = {"https://example.test/n": {"type": "integer"}}
+    remote = _in_content({"$ref": "https://example.test/n"})
+    assert validate(remote, {"p": "5"}, content_assertion=True, schema_registry=registry)
+    with pytest.raises(Error):
+        validate(remote, {"p": "[]"}, content_assertion=True, schema_registry=registry)
+    recursive = _in_content({"$ref": "#"})  # JSON text holding JSON text ...
+    inner = {"p": json.dumps({"p": json.dumps({})})}
+    assert validate(recursive, inner, content_assertion=True) == inner
+    with pytest.raises(Error):
+        validate(recursive, {"p": json.dumps({"p": "[1"})}, content_assertion=True)
+
+
 def test_sch_15_unknown_keywords_are_annotations() -> None:
     """SCH-15: x-mcp-header and typos annotate and change no verdict."""
     schema = {"properties": {"a": {"type": "string", "x-mcp-header": "A", "maxLenght": 1}}}
@@ -703,6 +775,83 @@ def test_sch_26_ecma_digit_and_dot() -> None:
     for terminator in ("\n", "\r", "\u2028", "\u2029"):
         with pytest.raises(Error):
             validate(dot, {"s": terminator})
+
+
+def test_sch_25_sch_26_ascii_word_boundary_everywhere() -> None:
+    """SCH-25, SCH-26: ``\\b``/``\\B`` are ASCII as in ECMA-262 (u flag, no i),
+    in ``pattern``, ``patternProperties`` keys, registry resources and
+    ``contentSchema``, and the caller's schema is never rewritten (CAT-08)."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "s": {"pattern": "^\u00e9\\b"},
+            "n": {"pattern": "\\B"},
+            "r": {"$ref": "https://example.test/word"},
+            "c": {"contentMediaType": "application/json", "contentSchema": {"pattern": "\\b"}},
+        },
+        "patternProperties": {"\\Bz": {"type": "integer"}},
+    }
+    registry = {"https://example.test/word": {"pattern": "\\Ba"}}
+    before = copy.deepcopy(schema)
+    compiled = compile(schema, schema_registry=registry, content_assertion=True)
+    assert compiled.schema is schema
+    assert schema == before
+    assert registry["https://example.test/word"] == {"pattern": "\\Ba"}
+    assert (
+        compiled.fingerprint
+        == compile(
+            before, schema_registry=copy.deepcopy(registry), content_assertion=True
+        ).fingerprint
+    )
+    assert compiled.validate({"n": "\u00e9", "\u00e9z": "not checked", "r": "ba"})
+    for bad in ({"s": "\u00e9"}, {"r": "\u00e9a"}, {"c": '"\u00e9"'}, {"zz": "string"}):
+        entries = compiled.errors(bad)
+        assert entries, bad
+    entry = compiled.errors({"s": "\u00e9"})[0]
+    assert entry["schema_path"] == "/properties/s/pattern"
+    assert "^\u00e9\\b" in entry["message"]
+    assert "(?<=" not in entry["message"]
+    entry = compiled.errors({"zz": "string"})[0]
+    assert entry["schema_path"] == "/patternProperties/\\Bz/type"
+
+
+@pytest.mark.parametrize(
+    ("pattern", "matches", "fails"),
+    [
+        ("^[^]$", "\n", ""),
+        ("^a[]", None, "a"),
+        ("^\\0$", "\x00", "0"),
+        ("^[\\b]$", "\b", "b"),
+        ("^(?<n>a)\\k<n>$", "aa", "ab"),
+        ("^\\uD83D\\uDE00$", "\U0001f600", "\U0001f601"),
+    ],
+)
+def test_sch_25_valid_ecma_patterns_the_engine_refused(
+    pattern: str, matches: str | None, fails: str
+) -> None:
+    """SCH-25: valid ECMA-262 patterns the engine refuses in its own syntax
+    are accepted with their ECMA-262 meaning, also as ``patternProperties`` keys."""
+    schema = {"properties": {"s": {"pattern": pattern}}}
+    if matches is not None:
+        assert validate(schema, {"s": matches}) == {"s": matches}
+    with pytest.raises(Error) as exc:
+        validate(schema, {"s": fails})
+    refused(exc, ErrorClass.VALIDATION)
+    keyed = {"patternProperties": {pattern: {"type": "integer"}, "^x$": {}}}
+    if matches is not None:
+        with pytest.raises(Error):
+            validate(keyed, {matches: "not an integer"})
+    assert validate(keyed, {fails: "anything"})
+
+
+def test_sch_25_patterns_with_one_engine_form_both_apply() -> None:
+    """SCH-25: two ``patternProperties`` keys that differ only in spelling
+    (``\\0`` and ``\\x00``) both keep applying."""
+    schema = {"patternProperties": {"\\0": {"type": "integer"}, "\\x00": {"minimum": 5}}}
+    assert validate(schema, {"\x00": 7})
+    for bad in ("7", 3):
+        with pytest.raises(Error):
+            validate(schema, {"\x00": bad})
 
 
 @pytest.mark.parametrize("pattern", ["(?P<n>a)", "(?i)abc", "\\Aabc\\z", "a++", "[[:alpha:]]"])

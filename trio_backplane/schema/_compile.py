@@ -6,16 +6,17 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any, Final, Literal
+from urllib.parse import quote
 
 import attrs
 import jsonschema_rs
 
 from ..errors import Error
 from . import _instance
-from ._content import CONTENT_KEYWORDS
-from ._errors import failure, invalid, limit_error, unsupported
+from ._content import clear_regex_failure, content_keywords, take_regex_failure
+from ._errors import failure, invalid, limit_error, regex_failure, unsupported
 from ._instance import json_pointer as _pointer
 from ._options import Limits, SchemaLoader, SchemaOptions, normalize_dialects
 from ._preflight import DEFAULT_BASE, Preflight, preflight
@@ -44,15 +45,9 @@ REGEX_BACKTRACK_LIMIT: Final = 100_000
 MAX_ERROR_ENTRIES: Final = 16
 _MAX_MESSAGE: Final = 500
 _PATTERN_OPTIONS: Final = jsonschema_rs.FancyRegexOptions(backtrack_limit=REGEX_BACKTRACK_LIMIT)
-_REGEX_FAILURE_KINDS: Final = (
-    jsonschema_rs.ValidationErrorKind.BacktrackLimitExceeded,
-    jsonschema_rs.ValidationErrorKind.RegexEngineFailure,
-)
-_CONTEXT_KINDS: Final = (
-    jsonschema_rs.ValidationErrorKind.AnyOf,
-    jsonschema_rs.ValidationErrorKind.OneOfNotValid,
-    jsonschema_rs.ValidationErrorKind.OneOfMultipleValid,
-)
+#: The base URI of a ``contentSchema`` validator's own (one-reference) root.
+_CONTENT_BASE: Final = "urn:trio-backplane:content-schema"
+_FRAGMENT_SAFE: Final = "/~!$&'()*+,;=:@"
 
 Root = Literal["tool", "any"]
 _DEFAULT_OPTIONS: Final = SchemaOptions()
@@ -74,18 +69,13 @@ def _raise_input(violation: _instance.Violation, limits: Limits, role: str) -> N
     raise invalid(f"{role} are not JSON data: {detail}", reason="not_json", path=path)
 
 
-def _has_regex_failure(errors: list[jsonschema_rs.ValidationError]) -> str | None:
-    """The message of a regex engine failure anywhere in ``errors`` (contexts included)."""
-    stack = list(errors)
-    while stack:
-        error = stack.pop()
-        kind = error.kind
-        if isinstance(kind, _REGEX_FAILURE_KINDS):
-            return error.message
-        if isinstance(kind, _CONTEXT_KINDS):
-            for branch in kind.context:
-                stack.extend(branch)
-    return None
+def _regex_work_limit(message: str) -> Error:
+    return failure(
+        "pattern matching exceeded the regex work limit",
+        reason="regex_work_limit",
+        limit=REGEX_BACKTRACK_LIMIT,
+        cause=message[:_MAX_MESSAGE],
+    )
 
 
 @attrs.frozen(eq=False)
@@ -113,6 +103,11 @@ class CompiledSchema:
     _first_error: Callable[[Any], None] | None = attrs.field(
         default=None, repr=False, alias="_first_error"
     )
+    #: ``contentSchema`` is asserted: its regex failures arrive on the side
+    #: (``_content``), since the engine's verdict may have hidden them
+    _content: bool = attrs.field(default=False, repr=False, alias="_content")
+    #: each pattern rewritten for the engine -> the schema's own (for messages)
+    _patterns: Mapping[str, str] = attrs.field(factory=dict, repr=False, alias="_patterns")
 
     def validate(self, arguments: Any) -> Any:
         """Return ``arguments`` if they satisfy the schema; raise ``Error`` otherwise."""
@@ -131,12 +126,19 @@ class CompiledSchema:
             if violation is not None:
                 _raise_input(violation, limits, self._role)
         try:
-            if self._is_valid(arguments):
-                return arguments
+            if self._content:
+                clear_regex_failure()
+            valid = self._is_valid(arguments)
         except Exception as exc:  # the engine must never fail open or escape unclassed
             raise failure(
                 "schema validator failed", reason="engine_failure", cause=_cause(exc)
             ) from exc
+        if self._content:
+            noted = take_regex_failure()
+            if noted is not None:
+                raise _regex_work_limit(noted)
+        if valid:
+            return arguments
         self._raise_mismatch(arguments)
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -165,20 +167,18 @@ class CompiledSchema:
             raise failure(
                 "schema validator failed", reason="engine_failure", cause=_cause(exc)
             ) from exc
-        regex_failure = _has_regex_failure(collected)
-        if regex_failure is not None:
-            raise failure(
-                "pattern matching exceeded the regex work limit",
-                reason="regex_work_limit",
-                limit=REGEX_BACKTRACK_LIMIT,
-                cause=regex_failure[:_MAX_MESSAGE],
-            )
+        noted = regex_failure(collected)
+        if noted is None and self._content:
+            noted = take_regex_failure()
+        if noted is not None:
+            raise _regex_work_limit(noted)
+        patterns = self._patterns
         entries = [
             {
                 "instance_path": _pointer(e.instance_path),
-                "schema_path": _pointer(e.schema_path),
+                "schema_path": _schema_pointer(e.schema_path, patterns),
                 "keyword": e.kind.name,
-                "message": e.message[:_MAX_MESSAGE],
+                "message": _original(e.message, patterns)[:_MAX_MESSAGE],
             }
             for e in collected[:MAX_ERROR_ENTRIES]
         ]
@@ -187,6 +187,19 @@ class CompiledSchema:
         if self._first_error is not None:
             details["first_error_only"] = True  # a recursive schema: see _first_error
         raise invalid(f"{what} do not match the schema", **details)
+
+
+def _original(message: str, patterns: Mapping[str, str]) -> str:
+    """``message`` naming the schema's patterns rather than their engine forms."""
+    for engine, pattern in patterns.items():
+        if engine in message:
+            message = message.replace(engine, pattern)
+    return message
+
+
+def _schema_pointer(path: Sequence[str | int], patterns: Mapping[str, str]) -> str:
+    """The pointer of a schema location, with the schema's own ``patternProperties`` keys."""
+    return _pointer([patterns.get(p, p) if isinstance(p, str) else p for p in path])
 
 
 def _first_of(
@@ -402,6 +415,8 @@ def _build(
         _iter_errors=validator.iter_errors,
         _limits=limits,
         _first_error=validator.validate if result.recursive else None,
+        _content=options.content_assertion,
+        _patterns=result.engine_patterns(),
     )
 
 
@@ -412,25 +427,47 @@ def _engine(schema: Any, options: SchemaOptions, result: Preflight) -> jsonschem
         "pattern_options": _PATTERN_OPTIONS,
         "validate_formats": options.format_assertion or result.format_assertion_vocabulary,
     }
-    if result.external:
-        kwargs["registry"] = jsonschema_rs.Registry(list(result.external.items()))
-    if options.content_assertion:
-        kwargs["keywords"] = CONTENT_KEYWORDS
+    schema = result.engine_document(0)  # the schema itself unless a pattern is rewritten
     if type(schema) is not bool and not isinstance(schema, dict):
         schema = dict(schema)
+    external = result.engine_external()
+    content = None
+    if options.content_assertion:
+        content = _ContentSchemas(schema, external, result, kwargs)
+        kwargs["keywords"] = content_keywords(content.resolve)
+    if external:
+        kwargs["registry"] = jsonschema_rs.Registry(list(external.items()))
+    if result.root_dialect == "draft-07":
+        factory: Callable[..., jsonschema_rs.Validator] = jsonschema_rs.Draft7Validator
+    elif result.metaschemas and type(schema) is dict and "$schema" in schema:
+        factory = jsonschema_rs.validator_for
+    else:
+        factory = jsonschema_rs.Draft202012Validator
     try:
-        if result.root_dialect == "draft-07":
-            return jsonschema_rs.Draft7Validator(schema, **kwargs)
-        if result.metaschemas and type(schema) is dict and "$schema" in schema:
-            return jsonschema_rs.validator_for(schema, **kwargs)
-        return jsonschema_rs.Draft202012Validator(schema, **kwargs)
+        return _new_validator(factory, schema, kwargs, result.engine_patterns())
+    except Error:
+        if content is not None and content.error is not None:
+            raise content.error from None  # refused while building a contentSchema
+        raise
+
+
+def _new_validator(
+    factory: Callable[..., jsonschema_rs.Validator],
+    schema: Any,
+    kwargs: dict[str, Any],
+    patterns: Mapping[str, str],
+) -> jsonschema_rs.Validator:
+    """``factory(schema, **kwargs)``, every engine refusal mapped to a classed
+    ``Error`` that names the schema's own patterns."""
+    try:
+        return factory(schema, **kwargs)
     except jsonschema_rs.ValidationError as exc:
         if 'is not a "regex"' in exc.message:
             raise unsupported(
                 "pattern uses ECMA-262 syntax the regex engine does not support",
                 reason="unsupported_pattern",
-                path=_pointer(exc.instance_path),
-                cause=exc.message[:_MAX_MESSAGE],
+                path=_schema_pointer(exc.instance_path, patterns),
+                cause=_original(exc.message, patterns)[:_MAX_MESSAGE],
             ) from exc
         raise invalid(
             "schema is not a valid JSON Schema",
@@ -450,6 +487,99 @@ def _engine(schema: Any, options: SchemaOptions, result: Preflight) -> jsonschem
         ) from exc
     except Exception as exc:
         raise failure("schema engine failed", reason="engine_failure", cause=_cause(exc)) from exc
+
+
+class _ContentSchemas:
+    """The ``contentSchema`` validators of one compilation (SCH-14).
+
+    Each is ``{"$ref": <its location>}`` over a registry holding the schema
+    itself and its external resources, built with the main validator's
+    options: its references resolve in the enclosing document, and patterns,
+    formats and nested content keywords behave as everywhere else.  The
+    engine names a keyword by its path from the root of the document or of
+    the resource it entered through, so the location is found among the
+    preflight's resources; a path that fits several, with a reference inside,
+    is refused rather than guessed.
+    """
+
+    def __init__(
+        self,
+        schema: Any,
+        external: Mapping[str, Any],
+        result: Preflight,
+        kwargs: dict[str, Any],
+    ) -> None:
+        self._schema = schema
+        self._external = external
+        self._result = result
+        self._kwargs = kwargs
+        self._built: dict[str, jsonschema_rs.Validator] = {}
+        self._building: set[str] = set()
+        self.error: Error | None = None
+
+    def resolve(
+        self, schema_path: list[str | int], value: Any
+    ) -> Callable[[], jsonschema_rs.Validator]:
+        try:
+            ref = self._reference(tuple(schema_path), value)
+            if ref not in self._built and ref not in self._building:
+                self._building.add(ref)  # a recursive one: asked for again while built
+                try:
+                    self._built[ref] = _new_validator(
+                        jsonschema_rs.Draft202012Validator,
+                        {"$ref": ref},
+                        self._content_kwargs(),
+                        self._result.engine_patterns(),
+                    )
+                finally:
+                    self._building.discard(ref)
+        except Error as error:
+            if self.error is None:
+                self.error = error
+            raise ValueError(error.message) from error  # the engine wraps it; _engine re-raises
+        built = self._built
+        return lambda: built[ref]
+
+    def _content_kwargs(self) -> dict[str, Any]:
+        if self._kwargs.get("base_uri") != _CONTENT_BASE:
+            resources = [(DEFAULT_BASE, self._schema), *self._external.items()]
+            self._kwargs = {
+                **self._kwargs,
+                "base_uri": _CONTENT_BASE,
+                "registry": jsonschema_rs.Registry(resources),
+                "keywords": content_keywords(self.resolve),
+            }
+        return self._kwargs
+
+    def _reference(self, path: tuple[str | int, ...], value: Any) -> str:
+        result = self._result
+        found: list[str] = []
+        for number, root in dict.fromkeys(result.resources.values()):
+            location = (number, root + path)
+            node = result.engine_document(number) if location in result.walked else None
+            if node is None or _node(node, location[1]) != value:
+                continue
+            base = result.bases[(number, location[1][:-1])]
+            start = result.resources[base][1]
+            pointer = _pointer(location[1][len(start) :])
+            ref = f"{base}#{quote(pointer, safe=_FRAGMENT_SAFE)}"
+            if ref not in found:
+                found.append(ref)
+        if not found:
+            raise failure("contentSchema location not found", reason="engine_failure")
+        if len(found) > 1 and any(k in _canonical(value) for k in ('"$ref"', '"$dynamicRef"')):
+            raise unsupported(
+                "contentSchema with a reference has an ambiguous location",
+                reason="ambiguous_content_schema",
+                path=_pointer(path),
+            )
+        return found[0]
+
+
+def _node(doc: Any, path: tuple[str | int, ...]) -> Any:
+    for part in path:
+        doc = doc[part]
+    return doc
 
 
 # -- public entry points ---------------------------------------------------

@@ -6,22 +6,57 @@ in, and then an encoding or media type we cannot check is refused at
 preflight (``unsupported_capability``) rather than silently passed.  The
 arguments are never decoded in place: decoding happens on a copy, only to
 judge the verdict.
+
+A ``contentSchema`` is evaluated by a validator the compilation builds for
+it (see ``_compile``) with the main validator's options, reached through a
+reference into the enclosing document so that its own references resolve
+there.  The engine turns any exception a keyword raises into an ordinary
+error, which ``not`` would turn into a pass; so a regex work-limit failure
+inside a ``contentSchema`` is also noted per thread, and the compiled schema
+raises ``execution_failure`` for it whatever the verdict (SCH-29, SCH-30).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
+import threading
 from collections.abc import Callable
 from typing import Any, Final
 
 import jsonschema_rs
 
-from ._errors import unsupported
+from ._errors import regex_failure, unsupported
 from ._instance import first_violation
 
-__all__ = ["CONTENT_KEYWORDS", "check_content_keywords"]
+__all__ = [
+    "ContentSchemaResolver",
+    "check_content_keywords",
+    "clear_regex_failure",
+    "content_keywords",
+    "take_regex_failure",
+]
+
+#: ``(schema_path, value)`` of a ``contentSchema`` keyword -> a getter of its
+#: validator (a getter: a recursive one is still being built when asked for).
+ContentSchemaResolver = Callable[[list[str | int], Any], Callable[[], jsonschema_rs.Validator]]
+
+_noted = threading.local()
+
+
+def clear_regex_failure() -> None:
+    """Forget a regex failure noted on this thread (before a validation)."""
+    _noted.message = None
+
+
+def take_regex_failure() -> str | None:
+    """The regex failure a ``contentSchema`` noted on this thread, if any; clears it."""
+    message: str | None = getattr(_noted, "message", None)
+    _noted.message = None
+    return message
+
 
 _DECODERS: Final[dict[str, Callable[[str], bytes]]] = {
     "base64": lambda s: base64.b64decode(s, validate=True),
@@ -112,24 +147,38 @@ class _ContentMediaType:
 
 
 class _ContentSchema:
-    def __init__(self, parent: dict[str, Any], value: Any, schema_path: list[str | int]) -> None:
+    def __init__(
+        self,
+        resolve: ContentSchemaResolver,
+        parent: dict[str, Any],
+        value: Any,
+        schema_path: list[str | int],
+    ) -> None:
         self.parent = parent
         media_type = parent.get("contentMediaType")
-        self.applies = type(media_type) is str and _is_json_media_type(media_type)
-        self.validator = (
-            jsonschema_rs.Draft202012Validator(value, offline=True) if self.applies else None
-        )
+        applies = type(media_type) is str and _is_json_media_type(media_type)
+        self.validator = resolve(schema_path, value) if applies else None
 
     def validate(self, instance: Any) -> None:
         if self.validator is None or type(instance) is not str:
             return
         value = _parsed(self.parent, instance)
-        for error in self.validator.iter_errors(value):
-            raise ValueError(f"content does not match contentSchema: {error.message}"[:500])
+        validator = self.validator()
+        if validator.is_valid(value):
+            return
+        errors = list(validator.iter_errors(value))
+        message = regex_failure(errors)
+        if message is not None:
+            _noted.message = message
+            raise ValueError("contentSchema exceeded the regex work limit")
+        first = errors[0].message if errors else "invalid"
+        raise ValueError(f"content does not match contentSchema: {first}"[:500])
 
 
-CONTENT_KEYWORDS: Final[dict[str, Any]] = {
-    "contentEncoding": _ContentEncoding,
-    "contentMediaType": _ContentMediaType,
-    "contentSchema": _ContentSchema,
-}
+def content_keywords(resolve: ContentSchemaResolver) -> dict[str, Any]:
+    """The engine's ``keywords=`` for ``content_assertion=True``."""
+    return {
+        "contentEncoding": _ContentEncoding,
+        "contentMediaType": _ContentMediaType,
+        "contentSchema": functools.partial(_ContentSchema, resolve),
+    }
