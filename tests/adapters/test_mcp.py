@@ -665,3 +665,31 @@ async def test_stdio_server_that_cannot_start_is_a_classed_error(tmp_path: Path)
             raise AssertionError("connected to a server that exited")
     assert info.value.error_class is ErrorClass.TRANSIENT_TRANSPORT
     assert info.value.details["method"] == "initialize"
+
+
+@pytest.mark.parametrize(
+    ("message", "data", "closed"),
+    [
+        ("Connection closed", None, True),  # stdio
+        ("SSE stream ended without a response", None, True),  # streamable HTTP
+        ("SSE stream ended and reconnection attempts were exhausted", None, True),
+        ("SSE stream failed: ReadError()", None, True),
+        ("database is locked, refusing", None, False),  # a server's own -32000
+        ("Connection closed", {"from": "the server"}, False),
+    ],
+)
+def test_the_sdks_own_connection_losses_are_transient(
+    message: str, data: Any, closed: bool
+) -> None:
+    """A -32000 the SDK synthesizes for a lost connection (stdio, or a
+    streamable-HTTP request whose response can never arrive) is
+    ``transient_transport``, uncertain for a call; the same code sent by a
+    server on a healthy connection is a refusal (``execution_failure``)."""
+    from mcp.shared.exceptions import MCPError
+
+    from trio_backplane.adapters.mcp import _mcp_error
+
+    error = _mcp_error("tools/call", MCPError(code=-32000, message=message, data=data), tool="t")
+    expected = ErrorClass.TRANSIENT_TRANSPORT if closed else ErrorClass.EXECUTION_FAILURE
+    assert error.error_class is expected
+    assert error.details["certainty"] == "uncertain"

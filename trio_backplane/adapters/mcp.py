@@ -107,7 +107,17 @@ Role = Literal["input", "output"]
 _KEPT_BUILD_REASONS: Final = frozenset({"root_not_object"})
 _MAX_CAUSE: Final = 500
 #: The message of the SDK's own CONNECTION_CLOSED error (mcp.shared.jsonrpc_dispatcher).
-_SDK_CONNECTION_CLOSED: Final = "Connection closed"
+#: What the SDK itself says (code -32000, no data) when a connection is lost:
+#: over stdio, and over streamable HTTP (a request whose response can never
+#: arrive: ``streamable_http._resolve_abandoned_request``).
+_SDK_CONNECTION_CLOSED: Final = frozenset(
+    {
+        "Connection closed",
+        "SSE stream ended without a response",
+        "SSE stream ended and reconnection attempts were exhausted",
+    }
+)
+_SDK_STREAM_FAILED: Final = "SSE stream failed: "
 
 
 # -- the swappable validator ---------------------------------------------------
@@ -760,17 +770,18 @@ def _mcp_error(method: str, exc: MCPError, *, tool: str | None) -> Error:
 
 
 def _connection_closed(exc: MCPError) -> bool:
-    """Whether the SDK itself reports the connection closed.
+    """Whether the SDK itself reports the connection lost.
 
     Its code, -32000, is also JSON-RPC's generic server error, which a
     server on a healthy connection sends to refuse a request: only the
-    SDK's own error (exactly that message, no data) is a closed connection.
+    SDK's own errors (exactly their messages, no data) are a lost
+    connection.  A server sending one of those very messages would be
+    misread: a known limit.
     """
-    return (
-        exc.code == mcp_types.CONNECTION_CLOSED
-        and exc.message == _SDK_CONNECTION_CLOSED
-        and exc.data is None
-    )
+    if exc.code != mcp_types.CONNECTION_CLOSED or exc.data is not None:
+        return False
+    message = exc.message
+    return message in _SDK_CONNECTION_CLOSED or message.startswith(_SDK_STREAM_FAILED)
 
 
 def _transport_error(method: str, exc: BaseException, *, tool: str | None) -> Error:
