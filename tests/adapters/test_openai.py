@@ -619,6 +619,39 @@ async def test_lone_surrogate_text_commits_on_sqlite(chat: ChatServer, tmp_path:
     assert snapshot.messages[-1]["content"] == "a\ufffdb\ufffdc\U0001f600"
 
 
+async def test_a_surrogate_pair_split_across_chunks_stays_one_character(
+    chat: ChatServer,
+) -> None:
+    """A server slicing text by UTF-16 units splits a surrogate pair across
+    two chunks (each then a lone surrogate escape): the pair is joined back
+    into its character in the deltas and the message, never two U+FFFD; a
+    high surrogate at the very end is U+FFFD.  Thinking and tool-call
+    argument fragments likewise."""
+    chat.add(
+        Stream(
+            (
+                '{"choices": [{"index": 0, "delta": {"content": "a\\ud83d"}}]}',
+                '{"choices": [{"index": 0, "delta": {"content": "\\ude00b\\ud83d"}}]}',
+            )
+        ),
+        Stream(
+            (
+                '{"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c1",'
+                ' "function": {"name": "add", "arguments": "{\\"a\\": \\"x\\ud83d"}}]}}]}',
+                '{"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0,'
+                ' "function": {"arguments": "\\ude00\\"}"}}]}}]}',
+            )
+        ),
+    )
+    provider = OpenAIProvider(chat.base_url, "m")
+    events = await collect(provider, request())
+    assert [e.text for e in events if isinstance(e, TextDelta)] == ["a", "\U0001f600b"]
+    assert events[-1] == ResponseCompleted({"role": "assistant", "content": "a\U0001f600b\ufffd"})
+    events = await collect(provider, request())
+    [completed] = [e for e in events if isinstance(e, ToolCallCompleted)]
+    assert completed.arguments == {"a": "x\U0001f600"}
+
+
 _STOP = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
 
 

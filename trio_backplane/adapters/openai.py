@@ -354,8 +354,8 @@ class OpenAIProvider:
         request: ProviderRequest,
     ) -> AsyncGenerator[ProviderEvent, None]:
         calls: dict[int, _Call] = {}
-        text: list[str] = []
-        thinking: list[str] = []
+        text = _StreamedText()
+        thinking = _StreamedText()
         finished = done = False
         failure: Error | None = None
         lost: Error | None = None
@@ -421,9 +421,9 @@ class OpenAIProvider:
             )
         blocks: list[dict[str, Any]] = []
         if thinking:
-            blocks.append({"type": "thinking", "thinking": "".join(thinking)})
+            blocks.append({"type": "thinking", "thinking": thinking.text()})
         if text:
-            blocks.append({"type": "text", "text": "".join(text)})
+            blocks.append({"type": "text", "text": text.text()})
         for index in sorted(calls):
             call = calls[index]
             name = aliases.name(call.name)
@@ -437,22 +437,22 @@ class OpenAIProvider:
             )
         content: Any = blocks
         if not calls and not thinking:
-            content = "".join(text)
+            content = text.text()
         yield ResponseCompleted({"role": "assistant", "content": content})
 
     def _chunk_events(  # noqa: PLR0917
         self,
         chunk: Mapping[str, Any],
         calls: dict[int, _Call],
-        text: list[str],
-        thinking: list[str],
+        text: _StreamedText,
+        thinking: _StreamedText,
         aliases: ToolAliases,
         request: ProviderRequest,
     ) -> list[ProviderEvent]:
         events: list[ProviderEvent] = []
         usage = chunk.get("usage")
         if isinstance(usage, Mapping):
-            events.append(Usage(dict(usage)))
+            events.append(Usage(_replace_surrogates(dict(usage))))
         choices = chunk.get("choices")
         if choices is None:
             choices = []
@@ -466,12 +466,14 @@ class OpenAIProvider:
                 raise _Failed(_malformed("chunk delta must be an object", type(delta).__name__))
             reasoning = delta.get("reasoning_content") or delta.get("reasoning")
             if isinstance(reasoning, str) and reasoning:
-                thinking.append(reasoning)
-                events.append(ThinkingDelta(reasoning))
+                piece = thinking.add(reasoning)
+                if piece:
+                    events.append(ThinkingDelta(piece))
             content = delta.get("content")
             if isinstance(content, str) and content:
-                text.append(content)
-                events.append(TextDelta(content))
+                piece = text.add(content)
+                if piece:
+                    events.append(TextDelta(piece))
             for raw in delta.get("tool_calls") or ():
                 events.extend(self._tool_delta(raw, calls, aliases, request))
         return events
@@ -492,12 +494,12 @@ class OpenAIProvider:
         if call is None:
             call = calls[index] = _Call(index)
         if isinstance(raw.get("id"), str) and raw["id"] and not call.id:
-            call.id = raw["id"]
+            call.id = _unicode(raw["id"])
         function = raw.get("function") or {}
         if not isinstance(function, Mapping):
             raise _Failed(_malformed("tool call function must be an object", "function"))
         if isinstance(function.get("name"), str) and function["name"] and not call.started:
-            call.name += function["name"]
+            call.name += _unicode(function["name"])
         events: list[ProviderEvent] = []
         if not call.started and call.name:
             if not call.id:
@@ -525,9 +527,52 @@ async def _abandon(sses: AsyncGenerator[Any, None]) -> None:
             pass
 
 
+class _StreamedText:
+    """Text streamed in pieces.  A server slicing text by UTF-16 units may
+    split a surrogate pair across two chunks: each piece then decodes to a
+    lone surrogate.  A trailing high surrogate waits for the next piece, a
+    pair is joined into its character, and a surrogate left alone becomes
+    U+FFFD, so every piece (a delta) and the whole text are Unicode text."""
+
+    __slots__ = ("_high", "_parts")
+
+    def __init__(self) -> None:
+        self._parts: list[str] = []
+        self._high = ""
+
+    def __bool__(self) -> bool:
+        return bool(self._parts or self._high)
+
+    def add(self, piece: str) -> str:
+        """Take ``piece``; returns the text it completes (maybe empty)."""
+        piece = self._high + piece
+        self._high = ""
+        if "\ud800" <= piece[-1] <= "\udbff":
+            self._high, piece = piece[-1], piece[:-1]
+        piece = _unicode(piece)
+        if piece:
+            self._parts.append(piece)
+        return piece
+
+    def text(self) -> str:
+        if self._high:
+            self._parts.append("\ufffd")
+            self._high = ""
+        return "".join(self._parts)
+
+
+def _unicode(text: str) -> str:
+    """``text`` with each surrogate pair joined into its character and each
+    lone surrogate replaced by U+FFFD (ASCII: a flag read)."""
+    if text.isascii() or not _LONE_SURROGATE.search(text):
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
 def _chunk(data: str) -> Mapping[str, Any]:
     try:
-        chunk = _loads(data)
+        # Lone surrogates are kept here: text pieces join them (_StreamedText).
+        chunk = loads(data)
     except (ValueError, RecursionError):  # not JSON, or nested too deep to parse
         raise _Failed(_malformed("stream chunk is not JSON", data)) from None
     if not isinstance(chunk, Mapping):
@@ -540,7 +585,7 @@ def _chunk(data: str) -> Mapping[str, Any]:
                 "provider reported an error mid-stream",
                 {
                     "reason": "stream_error",
-                    "provider_message": str(error.get("message")),
+                    "provider_message": _unicode(str(error.get("message"))),
                 },
             )
         )
@@ -559,7 +604,7 @@ def _loads(text: str) -> Any:
 
 def _replace_surrogates(value: Any) -> Any:
     if isinstance(value, str):
-        return _LONE_SURROGATE.sub("\ufffd", value)
+        return _unicode(value)
     if isinstance(value, list):
         return [_replace_surrogates(item) for item in value]
     if isinstance(value, dict):
@@ -568,6 +613,7 @@ def _replace_surrogates(value: Any) -> Any:
 
 
 def _parse_arguments(text: str) -> Any:
+    text = _unicode(text)  # fragments may split a surrogate pair
     if not text.strip():
         return {}
     try:
