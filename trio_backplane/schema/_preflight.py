@@ -31,7 +31,7 @@ from urllib.parse import unquote
 from ..errors import Error, ErrorClass
 from . import _ecma, _uri
 from ._content import check_content_keywords
-from ._errors import LIMIT_MESSAGE, failure, invalid, limit_error, unsupported
+from ._errors import failure, invalid, limit_error, unsupported
 from ._instance import first_violation
 from ._instance import json_pointer as _pointer
 from ._options import Limits
@@ -87,9 +87,21 @@ BUNDLED_2020_12: Final = frozenset(
 )
 
 #: How many times one schema may evaluate one instance location per level of
-#: recursion into the instance: ``check_recursive_fanout`` refuses more.  No
-#: ``Limits`` field governs it (as SCH-49), so a refusal has no ``"limit"``.
+#: recursion into the instance before collecting a failed instance's errors
+#: can grow exponentially with its depth (``check_recursive_fanout``).  The
+#: verdict stays fast (the engine's ``is_valid`` short-circuits), so such a
+#: schema is kept, and a refusal under it reports the verdict alone.
 RECURSIVE_FANOUT: Final = 1
+
+
+class _Multiplies(Exception):
+    """Internal: a recursion multiplies evaluations per instance level."""
+
+    def __init__(self, where: str, step: str) -> None:
+        super().__init__(where)
+        self.where = where
+        self.step = step
+
 
 # Schema-valued keywords (API.md, "Subschema positions").  In a 2020-12 schema
 # the engine still applies the legacy ``dependencies`` (the suite's optional
@@ -162,6 +174,7 @@ class Preflight:
         "format_assertion_vocabulary",
         "loader_used",
         "metaschemas",
+        "multiplies",
         "recursive",
         "ref_groups",
         "refs",
@@ -217,6 +230,9 @@ class Preflight:
         #: a reference leads back to a schema it came from (``check_fanout``):
         #: evaluation then grows with the instance, not only with the schema
         self.recursive = False
+        #: where a recursion multiplies evaluations per instance level
+        #: (``check_recursive_fanout``): error collection is unbounded there
+        self.multiplies: tuple[str, str] | None = None
         self.format_assertion_vocabulary = False
         self.loader_used = False
         self.subschemas = 0
@@ -635,8 +651,9 @@ class Preflight:
                 raise limit_error("ref_fanout", "max_subschemas", maximum, path=_pointer(loc[1]))
 
     def check_recursive_fanout(self) -> None:
-        """Refuse recursion that evaluates one instance location exponentially
-        often in the instance's depth (SCH-33; see ``RECURSIVE_FANOUT``).
+        """Find recursion that evaluates one instance location exponentially
+        often in the instance's depth (SCH-33; see ``RECURSIVE_FANOUT``), and
+        note where in ``multiplies`` (``(schema path, instance step)``).
 
         Within each cycle of the schema graph (references, in-place applicators
         and child applicators), a schema from which two distinct in-place
@@ -647,6 +664,12 @@ class Preflight:
         linear in the walk times the distinct steps of a cycle."""
         if not self.targets:
             return  # no reference: no recursion
+        try:
+            self._find_multiplying()
+        except _Multiplies as found:
+            self.multiplies = (found.where, found.step)
+
+    def _find_multiplying(self) -> None:
         component = self._components()
         if not component:
             return
@@ -793,13 +816,7 @@ class Preflight:
         return frozenset(steps)
 
     def _refuse_recursion(self, loc: Location, step: tuple[Any, ...]) -> None:
-        raise failure(
-            LIMIT_MESSAGE,
-            reason="recursive_fanout",
-            maximum=RECURSIVE_FANOUT,
-            path=_pointer(loc[1]),
-            instance_step=_describe_step(step),
-        )
+        raise _Multiplies(_pointer(loc[1]), _describe_step(step))
 
     def _successors(self, loc: Location) -> Iterator[Location]:
         number, path = loc
