@@ -707,13 +707,14 @@ def test_sch_23_error_entries_are_bounded() -> None:
 def test_sch_23_a_recursive_schema_reports_its_first_error_only() -> None:
     """SCH-23: collecting every error of a recursive schema can grow
     exponentially with the instance's nesting (here each level re-enters two
-    branches: 2**40 errors for 40 levels), so for a schema whose references
-    recurse the engine's first error is reported, marked as such; the
-    verdict is the same.  A schema without recursion still lists them all."""
+    branches: 2**40 errors for 40 levels, a schema SCH-33 now refuses), so
+    for a schema whose references recurse the engine's first error is
+    reported, marked as such; the verdict is the same.  A schema without
+    recursion still lists them all."""
     recursive = {
         "type": "object",
         "$defs": {"X": {"properties": {"c": {"$ref": "#"}, "n": {"type": "string"}}}},
-        "allOf": [{"$ref": "#/$defs/X"}, {"$ref": "#/$defs/X"}],
+        "allOf": [{"$ref": "#/$defs/X"}, {"properties": {"n": {"minLength": 1}}}],
     }
     deep: dict[str, Any] = {"n": 1}
     for _ in range(40):
@@ -1012,6 +1013,148 @@ def test_sch_33_reference_fan_out_boundary() -> None:
     assert (details["reason"], details["maximum"]) == ("ref_fanout", 1000)
     tree = {"properties": {"l": {"$ref": "#"}, "r": {"$ref": "#"}}}
     validate(tree, {"l": {"r": {"l": {}}}}, limits=Limits(max_subschemas=3))
+
+
+def _doubling(applicator: str) -> dict[str, Any]:
+    branch = {"type": "object", "properties": {"x": {"$ref": "#/$defs/n"}}, "required": ["x"]}
+    return {
+        "type": "object",
+        "$defs": {"n": {applicator: [branch, dict(branch)]}},
+        "properties": {"x": {"$ref": "#/$defs/n"}},
+    }
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        _doubling("anyOf"),
+        _doubling("allOf"),
+        _doubling("oneOf"),
+        {  # two in-place paths to X, both recursing through "c"
+            "$defs": {"X": {"properties": {"c": {"$ref": "#"}}}},
+            "allOf": [{"$ref": "#/$defs/X"}, {"$ref": "#/$defs/X"}],
+        },
+        {  # a wildcard may be the same instance child as a named property
+            "allOf": [
+                {"properties": {"a": {"$ref": "#"}}},
+                {"additionalProperties": {"$ref": "#"}},
+            ]
+        },
+        {  # the paths part and meet again a level further down
+            "$defs": {
+                "n": {"anyOf": [{"$ref": "#/$defs/t"}, {"$ref": "#/$defs/u"}]},
+                "t": {"properties": {"x": {"$ref": "#/$defs/m"}}},
+                "u": {"additionalProperties": {"$ref": "#/$defs/m"}},
+                "m": {"properties": {"y": {"$ref": "#/$defs/n"}}},
+            },
+            "$ref": "#/$defs/n",
+        },
+        {"if": {"properties": {"a": {"$ref": "#"}}}, "then": {"properties": {"a": {"$ref": "#"}}}},
+    ],
+)
+def test_sch_33_recursion_that_multiplies_per_level_withholds_its_errors(
+    schema: dict[str, Any],
+) -> None:
+    """SCH-33: recursion in which one instance location is evaluated by a
+    schema through two in-place paths doubles the engine's work per level of
+    the instance when it collects errors (2**d for an invalid instance d
+    levels deep: the first error of an anyOf took a minute at depth 18; the
+    verdict itself stays immediate).  Such a schema is accepted (compile and
+    check_bounds: a recursive discriminated union is a real shape) and marked,
+    so a refusal under it reports the verdict alone."""
+    check_bounds(schema)
+    assert compile(schema)._multiplies is not None
+
+
+@pytest.mark.parametrize("applicator", ["anyOf", "allOf", "oneOf"])
+def test_sch_33_a_refusal_under_multiplying_recursion_is_the_verdict_alone(
+    applicator: str,
+) -> None:
+    """SCH-33: an invalid instance 60 levels deep under a doubling recursion
+    (2**60 evaluations to collect its errors) is refused at once: ``validation``
+    with no error entries and ``errors_withheld`` saying where the recursion
+    multiplies; a valid one passes."""
+    compiled = compile(_doubling(applicator))
+    invalid_instance: Any = 1
+    for _ in range(60):
+        invalid_instance = {"x": invalid_instance}
+    with pytest.raises(Error) as exc:
+        compiled.validate(invalid_instance)
+    details = refused(exc, ErrorClass.VALIDATION)
+    assert details["errors"] == []
+    assert details["error_count"] == 0
+    assert details["errors_withheld"]["reason"] == "recursive_fanout"
+    assert details["errors_withheld"]["path"].startswith("/$defs/n")
+    assert compiled.validate({"y": 1}) == {"y": 1}  # "x" absent: nothing recurses
+
+
+def test_sch_33_recursion_linear_in_the_instance_is_accepted() -> None:
+    """SCH-33: recursion whose paths take different instance steps (a binary
+    tree, a JSON value, a linked list, a UI component tree, a map with named
+    children) is accepted and validates as before."""
+    tree = {
+        "type": "object",
+        "properties": {"left": {"$ref": "#"}, "right": {"allOf": [{"$ref": "#"}]}},
+    }
+    value = {
+        "$defs": {
+            "v": {
+                "anyOf": [
+                    {"type": ["null", "boolean", "number", "string"]},
+                    {"type": "array", "items": {"$ref": "#/$defs/v"}},
+                    {"type": "object", "additionalProperties": {"$ref": "#/$defs/v"}},
+                ]
+            }
+        },
+        "$ref": "#/$defs/v",
+    }
+    linked = {
+        "type": "object",
+        "properties": {"value": {}, "next": {"anyOf": [{"type": "null"}, {"$ref": "#"}]}},
+        "required": ["value"],
+    }
+    ui = {
+        "$defs": {
+            "c": {
+                "type": "object",
+                "properties": {
+                    "type": {"enum": ["row", "text"]},
+                    "children": {"type": "array", "items": {"$ref": "#/$defs/c"}},
+                },
+                "required": ["type"],
+            }
+        },
+        "type": "object",
+        "properties": {"root": {"$ref": "#/$defs/c"}},
+    }
+    dynamic = {
+        "$dynamicAnchor": "node",
+        "properties": {"children": {"type": "array", "items": {"$dynamicRef": "#node"}}},
+    }
+    named_map = {
+        "type": "object",
+        "properties": {"a": {"$ref": "#"}},
+        "additionalProperties": {"$ref": "#"},
+    }
+    deep: Any = {"value": 1, "next": None}
+    for _ in range(100):
+        deep = {"value": 1, "next": deep}
+    cases: list[tuple[dict[str, Any], Any, bool]] = [
+        (tree, {"left": {"right": {"left": {}}}}, True),
+        (tree, {"left": {"right": {"left": 1}}}, False),
+        (value, {"a": [1, {"b": [None, "x"]}]}, True),
+        (linked, deep, True),
+        (linked, {"value": 1, "next": {"next": None}}, False),
+        (ui, {"root": {"type": "row", "children": [{"type": "text"}]}}, True),
+        (ui, {"root": {"type": "row", "children": [{"type": "img"}]}}, False),
+        (dynamic, {"children": [{"children": []}]}, True),
+        (dynamic, {"children": [{"children": 1}]}, False),
+        (named_map, {"a": {"b": {"a": {}}}}, True),
+        (named_map, {"a": {"b": 1}}, False),
+    ]
+    for schema, instance, valid in cases:
+        check_bounds(schema)
+        assert (compile(schema).errors(instance) == []) is valid, (schema, instance)
 
 
 def test_sch_34_limits_per_call() -> None:

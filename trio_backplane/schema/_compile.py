@@ -103,6 +103,10 @@ class CompiledSchema:
     _first_error: Callable[[Any], None] | None = attrs.field(
         default=None, repr=False, alias="_first_error"
     )
+    #: a recursion multiplies evaluations per instance level (preflight's
+    #: ``multiplies``): collecting even the first error can take exponential
+    #: time, so a refusal reports the verdict alone and where it multiplies
+    _multiplies: tuple[str, str] | None = attrs.field(default=None, repr=False, alias="_multiplies")
     #: ``contentSchema`` is asserted: its regex failures arrive on the side
     #: (``_content``), since the engine's verdict may have hidden them
     _content: bool = attrs.field(default=False, repr=False, alias="_content")
@@ -158,6 +162,19 @@ class CompiledSchema:
         return []
 
     def _raise_mismatch(self, instance: Any) -> None:
+        what = "tool arguments" if self.root == "tool" else "structured content"
+        if self._multiplies is not None:
+            if self._content:
+                noted = take_regex_failure()
+                if noted is not None:
+                    raise _regex_work_limit(noted)
+            where, step = self._multiplies
+            raise invalid(
+                f"{what} do not match the schema",
+                errors=[],
+                error_count=0,
+                errors_withheld={"reason": "recursive_fanout", "path": where, "step": step},
+            )
         try:
             if self._first_error is None:
                 collected = list(self._iter_errors(instance))
@@ -182,7 +199,6 @@ class CompiledSchema:
             }
             for e in collected[:MAX_ERROR_ENTRIES]
         ]
-        what = "tool arguments" if self.root == "tool" else "structured content"
         details: dict[str, Any] = {"errors": entries, "error_count": len(collected)}
         if self._first_error is not None:
             details["first_error_only"] = True  # a recursive schema: see _first_error
@@ -415,6 +431,7 @@ def _build(
         _iter_errors=validator.iter_errors,
         _limits=limits,
         _first_error=validator.validate if result.recursive else None,
+        _multiplies=result.multiplies,
         _content=options.content_assertion,
         _patterns=result.engine_patterns(),
     )

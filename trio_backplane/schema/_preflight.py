@@ -36,7 +36,7 @@ from ._instance import first_violation
 from ._instance import json_pointer as _pointer
 from ._options import Limits
 
-__all__ = ["DEFAULT_BASE", "FANOUT_FACTOR", "Preflight", "preflight"]
+__all__ = ["DEFAULT_BASE", "FANOUT_FACTOR", "RECURSIVE_FANOUT", "Preflight", "preflight"]
 
 #: The base URI of a document without ``$id`` (the engine uses the same one).
 DEFAULT_BASE: Final = "json-schema:///"
@@ -86,6 +86,23 @@ BUNDLED_2020_12: Final = frozenset(
     }
 )
 
+#: How many times one schema may evaluate one instance location per level of
+#: recursion into the instance before collecting a failed instance's errors
+#: can grow exponentially with its depth (``check_recursive_fanout``).  The
+#: verdict stays fast (the engine's ``is_valid`` short-circuits), so such a
+#: schema is kept, and a refusal under it reports the verdict alone.
+RECURSIVE_FANOUT: Final = 1
+
+
+class _Multiplies(Exception):
+    """Internal: a recursion multiplies evaluations per instance level."""
+
+    def __init__(self, where: str, step: str) -> None:
+        super().__init__(where)
+        self.where = where
+        self.step = step
+
+
 # Schema-valued keywords (API.md, "Subschema positions").  In a 2020-12 schema
 # the engine still applies the legacy ``dependencies`` (the suite's optional
 # dependencies-compatibility) and finds resources in ``definitions``, so both
@@ -116,6 +133,7 @@ _ONE_07: Final = (*_ONE_2020, "additionalItems")
 #: Keywords that only hold subschemas: nothing evaluates them but a reference.
 _STORAGE: Final = frozenset({"$defs", "definitions"})
 #: Keywords whose subschemas apply to the same instance location.
+_ITEM_WILDCARDS: Final = frozenset({"items", "additionalItems", "contains", "unevaluatedItems"})
 _IN_PLACE: Final = frozenset(
     {"allOf", "anyOf", "oneOf", "not", "if", "then", "else", "dependentSchemas", "dependencies"}
 )
@@ -156,7 +174,9 @@ class Preflight:
         "format_assertion_vocabulary",
         "loader_used",
         "metaschemas",
+        "multiplies",
         "recursive",
+        "ref_groups",
         "refs",
         "resources",
         "rewrites",
@@ -200,6 +220,9 @@ class Preflight:
         self.children: dict[Location, tuple[Path, ...]] = {}
         self.targets: dict[Location, list[Location]] = {}
         self.refs: list[tuple[Location, str, str]] = []  # (where, keyword, reference)
+        #: each reference's targets, by the schema holding it: a ``$dynamicRef``
+        #: has alternatives (its dynamic anchors), of which the engine takes one
+        self.ref_groups: dict[Location, list[list[Location]]] = {}
         #: external resources the engine needs, by URI (registry/loader entries)
         self.external: dict[str, Any] = {}
         #: custom meta-schemas in use, by URI
@@ -207,6 +230,9 @@ class Preflight:
         #: a reference leads back to a schema it came from (``check_fanout``):
         #: evaluation then grows with the instance, not only with the schema
         self.recursive = False
+        #: where a recursion multiplies evaluations per instance level
+        #: (``check_recursive_fanout``): error collection is unbounded there
+        self.multiplies: tuple[str, str] | None = None
         self.format_assertion_vocabulary = False
         self.loader_used = False
         self.subschemas = 0
@@ -513,6 +539,7 @@ class Preflight:
                     targets.extend(self.dynamic_anchors.get(fragment, ()))
             self.edges.setdefault(loc, []).extend(targets)
             self.targets.setdefault(loc, []).extend(targets)
+            self.ref_groups.setdefault(loc, []).append(list(dict.fromkeys(targets)))
 
     def _resolve(self, loc: Location, ref: str) -> Location | None:
         absolute = _uri.resolve(self.bases[loc], ref)
@@ -623,6 +650,174 @@ class Preflight:
             if total[loc] > maximum:
                 raise limit_error("ref_fanout", "max_subschemas", maximum, path=_pointer(loc[1]))
 
+    def check_recursive_fanout(self) -> None:
+        """Find recursion that evaluates one instance location exponentially
+        often in the instance's depth (SCH-33; see ``RECURSIVE_FANOUT``), and
+        note where in ``multiplies`` (``(schema path, instance step)``).
+
+        Within each cycle of the schema graph (references, in-place applicators
+        and child applicators), a schema from which two distinct in-place
+        paths reach child applicators that may take the same instance step and
+        both lead back into the cycle doubles its evaluations per level.  This
+        is checked pairwise where in-place paths join, each schema's summary
+        (the instance steps it recurses through) memoized, so the pass is
+        linear in the walk times the distinct steps of a cycle."""
+        if not self.targets:
+            return  # no reference: no recursion
+        try:
+            self._find_multiplying()
+        except _Multiplies as found:
+            self.multiplies = (found.where, found.step)
+
+    def _find_multiplying(self) -> None:
+        component = self._components()
+        if not component:
+            return
+        summary: dict[Location, frozenset[tuple[Any, ...]]] = {}
+        for start in component:
+            if start in summary:
+                continue
+            summary[start] = frozenset()  # grey: an in-place cycle adds nothing
+            stack = [(start, self._sources(start, component))]
+            while stack:
+                loc, sources = stack[-1]
+                pending = next((s for group in sources for s in group if s not in summary), None)
+                if pending is not None:
+                    summary[pending] = frozenset()
+                    stack.append((pending, self._sources(pending, component)))
+                    continue
+                stack.pop()
+                summary[loc] = self._join(loc, sources, summary, component)
+
+    def _components(self) -> dict[Location, int]:
+        """The strongly connected components reachable from the root with a
+        cycle (Tarjan's, without recursion), by member."""
+        index: dict[Location, int] = {}
+        low: dict[Location, int] = {}
+        on_stack: set[Location] = set()
+        members: list[Location] = []
+        component: dict[Location, int] = {}
+        root: Location = (0, ())
+        index[root] = low[root] = 0
+        members.append(root)
+        on_stack.add(root)
+        work = [(root, self._successors(root))]
+        while work:
+            loc, successors = work[-1]
+            nxt = next(successors, None)
+            if nxt is not None:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    members.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, self._successors(nxt)))
+                elif nxt in on_stack:
+                    low[loc] = min(low[loc], index[nxt])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[loc])
+            if low[loc] != index[loc]:
+                continue
+            cut = len(members) - 1
+            while members[cut] != loc:
+                cut -= 1
+            scc = members[cut:]
+            del members[cut:]
+            on_stack.difference_update(scc)
+            if len(scc) > 1 or loc in self._successors_set(loc):
+                number = len(component)
+                for member in scc:
+                    component[member] = number
+        return component
+
+    def _successors_set(self, loc: Location) -> set[Location]:
+        return set(self._successors(loc))
+
+    def _sources(self, loc: Location, component: dict[Location, int]) -> list[list[Location]]:
+        """The in-place subschemas of ``loc`` in its component: each a list
+        of alternatives (a ``$dynamicRef``'s), of which one is evaluated."""
+        number, path = loc
+        key = len(path)
+        mine = component[loc]
+        sources = [
+            [(number, child)]
+            for child in self.children.get(loc, ())
+            if child[key] in _IN_PLACE and component.get((number, child)) == mine
+        ]
+        for group in self.ref_groups.get(loc, ()):
+            inside = [t for t in group if component.get(t) == mine]
+            if inside:
+                sources.append(inside)
+        return sources
+
+    def _join(
+        self,
+        loc: Location,
+        sources: list[list[Location]],
+        summary: dict[Location, frozenset[tuple[Any, ...]]],
+        component: dict[Location, int],
+    ) -> frozenset[tuple[Any, ...]]:
+        """The instance steps by which ``loc`` recurses into its component;
+        refuse when two of its in-place paths may take the same one."""
+        joined = self._local_steps(loc, component)
+        for group in sources:
+            steps: frozenset[tuple[Any, ...]] = frozenset().union(
+                *(summary[alternative] for alternative in group)
+            )
+            clash = _clash(joined, steps)
+            if clash is not None:
+                self._refuse_recursion(loc, clash)
+            joined |= steps
+        return joined
+
+    def _local_steps(
+        self, loc: Location, component: dict[Location, int]
+    ) -> frozenset[tuple[Any, ...]]:
+        """The instance steps of ``loc``'s own child applicators that lead back
+        into its component.  Within one schema ``additionalProperties``,
+        ``items`` after ``prefixItems``, ``additionalItems`` after an ``items``
+        array and the ``unevaluated*`` keywords never share an instance child
+        with their siblings; ``patternProperties`` and ``contains`` may."""
+        number, path = loc
+        key = len(path)
+        mine = component[loc]
+        named: list[tuple[Any, ...]] = []
+        kinds: list[str] = []
+        for child in self.children.get(loc, ()):
+            keyword = child[key]
+            if keyword in _IN_PLACE or keyword in _STORAGE:
+                continue
+            if component.get((number, child)) != mine:
+                continue
+            if keyword == "properties":
+                named.append(("p", child[key + 1]))
+            elif keyword in {"prefixItems", "items"} and len(child) > key + 1:
+                named.append(("i", child[key + 1]))
+            elif keyword == "propertyNames":
+                named.append(("n",))
+            elif keyword == "contentSchema":
+                named.append(("c",))
+            else:
+                kinds.append(str(keyword))
+        steps = set(named)
+        if kinds.count("patternProperties") > 1 or (
+            "patternProperties" in kinds and any(step[0] == "p" for step in named)
+        ):
+            self._refuse_recursion(loc, ("p*",))
+        if "contains" in kinds and (
+            len([k for k in kinds if k in _ITEM_WILDCARDS]) > 1
+            or any(step[0] == "i" for step in named)
+        ):
+            self._refuse_recursion(loc, ("i*",))
+        for kind in kinds:
+            steps.add(("i*",) if kind in _ITEM_WILDCARDS else ("p*",))
+        return frozenset(steps)
+
+    def _refuse_recursion(self, loc: Location, step: tuple[Any, ...]) -> None:
+        raise _Multiplies(_pointer(loc[1]), _describe_step(step))
+
     def _successors(self, loc: Location) -> Iterator[Location]:
         number, path = loc
         key = len(path)  # a child's path is its parent's plus (keyword, ...)
@@ -711,6 +906,35 @@ class Preflight:
         }
 
 
+def _clash(
+    ours: frozenset[tuple[Any, ...]], theirs: frozenset[tuple[Any, ...]]
+) -> tuple[Any, ...] | None:
+    """A step two in-place paths may both take: equal steps, or a wildcard
+    (``("p*",)``, ``("i*",)``) beside any step of its kind."""
+    if not ours or not theirs:
+        return None
+    small, large = (ours, theirs) if len(ours) <= len(theirs) else (theirs, ours)
+    for step in small:
+        if step in large:
+            return step
+    for one, other in ((ours, theirs), (theirs, ours)):
+        for wildcard, kind in ((("p*",), "p"), (("i*",), "i")):
+            if wildcard in one and any(step[0] == kind for step in other):
+                return wildcard
+    return None
+
+
+def _describe_step(step: tuple[Any, ...]) -> str:
+    kind = step[0]
+    if kind == "p":
+        return "/" + str(step[1]).replace("~", "~0").replace("/", "~1")
+    if kind == "i":
+        return f"/{step[1]}"
+    return {"p*": "any property", "i*": "any item", "n": "property names"}.get(
+        kind, "decoded content"
+    )
+
+
 def preflight(
     schema: Any,
     *,
@@ -735,4 +959,5 @@ def preflight(
     result.resolve_references()
     result.check_cycles()
     result.check_fanout()
+    result.check_recursive_fanout()
     return result
