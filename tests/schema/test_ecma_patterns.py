@@ -560,28 +560,32 @@ process.stdin.on("end", () => {
 """
 
 
-def _node_verdicts(patterns: list[str]) -> list[str | None]:
-    """Compile every pattern with ``new RegExp(p, "u")`` in ONE node process.
-
-    Returns None for an accepted pattern, else the engine's message.  Skips the
-    calling test when node is absent, except under CI, where that is a failure.
-    """
+def _run_node(script: str, payload: Any) -> Any:
+    """Run ``script`` in ONE node process with ``payload`` (JSON) on stdin; its
+    JSON output.  Skips the calling test when node is absent, except under CI,
+    where that is a failure."""
     node = shutil.which("node")
     if node is None:
-        reason = "node is not on PATH: cannot cross-check patterns against an ECMA-262 engine"
+        reason = "node is not on PATH: cannot cross-check against an ECMA-262 engine"
         if os.environ.get("CI"):
             pytest.fail(reason)
         pytest.skip(reason)
     done = subprocess.run(
-        [node, "-e", _NODE_SCRIPT],
-        input=json.dumps(patterns),
+        [node, "-e", script],
+        input=json.dumps(payload),
         capture_output=True,
         text=True,
         encoding="utf-8",
         timeout=120,
         check=True,
     )
-    verdicts: list[str | None] = json.loads(done.stdout)
+    return json.loads(done.stdout)
+
+
+def _node_verdicts(patterns: list[str]) -> list[str | None]:
+    """Compile every pattern with ``new RegExp(p, "u")`` in one node process:
+    None for an accepted pattern, else the engine's message."""
+    verdicts: list[str | None] = _run_node(_NODE_SCRIPT, patterns)
     assert len(verdicts) == len(patterns)
     return verdicts
 
@@ -701,22 +705,8 @@ def test_sch_25_sch_26_matches_agree_with_node() -> None:
     strings ``new RegExp(p, "u")`` matches (word boundaries are ASCII)."""
     from trio_backplane.schema import compile as compile_schema
 
-    node = shutil.which("node")
-    if node is None:
-        reason = "node is not on PATH: cannot cross-check matches against an ECMA-262 engine"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    done = subprocess.run(
-        [node, "-e", _MATCH_SCRIPT],
-        input=json.dumps({"patterns": _MATCH_PATTERNS, "strings": _MATCH_STRINGS}),
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        timeout=120,
-        check=True,
-    )
-    expected: list[list[bool]] = json.loads(done.stdout)
+    payload = {"patterns": _MATCH_PATTERNS, "strings": _MATCH_STRINGS}
+    expected: list[list[bool]] = _run_node(_MATCH_SCRIPT, payload)
     differences = []
     for pattern, verdicts in zip(_MATCH_PATTERNS, expected, strict=True):
         compiled = compile_schema({"properties": {"s": {"pattern": pattern}}})
