@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trio_backplane.schema._ecma import engine_pattern, pattern_syntax_error
+from trio_backplane.schema._ecma import pattern_syntax_error
 
 _SHARED = Path(__file__).resolve().parents[3] / "shared"
 _FIXTURE_FILES = [
@@ -637,80 +637,3 @@ def test_documented_deviations_from_node() -> None:
     assert all(pattern_syntax_error(p) is None for p in UNCHECKED_PROPERTY_NAMES)
     assert clamped == [None] * len(V8_CLAMPED_QUANTIFIERS)
     assert all(pattern_syntax_error(p) is not None for p in V8_CLAMPED_QUANTIFIERS)
-
-
-# -- the engine's syntax ------------------------------------------------------------
-
-_W = "[A-Za-z0-9_]"
-
-
-@pytest.mark.parametrize(
-    ("pattern", "engine"),
-    [
-        ("\\b", f"(?:(?<={_W})(?!{_W})|(?<!{_W})(?={_W}))"),
-        ("\\B", f"(?:(?<={_W})(?={_W})|(?<!{_W})(?!{_W}))"),
-        ("^[^]$", "^[\\s\\S]$"),
-        ("a[]", "a[^\\s\\S]"),
-        ("\\0|[\\0]", "\\x00|[\\x00]"),
-        ("[\\b-\\n]", "[\\x08-\\n]"),
-        ("(?<n>a)\\k<n>0", "(a)(?:\\1)0"),
-        ("(x)(?<b>y)(?<a>z)\\k<a>\\k<b>\\1", "(x)(y)(z)(?:\\3)(?:\\2)\\1"),
-        ("(?<\\u0061>x)\\k<a>", "(x)(?:\\1)"),
-        ("^\\uD83D\\uDE00$", "^\\u{1F600}$"),
-        ("[\\uD83D\\uDE00-\\uD83D\\uDE4F]", "[\\u{1F600}-\\u{1F64F}]"),
-        ("\\u{0000000041}", "\\u{41}"),
-    ],
-)
-def test_engine_pattern_rewrites(pattern: str, engine: str) -> None:
-    """SCH-25, SCH-26: what the engine reads otherwise (or refuses) is
-    rewritten to its syntax with the ECMA-262 meaning."""
-    assert pattern_syntax_error(pattern) is None
-    assert engine_pattern(pattern) == engine
-
-
-def test_engine_pattern_leaves_the_rest_alone() -> None:
-    """Only the rewritten constructs change; an invalid pattern raises ``ValueError``."""
-    rewritten = re.compile(r"\\[bB0ku]|\[\^?\]|\(\?<[^=!]")
-    for pattern in ACCEPTED + [p for _, p in _fixture_patterns()]:
-        if not rewritten.search(pattern):
-            assert engine_pattern(pattern) == pattern
-    for pattern in REJECTED:
-        with pytest.raises(ValueError, match=re.escape(pattern_syntax_error(pattern) or "?")):
-            engine_pattern(pattern)
-
-
-_MATCH_SCRIPT = r"""
-let data = "";
-process.stdin.on("data", (chunk) => { data += chunk; });
-process.stdin.on("end", () => {
-  const d = JSON.parse(data);
-  process.stdout.write(JSON.stringify(d.patterns.map(
-    (p) => d.strings.map((s) => new RegExp(p, "u").test(s)))));
-});
-"""
-_MATCH_PATTERNS = [
-    "\\b", "\\bé", "é\\b", "a\\b", "\\B", "^\\B$", "\\w\\b\\W", "(a)\\1\\b",
-    "^[^]$", "[^]", "a[]", "\\0", "[\\0]", "[\\b]", "^[\\b-\\n]$", "(?<n>a)\\k<n>",
-    "^(?<n>a)\\k<n>0$", "^\\uD83D\\uDE00$", "[\\uD83D\\uDE00-\\uD83D\\uDE4F]",
-    "\\u{0000000041}", "^\\d$", "^\\w$", "^.$", "^\\s$", "^abc$",
-]  # fmt: skip
-_MATCH_STRINGS = [
-    "", "a", "aa", "aa0", "ab", "é", "ß", "\u03b1", "K", "\u212a", "٣", "1", "_", " ", "a b",
-    "a é", "\x00", "\b", "\n", "\t", "\u2028", "😀", "🙏", "A", "abc", "abc\n",
-]  # fmt: skip
-
-
-def test_sch_25_sch_26_matches_agree_with_node() -> None:
-    """SCH-25, SCH-26: through the boundary, each pattern matches exactly the
-    strings ``new RegExp(p, "u")`` matches (word boundaries are ASCII)."""
-    from trio_backplane.schema import compile as compile_schema
-
-    payload = {"patterns": _MATCH_PATTERNS, "strings": _MATCH_STRINGS}
-    expected: list[list[bool]] = _run_node(_MATCH_SCRIPT, payload)
-    differences = []
-    for pattern, verdicts in zip(_MATCH_PATTERNS, expected, strict=True):
-        compiled = compile_schema({"properties": {"s": {"pattern": pattern}}})
-        for string, verdict in zip(_MATCH_STRINGS, verdicts, strict=True):
-            if (compiled.errors({"s": string}) == []) != verdict:
-                differences.append((pattern, string, verdict))
-    assert differences == []

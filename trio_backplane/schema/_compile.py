@@ -6,7 +6,7 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, Final, Literal
 from urllib.parse import quote
 
@@ -110,8 +110,6 @@ class CompiledSchema:
     #: ``contentSchema`` is asserted: its regex failures arrive on the side
     #: (``_content``), since the engine's verdict may have hidden them
     _content: bool = attrs.field(default=False, repr=False, alias="_content")
-    #: each pattern rewritten for the engine -> the schema's own (for messages)
-    _patterns: Mapping[str, str] = attrs.field(factory=dict, repr=False, alias="_patterns")
 
     def validate(self, arguments: Any) -> Any:
         """Return ``arguments`` if they satisfy the schema; raise ``Error`` otherwise."""
@@ -189,13 +187,12 @@ class CompiledSchema:
             noted = take_regex_failure()
         if noted is not None:
             raise _regex_work_limit(noted)
-        patterns = self._patterns
         entries = [
             {
                 "instance_path": _pointer(e.instance_path),
-                "schema_path": _schema_pointer(e.schema_path, patterns),
+                "schema_path": _pointer(e.schema_path),
                 "keyword": e.kind.name,
-                "message": _original(e.message, patterns)[:_MAX_MESSAGE],
+                "message": e.message[:_MAX_MESSAGE],
             }
             for e in collected[:MAX_ERROR_ENTRIES]
         ]
@@ -203,19 +200,6 @@ class CompiledSchema:
         if self._first_error is not None:
             details["first_error_only"] = True  # a recursive schema: see _first_error
         raise invalid(f"{what} do not match the schema", **details)
-
-
-def _original(message: str, patterns: Mapping[str, str]) -> str:
-    """``message`` naming the schema's patterns rather than their engine forms."""
-    for engine, pattern in patterns.items():
-        if engine in message:
-            message = message.replace(engine, pattern)
-    return message
-
-
-def _schema_pointer(path: Sequence[str | int], patterns: Mapping[str, str]) -> str:
-    """The pointer of a schema location, with the schema's own ``patternProperties`` keys."""
-    return _pointer([patterns.get(p, p) if isinstance(p, str) else p for p in path])
 
 
 def _first_of(
@@ -433,7 +417,6 @@ def _build(
         _first_error=validator.validate if result.recursive else None,
         _multiplies=result.multiplies,
         _content=options.content_assertion,
-        _patterns=result.engine_patterns(),
     )
 
 
@@ -444,16 +427,14 @@ def _engine(schema: Any, options: SchemaOptions, result: Preflight) -> jsonschem
         "pattern_options": _PATTERN_OPTIONS,
         "validate_formats": options.format_assertion or result.format_assertion_vocabulary,
     }
-    schema = result.engine_document(0)  # the schema itself unless a pattern is rewritten
     if type(schema) is not bool and not isinstance(schema, dict):
         schema = dict(schema)
-    external = result.engine_external()
     content = None
     if options.content_assertion:
-        content = _ContentSchemas(schema, external, result, kwargs)
+        content = _ContentSchemas(schema, result, kwargs)
         kwargs["keywords"] = content_keywords(content.resolve)
-    if external:
-        kwargs["registry"] = jsonschema_rs.Registry(list(external.items()))
+    if result.external:
+        kwargs["registry"] = jsonschema_rs.Registry(list(result.external.items()))
     if result.root_dialect == "draft-07":
         factory: Callable[..., jsonschema_rs.Validator] = jsonschema_rs.Draft7Validator
     elif result.metaschemas and type(schema) is dict and "$schema" in schema:
@@ -461,7 +442,7 @@ def _engine(schema: Any, options: SchemaOptions, result: Preflight) -> jsonschem
     else:
         factory = jsonschema_rs.Draft202012Validator
     try:
-        return _new_validator(factory, schema, kwargs, result.engine_patterns())
+        return _new_validator(factory, schema, kwargs)
     except Error:
         if content is not None and content.error is not None:
             raise content.error from None  # refused while building a contentSchema
@@ -469,13 +450,9 @@ def _engine(schema: Any, options: SchemaOptions, result: Preflight) -> jsonschem
 
 
 def _new_validator(
-    factory: Callable[..., jsonschema_rs.Validator],
-    schema: Any,
-    kwargs: dict[str, Any],
-    patterns: Mapping[str, str],
+    factory: Callable[..., jsonschema_rs.Validator], schema: Any, kwargs: dict[str, Any]
 ) -> jsonschema_rs.Validator:
-    """``factory(schema, **kwargs)``, every engine refusal mapped to a classed
-    ``Error`` that names the schema's own patterns."""
+    """``factory(schema, **kwargs)``, every engine refusal mapped to a classed ``Error``."""
     try:
         return factory(schema, **kwargs)
     except jsonschema_rs.ValidationError as exc:
@@ -483,8 +460,8 @@ def _new_validator(
             raise unsupported(
                 "pattern uses ECMA-262 syntax the regex engine does not support",
                 reason="unsupported_pattern",
-                path=_schema_pointer(exc.instance_path, patterns),
-                cause=_original(exc.message, patterns)[:_MAX_MESSAGE],
+                path=_pointer(exc.instance_path),
+                cause=exc.message[:_MAX_MESSAGE],
             ) from exc
         raise invalid(
             "schema is not a valid JSON Schema",
@@ -519,15 +496,8 @@ class _ContentSchemas:
     is refused rather than guessed.
     """
 
-    def __init__(
-        self,
-        schema: Any,
-        external: Mapping[str, Any],
-        result: Preflight,
-        kwargs: dict[str, Any],
-    ) -> None:
+    def __init__(self, schema: Any, result: Preflight, kwargs: dict[str, Any]) -> None:
         self._schema = schema
-        self._external = external
         self._result = result
         self._kwargs = kwargs
         self._built: dict[str, jsonschema_rs.Validator] = {}
@@ -543,10 +513,7 @@ class _ContentSchemas:
                 self._building.add(ref)  # a recursive one: asked for again while built
                 try:
                     self._built[ref] = _new_validator(
-                        jsonschema_rs.Draft202012Validator,
-                        {"$ref": ref},
-                        self._content_kwargs(),
-                        self._result.engine_patterns(),
+                        jsonschema_rs.Draft202012Validator, {"$ref": ref}, self._content_kwargs()
                     )
                 finally:
                     self._building.discard(ref)
@@ -559,7 +526,7 @@ class _ContentSchemas:
 
     def _content_kwargs(self) -> dict[str, Any]:
         if self._kwargs.get("base_uri") != _CONTENT_BASE:
-            resources = [(DEFAULT_BASE, self._schema), *self._external.items()]
+            resources = [(DEFAULT_BASE, self._schema), *self._result.external.items()]
             self._kwargs = {
                 **self._kwargs,
                 "base_uri": _CONTENT_BASE,
@@ -573,8 +540,7 @@ class _ContentSchemas:
         found: list[str] = []
         for number, root in dict.fromkeys(result.resources.values()):
             location = (number, root + path)
-            node = result.engine_document(number) if location in result.walked else None
-            if node is None or _node(node, location[1]) != value:
+            if location not in result.walked or _node(result.docs[number], location[1]) != value:
                 continue
             base = result.bases[(number, location[1][:-1])]
             start = result.resources[base][1]

@@ -14,21 +14,6 @@ not stack frames.  Every code point is looked at a bounded number of times, so
 the pass is linear in the pattern length.  Backreferences are checked once the
 whole pattern is read (``\\2`` and ``\\k<n>`` may refer to a later group).
 
-:func:`engine_pattern` returns a valid pattern rewritten, with the same
-meaning, into the syntax the engine (jsonschema-rs, fancy-regex) reads, which
-otherwise differs from ECMA-262 in a few places:
-
-* ``\\b`` and ``\\B`` are ASCII-only in ECMA-262 (Unicode mode, no ``i``
-  flag) but Unicode-aware in the engine, which refuses ``(?-u:\\b)``: they
-  become ASCII lookarounds, so a pattern using them runs on the backtracking
-  engine under the regex work limit;
-* the engine refuses ``[^]`` (any character), ``[]`` (none), ``\\0``,
-  ``[\\b]`` (backspace), ``\\k<name>`` and some group names, and a
-  surrogate-pair escape ``\\uD83D\\uDE00`` (one astral code point): they
-  become ``[\\s\\S]``, ``[^\\s\\S]``, ``\\x00``, ``\\x08``, ``(?:\\N)`` with
-  every named group made a plain one (numbers are unchanged), and ``\\u{...}``
-  (also for a ``\\u{...}`` with leading zeros, which the engine refuses).
-
 Known deliberate deviations from a full ECMA-262 engine:
 
 * ``\\p{...}`` / ``\\P{...}`` are checked for syntax only (``Name`` or
@@ -40,11 +25,26 @@ Known deliberate deviations from a full ECMA-262 engine:
   of the Python ``unicodedata`` tables (plus Other_ID_Start / Other_ID_Continue,
   minus Pattern_Syntax), whose Unicode version may lag the engine's: a letter
   assigned after that version is refused in a group name.
-* A lone surrogate escape (``\\uD83D`` not followed by ``\\uDC00``-``\\uDFFF``) is
-  accepted here but refused by the engine (``unsupported_capability``); it
-  could only match a lone surrogate, which no argument may hold.
 * Quantifier bounds are compared exactly (``{3000000000,2147483648}`` is out of
   order); V8 clamps both bounds to 2**31-1 and accepts such a quantifier.
+
+Where the engine itself departs from ECMA-262 (this module checks syntax;
+the engine matches):
+
+* ``\\b`` and ``\\B`` are Unicode-aware in the engine (``\\b`` matches
+  beside ``é``), ASCII in ECMA-262.  So are ``\\w``, ``\\d``, ``\\s`` and
+  ``.`` in a pattern holding a lookaround or a backreference: the engine
+  runs such a pattern on its backtracking path (``\\W(?=x)`` matches
+  ``"éx"``).  Rewriting ``\\b`` as ASCII lookarounds was tried and
+  withdrawn: it moved every such pattern onto that path, where it then
+  accepted what it had refused.
+* The engine refuses some valid ECMA-262 patterns (``[^]``, ``[]``, ``\\0``,
+  ``[\\b]``, ``\\k<name>``, surrogate-pair escapes such as
+  ``\\uD83D\\uDE00``): a schema using one is refused with
+  ``unsupported_capability`` ``unsupported_pattern``, never evaluated
+  differently.
+* A backreference to a group that has not matched fails in the engine and
+  matches the empty string in ECMA-262 (``\\1(a)`` on ``"a"``).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from __future__ import annotations
 import unicodedata
 from typing import Final
 
-__all__ = ["engine_pattern", "pattern_syntax_error"]
+__all__ = ["pattern_syntax_error"]
 
 # SyntaxCharacter :: one of ^ $ \ . * + ? ( ) [ ] { } |
 _SYNTAX_CHARS: Final = frozenset("^$\\.*+?()[]{}|")
@@ -83,11 +83,6 @@ _OTHER_ID_CONTINUE: Final = frozenset(
 )
 # The only letters in Pattern_Syntax (U+2E2F VERTICAL TILDE is Lm).
 _PATTERN_SYNTAX_LETTERS: Final = frozenset("\u2e2f")
-_WORD: Final = "[A-Za-z0-9_]"  # ECMA-262 WordCharacters (Unicode mode, no i flag)
-_ENGINE_ESCAPES: Final = {
-    "b": f"(?:(?<={_WORD})(?!{_WORD})|(?<!{_WORD})(?={_WORD}))",
-    "B": f"(?:(?<={_WORD})(?={_WORD})|(?<!{_WORD})(?!{_WORD}))",
-}
 _ZWNJ: Final = "\u200c"
 _ZWJ: Final = "\u200d"
 
@@ -97,7 +92,7 @@ _LOOKAHEAD: Final = 1  # (?= (?! : not quantifiable in Unicode mode
 _LOOKBEHIND: Final = 2  # (?<= (?<! : never quantifiable
 
 
-class _PatternError(ValueError):
+class _PatternError(Exception):
     """Internal: carries the reason out of the scanner."""
 
 
@@ -156,27 +151,16 @@ def _show(text: str) -> str:
 class _Scanner:
     """One left-to-right pass over the pattern; raises :class:`_PatternError`."""
 
-    __slots__ = (
-        "backrefs",
-        "capture_count",
-        "edits",
-        "group_names",
-        "n",
-        "named_refs",
-        "pos",
-        "src",
-    )
+    __slots__ = ("backrefs", "capture_count", "group_names", "n", "named_refs", "pos", "src")
 
     def __init__(self, pattern: str) -> None:
         self.src = _join_surrogate_pairs(pattern)
         self.n = len(self.src)
         self.pos = 0
         self.capture_count = 0
-        self.group_names: dict[str, int] = {}  # name -> group number
+        self.group_names: set[str] = set()
         self.backrefs: list[tuple[str, int]] = []  # (digits, position of the backslash)
         self.named_refs: list[tuple[str, int]] = []  # (name, position of the backslash)
-        #: (start, end, replacement) in ``src``, in order: the engine's syntax
-        self.edits: list[tuple[int, int, str]] = []
 
     # -- small helpers -------------------------------------------------------------------
 
@@ -296,9 +280,8 @@ class _Scanner:
             name = self._group_name()
             if name in self.group_names:
                 raise self._fail(f"duplicate capture group name {name!r}", start)
+            self.group_names.add(name)
             self.capture_count += 1
-            self.group_names[name] = self.capture_count
-            self.edits.append((start, self.pos, "("))
             return _GROUP
         # (?P<n>, (?P=n), (?i), (?i:...) (ES2025 modifiers), (?>, (?#, (?| ...
         raise self._fail(f"invalid group {self.src[start : start + 3]!r}", start)
@@ -407,7 +390,6 @@ class _Scanner:
             if self._peek(1) in _DIGITS and self._peek(1) != "":
                 raise self._fail("invalid decimal escape", backslash)
             self.pos += 1
-            self.edits.append((backslash, self.pos, "\\x00"))
             return 0
         if ch == "x":
             value = self._hex_run(self.pos + 1, 2)
@@ -417,14 +399,7 @@ class _Scanner:
             return value
         if ch == "u":
             self.pos += 1
-            value = self._unicode_escape_value(backslash)
-            # a pair \uLEAD\uTRAIL, or \u{...} with more than the six digits the engine reads
-            braced = f"\\u{{{value:X}}}"
-            if (value > 0xFFFF or self.src[backslash + 2] == "{") and (
-                self.src[backslash : self.pos].upper() != braced.upper()
-            ):
-                self.edits.append((backslash, self.pos, braced))
-            return value
+            return self._unicode_escape_value(backslash)
         if ch in _IDENTITY_ESCAPES:
             self.pos += 1
             return ord(ch)
@@ -440,7 +415,6 @@ class _Scanner:
         self.pos += 1
         if ch in {"b", "B"}:
             self.pos += 1
-            self.edits.append((backslash, self.pos, _ENGINE_ESCAPES[ch]))
             return False
         if ch in _CLASS_ESCAPES:
             self.pos += 1
@@ -452,7 +426,6 @@ class _Scanner:
             if self._peek() != "<":
                 raise self._fail("invalid named reference '\\k'", backslash)
             self.named_refs.append((self._group_name(), backslash))
-            self.edits.append((backslash, self.pos, ""))  # the number: _check_references
         elif ch in _DIGITS and ch != "0":
             i = self.pos
             while i < self.n and self.src[i] in _DIGITS:
@@ -476,7 +449,6 @@ class _Scanner:
         self.pos += 1
         if ch == "b":
             self.pos += 1
-            self.edits.append((backslash, self.pos, "\\x08"))
             return 0x08
         if ch == "-":
             self.pos += 1
@@ -496,11 +468,6 @@ class _Scanner:
         self.pos += 1
         if self._peek() == "^":
             self.pos += 1
-        if self._peek() == "]":  # [] matches nothing, [^] any character
-            self.pos += 1
-            empty = self.pos - start == 2
-            self.edits.append((start, self.pos, "[^\\s\\S]" if empty else "[\\s\\S]"))
-            return
         while True:
             ch = self._peek()
             if ch == "":
@@ -528,24 +495,6 @@ class _Scanner:
         for name, at in self.named_refs:
             if name not in self.group_names:
                 raise self._fail(f"reference to undefined group name {name!r}", at)
-        if self.named_refs:
-            numbers = iter([self.group_names[name] for name, _ in self.named_refs])
-            self.edits = [
-                (start, end, text or f"(?:\\{next(numbers)})") for start, end, text in self.edits
-            ]
-
-    def engine_pattern(self) -> str:
-        """The scanned pattern with every edit applied."""
-        if not self.edits:
-            return self.src
-        out: list[str] = []
-        done = 0
-        for start, end, text in self.edits:
-            out.append(self.src[done:start])
-            out.append(text)
-            done = end
-        out.append(self.src[done:])
-        return "".join(out)
 
 
 def pattern_syntax_error(pattern: str) -> str | None:
@@ -561,14 +510,3 @@ def pattern_syntax_error(pattern: str) -> str | None:
     except _PatternError as exc:
         return str(exc)
     return None
-
-
-def engine_pattern(pattern: str) -> str:
-    """``pattern`` in the engine's syntax, with the same ECMA-262 meaning.
-
-    Raises ``ValueError`` (with the reason :func:`pattern_syntax_error`
-    gives) for a pattern that is not ECMA-262.
-    """
-    scanner = _Scanner(pattern)
-    scanner.run()
-    return scanner.engine_pattern()

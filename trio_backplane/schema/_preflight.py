@@ -16,10 +16,7 @@ branch included, without Python recursion, and refuses with a class:
   with every check above, or refused;
 * the evaluation fan-out through references (``FANOUT_FACTOR``).
 
-The result names the external resources the engine needs, and gives each
-document as the engine must see it (``engine_document``): a copy whose
-patterns are rewritten into the engine's syntax (``_ecma.engine_pattern``)
-when one needs it, the caller's own object otherwise.
+The result names the external resources the engine needs, and nothing else.
 """
 
 from __future__ import annotations
@@ -169,7 +166,6 @@ class Preflight:
         "docs",
         "dynamic_anchors",
         "edges",
-        "engine_docs",
         "external",
         "format_assertion_vocabulary",
         "loader_used",
@@ -179,7 +175,6 @@ class Preflight:
         "ref_groups",
         "refs",
         "resources",
-        "rewrites",
         "root_dialect",
         "subschemas",
         "targets",
@@ -237,10 +232,6 @@ class Preflight:
         self.loader_used = False
         self.subschemas = 0
         self.root_dialect = "2020-12"
-        #: patterns the engine reads otherwise, by document:
-        #: (schema path, keyword, pattern, engine pattern)
-        self.rewrites: dict[int, list[tuple[Path, str, str, str]]] = {}
-        self.engine_docs: dict[int, Any] = {}
 
     # -- documents -------------------------------------------------------
 
@@ -333,11 +324,11 @@ class Preflight:
                 check_content_keywords(node, _pointer(path))
             pattern = node.get("pattern")
             if type(pattern) is str:
-                self._check_pattern(pattern, loc, "pattern")
+                self._check_pattern(pattern, (*path, "pattern"))
             pattern_props = node.get("patternProperties")
             if type(pattern_props) is dict:
                 for pat in pattern_props:
-                    self._check_pattern(pat, loc, "patternProperties")
+                    self._check_pattern(pat, (*path, "patternProperties", pat))
             # children, pushed in reverse so the walk is in document order
             children: list[tuple[Any, Path, str, str, int]] = []
             edges: list[Location] = []
@@ -828,82 +819,21 @@ class Preflight:
 
     # -- patterns --------------------------------------------------------
 
-    def _check_pattern(self, pattern: str, loc: Location, keyword: str) -> None:
-        path = (*loc[1], keyword) if keyword == "pattern" else (*loc[1], keyword, pattern)
+    def _check_pattern(self, pattern: str, path: Path) -> None:
         maximum = self._limits.max_pattern_bytes
         if len(pattern) * 4 > maximum and len(pattern.encode("utf-8", "surrogatepass")) > maximum:
             raise limit_error("pattern_too_long", "max_pattern_bytes", maximum, path=_pointer(path))
         if self.bounds_only:
             return
-        try:
-            engine = _ecma.engine_pattern(pattern)
-        except ValueError as exc:
+        reason = _ecma.pattern_syntax_error(pattern)
+        if reason is not None:
             raise invalid(
                 "pattern is not an ECMA-262 regular expression",
                 reason="invalid_pattern",
                 pattern=pattern,
-                detail=str(exc),
+                detail=reason,
                 path=_pointer(path),
-            ) from None
-        if engine != pattern:
-            self.rewrites.setdefault(loc[0], []).append((loc[1], keyword, pattern, engine))
-
-    # -- the engine's view -------------------------------------------------
-
-    def engine_patterns(self) -> dict[str, str]:
-        """Each rewritten pattern's original, by its engine form (for messages)."""
-        return {engine: pattern for r in self.rewrites.values() for _, _, pattern, engine in r}
-
-    def engine_document(self, number: int) -> Any:
-        """Document ``number`` with its patterns in the engine's syntax: a copy
-        of the containers on the way to a rewritten pattern, sharing the rest;
-        the document itself when nothing is rewritten (CAT-08)."""
-        rewrites = self.rewrites.get(number)
-        if not rewrites:
-            return self.docs[number]
-        known = self.engine_docs.get(number)
-        if known is not None:
-            return known
-        copies: dict[Path, Any] = {(): dict(self.docs[number])}
-
-        def writable(path: Path) -> Any:
-            for i in range(1, len(path) + 1):
-                if path[:i] not in copies:
-                    parent = copies[path[: i - 1]]
-                    child = parent[path[i - 1]]
-                    parent[path[i - 1]] = copies[path[:i]] = (
-                        dict(child) if type(child) is dict else list(child)
-                    )
-            return copies[path]
-
-        renames: dict[Path, dict[str, str]] = {}
-        for path, keyword, pattern, engine in rewrites:
-            if keyword == "pattern":
-                writable(path)["pattern"] = engine
-            else:
-                renames.setdefault(path, {})[pattern] = engine
-        for path, renamed in renames.items():
-            node = writable(path)
-            original = node["patternProperties"]
-            props: dict[str, Any] = {}
-            for key, sub in original.items():
-                new = renamed.get(key, key)
-                while new in props or (new != key and new in original):
-                    new += "(?:)"  # two keys with one engine form: both still apply
-                props[new] = sub
-            node["patternProperties"] = props
-        self.engine_docs[number] = copies[()]
-        return copies[()]
-
-    def engine_external(self) -> dict[str, Any]:
-        """``external`` with each document as the engine must see it."""
-        if not self.rewrites:
-            return self.external
-        numbers = {id(doc): number for number, doc in enumerate(self.docs)}
-        return {
-            uri: self.engine_document(numbers[id(doc)]) if id(doc) in numbers else doc
-            for uri, doc in self.external.items()
-        }
+            )
 
 
 def _clash(
