@@ -19,7 +19,7 @@ from ._content import clear_regex_failure, content_keywords, take_regex_failure
 from ._errors import failure, invalid, limit_error, regex_failure, unsupported
 from ._instance import json_pointer as _pointer
 from ._options import Limits, SchemaLoader, SchemaOptions, normalize_dialects
-from ._preflight import DEFAULT_BASE, Preflight, preflight
+from ._preflight import DEFAULT_BASE, Location, Preflight, preflight
 
 __all__ = [
     "CACHE_SIZE",
@@ -503,17 +503,27 @@ class _ContentSchemas:
         self._built: dict[str, jsonschema_rs.Validator] = {}
         self._building: set[str] = set()
         self.error: Error | None = None
+        self._candidates: dict[tuple[str | int, ...], list[Location]] | None = None
 
     def resolve(
         self, schema_path: list[str | int], value: Any
     ) -> Callable[[], jsonschema_rs.Validator]:
         try:
-            ref = self._reference(tuple(schema_path), value)
+            text = _canonical(value)
+            if '"$ref"' in text or '"$dynamicRef"' in text:
+                ref = self._reference(tuple(schema_path), value)
+                schema: Any = {"$ref": ref}
+            else:
+                # Nothing in it refers elsewhere: compiled by itself (same
+                # options), and shared by every equal contentSchema.  Building
+                # one over the whole document costs the document each time.
+                ref = "value:" + text
+                schema = value
             if ref not in self._built and ref not in self._building:
                 self._building.add(ref)  # a recursive one: asked for again while built
                 try:
                     self._built[ref] = _new_validator(
-                        jsonschema_rs.Draft202012Validator, {"$ref": ref}, self._content_kwargs()
+                        jsonschema_rs.Draft202012Validator, schema, self._content_kwargs()
                     )
                 finally:
                     self._building.discard(ref)
@@ -535,10 +545,32 @@ class _ContentSchemas:
             }
         return self._kwargs
 
+    def _index(self) -> dict[tuple[str | int, ...], list[Location]]:
+        """For each path a ``contentSchema`` may be named by (its path from
+        a resource's root), the resource roots it fits, in resource order:
+        built once, so finding a location costs what fits it, not every
+        resource (a schema of thousands of resources and contentSchemas
+        compiled in quadratic time)."""
+        result = self._result
+        order = {loc: i for i, loc in enumerate(dict.fromkeys(result.resources.values()))}
+        index: dict[tuple[str | int, ...], list[Location]] = {}
+        for number, path in result.walked:
+            if not path or path[-1] != "contentSchema":
+                continue
+            for cut in range(len(path) + 1):
+                root = (number, path[:cut])
+                if root in order:
+                    index.setdefault(path[cut:], []).append(root)
+        for roots in index.values():
+            roots.sort(key=order.__getitem__)
+        return index
+
     def _reference(self, path: tuple[str | int, ...], value: Any) -> str:
         result = self._result
+        if self._candidates is None:
+            self._candidates = self._index()
         found: list[str] = []
-        for number, root in dict.fromkeys(result.resources.values()):
+        for number, root in self._candidates.get(path, ()):
             location = (number, root + path)
             if location not in result.walked or _node(result.docs[number], location[1]) != value:
                 continue
