@@ -76,7 +76,7 @@ class GroupCommit(Generic[J]):
     def __init__(
         self,
         write: Callable[[list[J]], Awaitable[None]],
-        slot: Callable[[], AbstractAsyncContextManager[Any]] | None = None,
+        slot: AbstractAsyncContextManager[Any] | None = None,
     ) -> None:
         self._write = write
         self._slot = slot
@@ -151,7 +151,7 @@ class GroupCommit(Generic[J]):
                 if self._slot is None:
                     await self._write_taken(own)
                     continue
-                slot = self._slot()
+                slot = self._slot
                 try:
                     await slot.__aenter__()
                 except BaseException:

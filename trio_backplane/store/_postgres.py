@@ -168,7 +168,7 @@ class PostgresStore:
         self._fail_next: str | None = None  # None, "before" or "after" the commit
         #: For a thread whose connection slot its caller holds already.
         self._slot_held = trio.CapacityLimiter(math.inf)
-        self._group: GroupCommit[Job] = GroupCommit(self._commit_in_thread, self._connection_slot)
+        self._group: GroupCommit[Job] = GroupCommit(self._commit_in_thread, self._limiter)
         self._sql = self._statements()
         self._rendered = False
         #: Diagnostics and tests: ``commits`` (acknowledged), ``batches``
@@ -616,9 +616,6 @@ class PostgresStore:
             Job(run_id, incarnation, expected_revision, record, events)
         )
         return receipt
-
-    def _connection_slot(self) -> trio.CapacityLimiter:
-        return self._limiter
 
     async def _commit_in_thread(self, batch: list[Job]) -> None:
         # The leader holds a connection slot already (the group's ``slot``,
