@@ -589,9 +589,9 @@ class TurnLoop:
                     {"cause": f"{type(exc).__name__}: {exc}"[:500]},
                 )
         stopping = c._stop_reason is not None or c._now() >= c._run_budget.deadline
-        if budget.timed_out() and not (terminal and not stopping):
-            # (A close cut by effect_timeout after the terminal event leaves
-            # the response as it arrived.)
+        # A close cut by effect_timeout after the terminal event leaves the
+        # response as it arrived; a stop still interrupts it.
+        if budget.timed_out() and (stopping or not terminal):
             if stopping:
                 # Cut while closing by the cleanup budget of a stop (a cancel,
                 # or the run deadline that passed meanwhile), not by
@@ -981,9 +981,7 @@ class TurnLoop:
                 "tool_invoked", _intent(descriptor, None, turn_id, bundle.authority)
             )
         except _TurnFailed as failed:
-            raise failed.error from None
-        except _Stop:
-            raise _stopping() from None
+            raise failed.error from None  # (a _Stop: classed by nested_dispatch)
         invocation_id = max(record.active_tools, key=_invocation_number)
         operation = self._operation(descriptor, record, invocation_id, call_id, turn_id, arguments)
         if c._hub.active:
