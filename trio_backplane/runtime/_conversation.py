@@ -780,6 +780,7 @@ class Conversation:
         )
         # Started once the run budget is the record's: it reads that deadline.
         self._nursery.start_soon(self._watch_worker)
+        past_deadline = False
         try:
             with self._run_budget.arm() as scope:
                 self._worker = scope
@@ -793,17 +794,14 @@ class Conversation:
                     except Error as error:
                         # The kernel refused a commit as past the run deadline
                         # (time passed in synchronous code, no checkpoint for
-                        # the deadline to cancel at): a deadline stop.
+                        # the deadline to cancel at): a deadline stop too.
                         if (
                             error.error_class is not ErrorClass.TIMEOUT
                             or error.details.get("boundary") != "before_store"
                         ):
                             raise
-                        if self._stop_reason is None:
-                            self._stop_reason = "deadline_exceeded"
-                            self._note_stop_due("deadline_exceeded")
-                            self._phase = "cancelling"
-            if self._run_budget.timed_out() and self._stop_reason is None:
+                        past_deadline = True
+            if (past_deadline or self._run_budget.timed_out()) and self._stop_reason is None:
                 self._stop_reason = "deadline_exceeded"
                 self._note_stop_due("deadline_exceeded")
                 self._phase = "cancelling"
