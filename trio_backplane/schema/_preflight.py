@@ -33,7 +33,7 @@ from ._instance import first_violation
 from ._instance import json_pointer as _pointer
 from ._options import Limits
 
-__all__ = ["DEFAULT_BASE", "FANOUT_FACTOR", "RECURSIVE_FANOUT", "Preflight", "preflight"]
+__all__ = ["DEFAULT_BASE", "FANOUT_FACTOR", "Preflight", "preflight"]
 
 #: The base URI of a document without ``$id`` (the engine uses the same one).
 DEFAULT_BASE: Final = "json-schema:///"
@@ -83,16 +83,9 @@ BUNDLED_2020_12: Final = frozenset(
     }
 )
 
-#: How many times one schema may evaluate one instance location per level of
-#: recursion into the instance before collecting a failed instance's errors
-#: can grow exponentially with its depth (``check_recursive_fanout``).  The
-#: verdict stays fast (the engine's ``is_valid`` short-circuits), so such a
-#: schema is kept, and a refusal under it reports the verdict alone.
-RECURSIVE_FANOUT: Final = 1
-
-
 class _Multiplies(Exception):
-    """Internal: a recursion multiplies evaluations per instance level."""
+    """Internal: a recursion evaluates one instance location more than once
+    per level of the instance (``check_recursive_fanout``)."""
 
     def __init__(self, where: str, step: str) -> None:
         super().__init__(where)
@@ -643,8 +636,11 @@ class Preflight:
 
     def check_recursive_fanout(self) -> None:
         """Find recursion that evaluates one instance location exponentially
-        often in the instance's depth (SCH-33; see ``RECURSIVE_FANOUT``), and
-        note where in ``multiplies`` (``(schema path, instance step)``).
+        often in the instance's depth (SCH-33), and note where in
+        ``multiplies`` (``(schema path, instance step)``).  Collecting a failed
+        instance's errors then grows exponentially with its depth, while the
+        verdict stays fast (the engine's ``is_valid`` short-circuits): such a
+        schema is kept, and a refusal under it reports the verdict alone.
 
         Within each cycle of the schema graph (references, in-place applicators
         and child applicators), a schema from which two distinct in-place
@@ -759,7 +755,7 @@ class Preflight:
             )
             clash = _clash(joined, steps)
             if clash is not None:
-                self._refuse_recursion(loc, clash)
+                self._multiplies_at(loc, clash)
             joined |= steps
         return joined
 
@@ -796,17 +792,17 @@ class Preflight:
         if kinds.count("patternProperties") > 1 or (
             "patternProperties" in kinds and any(step[0] == "p" for step in named)
         ):
-            self._refuse_recursion(loc, ("p*",))
+            self._multiplies_at(loc, ("p*",))
         if "contains" in kinds and (
             len([k for k in kinds if k in _ITEM_WILDCARDS]) > 1
             or any(step[0] == "i" for step in named)
         ):
-            self._refuse_recursion(loc, ("i*",))
+            self._multiplies_at(loc, ("i*",))
         for kind in kinds:
             steps.add(("i*",) if kind in _ITEM_WILDCARDS else ("p*",))
         return frozenset(steps)
 
-    def _refuse_recursion(self, loc: Location, step: tuple[Any, ...]) -> None:
+    def _multiplies_at(self, loc: Location, step: tuple[Any, ...]) -> None:
         raise _Multiplies(_pointer(loc[1]), _describe_step(step))
 
     def _successors(self, loc: Location) -> Iterator[Location]:
