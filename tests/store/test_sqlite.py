@@ -621,26 +621,6 @@ async def test_an_empty_database_file_becomes_a_store(tmp_path: Path) -> None:
         assert await store.load("r") == record
 
 
-@pytest.mark.parametrize("version", ["v1.3", "", "0", "-2"])
-async def test_sto_06_an_unreadable_layout_version_is_storage_failed(
-    tmp_path: Path, version: str
-) -> None:
-    """STO-06: a store whose layout version is not a version number fails
-    classed, naming the file: never a raw ``ValueError``."""
-    path = tmp_path / "s.db"
-    async with SQLiteStore(path) as store:
-        await _fresh(store, "r")
-    conn = sqlite3.connect(path)
-    conn.execute("UPDATE meta SET value = ? WHERE key = 'layout_version'", (version,))
-    conn.commit()
-    conn.close()
-    async with SQLiteStore(path) as store:
-        with pytest.raises(Error) as raised:
-            await store.load("r")
-    assert raised.value.error_class is ErrorClass.STORAGE_FAILED
-    assert raised.value.details["path"] == str(path)
-
-
 @pytest.mark.parametrize(
     ("table", "damage"),
     [

@@ -99,13 +99,7 @@ async def test_usage_rows_and_a_layout_1_file_upgraded(tmp_path: Path) -> None:
 async def test_a_file_from_a_newer_layout_is_refused_untouched(tmp_path: Path) -> None:
     """A database whose layout is newer than this code is refused with
     ``unsupported_capability`` naming both versions, and left as it was."""
-    path = tmp_path / "runs.db"
-    async with SQLiteStore(path) as store:
-        await store.create(RunRecord.new("r"))
-    conn = sqlite3.connect(path)
-    conn.execute("UPDATE meta SET value = ? WHERE key = 'layout_version'", (LAYOUT_VERSION + 1,))
-    conn.commit()
-    conn.close()
+    path = await _store_at_layout(tmp_path, LAYOUT_VERSION + 1)
     async with SQLiteStore(path) as store:
         with pytest.raises(Error) as exc:
             await store.load("r")
@@ -118,3 +112,29 @@ async def test_a_file_from_a_newer_layout_is_refused_untouched(tmp_path: Path) -
     (version,) = conn.execute("SELECT value FROM meta WHERE key = 'layout_version'").fetchone()
     conn.close()
     assert int(version) == LAYOUT_VERSION + 1
+
+
+async def _store_at_layout(tmp_path: Path, version: object) -> Path:
+    """A store holding run "r" whose meta says layout ``version``."""
+    path = tmp_path / "runs.db"
+    async with SQLiteStore(path) as store:
+        await store.create(RunRecord.new("r"))
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE meta SET value = ? WHERE key = 'layout_version'", (version,))
+    conn.commit()
+    conn.close()
+    return path
+
+
+@pytest.mark.parametrize("version", ["v1.3", "", "0", "-2"])
+async def test_sto_06_an_unreadable_layout_version_is_storage_failed(
+    tmp_path: Path, version: str
+) -> None:
+    """STO-06: a store whose layout version is not a version number fails
+    classed, naming the file: never a raw ``ValueError``."""
+    path = await _store_at_layout(tmp_path, version)
+    async with SQLiteStore(path) as store:
+        with pytest.raises(Error) as raised:
+            await store.load("r")
+    assert raised.value.error_class is ErrorClass.STORAGE_FAILED
+    assert raised.value.details["path"] == str(path)
