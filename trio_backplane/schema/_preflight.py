@@ -83,6 +83,7 @@ BUNDLED_2020_12: Final = frozenset(
     }
 )
 
+
 class _Multiplies(Exception):
     """Internal: a recursion evaluates one instance location more than once
     per level of the instance (``check_recursive_fanout``)."""
