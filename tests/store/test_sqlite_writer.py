@@ -439,3 +439,61 @@ async def test_a_commit_of_something_else_than_run_events_writes_nothing(tmp_pat
             assert [e.sequence for e in await store.events("r1")] == list(
                 range(1, record.revision + 1)
             )
+
+
+async def test_a_batch_written_together_over_a_stale_cache_decides_each_commit_alone(
+    tmp_path: Path,
+) -> None:
+    """A batch is written with one statement per kind of row.  When its
+    compare-and-set matches fewer rows than it carries commits (another store
+    moved a run on), the whole batch is rolled back and each commit decided
+    from the stored rows: the stale one is refused and writes nothing, the
+    others commit, every run's events stay numbered in order."""
+    path = tmp_path / "runs.db"
+    async with SQLiteStore(path) as a, SQLiteStore(path) as b:
+        runs = [await _commit(a, await _fresh(a, f"r{i}"), 1) for i in range(5)]
+        loaded = await b.load("r2")
+        assert loaded is not None
+        moved = await _commit(b, loaded, 2)  # a's cache of r2 is stale now
+        gate = threading.Event()
+        write_batch = a._write_batch
+        sizes: list[int] = []
+
+        def gated(jobs: Any) -> None:
+            gate.wait()
+            sizes.append(len(jobs))
+            write_batch(jobs)
+
+        a._write_batch = gated  # type: ignore[method-assign]
+        results: dict[int, Any] = {}
+
+        async def commit(i: int) -> None:
+            new, events = _next(runs[i], 5)
+            try:
+                results[i] = await a.commit(
+                    f"r{i}", incarnation=1, expected_revision=1, record=new, events=events
+                )
+            except Error as exc:
+                results[i] = exc
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(commit, 4)  # the leader: its batch of one waits at the gate
+            await trio.testing.wait_all_tasks_blocked()
+            for i in range(4):
+                nursery.start_soon(commit, i)
+            await trio.testing.wait_all_tasks_blocked()
+            gate.set()
+        assert sizes == [1, 4]
+        refused = results.pop(2)
+        assert isinstance(refused, Error)
+        assert refused.error_class is ErrorClass.RESOURCE_CONFLICT
+        assert all(receipt.revision == 2 for receipt in results.values()), results
+        assert await b.load("r2") == moved
+        for i in (0, 1, 3, 4):
+            assert await b.load(f"r{i}") == _next(runs[i], 5)[0]
+            assert [e.sequence for e in await b.events(f"r{i}")] == [1, 2]
+        logged = await b.events("r2")
+        assert [e.sequence for e in logged] == [1, 2]
+        assert logged[1].occurred_at == 2.0  # b's commit, not a's stale one
+        # a's cache of r2 was dropped: a commit over the stored record goes through
+        assert (await _commit(a, moved, 3)).revision == 3

@@ -751,11 +751,81 @@ class SQLiteStore:
             raise _conflict("stale revision", run_id)
         return written
 
+    def _write_together(
+        self, conn: sqlite3.Connection, jobs: list[_Job], staged: list[tuple[_Job, _Written]]
+    ) -> list[_Job] | None:
+        """Write, with one statement per kind of row, every job of the batch
+        that was encoded against the run the store remembers (and whose last
+        event sequence it knows), adding them to ``staged``; the other jobs
+        are returned, to be decided one by one.  Each statement runs for all
+        the rows at once: the writer thread then takes Python's lock a few
+        times a batch, not a few times a commit.
+
+        ``None`` when a compare-and-set matched fewer rows than it should:
+        another writer moved a run on.  Then the caller rolls back (every row
+        written here goes) and decides each commit from the stored rows.
+        """
+        cache = self._cache
+        rest: list[_Job] = []
+        same: list[tuple[Any, ...]] = []
+        moved: list[tuple[Any, ...]] = []
+        parts: list[tuple[str, str, str, str]] = []
+        gone: list[tuple[str, str, str]] = []
+        events: list[tuple[Any, ...]] = []
+        for job in jobs:
+            encoded = job.encoded
+            cached = cache.get(job.run_id)
+            if encoded is None or encoded[0] is not cached or cached[1] is None:
+                rest.append(job)
+                continue
+            stored, entry, upserts, deletes, head, encoded_events = encoded
+            old = stored[0].record
+            record = entry.record
+            run_id = record.run_id
+            where = (run_id, old.incarnation, old.revision)
+            if record.state == old.state:
+                same.append((record.incarnation, record.revision, join_head(head), *where))
+            else:
+                moved.append(
+                    (record.incarnation, record.revision, record.state, join_head(head), *where)
+                )
+            if upserts:
+                parts += [(run_id, *row) for row in upserts]
+            if deletes:
+                gone += [(run_id, *row) for row in deletes]
+            last = stored[1]
+            assert last is not None
+            if encoded_events:
+                events += [
+                    (run_id, sequence, *event)
+                    for sequence, event in enumerate(encoded_events, last + 1)
+                ]
+                last += len(encoded_events)
+            staged.append((job, ((entry, last, head), len(upserts) + len(deletes))))
+        if len(rest) == len(jobs):
+            return rest
+        matched = 0
+        if same:
+            matched += conn.executemany(_UPDATE_RUN_SAME_STATE, same).rowcount
+        if moved:
+            matched += conn.executemany(_UPDATE_RUN, moved).rowcount
+        if matched != len(jobs) - len(rest):
+            return None
+        if parts:
+            conn.executemany(_UPSERT_PART, parts)
+        if gone:
+            conn.executemany(_DELETE_PART, gone)
+        if events:
+            conn.executemany(_INSERT_EVENT, events)
+        return rest
+
     def _write_batch(self, jobs: list[_Job]) -> None:
-        """In the writer thread: one transaction for the batch.  A commit is
-        decided before it writes anything (the compare-and-set ``UPDATE`` is
-        its first write, and a refused one changes no row), so a refusal needs
-        no savepoint to undo; any sqlite failure fails the whole batch.
+        """In the writer thread: one transaction for the batch.  The commits
+        encoded against the runs the store remembers are written together
+        (:meth:`_write_together`); the others one by one, each decided before
+        it writes anything (the compare-and-set ``UPDATE`` is its first write,
+        and a refused one changes no row), so a refusal needs no savepoint to
+        undo; any sqlite failure fails the whole batch.
 
         Sets every job's ``receipt`` or ``error``; never raises.
         """
@@ -764,7 +834,14 @@ class SQLiteStore:
         try:
             conn = self._connect()
             conn.execute("BEGIN IMMEDIATE")
-            for job in jobs:
+            rest = self._write_together(conn, jobs, staged) if len(jobs) > 1 else jobs
+            if rest is None:  # another writer moved a run on: decide each alone
+                conn.execute("ROLLBACK")
+                self._cache.clear()
+                staged.clear()
+                conn.execute("BEGIN IMMEDIATE")
+                rest = jobs
+            for job in rest:
                 changes = conn.total_changes
                 try:
                     written = self._apply_commit(conn, job)
