@@ -492,6 +492,9 @@ async def test_request_body_carries_the_transcript(chat: ChatServer) -> None:
         {"timeout": float("nan")},
         {"timeout": float("inf")},
         {"timeout": True},
+        {"tail_timeout": 0},
+        {"tail_timeout": float("inf")},
+        {"tail_timeout": "1"},
     ],
 )
 def test_bad_options_are_refused_up_front(kwargs: dict[str, Any]) -> None:
@@ -675,6 +678,27 @@ async def test_a_finished_response_survives_a_lost_tail(chat: ChatServer, tail: 
     events = await collect(OpenAIProvider(chat.base_url, "m", timeout=0.3), request())
     assert events[-1] == ResponseCompleted({"role": "assistant", "content": "hello"})
     assert not any(isinstance(e, Usage) for e in events)
+
+
+@pytest.mark.parametrize("usage", [False, True])
+async def test_a_server_silent_after_the_finish_reason_costs_the_tail_timeout(
+    chat: ChatServer, usage: bool
+) -> None:
+    """PRV-16: after a finish reason, a server that keeps the connection
+    open without ``[DONE]`` completes the response once ``tail_timeout`` has
+    passed, not the read timeout; usage that arrived meanwhile is kept."""
+    report = {"choices": [], "usage": {"total_tokens": 3}}
+    chunks = (_one({"content": "hello"}), _STOP, *([report] if usage else []))
+    chat.add(Stream(chunks, done=False, tail="hang"))
+    provider = OpenAIProvider(chat.base_url, "m", timeout=30, tail_timeout=0.2)
+    start = trio.current_time()
+    with trio.fail_after(5):  # well under the read timeout
+        events = await collect(provider, request())
+    assert trio.current_time() - start >= 0.2
+    assert events[-1] == ResponseCompleted({"role": "assistant", "content": "hello"})
+    assert [e for e in events if isinstance(e, Usage)] == (
+        [Usage({"total_tokens": 3})] if usage else []
+    )
 
 
 @pytest.mark.parametrize("tail", ["end", "drop", "hang"])

@@ -19,9 +19,10 @@ the server sends it, and one terminal :class:`ResponseCompleted` or
   UTF-8 bytes and lone UTF-16 surrogate escapes (``"\\ud800"``, valid JSON)
   both decode to U+FFFD.
 * **The end.** ``[DONE]`` ends the response at once (the body is not read
-  further); after a finish reason, a connection lost or a read timeout
-  before ``[DONE]`` still completes the response with what arrived (usage
-  that never came is not invented).
+  further); after a finish reason, the rest (the usage, ``[DONE]``) has
+  ``tail_timeout`` seconds to arrive, and a connection lost, a read timeout
+  or a server that goes silent before ``[DONE]`` still completes the
+  response with what arrived (usage that never came is not invented).
 * **Errors** are classed: HTTP 429 and 5xx, a dropped connection, a timeout and
   a stream that ends before a finish reason or ``[DONE]`` are
   ``transient_transport`` (a retry is the host's call); 401/403 are
@@ -244,8 +245,11 @@ class OpenAIProvider:
     ``base_url`` is the API root (``https://api.openai.com/v1``);
     ``client`` an ``httpx.AsyncClient`` to share (otherwise one is opened and
     closed per attempt); ``timeout`` bounds connecting and each read, in
-    seconds; ``system`` an optional system prompt; ``extra_body`` fields
-    merged into every request body (``temperature``, ...).
+    seconds; ``tail_timeout`` how long, after a finish reason, the rest of
+    the response may take (a server that keeps the connection open without
+    ``[DONE]`` then costs this, not a read timeout); ``system`` an optional
+    system prompt; ``extra_body`` fields merged into every request body
+    (``temperature``, ...).
     """
 
     def __init__(
@@ -255,6 +259,7 @@ class OpenAIProvider:
         *,
         client: httpx.AsyncClient | None = None,
         timeout: float = 60.0,
+        tail_timeout: float = 2.0,
         system: str | None = None,
         extra_body: Mapping[str, Any] | None = None,
     ) -> None:
@@ -262,8 +267,9 @@ class OpenAIProvider:
             raise Error(ErrorClass.VALIDATION, "base_url must be an http(s) URL")
         if not isinstance(model, str) or not model:
             raise Error(ErrorClass.VALIDATION, "model must be a non-empty str")
-        if type(timeout) not in (int, float) or not math.isfinite(timeout) or timeout <= 0:
-            raise Error(ErrorClass.VALIDATION, "timeout must be a positive number")
+        for name, seconds in (("timeout", timeout), ("tail_timeout", tail_timeout)):
+            if type(seconds) not in (int, float) or not math.isfinite(seconds) or seconds <= 0:
+                raise Error(ErrorClass.VALIDATION, f"{name} must be a positive number")
         if system is not None and type(system) is not str:
             raise Error(ErrorClass.VALIDATION, "system must be a str or None")
         if extra_body is not None:
@@ -275,6 +281,7 @@ class OpenAIProvider:
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
         self.timeout = float(timeout)
+        self.tail_timeout = float(tail_timeout)
         self.system = system
         self.extra_body = dict(extra_body or {})
         self._client = client
@@ -372,7 +379,15 @@ class OpenAIProvider:
                 # events), so the stream closes cleanly; [DONE] ends it at
                 # once: what a server does after it cannot fail the response.
                 async with aclosing(source.aiter_sse()) as sses:
-                    async for sse in sses:
+                    tail_by = math.inf  # after a finish reason: when reading stops
+                    while True:
+                        with trio.CancelScope(deadline=tail_by) as tail:
+                            try:
+                                sse = await anext(sses)
+                            except StopAsyncIteration:
+                                break
+                        if tail.cancelled_caught:  # silent since the finish reason
+                            break
                         if failure is not None:
                             drained += 1
                             if drained > _DRAIN_LIMIT:
@@ -398,6 +413,8 @@ class OpenAIProvider:
                             isinstance(c, Mapping) and c.get("finish_reason")
                             for c in chunk.get("choices") or ()
                         ):
+                            if not finished:
+                                tail_by = trio.current_time() + self.tail_timeout
                             finished = True
                     if done:
                         await _abandon(sses)
