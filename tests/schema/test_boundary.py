@@ -17,6 +17,7 @@ from trio_backplane import Error, ErrorClass
 from trio_backplane.schema import (
     Limits,
     SchemaOptions,
+    _preflight,
     cache_clear,
     cache_info,
     check_bounds,
@@ -1009,6 +1010,67 @@ def test_sch_33_a_refusal_under_multiplying_recursion_is_the_verdict_alone(
     assert details["errors_withheld"]["reason"] == "recursive_fanout"
     assert details["errors_withheld"]["path"].startswith("/$defs/n")
     assert compiled.validate({"y": 1}) == {"y": 1}  # "x" absent: nothing recurses
+
+
+def _chain(length: int, *, back: str, to: str = "#/$defs/n0") -> dict[str, Any]:
+    """``length`` schemas each applying the next in place (``allOf``) and
+    recursing (to ``to``) through property ``c<i>``; the last one's
+    property is ``back``."""
+    defs: dict[str, Any] = {}
+    for i in range(length):
+        name = back if i == length - 1 else f"c{i}"
+        link: dict[str, Any] = {"type": "object", "properties": {name: {"$ref": to}}}
+        if i + 1 < length:
+            link["allOf"] = [{"$ref": f"#/$defs/n{i + 1}"}]
+        defs[f"n{i}"] = link
+    return {"$ref": "#/$defs/n0", "$defs": defs}
+
+
+@pytest.mark.parametrize("length", [2, 50, 3000])
+def test_sch_33_a_long_in_place_chain_is_summarised_once(length: int) -> None:
+    """SCH-33: a chain of in-place references whose links each recurse
+    through their own property is linear in the instance and accepted; the
+    same chain whose last link recurses through the first link's property
+    multiplies, and is found however deep the chain (each link's summary is
+    taken over by the link before it, not copied: 3,000 links preflight in
+    about the time of their walk)."""
+    assert compile(_chain(length, back="x"))._multiplies is None
+    found = compile(_chain(length, back="c0"))._multiplies
+    assert found is not None
+    assert found[0] == "/$defs/n0"
+    assert found[1:] == ("/c0", "recursive_fanout")
+
+
+def test_sch_33_recursion_too_shared_to_analyse_withholds_errors(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SCH-33: a summary several schemas share is copied by each that adds
+    steps of its own; past ``_FANOUT_WORK`` copied steps the check stops and
+    assumes the worst.  A
+    refusal then reports the verdict alone, with the reason; a valid
+    instance still passes."""
+    cache_clear()
+    monkeypatch.setattr(_preflight, "_FANOUT_WORK", 100)
+    shared = _chain(20, back="x", to="#")
+    schema = {
+        "type": "object",
+        "properties": {
+            f"p{j}": {"properties": {"q": {"$ref": "#"}}, "allOf": [{"$ref": "#/$defs/n0"}]}
+            for j in range(20)
+        },
+        "$defs": shared["$defs"],
+    }
+    compiled = compile(schema)
+    assert compiled._multiplies is not None
+    with pytest.raises(Error) as exc:
+        compiled.validate({"p0": {"c3": 1}})
+    details = refused(exc, ErrorClass.VALIDATION)
+    assert details["errors"] == []
+    assert details["errors_withheld"]["reason"] == "recursion_not_analysed"
+    assert compiled.validate({"p0": {"c3": {}}}) == {"p0": {"c3": {}}}
+    cache_clear()
+    monkeypatch.setattr(_preflight, "_FANOUT_WORK", 10_000)
+    assert compile(schema)._multiplies is None
 
 
 def test_sch_33_recursion_linear_in_the_instance_is_accepted() -> None:

@@ -106,7 +106,9 @@ class CompiledSchema:
     #: a recursion multiplies evaluations per instance level (preflight's
     #: ``multiplies``): collecting even the first error can take exponential
     #: time, so a refusal reports the verdict alone and where it multiplies
-    _multiplies: tuple[str, str] | None = attrs.field(default=None, repr=False, alias="_multiplies")
+    _multiplies: tuple[str, str, str] | None = attrs.field(
+        default=None, repr=False, alias="_multiplies"
+    )
     #: ``contentSchema`` is asserted: its regex failures arrive on the side
     #: (``_content``), since the engine's verdict may have hidden them
     _content: bool = attrs.field(default=False, repr=False, alias="_content")
@@ -166,12 +168,12 @@ class CompiledSchema:
                 noted = take_regex_failure()
                 if noted is not None:
                     raise _regex_work_limit(noted)
-            where, step = self._multiplies
+            where, step, reason = self._multiplies
             raise invalid(
                 f"{what} do not match the schema",
                 errors=[],
                 error_count=0,
-                errors_withheld={"reason": "recursive_fanout", "path": where, "step": step},
+                errors_withheld={"reason": reason, "path": where, "step": step},
             )
         try:
             if self._first_error is None:

@@ -86,12 +86,47 @@ BUNDLED_2020_12: Final = frozenset(
 
 class _Multiplies(Exception):
     """Internal: a recursion evaluates one instance location more than once
-    per level of the instance (``check_recursive_fanout``)."""
+    per level of the instance (``check_recursive_fanout``), or (``reason``
+    ``"recursion_not_analysed"``) the check gave up and assumes it does."""
 
-    def __init__(self, where: str, step: str) -> None:
+    def __init__(self, where: str, step: str, reason: str = "recursive_fanout") -> None:
         super().__init__(where)
         self.where = where
         self.step = step
+        self.reason = reason
+
+
+#: The instance steps a schema recurses through (``check_recursive_fanout``).
+_Steps = set[tuple[Any, ...]] | frozenset[tuple[Any, ...]]
+#: Steps copied from summaries several schemas share before
+#: ``check_recursive_fanout`` gives up (about a second of work).
+_FANOUT_WORK: Final = 2_000_000
+
+
+class _Summaries:
+    """The summaries of ``check_recursive_fanout``: by schema, the instance
+    steps it recurses through into its component.  A summary is grown in
+    place by the one schema that reads it (``readers``) unless it is
+    borrowed: the very set of the schema it applies (``{"$ref": ...}``)."""
+
+    __slots__ = ("borrowed", "readers", "steps", "work")
+
+    def __init__(self, readers: dict[Location, int]) -> None:
+        self.steps: dict[Location, _Steps] = {}
+        self.readers = readers
+        self.borrowed: set[Location] = set()
+        #: steps the copies of shared summaries may still take
+        self.work = _FANOUT_WORK
+
+    def owns(self, source: Location) -> bool:
+        """Whether the schema reading ``source``'s summary may grow it: it is
+        the only reader, and the set is ``source``'s own (a frozen one is
+        the empty placeholder of a schema still being summarised)."""
+        return (
+            type(self.steps[source]) is set
+            and self.readers.get(source) == 1
+            and source not in self.borrowed
+        )
 
 
 # Schema-valued keywords (API.md, "Subschema positions").  In a 2020-12 schema
@@ -221,7 +256,8 @@ class Preflight:
         self.recursive = False
         #: where a recursion multiplies evaluations per instance level
         #: (``check_recursive_fanout``): error collection is unbounded there
-        self.multiplies: tuple[str, str] | None = None
+        #: ``(schema path, instance step, reason)``
+        self.multiplies: tuple[str, str, str] | None = None
         self.format_assertion_vocabulary = False
         self.loader_used = False
         self.subschemas = 0
@@ -648,20 +684,31 @@ class Preflight:
         paths reach child applicators that may take the same instance step and
         both lead back into the cycle doubles its evaluations per level.  This
         is checked pairwise where in-place paths join, each schema's summary
-        (the instance steps it recurses through) memoized, so the pass is
-        linear in the walk times the distinct steps of a cycle."""
+        (the instance steps it recurses through) memoized.  A summary only
+        one schema reads is taken over by it rather than copied, the smaller
+        set merged into the larger, so a chain or a tree of in-place
+        applicators costs about its size; a summary several schemas share is
+        copied by each, and once the copies pass ``_FANOUT_WORK`` steps the
+        pass stops and assumes the worst (a refusal under the schema then
+        reports its verdict alone, never a wrong one)."""
         if not self.targets:
             return  # no reference: no recursion
         try:
             self._find_multiplying()
         except _Multiplies as found:
-            self.multiplies = (found.where, found.step)
+            self.multiplies = (found.where, found.step, found.reason)
 
     def _find_multiplying(self) -> None:
         component = self._components()
         if not component:
             return
-        summary: dict[Location, frozenset[tuple[Any, ...]]] = {}
+        readers: dict[Location, int] = {}
+        for loc in component:
+            for group in self._sources(loc, component):
+                for source in group:
+                    readers[source] = readers.get(source, 0) + 1
+        summaries = _Summaries(readers)
+        summary = summaries.steps
         for start in component:
             if start in summary:
                 continue
@@ -675,7 +722,7 @@ class Preflight:
                     stack.append((pending, self._sources(pending, component)))
                     continue
                 stack.pop()
-                summary[loc] = self._join(loc, sources, summary, component)
+                summary[loc] = self._join(loc, sources, summaries, component)
 
     def _components(self) -> dict[Location, int]:
         """The strongly connected components reachable from the root with a
@@ -744,19 +791,37 @@ class Preflight:
         self,
         loc: Location,
         sources: list[list[Location]],
-        summary: dict[Location, frozenset[tuple[Any, ...]]],
+        summaries: _Summaries,
         component: dict[Location, int],
-    ) -> frozenset[tuple[Any, ...]]:
+    ) -> _Steps:
         """The instance steps by which ``loc`` recurses into its component;
         refuse when two of its in-place paths may take the same one."""
-        joined = self._local_steps(loc, component)
+        summary = summaries.steps
+        local = self._local_steps(loc, component)
+        if not local and len(sources) == 1 and len(sources[0]) == 1:
+            # ``{"$ref": ...}`` and the like: the summary of what it applies
+            source = sources[0][0]
+            if not summaries.owns(source):
+                summaries.borrowed.add(loc)
+            return summary[source]
+        joined: set[tuple[Any, ...]] = set(local)
         for group in sources:
-            steps: frozenset[tuple[Any, ...]] = frozenset().union(
-                *(summary[alternative] for alternative in group)
-            )
+            steps: _Steps
+            owned = True
+            if len(group) == 1:
+                steps = summary[group[0]]
+                owned = summaries.owns(group[0])
+            else:
+                steps = set().union(*(summary[alternative] for alternative in group))
             clash = _clash(joined, steps)
             if clash is not None:
                 self._multiplies_at(loc, clash)
+            if owned and len(steps) > len(joined):
+                joined, steps = steps, joined  # type: ignore[assignment]  # owned: a set
+            elif not owned:
+                summaries.work -= len(steps)
+                if summaries.work < 0:
+                    raise _Multiplies(_pointer(loc[1]), "", "recursion_not_analysed")
             joined |= steps
         return joined
 
@@ -833,9 +898,7 @@ class Preflight:
             )
 
 
-def _clash(
-    ours: frozenset[tuple[Any, ...]], theirs: frozenset[tuple[Any, ...]]
-) -> tuple[Any, ...] | None:
+def _clash(ours: _Steps, theirs: _Steps) -> tuple[Any, ...] | None:
     """A step two in-place paths may both take: equal steps, or a wildcard
     (``("p*",)``, ``("i*",)``) beside any step of its kind."""
     if not ours or not theirs:
