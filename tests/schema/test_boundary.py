@@ -12,6 +12,8 @@ from typing import Any
 
 import attrs
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from trio_backplane import Error, ErrorClass
 from trio_backplane.schema import (
@@ -27,6 +29,7 @@ from trio_backplane.schema import (
     validate_output,
     validate_schema,
 )
+from trio_backplane.schema._options import normalize_dialects
 
 D2020 = "https://json-schema.org/draft/2020-12/schema"
 D07 = "http://json-schema.org/draft-07/schema#"
@@ -1761,3 +1764,75 @@ def test_compiled_schema_errors_lists_entries_or_nothing() -> None:
     assert {e["keyword"] for e in compiled.errors({})} == {"required"}
     with pytest.raises(Error):
         compiled.errors({"n": math.nan})
+
+
+# -- the recursive fan-out check against a plain reference ------------------------
+
+
+def _reference_multiplies(result: _preflight.Preflight) -> str | None:
+    """Where the recursive fan-out check finds a schema multiplying, computed
+    the plain way: every summary a new frozen set, the union of its sources'."""
+    component = result._components()
+    summary: dict[Any, frozenset[Any]] = {}
+    try:
+        for start in component:
+            if start in summary:
+                continue
+            summary[start] = frozenset()
+            stack = [(start, result._sources(start, component))]
+            while stack:
+                loc, sources = stack[-1]
+                pending = next((s for g in sources for s in g if s not in summary), None)
+                if pending is not None:
+                    summary[pending] = frozenset()
+                    stack.append((pending, result._sources(pending, component)))
+                    continue
+                stack.pop()
+                joined = result._local_steps(loc, component)
+                for group in sources:
+                    steps = frozenset().union(*(summary[s] for s in group))
+                    if _preflight._clash(joined, steps) is not None:
+                        return _preflight._pointer(loc[1])
+                    joined |= steps
+                summary[loc] = joined
+    except _preflight._Multiplies as found:
+        return found.where
+    return None
+
+
+_REF = st.integers(0, 4).map(lambda k: {"$ref": f"#/$defs/d{k}"}) | st.just({"$ref": "#"})
+_LINK = st.fixed_dictionaries(
+    {},
+    optional={
+        "properties": st.dictionaries(st.sampled_from("ab"), _REF, max_size=2),
+        "allOf": st.lists(_REF, min_size=1, max_size=2),
+        "anyOf": st.lists(_REF, min_size=1, max_size=2),
+        "items": _REF,
+        "additionalProperties": _REF,
+    },
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_LINK, min_size=5, max_size=5), _REF)
+def test_sch_33_the_fanout_check_agrees_with_the_plain_reference(
+    links: list[dict[str, Any]], root: dict[str, Any]
+) -> None:
+    """SCH-33: taking summaries over and borrowing them, rather than
+    building each anew, finds multiplying recursion exactly where the plain
+    computation does (and nowhere else), on random graphs of references."""
+    schema = {**root, "$defs": {f"d{k}": link for k, link in enumerate(links)}}
+    try:
+        result = _preflight.preflight(
+            schema,
+            limits=Limits.host(),
+            dialects=normalize_dialects(SchemaOptions().dialects),
+            registry=None,
+            loader=None,
+            allow_external_refs=False,
+        )
+    except Error:
+        assume(False)  # a cycle consuming no input: refused before the check
+        raise
+    found = None if result.multiplies is None else result.multiplies[0]
+    assert found == _reference_multiplies(result)
