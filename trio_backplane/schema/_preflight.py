@@ -99,7 +99,7 @@ class _Multiplies(Exception):
 #: The instance steps a schema recurses through (``check_recursive_fanout``).
 _Steps = set[tuple[Any, ...]] | frozenset[tuple[Any, ...]]
 #: Steps copied from summaries several schemas share before
-#: ``check_recursive_fanout`` gives up (about a second of work).
+#: ``check_recursive_fanout`` gives up (about 0.1 s of set copying here).
 _FANOUT_WORK: Final = 2_000_000
 
 
