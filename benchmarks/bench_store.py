@@ -263,8 +263,11 @@ async def concurrent(make: Callable[[], Awaitable[Any]], single_rate: float, lab
     rates: list[float] = []
     ratios: list[float] = []
     per_transaction: list[float] = []
+    trio_cpu: list[float] = []
+    writer_cpu: list[float] = []
     for n in range(rounds):
         store = await make()
+        writer = _WriterClock(store)
         try:
             alone = fresh(f"alone-{n}")
             await store.create(alone)
@@ -276,11 +279,14 @@ async def concurrent(make: Callable[[], Awaitable[Any]], single_rate: float, lab
                 await store.create(record)
             batches_before = getattr(store, "stats", {}).get("batches", 0)
 
-            start = time.perf_counter()
+            writer.seconds = 0.0
+            start, cpu = time.perf_counter(), time.thread_time()
             async with trio.open_nursery() as nursery:
                 for chained in chains:
                     nursery.start_soon(drive, store, chained)
             rate = runs * count / (time.perf_counter() - start)
+            trio_cpu.append((time.thread_time() - cpu) / (runs * count) * 1e6)
+            writer_cpu.append(writer.seconds / (runs * count) * 1e6)
             batches = getattr(store, "stats", {}).get("batches", 0) - batches_before
             if batches:
                 per_transaction.append(runs * count / batches)
@@ -300,6 +306,33 @@ async def concurrent(make: Callable[[], Awaitable[Any]], single_rate: float, lab
         f"(rounds: {', '.join(f'{r:.1f}' for r in ratios)}; target >= 4x){extra}"
     )
     print(f"  against the single-run section above: {rate / single_rate:.1f}x")
+    if writer.hooked:
+        print(
+            f"  CPU per commit (medians): Trio thread {statistics.median(trio_cpu):.1f} us, "
+            f"writer thread {statistics.median(writer_cpu):.1f} us; the two share "
+            "Python's lock, so their sum bounds the rate"
+        )
+
+
+class _WriterClock:
+    """CPU seconds a ``SQLiteStore``'s writer thread spends writing batches
+    (``time.thread_time`` inside ``_write_batch``); a no-op for other stores."""
+
+    def __init__(self, store: Any) -> None:
+        self.seconds = 0.0
+        write_batch = getattr(store, "_write_batch", None)
+        self.hooked = write_batch is not None
+        if write_batch is None:
+            return
+
+        def timed(jobs: Any) -> None:
+            cpu = time.thread_time()
+            try:
+                write_batch(jobs)
+            finally:
+                self.seconds += time.thread_time() - cpu
+
+        store._write_batch = timed
 
 
 async def late_vs_early(root: Path) -> None:
