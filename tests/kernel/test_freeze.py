@@ -151,3 +151,21 @@ def test_ker_11_unicode_text_is_kept() -> None:
     }
     assert thaw(freeze(value)) == value
     assert freeze(_nested("日本", _RECURSION + 3)) == _nested("日本", _RECURSION + 3)
+
+
+class _Unreadable(dict[str, Any]):
+    """A dict subclass whose items fail when read (a host's broken object)."""
+
+    def items(self) -> Any:
+        raise KeyError("gone")
+
+
+def test_ker_11_a_mapping_failing_when_read_is_validation() -> None:
+    """KER-11: a mapping that raises while being walked is refused with
+    ``validation`` naming the cause, never the raw exception."""
+    for value in (_Unreadable(a=1), {"x": [_Unreadable(a=1)]}):
+        with pytest.raises(Error) as info:
+            freeze(value, "tool result")
+        assert info.value.error_class is ErrorClass.VALIDATION
+        assert info.value.message == "tool result could not be read as JSON data"
+        assert info.value.details["cause"].startswith("KeyError")

@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from trio_backplane.errors import Error, ErrorClass
-from trio_backplane.kernel import Command, RunRecord, transition
+from trio_backplane.kernel import Command, RunEvent, RunRecord, transition
 from trio_backplane.store import SQLiteStore
 from trio_backplane.store._layout import join_record
 from trio_backplane.store._sqlite import join, split
@@ -685,3 +685,34 @@ async def test_sto_06_damaged_rows_are_storage_failed_for_their_run_alone(
             loaded = await store.load(record.run_id)
             assert loaded is not None
             assert loaded.revision == record.revision + 1
+
+
+async def test_sto_01_an_event_time_no_column_holds_fails_its_commit_alone(
+    store: SQLiteStore,
+) -> None:
+    """STO-01: a commit carrying an event whose time no store column can hold
+    (a hand-built ``RunEvent`` at 2**63) is refused with validation before it
+    joins a batch; the commits racing it in one nursery go through."""
+    records = [await _fresh(store, f"r{i}") for i in range(4)]
+    results: dict[int, Any] = {}
+    admit = Command("admit", 1.0, {"state": "running"})
+
+    async def commit(i: int, record: RunRecord) -> None:
+        new, events = transition(record, admit)
+        if i == 2:
+            events = [RunEvent(type=events[0].type, occurred_at=2**63, payload=events[0].payload)]
+        try:
+            results[i] = await store.commit(
+                record.run_id, incarnation=1, expected_revision=0, record=new, events=events
+            )
+        except Error as exc:
+            results[i] = exc
+
+    async with trio.open_nursery() as nursery:
+        for i, record in enumerate(records):
+            nursery.start_soon(commit, i, record)
+    refused = results.pop(2)
+    assert isinstance(refused, Error)
+    assert refused.error_class is ErrorClass.VALIDATION
+    assert all(receipt.revision == 1 for receipt in results.values()), results
+    assert await store.load("r2") == records[2]

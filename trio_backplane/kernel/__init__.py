@@ -27,6 +27,7 @@ from ._records import (
     dissoc,
     evolve_record,
     freeze,
+    is_time,
     reserve,
     thaw,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "evolve_record",
     "fence",
     "freeze",
+    "is_time",
     "reserve",
     "thaw",
     "transition",

@@ -240,7 +240,16 @@ def freeze(value: Any, what: str = "committed intent", limit: int = MAX_DEPTH) -
     """
     if type(value) in _KEPT:  # frozen already, or a leaf: most calls, no second call
         return value
-    return _freeze(value, what, 0, limit)
+    try:
+        return _freeze(value, what, 0, limit)
+    except Error:
+        raise
+    except Exception as exc:  # a mapping or sequence that fails while read
+        raise Error(
+            ErrorClass.VALIDATION,
+            f"{what} could not be read as JSON data",
+            {"cause": f"{type(exc).__name__}: {exc}"[:300]},
+        ) from exc
 
 
 _RECURSION: Final = 64
@@ -743,9 +752,25 @@ def dissoc(mapping: Mapping[str, Any], key: str) -> FrozenDict:
     return new
 
 
+#: Times are finite floats, or ints below this in magnitude: what every
+#: store's time column holds (SQLite binds ints as 64-bit integers).
+_TIME_INT_LIMIT: Final = 2**63
+
+
+def is_time(value: Any) -> bool:
+    """Whether ``value`` is a time a command or an event may carry: a finite
+    ``float``, or an ``int`` of magnitude below 2**63."""
+    if type(value) is float:
+        return value - value == 0.0
+    return type(value) is int and -_TIME_INT_LIMIT < value < _TIME_INT_LIMIT
+
+
 def _at(instance: Any, attribute: Any, value: Any) -> None:
-    if type(value) not in (int, float) or value - value != 0:
-        raise Error(ErrorClass.VALIDATION, "command time must be a finite number")
+    if not is_time(value):
+        raise Error(
+            ErrorClass.VALIDATION,
+            "command time must be a finite number (an int below 2**63 in magnitude)",
+        )
 
 
 @attrs.frozen

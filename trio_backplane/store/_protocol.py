@@ -21,6 +21,7 @@ from ..kernel import (
     check_run_id,
     encode_event,
     encode_record,
+    is_time,
 )
 
 __all__ = [
@@ -242,9 +243,11 @@ def check_commit(
     for event in events:
         if type(event) is not RunEvent and not isinstance(event, RunEvent):
             raise Error(ErrorClass.VALIDATION, "a store commits RunEvent values")
-        at = event.occurred_at
-        if type(at) not in (int, float) or at - at != 0:
-            raise Error(ErrorClass.VALIDATION, "event time must be a finite number")
+        if not is_time(event.occurred_at):
+            raise Error(
+                ErrorClass.VALIDATION,
+                "event time must be a finite number (an int below 2**63 in magnitude)",
+            )
         kind = event.type
         if type(kind) is not str or not kind.isascii():
             if type(kind) is not str:
