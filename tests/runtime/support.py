@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -19,6 +19,19 @@ from trio_backplane.tools import Authority, ToolDescriptor, ToolRegistry, ToolRe
 RUN_ID = "run-1"
 
 OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
+
+
+class Unreadable(Mapping[str, Any]):
+    """A mapping that fails when read (a host's broken object)."""
+
+    def __getitem__(self, key: str) -> Any:
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(["type"])
+
+    def __len__(self) -> int:
+        return 1
 
 
 def string_schema(name: str = "x") -> dict[str, Any]:

@@ -758,6 +758,38 @@ async def test_can_18_body_exception_propagates_after_settlement(
     assert h.terminal_events() == ["run_cancelled"]
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: ExceptionGroup("host", [ValueError("a"), KeyError("b")]),
+        lambda: ExceptionGroup("host", [Error(ErrorClass.VALIDATION, "the host's own")]),
+        lambda: BaseExceptionGroup("host", [KeyboardInterrupt()]),
+    ],
+    ids=["group", "group-of-error", "base-group"],
+)
+async def test_can_18_a_group_raised_by_the_body_propagates_unchanged(
+    autojump_clock: MockClock, make: Any
+) -> None:
+    """CAN-18: an exception group the host raises in the block (its own
+    nursery's, or one it built) leaves the block as that very group, not
+    wrapped nor replaced by an ``Error``, so the host's ``except*`` still
+    matches; the run is settled first."""
+    h = Harness([[Hang()]])
+    raised = make()
+
+    async def body() -> None:
+        async with h.open() as c:
+            await c.prompt("hi")
+            await trio.sleep(1)
+            raise raised
+
+    with pytest.raises(BaseExceptionGroup) as info:
+        await body()
+    assert info.value is raised
+    assert (await h.stored()).state in TERMINAL_STATES
+    assert h.terminal_events() == ["run_cancelled"]
+
+
 async def test_can_18_settlement_waits_out_input_holding_the_coordinator(
     autojump_clock: MockClock,
 ) -> None:

@@ -26,6 +26,7 @@ from .support import (
     Fault,
     FaultyStore,
     RecordingBackend,
+    Unreadable,
     conversation_with,
     granted,
     make_tool,
@@ -383,19 +384,22 @@ async def test_conv_08_admission_commit_failure(autojump_clock: Any, action: str
         (None, "content must be text or content blocks"),
         (["text"], "content must be text or content blocks"),
         ({"type": "text", "text": "x"}, "content must be text or content blocks"),
+        ("bad \ud800 text", "message content contains text that is not valid Unicode"),
+        ([Unreadable()], "message content could not be read as JSON data"),
     ],
     ids=repr,
 )
 async def test_conv_09_prompt_content_validation(content: Any, message: str) -> None:
-    """CONV-09: empty prompts and non-content are refused with validation and
-    nothing is committed."""
+    """CONV-09: empty prompts, non-content, text that is not Unicode (a lone
+    surrogate) and blocks that fail when read are refused with validation
+    and nothing is committed: a corrected prompt is then admitted."""
     store = FaultyStore()
     provider = ScriptedProvider([text("never")])
     async with conversation_with(provider, store=store) as (conversation, _timeline):
         with pytest.raises(Error) as info:
             await conversation.prompt(content)
         assert info.value.error_class is ErrorClass.VALIDATION
-        assert info.value.message == message
+        assert info.value.message.startswith(message)
         assert conversation.status().phase == "idle"
         assert conversation.status().run.revision == 0
         assert store.attempts == []
@@ -403,6 +407,39 @@ async def test_conv_09_prompt_content_validation(content: Any, message: str) -> 
         assert stored is not None
         assert stored.revision == 0
     assert provider.requests == []
+
+
+async def test_conv_09_a_conversation_refuses_calls_from_another_trio_run() -> None:
+    """CONV-09: every call of a conversation from another Trio run (another
+    thread) is refused with validation before it touches anything: the
+    conversation stays usable from its own run."""
+    provider = ScriptedProvider([text("hi")])
+    async with conversation_with(provider) as (conversation, _timeline):
+        refused: list[Any] = []
+
+        async def elsewhere() -> None:
+            for call in (
+                lambda: conversation.prompt("from elsewhere"),
+                lambda: conversation.steer("x"),
+                lambda: conversation.follow_up("x"),
+                lambda: conversation.resolve("i-1", True),
+                conversation.cancel,
+                conversation.wait_settled,
+            ):
+                try:
+                    await call()
+                except Error as exc:
+                    refused.append((exc.error_class, exc.details.get("reason")))
+            try:
+                conversation.subscribe()
+            except Error as exc:
+                refused.append((exc.error_class, exc.details.get("reason")))
+
+        await trio.to_thread.run_sync(trio.run, elsewhere)
+        assert refused == [(ErrorClass.VALIDATION, "foreign_trio_run")] * 7
+        assert conversation.status().run.revision == 0
+        await conversation.prompt("hello")
+        assert (await conversation.wait_settled()).run.state == "completed"
 
 
 # -- input while running (CONV-10, 11, 12) --------------------------------------

@@ -26,6 +26,7 @@ from .support import (
     FaultyStore,
     Host,
     RecordingBackend,
+    Unreadable,
     make_tool,
     run_with_host,
 )
@@ -337,3 +338,35 @@ async def test_nest_04_nested_result_is_plain_data_for_the_outer_tool(
     [inner_op] = inner.operations
     stored = finished.record.tool_results[inner_op.invocation_id]
     assert thaw(stored["structured_content"]) == {"n": [1, 2]}
+
+
+def _deep(levels: int) -> Any:
+    value: Any = {}
+    for _ in range(levels):
+        value = {"k": value}
+    return value
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [_deep(100_000), Unreadable()],
+    ids=["nested-past-recursion", "unreadable-mapping"],
+)
+async def test_nest_04_arguments_that_cannot_be_walked_are_validation(
+    autojump_clock: MockClock, arguments: Any
+) -> None:
+    """NEST-04: nested arguments that cannot even be walked (nested past
+    Python's recursion limit, a mapping failing when read) are refused with
+    ``validation`` before anything is committed; the nested tool never runs
+    and the outer tool goes on."""
+    seen: list[Any] = []
+    inner = RecordingBackend(ToolResult("never"))
+    outer = RecordingBackend(outer_calling("inner", seen, arguments))
+    tools = [make_tool("cell", outer), make_tool("inner", inner, read_only=True)]
+    finished, _ = await run_with_host(calls_then_done(("c1", "cell", {})), tools)
+    [error] = seen
+    assert isinstance(error, Error)
+    assert error.error_class is ErrorClass.VALIDATION
+    assert inner.calls == 0
+    assert len(finished.record.intents) == 3  # two provider attempts and the outer tool
+    assert finished.record.state == "completed"

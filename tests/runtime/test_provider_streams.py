@@ -246,6 +246,43 @@ async def test_prv_03_closing_after_the_terminal_event_cannot_fail_the_response(
     assert "response_failed" not in finished.types()
 
 
+class _HangThenCloseBadly:
+    """A stream that never sends a terminal event, and whose ``aclose``
+    raises ``ValueError`` (or our ``Error``)."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def stream(self, request: Any, context: Any) -> Any:
+        return self
+
+    def __aiter__(self) -> Any:
+        return self
+
+    async def __anext__(self) -> Any:
+        await trio.sleep_forever()
+
+    async def aclose(self) -> None:
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    "error",
+    [ValueError("close failed"), Error(ErrorClass.EXECUTION_FAILURE, "close failed")],
+    ids=["raw", "classed"],
+)
+async def test_can_08_a_close_failing_after_effect_timeout_keeps_the_attempt_uncertain(
+    autojump_clock: MockClock, error: BaseException
+) -> None:
+    """CAN-08 (rule 4): a provider attempt cut by ``effect_timeout`` stays
+    uncertain even when closing its stream then fails: the close error
+    cannot turn the interrupted attempt into a settled failure."""
+    finished = await run_to_settled(_HangThenCloseBadly(error), effect_timeout=2.0)
+    assert finished.record.state == "unknown_outcome"
+    [intent] = finished.record.intents.values()
+    assert intent["status"] == "uncertain"
+
+
 async def test_prv_04_stream_without_terminal_event_fails_the_turn(
     autojump_clock: MockClock,
 ) -> None:

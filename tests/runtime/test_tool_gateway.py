@@ -36,6 +36,7 @@ from .support import (
     Finished,
     RecordingBackend,
     TimelineStore,
+    Unreadable,
     assert_no_canary,
     conversation_with,
     granted,
@@ -179,7 +180,10 @@ async def test_tool_03_arguments_sent_as_json_text(autojump_clock: MockClock) ->
     validation result, with no backend call and no intent committed."""
     backend = RecordingBackend(ToolResult("ok"))
     provider = calls_then_done(
-        ("c1", "t", '{"x": "a"}'), ("c2", "t", '{"x": '), ("c3", "t", '{"x": NaN}')
+        ("c1", "t", '{"x": "a"}'),
+        ("c2", "t", '{"x": '),
+        ("c3", "t", '{"x": NaN}'),
+        ("c4", "t", "[" * 100_000 + "]" * 100_000),  # too deep for Python's parser
     )
     finished = await run_to_settled(provider, [make_tool("t", backend, schema=string_schema("x"))])
 
@@ -188,7 +192,7 @@ async def test_tool_03_arguments_sent_as_json_text(autojump_clock: MockClock) ->
     assert finished.store.commits().count("run.tool_invoked") == 1
     first, *refused = finished.tool_messages()
     assert first["result"]["is_error"] is False
-    for message in refused:  # not JSON, and NaN (not JSON either)
+    for message in refused:  # not JSON, NaN (not JSON either), nested past any parser
         error = error_of(message)
         assert (error["class"], error["message"]) == ("validation", "tool arguments are not JSON")
 
@@ -198,23 +202,26 @@ async def test_tool_12_result_that_is_not_json_data(
     autojump_clock: MockClock, read_only: bool
 ) -> None:
     """TOOL-12: like an oversize one, a result holding something that is not
-    JSON data (NaN, an object) becomes an is_error validation result after
+    JSON data (NaN, an object, a mapping that fails when read) becomes an
+    is_error validation result after
     the backend ran once; the effect is known to have completed, so the
     provider continues whatever the descriptor, and nothing unencodable is
     committed."""
     backend = RecordingBackend(
-        ToolResult("ok", {"v": float("nan")}), ToolResult("ok", {"o": object()})
+        ToolResult("ok", {"v": float("nan")}),
+        ToolResult("ok", {"o": object()}),
+        ToolResult("ok", Unreadable()),
     )
-    provider = calls_then_done(("c1", "t", {}), ("c2", "t", {}))
+    provider = calls_then_done(("c1", "t", {}), ("c2", "t", {}), ("c3", "t", {}))
     finished = await run_to_settled(provider, [make_tool("t", backend, read_only=read_only)])
 
     assert_continued(finished, provider)
-    assert backend.calls == 2
+    assert backend.calls == 3
     for message in finished.tool_messages():
         error = error_of(message)
         assert (error["class"], error["message"]) == ("validation", "tool result is not JSON data")
     stored = list(finished.record.tool_results.values())
-    assert len(stored) == 2
+    assert len(stored) == 3
     assert all(r["is_error"] and r["structured_content"] is None for r in stored)
 
 

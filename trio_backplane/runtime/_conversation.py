@@ -132,7 +132,7 @@ def _check_content(content: Any) -> Any:
     if isinstance(content, str):
         if not content:
             raise Error(ErrorClass.VALIDATION, "prompt must not be empty")
-        return content
+        return freeze(content, "message content")  # Unicode text: no lone surrogate
     if isinstance(content, list | tuple):
         if not content:
             raise Error(ErrorClass.VALIDATION, "prompt must not be empty")
@@ -313,6 +313,7 @@ class Conversation:
         #: the provider attempt's scope while its stream closes (shielded)
         self._closing: trio.CancelScope | None = None
         self._settled = trio.Event()
+        self._token = trio.lowlevel.current_trio_token()
         self._settling = False  # one settlement at a time (CAN-06)
         #: wakes the worker's watchdog: a stop, a deadline moved, the worker done
         self._watch_poke = trio.Event()
@@ -349,17 +350,20 @@ class Conversation:
 
     def subscribe(self, *, buffer: int = 1024) -> trio.MemoryReceiveChannel[Event]:
         """A channel of this conversation's events (EVT); see CONV-29 for loss."""
+        self._require_own_run()
         if type(buffer) is not int or buffer < 1:
             raise Error(ErrorClass.VALIDATION, "buffer must be a positive int")
         return self._hub.subscribe(buffer)
 
     async def wait_settled(self) -> Snapshot:
         """Once the run is terminal, recovery_required or storage_failed."""
+        self._require_own_run()
         await self._settled.wait()
         return self.status()
 
     async def prompt(self, content: Any) -> str:
         """Admit the first message, or queue a follow-up while a turn runs."""
+        self._require_own_run()
         content = _check_content(content)
         self._require_input()
         if self._phase != "idle":
@@ -415,6 +419,7 @@ class Conversation:
         return str(message["id"])
 
     async def steer(self, content: Any) -> str:
+        self._require_own_run()
         content = _check_content(content)
         self._require_input()
         if self._phase == "idle":
@@ -422,6 +427,7 @@ class Conversation:
         return await self._enqueue("steering", content)
 
     async def follow_up(self, content: Any) -> str:
+        self._require_own_run()
         content = _check_content(content)
         self._require_input()
         if self._phase == "idle":
@@ -431,6 +437,7 @@ class Conversation:
     async def resolve(self, interaction_id: str, answer: Any) -> None:
         """Answer the pending interaction after authenticating the responder;
         returns once the answer is committed (INT-04, INT-05, INT-12)."""
+        self._require_own_run()
         await resolve_interaction(self, interaction_id, answer)
 
     def stage_catalog(self, publication: Any) -> PublicationReceipt:
@@ -466,11 +473,26 @@ class Conversation:
 
     async def cancel(self) -> None:
         """Accept cancellation and return at once (CAN-01); settlement follows."""
+        self._require_own_run()
         if self._phase in _INACTIVE_PHASES or self._record.state in TERMINAL_STATES:
             raise Error(ErrorClass.RESOURCE_CONFLICT, "run is not active")
         self._request_stop("cancelled")
 
     # -- input helpers ---------------------------------------------------------
+
+    def _require_own_run(self) -> None:
+        """Refuse a call from another Trio run or a thread: the conversation's
+        tasks, events and scopes belong to the run that opened it."""
+        try:
+            token = trio.lowlevel.current_trio_token()
+        except RuntimeError:
+            token = None
+        if token is not self._token:
+            raise Error(
+                ErrorClass.VALIDATION,
+                "conversation used outside the Trio run that opened it",
+                {"reason": "foreign_trio_run"},
+            )
 
     def _require_input(self) -> None:
         if self._phase in ("cancelling", *_INACTIVE_PHASES) or self._stop_reason is not None:
@@ -1055,8 +1077,12 @@ async def open_conversation(
                 nursery.cancel_scope.cancel()
     except BaseExceptionGroup as group:
         leaves = exception_leaves(group)
-        if body_error is not None and all(leaf is body_error for leaf in leaves):
-            raise body_error from None
+        if body_error is not None:
+            # The body's own exception (a group of the host's included), alone:
+            # it propagates unchanged, not wrapped by this nursery.
+            mine = {id(leaf) for leaf in exception_leaves(body_error)}
+            if all(id(leaf) in mine for leaf in leaves):
+                raise body_error from None
         error = _surface(leaves)
         if isinstance(error, Error):
             raise error from group

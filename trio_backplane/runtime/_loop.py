@@ -171,6 +171,24 @@ class _TurnFailed(Exception):
         self.error = error
 
 
+def _plain(value: Any, what: str) -> Any:
+    """``value`` as plain JSON data (``thaw``) for the schema boundary;
+    ``validation`` when it cannot even be walked: nested past Python's
+    recursion limit, or a mapping that fails when read."""
+    try:
+        return thaw(value)
+    except RecursionError:
+        raise Error(
+            ErrorClass.VALIDATION, f"{what} nest too deeply", {"reason": "nesting"}
+        ) from None
+    except Exception as exc:
+        raise Error(
+            ErrorClass.VALIDATION,
+            f"{what} could not be read as JSON data",
+            {"cause": f"{type(exc).__name__}: {exc}"[:300]},
+        ) from exc
+
+
 def _error_result(error: Error) -> Mapping[str, Any]:
     """The normalized (frozen) result of a refused or failed call."""
     result: Mapping[str, Any] = freeze(
@@ -537,6 +555,7 @@ class TurnLoop:
         with budget.arm() as scope:
             try:
                 stream = _async_iterator(c._provider.stream(request, c._provider_context))
+                interrupted = False
                 try:
                     async for event in stream:
                         if not isinstance(event, PROVIDER_EVENTS):
@@ -558,6 +577,9 @@ class TurnLoop:
                             failure = _provider_error(event.error)
                             break
                         self._forward(event, accounting, usage, completed)
+                except BaseException:
+                    interrupted = True  # by a cut or the stream's failure: that is the outcome
+                    raise
                 finally:
                     aclose = getattr(stream, "aclose", None)
                     if aclose is not None:
@@ -573,8 +595,10 @@ class TurnLoop:
                         except Exception:
                             # After the terminal event the response is what it
                             # said; closing the stream cannot change it (an
-                            # error, or a generator that yields again).
-                            if not terminal:
+                            # error, or a generator that yields again).  Nor
+                            # can it hide what interrupted the stream: a cut
+                            # by effect_timeout stays uncertain (CAN-08).
+                            if not terminal and not interrupted:
                                 raise
                         finally:
                             c._closing = None
@@ -768,12 +792,17 @@ class TurnLoop:
             return
         if isinstance(arguments, str):
             try:
-                arguments = loads(arguments)
-            except ValueError:
-                error = Error(ErrorClass.VALIDATION, "tool arguments are not JSON")
+                arguments = loads(arguments)  # plain data already
+            except (ValueError, RecursionError) as exc:
+                error = Error(
+                    ErrorClass.VALIDATION,
+                    "tool arguments are not JSON",
+                    {"reason": "nesting" if isinstance(exc, RecursionError) else "syntax"},
+                )
                 await self._tool_message(call_id, name, _error_result(error), before, carry)
                 return
-        arguments = thaw(arguments)
+        else:
+            arguments = thaw(arguments)  # frozen with the response: bounded depth
         authority = bundle.authority
         try:
             self._validator(descriptor).validate(arguments)
@@ -967,7 +996,7 @@ class TurnLoop:
                 "a nested call cannot run an approval-gated tool",
                 {"tool": descriptor.name},
             )
-        arguments = thaw(arguments)
+        arguments = _plain(arguments, "nested tool arguments")
         self._validator(descriptor).validate(arguments)
         authorize(
             bundle.authority, descriptor, Invocation(c.run_id, descriptor.name, descriptor.revision)
@@ -1056,7 +1085,7 @@ class TurnLoop:
             try:
                 normalized: Mapping[str, Any] = freeze(result.to_dict(), "tool result")
                 size = utf8_size(normalized)
-            except (Error, TypeError, ValueError) as exc:
+            except Exception as exc:  # the result's own parts may fail when read
                 cause = exc.message if isinstance(exc, Error) else f"{type(exc).__name__}: {exc}"
                 return _error_result(
                     Error(
