@@ -18,7 +18,7 @@ import trio
 from tests.conftest import FIXTURES
 from trio_backplane import demo
 from trio_backplane.cli import main
-from trio_backplane.kernel import RunRecord, thaw
+from trio_backplane.kernel import Command, RunRecord, thaw, transition
 from trio_backplane.recovery import RecoveryHarness
 from trio_backplane.store import PostgresStore, SQLiteStore
 
@@ -387,6 +387,34 @@ def test_runs_recover_is_read_only_unless_fenced(tmp_path: Path) -> None:
     assert _load(db, "crashed").incarnation == 5
     status, text = run("runs", "recover", str(db), "crashed", "--incarnation", "5")
     assert status == 1  # forbidden: 5 does not fence anything older
+
+
+def test_runs_recover_lists_unsettled_children_and_waits(tmp_path: Path) -> None:
+    """STO-14: a run waiting on a child run has no outstanding effect, but it
+    is not "nothing to reconcile": the child and the wait are listed (and in
+    ``--json`` as ``unsettled``)."""
+    db = tmp_path / "runs.sqlite3"
+
+    async def waiting() -> None:
+        async with SQLiteStore(db) as store:
+            record = RunRecord.new("waiting")
+            await store.create(record)
+            for n, (kind, data) in enumerate(
+                (("admit", {"state": "running"}), ("wait_started", {"dependency": "child-7"}))
+            ):
+                new, events = transition(record, Command(kind, at=1.0, input=data))
+                await store.commit(
+                    "waiting", incarnation=1, expected_revision=n, record=new, events=events
+                )
+                record = new
+
+    trio.run(waiting)
+    status, text = run("runs", "recover", str(db), "waiting")
+    assert status == 0
+    assert "nothing to withdraw" not in text
+    assert re.search(r"unsettled dependencies .*child-7", text)
+    report = json.loads(run("runs", "recover", str(db), "waiting", "--json")[1])
+    assert report["unsettled"]["dependencies"] == ["child-7"]
 
 
 def _closed_port() -> int:

@@ -105,6 +105,50 @@ def test_recover_defaults_and_settled_intents_sto_14() -> None:
     assert report.uncertain_effects == ("tool:bare", "tool:unsure")
 
 
+@pytest.mark.parametrize("cls", ["read_only", "idempotent", "mutation"])
+def test_an_effect_whose_cleanup_was_uncertain_is_never_safe_sto_14(cls: str) -> None:
+    """STO-14: an intent published ``not_dispatched`` whose cleanup then
+    settled ``uncertain`` (the run ``unknown_outcome``) reads ``unknown``:
+    never safe to withdraw nor to resume, whatever its class; a mutation is
+    listed as uncertain.  What the intent recorded at publication is stale
+    once the effect was dispatched."""
+    record = _running()
+    for kind, data in (
+        ("tool_invoked", {"effect_class": cls, "dispatch_state": "not_dispatched"}),
+        ("cancel", {}),
+        ("cleanup_settled", {"certainty": "uncertain", "evidence": ["not confirmed"]}),
+    ):
+        record, _ = transition(record, Command(kind, at=2.0, input=data))
+    assert record.state == "unknown_outcome"
+    (effect,) = recover(record, incarnation=2).effects
+    assert (effect.status, effect.dispatch_state) == ("uncertain", "unknown")
+    assert not effect.safe_to_withdraw
+    assert not effect.safe_to_resume
+    assert recover(record, incarnation=2).uncertain_effects == (
+        (effect.effect_id,) if cls == "mutation" else ()
+    )
+
+
+def test_unsettled_children_and_dependencies_are_reported_sto_14() -> None:
+    """STO-14: work that is not an effect (a child run, the wait on it) is
+    reported as ``unsettled``; the CLI lists it rather than saying there is
+    nothing to reconcile."""
+    record, _ = transition(
+        _running(), Command("wait_started", at=2.0, input={"dependency": "child-7"})
+    )
+    record = attrs.evolve(record, children={"child-7": {"settled": False}})
+    report = recover(record, incarnation=2)
+    assert report.effects == ()
+    assert report.unsettled["children"] == ["child-7"]
+    assert report.unsettled["dependencies"] == ["child-7"]
+    assert recover(_running(), incarnation=2).unsettled == {
+        "provider": [],
+        "tools": [],
+        "children": [],
+        "dependencies": [],
+    }
+
+
 def test_interrupted_provider_attempt_is_discardable_not_resumable() -> None:
     record, _ = transition(_running(), Command("provider_started", at=2.0))
     report = recover(record, incarnation=2)
@@ -149,7 +193,8 @@ def test_no_dispatched_or_unknown_class_effect_is_safe_to_resume_sto_14(
 ) -> None:
     """STO-14 (property): no dispatched (or unknown-dispatch) effect and no
     effect of unknown class is ever safe to resume; only not_dispatched effects
-    may be withdrawn; dispatched or unknown mutations are always uncertain."""
+    whose cleanup was not uncertain may be withdrawn; dispatched or unknown
+    mutations are always uncertain."""
     record = attrs.evolve(_running(), intents=intents, incarnation=3)
     report = recover(record, incarnation=3 + bump)
     for effect in report.effects:
@@ -159,7 +204,9 @@ def test_no_dispatched_or_unknown_class_effect_is_safe_to_resume_sto_14(
             "idempotent",
         ):
             assert not effect.safe_to_resume, effect
-        assert effect.safe_to_withdraw is (raw.get("dispatch_state") == "not_dispatched")
+        assert effect.safe_to_withdraw is (
+            raw.get("dispatch_state") == "not_dispatched" and raw["status"] != "uncertain"
+        )
         if effect.effect_class in ("mutation", "unknown") and not effect.safe_to_withdraw:
             assert effect.effect_id in report.uncertain_effects
         assert not (effect.effect_id in report.uncertain_effects and effect.safe_to_resume)

@@ -1038,8 +1038,16 @@ async def _runs_recover(store: Any, args: argparse.Namespace, out: _Out) -> int:
                     for e in report.effects
                 ],
             )
-        else:
+        elif not any(report.unsettled.get(k) for k in ("children", "dependencies")):
             out.line("  no outstanding effects: nothing to withdraw, resume or reconcile")
+        else:
+            out.line("  no outstanding effects")
+        for kind in ("children", "dependencies"):
+            if report.unsettled.get(kind):
+                out.line(
+                    (f"  unsettled {kind} (settle before resuming) ", "bold yellow"),
+                    ", ".join(report.unsettled[kind]),
+                )
         if report.uncertain_effects:
             out.line(
                 ("  uncertain (reconcile by hand) ", "bold red"),

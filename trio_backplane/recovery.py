@@ -10,7 +10,15 @@ for every outstanding execution intent (effect), whether it is safe to
 * resume is safe only for a ``"read_only"`` or ``"idempotent"`` effect that is
   ``"not_dispatched"``;
 * a ``"dispatched"`` or ``"unknown"`` mutation (or an effect of unknown
-  class) is never safe and is listed in ``uncertain_effects``.
+  class) is never safe and is listed in ``uncertain_effects``;
+* an effect a cleanup settled as ``"uncertain"`` reads ``"unknown"``,
+  whatever its intent recorded when it was published (a ``dispatch_state``
+  is what the executor knew then: nothing updates it once the effect is
+  dispatched), so it is never safe either.
+
+Outstanding work that is not an effect (unsettled children, dependencies
+and the wait on them) is reported as ``unsettled``
+(``kernel.cleanup_requirements``): a host must settle it too.
 
 Which intents are reported: only outstanding ones, that is intents whose
 status is ``"started"`` (published, never settled) or ``"uncertain"``
@@ -36,7 +44,7 @@ from typing import Any, Final
 import attrs
 
 from .errors import Error, ErrorClass, require_methods
-from .kernel import Command, RunRecord, transition
+from .kernel import Command, RunRecord, cleanup_requirements, thaw, transition
 
 __all__ = [
     "CRASH_WINDOWS",
@@ -94,6 +102,9 @@ class RecoveryReport:
     uncertain_effects: tuple[str, ...]
     state: str = "running"
     terminal: bool = False
+    #: the record's outstanding work by kind (``provider``, ``tools``,
+    #: ``children``, ``dependencies``: sorted ids), effects included
+    unsettled: Mapping[str, Any] = attrs.field(factory=dict)
 
     @property
     def safe_to_withdraw(self) -> bool:
@@ -106,7 +117,11 @@ def _classify(effect_id: str, intent: Mapping[str, Any]) -> EffectReport:
     if not isinstance(effect_class, str) or effect_class not in EFFECT_CLASSES:
         effect_class = "unknown"
     dispatch_state = intent.get("dispatch_state")
-    if not isinstance(dispatch_state, str) or dispatch_state not in DISPATCH_STATES:
+    if (
+        not isinstance(dispatch_state, str)
+        or dispatch_state not in DISPATCH_STATES
+        or intent.get("status") == "uncertain"  # a cleanup could not confirm it stopped
+    ):
         dispatch_state = "unknown"
     kind = intent.get("kind")
     if not isinstance(kind, str):
@@ -160,6 +175,7 @@ def recover(record: RunRecord, *, incarnation: int) -> RecoveryReport:
         uncertain_effects=uncertain,
         state=record.state,
         terminal=record.terminal,
+        unsettled=thaw(cleanup_requirements(record)),
     )
 
 
