@@ -32,6 +32,8 @@ class Stream:
     #: after the chunks (and [DONE]): end the body, close the socket, reset
     #: it, or keep it open and silent until the server stops
     tail: Literal["end", "drop", "reset", "hang"] = "end"
+    #: raw bytes sent before the chunks (a byte order mark, an ``event:`` line)
+    prefix: bytes = b""
 
 
 @attrs.frozen
@@ -133,6 +135,8 @@ class ChatServer:
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
+                if reply.prefix:
+                    self._chunk(reply.prefix)
                 for chunk in reply.chunks:
                     data = chunk if isinstance(chunk, str) else json.dumps(chunk)
                     self._chunk(f"data: {data}\n\n".encode())

@@ -384,9 +384,10 @@ async def test_malformed_chunks_fail_the_attempt_classed(
 async def test_reasoning_ids_and_arguments_are_normalized(chat: ChatServer) -> None:
     """Reasoning deltas become ThinkingDelta and a thinking block; other
     choices are ignored; a call without an id gets one from the attempt;
-    arguments sent before the name are kept and not streamed as deltas; empty
-    arguments are ``{}``, and unparsable ones reach the gateway as the raw
-    text it then refuses as a validation tool result."""
+    arguments sent before the name are kept and streamed as one delta once
+    the call starts (the deltas join to the arguments); calls start in
+    order; empty arguments are ``{}``, and unparsable ones reach the gateway
+    as the raw text it then refuses as a validation tool result."""
     chat.add(
         Stream(
             (
@@ -416,7 +417,7 @@ async def test_reasoning_ids_and_arguments_are_normalized(chat: ChatServer) -> N
         ("c3", "add"),
     ]
     deltas = [e.delta for e in events if isinstance(e, ToolCallArgumentsDelta)]
-    assert deltas == [' "b": 2}', "{oops"]
+    assert deltas == ['{"a": 1, "b": 2}', "{oops"]
     completed = [e for e in events if isinstance(e, ToolCallCompleted)]
     assert [(e.tool_call_id, e.arguments) for e in completed] == [
         ("call_attempt-1_0", {"a": 1, "b": 2}),
@@ -699,6 +700,124 @@ async def test_a_server_silent_after_the_finish_reason_costs_the_tail_timeout(
     assert [e for e in events if isinstance(e, Usage)] == (
         [Usage({"total_tokens": 3})] if usage else []
     )
+
+
+async def test_prv_04_a_finish_on_another_choice_does_not_end_the_response(
+    chat: ChatServer,
+) -> None:
+    """PRV-04: only the choice read (index 0) can finish the response: a
+    finish reason on choice 1 followed by a lost connection leaves choice 0
+    unfinished, a transient failure, not a truncated answer."""
+    other = {"choices": [{"index": 1, "delta": {}, "finish_reason": "stop"}]}
+    chat.add(Stream((_one({"content": "The answer is"}), other), done=False, tail="drop"))
+    events = await collect(OpenAIProvider(chat.base_url, "m", timeout=5), request())
+    assert isinstance(events[-1], ResponseFailed)
+    assert events[-1].error.error_class is ErrorClass.TRANSIENT_TRANSPORT
+    assert events[-1].error.details["reason"] == "connection"
+
+
+async def test_a_byte_order_mark_does_not_hide_the_first_event(chat: ChatServer) -> None:
+    """A stream opening with a UTF-8 byte order mark (which the SSE
+    specification drops) keeps its first event."""
+    chat.add(Stream((_one({"content": "Hello"}), _STOP), prefix=b"\xef\xbb\xbf"))
+    events = await collect(OpenAIProvider(chat.base_url, "m"), request())
+    assert events[-1] == ResponseCompleted({"role": "assistant", "content": "Hello"})
+
+
+@pytest.mark.parametrize(
+    ("prefix", "chunk"),
+    [
+        (b"", {"error": "upstream model overloaded"}),
+        (b"event: error\ndata: upstream model overloaded\n\n", None),
+    ],
+    ids=["bare-error", "error-event"],
+)
+async def test_prv_04_an_error_in_the_stream_fails_the_response_in_any_shape(
+    chat: ChatServer, prefix: bytes, chunk: Any
+) -> None:
+    """PRV-04: a stream error sent as a bare message (``{"error": "..."}``)
+    or as an SSE ``event: error`` fails the response like an error object:
+    ``transient_transport``, reason ``stream_error``, never a success."""
+    chunks = (_one({"content": "Hi"}), *([chunk] if chunk else []), _STOP)
+    chat.add(Stream(chunks, prefix=prefix))
+    events = await collect(OpenAIProvider(chat.base_url, "m"), request())
+    assert isinstance(events[-1], ResponseFailed)
+    assert events[-1].error.error_class is ErrorClass.TRANSIENT_TRANSPORT
+    assert events[-1].error.details["reason"] == "stream_error"
+    assert "overloaded" in events[-1].error.details["provider_message"]
+
+
+def _calls(*deltas: dict[str, Any]) -> Stream:
+    finish = {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}
+    return Stream((*(_one({"tool_calls": [d]}) for d in deltas), finish))
+
+
+async def test_prv_07_a_tool_name_streamed_in_pieces_is_joined(chat: ChatServer) -> None:
+    """PRV-07: a function name sent in several deltas is the whole name (a
+    truncated one could name another tool), and the argument deltas join to
+    the arguments."""
+    chat.add(
+        _calls(
+            {"index": 0, "id": "c1", "function": {"name": "delete"}},
+            {"index": 0, "function": {"name": "_all_files"}},
+            {"index": 0, "function": {"arguments": '{"a":'}},
+            {"index": 0, "function": {"arguments": "1}"}},
+        )
+    )
+    events = await collect(OpenAIProvider(chat.base_url, "m"), request())
+    [started] = [e for e in events if isinstance(e, ToolCallStarted)]
+    assert (started.tool_call_id, started.name) == ("c1", "delete_all_files")
+    deltas = "".join(e.delta for e in events if isinstance(e, ToolCallArgumentsDelta))
+    assert deltas == '{"a":1}'
+    [completed] = [e for e in events if isinstance(e, ToolCallCompleted)]
+    assert (completed.name, completed.arguments) == ("delete_all_files", {"a": 1})
+
+
+@pytest.mark.parametrize(
+    "deltas",
+    [
+        (
+            {"index": 0, "id": "call_1", "function": {"name": "add", "arguments": '{"a":1}'}},
+            {"index": 0, "id": "call_2", "function": {"name": "mul", "arguments": '{"b":2}'}},
+        ),
+        ({"index": 0, "function": {"arguments": "{}"}},),
+        ({"index": 0, "id": 7, "function": {"name": "add"}},),
+        ({"index": 0, "id": "c1", "function": {"name": ["add"]}},),
+        (
+            {"index": 0, "id": "c1", "function": {"name": "add", "arguments": "{"}},
+            {"index": 0, "function": {"name": "_more"}},
+        ),
+    ],
+    ids=["new-id-at-one-index", "no-name", "id-not-a-string", "name-not-a-string", "late-name"],
+)
+async def test_prv_07_a_malformed_tool_call_fails_the_response(
+    chat: ChatServer, deltas: tuple[dict[str, Any], ...]
+) -> None:
+    """PRV-07: tool-call deltas that cannot make one well-formed call (a new
+    id at an index, no name, an id or name that is not a string, a name
+    continued after its arguments began) fail the response as a malformed
+    stream; no call is merged, invented or emitted with an empty name."""
+    chat.add(_calls(*deltas))
+    events = await collect(OpenAIProvider(chat.base_url, "m"), request())
+    assert isinstance(events[-1], ResponseFailed)
+    assert events[-1].error.details["reason"] == "malformed_stream"
+    assert not any(isinstance(e, ToolCallCompleted) for e in events)
+    assert all(e.name for e in events if isinstance(e, ToolCallStarted))
+
+
+async def test_prv_07_deltas_without_an_index_continue_the_call(chat: ChatServer) -> None:
+    """PRV-07: a server that omits ``index``: a delta naming a call starts
+    one, a delta carrying only arguments continues the last one."""
+    chat.add(
+        _calls(
+            {"id": "c1", "function": {"name": "add", "arguments": '{"a":'}},
+            {"function": {"arguments": "1}"}},
+            {"id": "c2", "function": {"name": "add", "arguments": "{}"}},
+        )
+    )
+    events = await collect(OpenAIProvider(chat.base_url, "m"), request())
+    completed = [(e.tool_call_id, e.arguments) for e in events if isinstance(e, ToolCallCompleted)]
+    assert completed == [("c1", {"a": 1}), ("c2", {})]
 
 
 @pytest.mark.parametrize("tail", ["end", "drop", "hang"])

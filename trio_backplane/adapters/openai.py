@@ -15,6 +15,14 @@ the server sends it, and one terminal :class:`ResponseCompleted` or
   ``github::get_me``) are sent as a reversible, per-request alias
   (:class:`ToolAliases`) and mapped back on the way in: events, transcripts
   and results keep the real name.
+* **Tool calls** are assembled by index from their deltas (a delta without
+  an index continues the last call unless it names a new one).  A name may
+  come in pieces: a call is started (``ToolCallStarted``, then the
+  arguments so far as one delta) once its arguments begin, the next call
+  begins or the response ends.  A new id at one index, a call without a
+  name, a name continued after its arguments, or an id, name or arguments
+  that are not strings make a malformed stream.  Only choice 0 is read, and
+  only its finish reason finishes the response.
 * **Text** that is not valid Unicode never reaches the transcript: invalid
   UTF-8 bytes and lone UTF-16 surrogate escapes (``"\\ud800"``, valid JSON)
   both decode to U+FFFD.
@@ -375,6 +383,9 @@ class OpenAIProvider:
                 if response.status_code != 200:
                     await response.aread()
                     raise _Failed(_http_error(response))
+                # Event streams are UTF-8; one leading byte order mark is not
+                # part of the first field's name (the SSE specification).
+                response.encoding = "utf-8-sig"
                 # Read the body on after a bad chunk (up to _DRAIN_LIMIT
                 # events), so the stream closes cleanly; [DONE] ends it at
                 # once: what a server does after it cannot fail the response.
@@ -394,6 +405,9 @@ class OpenAIProvider:
                                 break
                             continue
                         data = sse.data.strip()
+                        if sse.event == "error":  # an SSE error event, whatever its data
+                            failure = _stream_error(data)
+                            continue
                         if data == "[DONE]":
                             done = True
                             break
@@ -409,8 +423,10 @@ class OpenAIProvider:
                             continue
                         for event in events:
                             yield event
-                        if any(
-                            isinstance(c, Mapping) and c.get("finish_reason")
+                        if any(  # the choice read: index 0 (_chunk_events)
+                            isinstance(c, Mapping)
+                            and c.get("index", 0) == 0
+                            and c.get("finish_reason")
                             for c in chunk.get("choices") or ()
                         ):
                             if not finished:
@@ -443,10 +459,10 @@ class OpenAIProvider:
             blocks.append({"type": "text", "text": text.text()})
         for index in sorted(calls):
             call = calls[index]
-            name = aliases.name(call.name)
             if not call.started:
-                call.started = True
-                yield ToolCallStarted(call.id, name, index)
+                for event in self._start(call, aliases, request):
+                    yield event
+            name = aliases.name(call.name)
             arguments = _parse_arguments(call.arguments)
             yield ToolCallCompleted(call.id, name, arguments)
             blocks.append(
@@ -504,30 +520,58 @@ class OpenAIProvider:
     ) -> list[ProviderEvent]:
         if not isinstance(raw, Mapping):
             raise _Failed(_malformed("tool call delta must be an object", type(raw).__name__))
-        index = raw.get("index", len(calls))
-        if type(index) is not int or index < 0:
-            raise _Failed(_malformed("tool call index must be a non-negative int", repr(index)))
-        call = calls.get(index)
-        if call is None:
-            call = calls[index] = _Call(index)
-        if isinstance(raw.get("id"), str) and raw["id"] and not call.id:
-            call.id = _unicode(raw["id"])
         function = raw.get("function") or {}
         if not isinstance(function, Mapping):
             raise _Failed(_malformed("tool call function must be an object", "function"))
-        if isinstance(function.get("name"), str) and function["name"] and not call.started:
-            call.name += _unicode(function["name"])
+        call_id, name, fragment = raw.get("id"), function.get("name"), function.get("arguments")
+        for field, value in (("id", call_id), ("function name", name), ("arguments", fragment)):
+            if value is not None and type(value) is not str:
+                raise _Failed(_malformed(f"tool call {field} must be a string", repr(value)))
+        index = raw.get("index")
+        if index is None:
+            # No index (some servers): a delta naming a call starts one, any
+            # other continues the last one.
+            index = len(calls) if call_id or name or not calls else max(calls)
+        if type(index) is not int or index < 0:
+            raise _Failed(_malformed("tool call index must be a non-negative int", repr(index)))
         events: list[ProviderEvent] = []
-        if not call.started and call.name:
-            if not call.id:
-                call.id = f"call_{request.attempt_id}_{index}"
-            call.started = True
-            events.append(ToolCallStarted(call.id, aliases.name(call.name), index))
-        fragment = function.get("arguments")
-        if isinstance(fragment, str) and fragment:
+        call = calls.get(index)
+        if call is None:
+            # Calls stream one after the other: the ones before are named.
+            for earlier in sorted(i for i in calls if i < index and not calls[i].started):
+                events += self._start(calls[earlier], aliases, request)
+            call = calls[index] = _Call(index)
+        if call_id:
+            if call.id and call.id != call_id:
+                raise _Failed(_malformed("tool call id changed at one index", f"index {index}"))
+            call.id = _unicode(call_id)
+        if name:
+            if call.started:  # the name is complete once its arguments stream
+                raise _Failed(_malformed("tool call name continued after its arguments", name))
+            call.name += _unicode(name)
+        if fragment:
             call.arguments += fragment
             if call.started:
                 events.append(ToolCallArgumentsDelta(call.id, fragment, index))
+            elif call.name:
+                events += self._start(call, aliases, request)
+        return events
+
+    @staticmethod
+    def _start(call: _Call, aliases: ToolAliases, request: ProviderRequest) -> list[ProviderEvent]:
+        """``ToolCallStarted`` for ``call`` once its name is known (its
+        arguments began, the next call began, or the response ended), and the
+        arguments that arrived so far as one delta."""
+        if not call.name:
+            raise _Failed(_malformed("tool call without a function name", f"index {call.index}"))
+        if not call.id:
+            call.id = f"call_{request.attempt_id}_{call.index}"
+        call.started = True
+        events: list[ProviderEvent] = [
+            ToolCallStarted(call.id, aliases.name(call.name), call.index)
+        ]
+        if call.arguments:
+            events.append(ToolCallArgumentsDelta(call.id, call.arguments, call.index))
         return events
 
 
@@ -595,18 +639,18 @@ def _chunk(data: str) -> Mapping[str, Any]:
     if not isinstance(chunk, Mapping):
         raise _Failed(_malformed("stream chunk is not a JSON object", type(chunk).__name__))
     error = chunk.get("error")
-    if isinstance(error, Mapping):
-        raise _Failed(
-            Error(
-                ErrorClass.TRANSIENT_TRANSPORT,
-                "provider reported an error mid-stream",
-                {
-                    "reason": "stream_error",
-                    "provider_message": _unicode(str(error.get("message"))),
-                },
-            )
-        )
+    if error is not None:  # an object, or a bare message some servers send
+        message = error.get("message") if isinstance(error, Mapping) else error
+        raise _Failed(_stream_error(message))
     return chunk
+
+
+def _stream_error(message: Any) -> Error:
+    return Error(
+        ErrorClass.TRANSIENT_TRANSPORT,
+        "provider reported an error mid-stream",
+        {"reason": "stream_error", "provider_message": _unicode(str(message))[:500]},
+    )
 
 
 def _loads(text: str) -> Any:
