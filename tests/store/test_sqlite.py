@@ -716,3 +716,25 @@ async def test_sto_01_an_event_time_no_column_holds_fails_its_commit_alone(
     assert refused.error_class is ErrorClass.VALIDATION
     assert all(receipt.revision == 1 for receipt in results.values()), results
     assert await store.load("r2") == records[2]
+
+
+@pytest.mark.parametrize("field", ["incarnation", "expected_revision"])
+async def test_sto_08_an_identity_no_column_holds_is_validation(
+    store: SQLiteStore, field: str
+) -> None:
+    """STO-08: an incarnation or revision of 2**63 (past SQLite's 64-bit
+    integers) is refused with validation, for a fence and a commit alike,
+    never a raw OverflowError; the run is untouched."""
+    record = await _fresh(store, "r")
+    new, events = transition(record, Command("admit", 1.0, {"state": "running"}))
+    arguments: dict[str, Any] = {"incarnation": 1, "expected_revision": 0, field: 2**63}
+    with pytest.raises(Error) as info:
+        await store.commit("r", record=new, events=events, **arguments)
+    assert info.value.error_class is ErrorClass.VALIDATION
+    with pytest.raises(Error) as info:
+        await store.fence("r", incarnation=2**63)
+    assert info.value.error_class is ErrorClass.VALIDATION
+    with pytest.raises(Error) as info:
+        RunRecord(run_id="r", incarnation=2**63)
+    assert info.value.error_class is ErrorClass.VALIDATION
+    assert await store.load("r") == record

@@ -431,14 +431,21 @@ def _frozen_mapping(value: Any) -> Mapping[str, Any]:
     return frozen
 
 
+#: Identities and counters are below this: what every store's integer
+#: columns hold (SQLite's are 64-bit).
+MAX_INT: Final = 2**63
+
+
 def _positive(instance: Any, attribute: attrs.Attribute[int], value: Any) -> None:
-    if type(value) is not int or value < 1:
-        raise Error(ErrorClass.VALIDATION, f"{attribute.name} must be a positive int")
+    if type(value) is not int or not 0 < value < MAX_INT:
+        raise Error(ErrorClass.VALIDATION, f"{attribute.name} must be a positive int below 2**63")
 
 
 def _non_negative(instance: Any, attribute: attrs.Attribute[int], value: Any) -> None:
-    if type(value) is not int or value < 0:
-        raise Error(ErrorClass.VALIDATION, f"{attribute.name} must be a non-negative int")
+    if type(value) is not int or not 0 <= value < MAX_INT:
+        raise Error(
+            ErrorClass.VALIDATION, f"{attribute.name} must be a non-negative int below 2**63"
+        )
 
 
 _JSON_TYPES: Final = frozenset(
@@ -752,17 +759,12 @@ def dissoc(mapping: Mapping[str, Any], key: str) -> FrozenDict:
     return new
 
 
-#: Times are finite floats, or ints below this in magnitude: what every
-#: store's time column holds (SQLite binds ints as 64-bit integers).
-_TIME_INT_LIMIT: Final = 2**63
-
-
 def is_time(value: Any) -> bool:
     """Whether ``value`` is a time a command or an event may carry: a finite
     ``float``, or an ``int`` of magnitude below 2**63."""
     if type(value) is float:
         return value - value == 0.0
-    return type(value) is int and -_TIME_INT_LIMIT < value < _TIME_INT_LIMIT
+    return type(value) is int and -MAX_INT < value < MAX_INT
 
 
 def _at(instance: Any, attribute: Any, value: Any) -> None:

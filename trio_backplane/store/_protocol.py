@@ -14,6 +14,7 @@ import attrs
 
 from ..errors import Error, ErrorClass
 from ..kernel import (
+    MAX_INT,
     MAX_RUN_ID,
     RunEvent,
     RunRecord,
@@ -107,11 +108,11 @@ def check_arguments(
         and run_id.isascii()
         and (type(events) is tuple or type(events) is list)
         and type(incarnation) is int
-        and incarnation >= 1
+        and 1 <= incarnation < MAX_INT
         and type(expected_revision) is int
-        and expected_revision >= 0
+        and 0 <= expected_revision < MAX_INT
         and type(after) is int
-        and after >= 0
+        and 0 <= after < MAX_INT
     ):
         return
     check_run_id(run_id)
@@ -126,10 +127,10 @@ def check_arguments(
         ("expected_revision", expected_revision, 0),
         ("after", after, 0),
     ):
-        if type(value) is not int or value < least:
+        if type(value) is not int or not least <= value < MAX_INT:
             raise Error(
                 ErrorClass.VALIDATION,
-                f"{name} must be an int of at least {least}",
+                f"{name} must be an int of at least {least}, below 2**63",
                 {"argument": name, "type": type(value).__name__},
             )
 
