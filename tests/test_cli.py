@@ -766,3 +766,57 @@ def test_a_raw_at_in_the_dsn_password_never_leaks_a_fragment(
     assert status in (1, 2)
     assert "SECRET1" not in out + err, err
     assert "ss-SEC" not in out + err, err
+
+
+@pytest.mark.parametrize("password", ["p", "or", "t0"])
+def test_a_short_dsn_password_neither_mangles_nor_shows_through_the_error(
+    password: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A password of one or two characters is hidden where it stands alone,
+    not inside every word of the error (which mangled the message and gave
+    the password away by its holes)."""
+    status, _ = run("runs", "list", f"postgresql://u:{password}@127.0.0.1:{_closed_port()}/x")
+    err = capsys.readouterr().err
+    assert status in (1, 2)
+    assert err.startswith("backplane: "), err
+    assert "***" not in err.split("(", 1)[-1].replace("u:***@", ""), err
+    assert "connect" in err.lower(), err
+
+
+def _tools_command(command: str, path: Path) -> tuple[str, ...]:
+    if command == "schema":
+        return ("schema", "check", str(path))
+    return ("catalog", "admit", str(path))
+
+
+@pytest.mark.parametrize("command", ["schema", "catalog"])
+def test_tool_files_nested_too_deeply_are_a_usage_error(
+    tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A tools file nested past Python's JSON parser is "cannot read tools"
+    (exit status 2), not a traceback read as "rejected"."""
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    assert run(*_tools_command(command, path))[0] == 2
+    assert "cannot read tools: JSON nested too deeply" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["schema", "catalog"])
+def test_tool_names_are_printed_as_text_never_as_markup_or_escapes(
+    tmp_path: Path, command: str
+) -> None:
+    """A tool name holding rich markup (``a[/b]``, a valid name) is printed
+    as plain text, no markup error; ``schema check``, which reports any
+    name, drops terminal escapes from it."""
+    tools = [{"name": "a[/b]", "inputSchema": {"type": "object"}}]
+    if command == "schema":
+        tools.append({"name": "x\x1b]0;pwned\x07\x1b[2J", "inputSchema": {"type": "object"}})
+    path = tmp_path / "tools.json"
+    path.write_text(json.dumps(tools))
+    status, text = run(*_tools_command(command, path))
+    assert status == 0
+    assert "a[/b]" in text
+    assert "\x1b" not in text
+    assert "\x07" not in text
+    if command == "schema":
+        assert "x]0;pwned[2J" in text

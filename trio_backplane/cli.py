@@ -29,7 +29,7 @@ import sys
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib import resources
-from typing import Any, TextIO
+from typing import Any, Final, TextIO
 
 import trio
 
@@ -85,6 +85,9 @@ def _check(args: argparse.Namespace, out: TextIO) -> int:
     try:
         text = _example_text() if args.example else _read(args.file)
         tools = load_tools(json.loads(text))
+    except RecursionError:
+        print("backplane: cannot read tools: JSON nested too deeply", file=sys.stderr)
+        return EXIT_USAGE
     except (OSError, ValueError, Error) as exc:
         print(f"backplane: cannot read tools: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -121,8 +124,10 @@ def _read(path: str) -> str:
 def _print_rows(rows: list[tuple[str, bool, str]], out: TextIO) -> None:
     accepted = sum(1 for _, ok, _ in rows if ok)
     summary = f"{len(rows)} tools: {accepted} accepted, {len(rows) - accepted} rejected"
+    rows = [(_clean(name), ok, _clean(reason)) for name, ok, reason in rows]
     try:
         from rich.console import Console
+        from rich.text import Text
     except ImportError:  # the cli extra is optional: plain lines then
         for name, ok, reason in rows:
             print(
@@ -132,11 +137,11 @@ def _print_rows(rows: list[tuple[str, bool, str]], out: TextIO) -> None:
         print(summary, file=out)
         return
     console = _pipe_to_main(Console(file=out, highlight=False, soft_wrap=True))
-    for name, ok, reason in rows:
+    for name, ok, reason in rows:  # names and reasons are text, never markup
         if ok:
-            console.print(f"[green]accepted[/green]  {name}", markup=True)
+            console.print(Text.assemble(("accepted", "green"), "  ", name))
         else:
-            console.print(f"[red]rejected[/red]  {name}  {reason}", markup=True)
+            console.print(Text.assemble(("rejected", "red"), "  ", name, "  ", reason))
     console.print(summary)
 
 
@@ -154,6 +159,9 @@ def _field(record: dict[str, Any], key: str) -> Any:
 def _admit(args: argparse.Namespace, out: TextIO) -> int:
     try:
         records = load_tools(json.loads(_read(args.file)))
+    except RecursionError:
+        print("backplane: cannot read tools: JSON nested too deeply", file=sys.stderr)
+        return EXIT_USAGE
     except (OSError, ValueError, Error) as exc:
         print(f"backplane: cannot read tools: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -194,9 +202,12 @@ def _admit(args: argparse.Namespace, out: TextIO) -> int:
 def _print_table(
     rows: list[tuple[str, str, str]], warned: set[str], summary: str, out: TextIO
 ) -> None:
+    rows = [(_clean(name), status, _clean(reason)) for name, status, reason in rows]
+    warned = {_clean(name) for name in warned}
     try:
         from rich.console import Console
         from rich.table import Table
+        from rich.text import Text
     except ImportError:  # the cli extra is optional: plain lines then
         for name, status, reason in rows:
             mark = " (!)" if name in warned else ""
@@ -207,9 +218,9 @@ def _print_table(
     table.add_column("tool", overflow="fold")
     table.add_column("status")
     table.add_column("class and reason", overflow="fold")
-    for name, status, reason in rows:
+    for name, status, reason in rows:  # names and reasons are text, never markup
         label = f"{name} (!)" if name in warned else name
-        table.add_row(label, status, reason)
+        table.add_row(Text(label), status, Text(reason))
     _pipe_to_main(Console(file=out, highlight=False, width=120)).print(table)
 
 
@@ -386,10 +397,20 @@ def _dsn_secret_fragments(url: str) -> list[str]:
 
 
 def _hide_dsn_secret(text: str, url: str) -> str:
-    """``text`` with every fragment of ``url``'s password replaced by ``***``."""
+    """``text`` with every fragment of ``url``'s password replaced by ``***``:
+    anywhere when it is long, else only where it stands alone (not inside a
+    word), so a short password neither mangles the message nor shows itself
+    by the holes it leaves."""
     for fragment in _dsn_secret_fragments(url):
-        text = text.replace(fragment, "***")
+        if len(fragment) >= _ANYWHERE:
+            text = text.replace(fragment, "***")
+        else:
+            text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(fragment)}(?![A-Za-z0-9])", "***", text)
     return _redact_dsn(text)
+
+
+#: A password fragment this long is hidden wherever it appears.
+_ANYWHERE: Final = 8
 
 
 def store_path(url: str) -> str:
