@@ -182,6 +182,10 @@ async def test_wrong_arguments_are_refused_before_any_io(tmp_path: Path) -> None
         await store.events("r", after=-1)
     with pytest.raises(Error):
         await store.list_runs(states="running")
+    with pytest.raises(Error) as info:  # misspelt: it would match nothing, silently
+        await store.list_runs(states={"running", "complete"})
+    assert info.value.details["unknown"] == ["complete"]
+    assert "completed" in info.value.details["states"]
     assert not path.exists()
 
 

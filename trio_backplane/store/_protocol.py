@@ -16,6 +16,7 @@ from ..errors import Error, ErrorClass
 from ..kernel import (
     MAX_INT,
     MAX_RUN_ID,
+    RUN_STATES,
     RunEvent,
     RunRecord,
     check_json,
@@ -136,8 +137,11 @@ def check_arguments(
 
 
 def check_states(states: Any) -> None:
-    """``list_runs``' filter: ``None`` or a collection of state names."""
-    if states is not None and (
+    """``list_runs``' filter: ``None`` or a collection of run state names
+    (``RUN_STATES``): a misspelt one would silently match nothing."""
+    if states is None:
+        return
+    if (
         isinstance(states, str | bytes)
         or not isinstance(states, Collection)
         or not all(type(state) is str for state in states)
@@ -146,6 +150,13 @@ def check_states(states: Any) -> None:
             ErrorClass.VALIDATION,
             "states must be None or a collection of state names",
             {"argument": "states", "type": type(states).__name__},
+        )
+    unknown = sorted(set(states) - RUN_STATES)
+    if unknown:
+        raise Error(
+            ErrorClass.VALIDATION,
+            "unknown run state",
+            {"argument": "states", "unknown": unknown[:10], "states": sorted(RUN_STATES)},
         )
 
 
