@@ -347,6 +347,21 @@ def test_error_to_dict_is_always_json_data() -> None:
     assert "sk-secret" not in json.dumps(data)
 
 
+def test_error_to_dict_text_is_always_unicode() -> None:
+    """``Error.to_dict`` quotes text as Unicode: a lone surrogate (from a
+    model's arguments, say) in the message, a detail or a detail's key is
+    U+FFFD, so the error can be encoded as UTF-8 and committed."""
+    error = Error(
+        ErrorClass.VALIDATION, "bad \udc00", {"path": "/\udc00", "\ud800k": ["x\udfff", "é"]}
+    )
+    data = error.to_dict()
+    assert data["message"] == "bad \ufffd"
+    assert data["details"] == {"path": "/\ufffd", "\ufffdk": ["x\ufffd", "é"]}
+    import json
+
+    json.dumps(data, ensure_ascii=False).encode("utf-8")
+
+
 async def test_a_backend_error_with_unencodable_details_is_committed() -> None:
     """A tool backend that refuses with an ``Error`` holding an object in its
     details: the run goes on (a read-only tool's rejection is an ordinary

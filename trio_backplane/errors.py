@@ -9,6 +9,7 @@ are JSON data a person (or a program) can act on.  ``trio.Cancelled``,
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -74,11 +75,12 @@ class Error(Exception):
         """The error as JSON data: ``{"class", "message", "details"}``, always
         (a detail that is not JSON data is written as ``"<type name>"``, never
         its ``repr``, which could carry what a backend holds; a non-finite
-        number as ``"nan"``/``"inf"``), so an error can be committed and
-        published whoever raised it."""
+        number as ``"nan"``/``"inf"``, text holding a lone UTF-16
+        surrogate with U+FFFD in its place), so an error can be committed and
+        published whoever raised it, whatever text it quotes."""
         return {
             "class": self.error_class.value,
-            "message": self.message if type(self.message) is str else _opaque(self.message),
+            "message": _text(self.message) if type(self.message) is str else _opaque(self.message),
             "details": _plain(self.details),
         }
 
@@ -92,17 +94,30 @@ def _plain(value: Any, depth: int = 0) -> Any:
     if depth > 64:
         return _opaque(value)
     if isinstance(value, Mapping):
-        return {str(k): _plain(v, depth + 1) for k, v in value.items()}
+        return {_text(str(k)): _plain(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_plain(v, depth + 1) for v in value]
+    if type(value) is str:
+        return _text(value)
     if type(value) in _JSON_LEAVES:
         return value
     for kind in (bool, str, int):  # subclasses (a StrEnum, say) as their plain value
         if isinstance(value, kind):
-            return kind(value)
+            return _text(str(value)) if kind is str else kind(value)
     if isinstance(value, float):
         return float(value) if value - value == 0 else repr(float(value))
     return _opaque(value)
+
+
+def _text(value: str) -> str:
+    """``value`` as Unicode text: a lone UTF-16 surrogate (quoted from a
+    model's arguments, say) becomes U+FFFD.  ASCII costs a flag read."""
+    if value.isascii():
+        return value
+    return _SURROGATE.sub("\ufffd", value)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _opaque(value: Any) -> str:

@@ -236,6 +236,35 @@ async def test_pub_07_pub_08_conflicting_publications(autojump_clock: MockClock)
     assert [r.publication_id for r in finished.snapshot.receipts] == ["pub-2"]
 
 
+async def test_pub_09_a_turn_failing_after_the_producer_discards_its_staging(
+    autojump_clock: MockClock,
+) -> None:
+    """PUB-09: the producer succeeded, but a later call of its batch fails the
+    turn (its work quota is spent): the batch never reaches its boundary, so
+    the staging is discarded; no receipt says "staged" on the ended run."""
+    log: dict[str, Any] = {}
+    pub = publication("pub-2", new_catalog())
+    provider = SP([SP.tool_calls(("c1", "discover", {}), ("c2", "discover", {})), SP.text("x")])
+    finished, _ = await run_with_host(provider, base_tools(staging(pub, log)), work=2)
+    assert log["receipt"].status == "staged"
+    assert finished.record.state == "failed"
+    assert finished.of("catalog_published") == []
+    assert finished.snapshot.catalog_revision == 1
+    assert finished.snapshot.receipts == ()
+
+
+async def test_int_02_a_run_cannot_be_named_like_the_approving_host(
+    autojump_clock: MockClock,
+) -> None:
+    """INT-02, KER-15: the host resolves approvals as ``"host"``, and a
+    resolver named like the run is the model approving itself: a run named
+    ``"host"`` is refused at open (its approvals could never pass)."""
+    with pytest.raises(Error) as info:
+        await run_with_host(SP([SP.text("hi")]), [], run_id="host")
+    assert info.value.error_class is ErrorClass.VALIDATION
+    assert info.value.details["reason"] == "reserved_run_id"
+
+
 @pytest.mark.parametrize("failure", ["error", "is_error", "crash", "cancelled", "storage"])
 async def test_pub_09_failed_producer_discards_staging(
     autojump_clock: MockClock, failure: str
@@ -480,25 +509,23 @@ async def test_pub_14_sixteen_receipts_newest_first(autojump_clock: MockClock) -
 async def test_pub_15_pub_17_catalog_contents_stay_process_local(
     autojump_clock: MockClock,
 ) -> None:
-    """PUB-15, PUB-17: the published registry's backend context, its authority
-    caller and its descriptions never reach a stored record, the stored event
-    log or a provider request, and ``status()`` shows the revision and the
-    receipts but no catalog contents."""
+    """PUB-15, PUB-17: the published registry's backend context and its
+    descriptions never reach a stored record, the stored event log or a
+    provider request, and ``status()`` shows the revision and the receipts
+    but no catalog contents."""
     log: dict[str, Any] = {}
     secret = "sk-CANARY-credential"
     found = make_tool(
         "found", RecordingBackend(), read_only=True, backend_context={"token": secret}
     )
-    registry = ToolRegistry([found])
-    authority = Authority.for_registry(registry, caller="caller-CANARY", run_id=RUN_ID)
-    pub = publication("pub-2", [found], authority=authority)
+    pub = publication("pub-2", [found])  # the run's caller: a publication keeps it (PUB-13)
     provider = SP([SP.tool_calls(("c1", "discover", {})), SP.text("done")])
     finished, _ = await run_with_host(provider, base_tools(staging(pub, log)))
     assert names(provider.requests[1]) == ["found"]
     await assert_no_canary(
         finished.store,
         RUN_ID,
-        [secret, "caller-CANARY"],
+        [secret],
         events=finished.events,
         requests=provider.requests,
     )
@@ -510,7 +537,46 @@ async def test_pub_15_pub_17_catalog_contents_stay_process_local(
     dumped = _dump(snapshot) + repr(snapshot)
     assert "the found tool" not in dumped
     assert secret not in dumped
-    assert "caller-CANARY" not in dumped
+
+
+@pytest.mark.parametrize("change", ["caller", "schema", "approval"])
+async def test_pub_13_a_publication_keeps_the_caller_and_each_kept_tool_revision(
+    autojump_clock: MockClock, change: str
+) -> None:
+    """PUB-13: a publication acting for another caller, or keeping a tool's
+    name and revision while changing its schema or approval requirement
+    (what the run's grants and approvals were given for), is refused with
+    ``forbidden`` and leaves no pending publication; the old catalog stays."""
+    log: dict[str, Any] = {}
+    kept = {
+        "caller": make_tool("discover", RecordingBackend(), read_only=True),
+        "schema": make_tool(
+            "discover", RecordingBackend(), read_only=True, schema=string_schema("z")
+        ),
+        "approval": make_tool(
+            "discover", RecordingBackend(), read_only=True, requires_approval=True
+        ),
+    }[change]
+    tools = [kept, make_tool("found", RecordingBackend(), read_only=True)]
+    registry = ToolRegistry(tools)
+    caller = "root" if change == "caller" else "host"
+    pub = publication(
+        "pub-2", tools, authority=Authority.for_registry(registry, caller=caller, run_id=RUN_ID)
+    )
+    provider = SP([SP.tool_calls(("c1", "discover", {})), SP.text("done")])
+
+    async def discover(operation: Any) -> ToolResult:
+        try:
+            operation.context.stage_catalog(pub)
+        except Error as exc:
+            log["refused"] = exc
+        return ToolResult("discovered")
+
+    finished, _ = await run_with_host(provider, base_tools(discover))
+    assert log["refused"].error_class is ErrorClass.FORBIDDEN
+    assert finished.snapshot.catalog_revision == 1
+    assert finished.snapshot.receipts == ()
+    assert names(provider.requests[1]) == ["discover"]
 
 
 async def test_pub_16_quarantine_keeps_only_accepted_tools(autojump_clock: MockClock) -> None:

@@ -508,6 +508,27 @@ async def test_tool_13_read_only_error_is_an_ordinary_error_result(
     assert finished.record.intents[f"tool:{invocation_id}"]["status"] == "consumed"
 
 
+async def test_tool_03_tool_13_refusals_quoting_a_lone_surrogate_are_ordinary_results(
+    autojump_clock: MockClock,
+) -> None:
+    """TOOL-03, TOOL-13: a refusal whose text quotes a lone surrogate (the
+    schema boundary naming a model's key ``"\udc00"``, a read-only tool's
+    error relaying one) is an ordinary is_error result with U+FFFD in its
+    place: the provider continues, nothing crashes the run."""
+    failure = Error(ErrorClass.EXECUTION_FAILURE, "upstream said \udc00")
+    backend = RecordingBackend(failure)
+    provider = calls_then_done(("c1", "read", '{"\\udc00": 1}'), ("c2", "read", {}))
+    schema = {"type": "object", "additionalProperties": False}
+    finished = await run_to_settled(
+        provider, [make_tool("read", backend, read_only=True, schema=schema)]
+    )
+    assert_continued(finished, provider)
+    refused, relayed = finished.tool_messages()
+    assert error_of(refused)["class"] == "validation"
+    assert backend.calls == 1
+    assert error_of(relayed)["message"] == "upstream said \ufffd"
+
+
 @pytest.mark.parametrize(
     "error_class",
     [
@@ -693,6 +714,23 @@ def test_tool_21_reject_refuses_unknown_outcome_and_incomplete_identity() -> Non
         with pytest.raises(Error) as caught:
             reject(identity, refusal)
         assert caught.value.error_class is ErrorClass.UNKNOWN_OUTCOME, identity
+
+
+@pytest.mark.parametrize(
+    "error",
+    [Error(ErrorClass.UNKNOWN_OUTCOME, "maybe it ran"), "nope", None],
+    ids=["unknown-outcome", "a-str", "none"],
+)
+def test_tool_21_a_hand_built_rejection_is_held_to_reject_s_rule(error: Any) -> None:
+    """TOOL-21: a ``Rejection`` a backend builds itself, holding what
+    ``reject`` refuses (an unknown outcome, or no ``Error`` at all), is no
+    proof: uncertain, with or without the operation."""
+    descriptor = make_tool("t", RecordingBackend())
+    rejection = Rejection(identity=_identity(), error=error)
+    assert settlement(rejection, descriptor) == "uncertain"
+    assert settlement(rejection, descriptor, _identity()) == "uncertain"
+    proof = Rejection(identity=_identity(), error=Error(ErrorClass.FORBIDDEN, "refused"))
+    assert settlement(proof, descriptor, _identity()) == "settled"
 
 
 @pytest.mark.parametrize("checkpoint", [False, True])

@@ -52,6 +52,19 @@ def test_digest_is_sha256_of_rfc8785() -> None:
     assert arguments_digest({}) == hashlib.sha256(b"{}").hexdigest()
 
 
+def _nested(depth: int) -> Any:
+    value: Any = {}
+    for _ in range(depth):
+        value = {"k": value}
+    return value
+
+
+def _looping() -> Any:
+    value: list[Any] = []
+    value.append(value)
+    return {"x": value}
+
+
 @pytest.mark.parametrize(
     "arguments",
     [
@@ -64,9 +77,31 @@ def test_digest_is_sha256_of_rfc8785() -> None:
         {"s": {1, 2}},
         {"b": b"bytes"},
         object(),
+        {"\udc00": 1},  # a lone surrogate, as a key
+        {"s": "x\ud800"},  # and as a value
+        _nested(5_000),  # past any recursion limit
+        _looping(),  # a list holding itself
+    ],
+    ids=[
+        "2**53",
+        "-(2**53)",
+        "10**400",
+        "nan",
+        "inf",
+        "int-key",
+        "set",
+        "bytes",
+        "object",
+        "surrogate-key",
+        "surrogate-value",
+        "nested-5000",
+        "self-holding-list",
     ],
 )
 def test_digest_refuses_what_rfc8785_cannot_encode(arguments: Any) -> None:
+    """KER-15: what is not JSON data, or cannot be encoded exactly, is
+    refused with ``validation``, never a raw RecursionError or
+    UnicodeEncodeError."""
     with pytest.raises(Error) as info:
         arguments_digest(arguments)
     assert info.value.error_class is ErrorClass.VALIDATION
@@ -153,6 +188,15 @@ def test_expired_approval_is_validation() -> None:
 def test_approval_fields_are_validated(change: dict[str, Any]) -> None:
     with pytest.raises(Error) as info:
         attrs.evolve(APPROVAL, **change)
+    assert info.value.error_class is ErrorClass.VALIDATION
+
+
+@pytest.mark.parametrize("value", [True, 1, None, ["approved"]], ids=repr)
+def test_a_decision_that_is_not_a_str_is_validation(value: Any) -> None:
+    """KER-15: ``ApprovalDecision(decision=...)`` holding no str is a classed
+    ``validation``, not attrs' raw TypeError."""
+    with pytest.raises(Error) as info:
+        attrs.evolve(decision(), decision=value)
     assert info.value.error_class is ErrorClass.VALIDATION
 
 

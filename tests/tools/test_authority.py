@@ -70,6 +70,13 @@ def test_revision_other_than_authorized_is_forbidden() -> None:
     authorize(mixed, C, Invocation("run-1", "c", 3))
 
 
+def test_a_revision_that_is_not_an_int_is_forbidden() -> None:
+    """An invocation revision equal to the authorized one only as a number
+    (``True``, ``1.0``) is not that revision: ``forbidden``."""
+    for revision in (True, 1.0):
+        forbidden(AUTH, A, Invocation("run-1", "a", revision))
+
+
 def test_invocation_of_another_tool_is_forbidden() -> None:
     forbidden(AUTH, A, Invocation("run-1", "c", 1))
 
@@ -99,6 +106,7 @@ def test_invocation_shapes() -> None:
         {"grants": "ab"},
         {"grants": 3},
         {"grants": {1}},
+        {"grants": [["x"]]},  # unhashable: never a raw TypeError
         {"caller": 3},
         {"run_id": b"r"},
         {"tool_revision": 0},

@@ -26,6 +26,7 @@ from .support import BACKEND, good_schema, tool
         "bell\x07",
         "nbsp\u00a0x",
         "zero\u200bwidth",
+        "lookup\ud800",  # a lone surrogate: no provider could be sent it
         "x" * 129,
         None,
         42,
@@ -102,6 +103,7 @@ def test_registry_is_immutable_name_indexed_and_ordered() -> None:
     assert "a" in registry
     assert "z" not in registry
     assert registry.get("z") is None
+    assert registry.get(["b"]) is None  # type: ignore[arg-type]  # names no tool, no TypeError
     b = registry.get("b")
     assert b is not None
     assert b.name == "b"

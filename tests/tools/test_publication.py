@@ -119,3 +119,5 @@ def test_receipt_statuses() -> None:
     assert PublicationReceipt("pub-1", "published", 2).catalog_revision == 2
     with pytest.raises(Error):
         PublicationReceipt("pub-1", "pending", 2)
+    with pytest.raises(Error):  # unhashable: classed, never a raw TypeError
+        PublicationReceipt("pub-1", ["staged"], 2)  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ from typing import Any, Final
 import attrs
 
 from ..errors import Error, ErrorClass
-from ..tools import AdmittedBundle, Publication, PublicationReceipt, admit_batch
+from ..tools import AdmittedBundle, Publication, PublicationReceipt, ToolRegistry, admit_batch
 
 __all__ = ["MAX_RECEIPTS", "CatalogState"]
 
@@ -37,6 +37,17 @@ class _Staged:
     eligible: bool = False
     #: its publication checkpoint is being committed: that commit decides
     publishing: bool = False
+
+
+def _contract(descriptor: Any) -> tuple[Any, ...]:
+    """What grants and approvals of a tool revision rely on."""
+    return (
+        descriptor.schema,
+        descriptor.output_schema,
+        descriptor.schema_options,
+        descriptor.requires_approval,
+        descriptor.read_only,
+    )
 
 
 class CatalogState:
@@ -61,6 +72,35 @@ class CatalogState:
         self._receipts.move_to_end(publication.publication_id)
         while len(self._receipts) > MAX_RECEIPTS:
             self._receipts.popitem(last=False)
+
+    def _check_continuity(self, registry: Any, authority: Any) -> None:
+        """A published catalog acts for the run's caller (once one is set,
+        it never changes), and keeps a tool it keeps (same name and revision)
+        with the same contract: a tool whose input or output schema, schema
+        options, approval requirement or effect class changes needs a new
+        revision, so grants and approvals given for the old one cannot carry
+        over.  (Its backend may be a new object: a catalog refreshed from its
+        source builds new ones.)  ``forbidden``."""
+        current = self.bundle.authority
+        caller = getattr(authority, "caller", None)
+        if current.caller is not None and caller != current.caller:
+            raise Error(
+                ErrorClass.FORBIDDEN,
+                "a publication cannot change the run's caller",
+                {"caller": current.caller, "received": caller},
+            )
+        for old in self.bundle.registry:
+            new = registry.get(old.name) if isinstance(registry, ToolRegistry) else None
+            if (
+                new is not None
+                and new.revision == old.revision
+                and _contract(new) != _contract(old)
+            ):
+                raise Error(
+                    ErrorClass.FORBIDDEN,
+                    "a tool changed without a new revision",
+                    {"tool": old.name, "revision": old.revision},
+                )
 
     def stage(
         self,
@@ -102,6 +142,7 @@ class CatalogState:
                 received=publication.expected_revision,
             )
         catalog = publication.catalog
+        self._check_continuity(catalog.registry, catalog.authority)
         bundle = admit_batch(
             catalog.registry,
             catalog.authority,

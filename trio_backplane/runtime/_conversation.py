@@ -53,6 +53,8 @@ __all__ = ["Conversation", "open_conversation"]
 
 MAX_TIMEOUT: Final = 3600.0
 _INACTIVE_PHASES: Final = frozenset({"terminal", "recovery_required", "storage_failed"})
+#: Who resolves approvals from ``resolve`` (INT-02); no run may be named so.
+HOST_RESOLVER: Final = "host"
 
 
 @attrs.frozen
@@ -1024,6 +1026,14 @@ async def open_conversation(
         provider_output_limit=provider_output_limit,
         schema_admission=schema_admission,
     )
+    if run_id == HOST_RESOLVER:
+        # The host answers approvals as resolver "host" (INT-02), and a
+        # resolver named like the run is the model approving itself (KER-15).
+        raise Error(
+            ErrorClass.VALIDATION,
+            f"run id {HOST_RESOLVER!r} is reserved: it names the host resolving approvals",
+            {"reason": "reserved_run_id"},
+        )
     prior = _check_inputs(store, provider, hooks=hooks, context=context, run=run, messages=messages)
     bundle = admit_batch(
         registry if registry is not None else ToolRegistry(()),

@@ -37,6 +37,7 @@ from ..tools import (
     settlement,
 )
 from ._conversation import (
+    HOST_RESOLVER,
     Step,
     _InputArrived,
     _Rejected,
@@ -190,13 +191,15 @@ def _plain(value: Any, what: str) -> Any:
 
 
 def _error_result(error: Error) -> Mapping[str, Any]:
-    """The normalized (frozen) result of a refused or failed call."""
+    """The normalized (frozen) result of a refused or failed call: JSON data
+    whatever the error quotes (``Error.to_dict`` makes its text Unicode)."""
+    plain = error.to_dict()
     result: Mapping[str, Any] = freeze(
         {
-            "content": error.message,
+            "content": plain["message"],
             "structured_content": None,
             "is_error": True,
-            "error": error.to_dict(),
+            "error": plain,
         }
     )
     return result
@@ -389,6 +392,9 @@ class TurnLoop:
                 if await self._stop_hook(turn_id, message):
                     return None
         except _TurnFailed as failed:
+            # The batch never reached its boundary: a staging it left is
+            # never published, and its receipt goes (PUB-09).
+            self.c._catalog.discard()
             return failed.error
 
     async def _batch_start(self, calls: list[dict[str, Any]], response: Step) -> Step | None:
@@ -863,7 +869,7 @@ class TurnLoop:
             tool_revision=descriptor.revision,
             arguments_digest=arguments_digest(arguments),
             decision="approved",
-            resolver_id="host",
+            resolver_id=HOST_RESOLVER,
         )
         # The approval expires with the run deadline it was asked under; the
         # human wait itself does not count (the deadline moved by it).

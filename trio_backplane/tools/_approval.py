@@ -27,10 +27,29 @@ def _invalid(message: str, **details: Any) -> Error:
     return Error(ErrorClass.VALIDATION, message, details)
 
 
-def _json(value: Any, path: str) -> Any:
+#: Deeper arguments are refused (the schema boundary refuses them first).
+_MAX_DEPTH: Final = 256
+
+
+def _text(value: str, path: str) -> str:
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise _invalid(
+                "arguments hold text that is not valid Unicode (a lone surrogate)",
+                reason="not_json",
+                path=path,
+            ) from None
+    return value
+
+
+def _json(value: Any, path: str, depth: int = 0) -> Any:
     """A plain copy of JSON data, refusing what RFC 8785 cannot encode exactly."""
-    if value is None or type(value) is bool or type(value) is str:
+    if value is None or type(value) is bool:
         return value
+    if type(value) is str:
+        return _text(value, path)
     if type(value) is int:
         if abs(value) > _MAX_SAFE_INTEGER:
             raise _invalid(
@@ -43,15 +62,17 @@ def _json(value: Any, path: str) -> Any:
         if not math.isfinite(value):
             raise _invalid("arguments hold a non-finite number", reason="not_json", path=path)
         return value
+    if depth >= _MAX_DEPTH and isinstance(value, Mapping | list | tuple):
+        raise _invalid("arguments nest too deeply", reason="nesting", path=path[:200])
     if isinstance(value, Mapping):
         out: dict[str, Any] = {}
         for key, item in value.items():
             if type(key) is not str:
                 raise _invalid("arguments hold a non-str key", reason="not_json", path=path)
-            out[key] = _json(item, f"{path}/{key}")
+            out[_text(key, path)] = _json(item, f"{path}/{key}", depth + 1)
         return out
-    if type(value) is list or type(value) is tuple:
-        return [_json(item, f"{path}/{i}") for i, item in enumerate(value)]
+    if isinstance(value, list | tuple):  # a tuple as the array it stands for
+        return [_json(item, f"{path}/{i}", depth + 1) for i, item in enumerate(value)]
     raise _invalid(
         f"arguments are not JSON data ({type(value).__name__})", reason="not_json", path=path
     )
@@ -74,6 +95,11 @@ def arguments_digest(arguments: Any) -> str:
 def _str(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     if type(value) is not str or not value:
         raise _invalid(f"{attribute.name} must be a non-empty str", field=attribute.name)
+
+
+def _any_str(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if type(value) is not str:  # which strs: decide_approval's call
+        raise _invalid(f"{attribute.name} must be a str", field=attribute.name)
 
 
 def _non_negative_int(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -119,7 +145,7 @@ class ApprovalDecision:
     tool_name: str = attrs.field(validator=check_name_validator)
     tool_revision: int = attrs.field(validator=_positive_int)
     arguments_digest: str = attrs.field(validator=_digest)
-    decision: str = attrs.field(validator=attrs.validators.instance_of(str))
+    decision: str = attrs.field(validator=_any_str)
     resolver_id: str = attrs.field(validator=_str)
 
 

@@ -25,10 +25,10 @@ def _forbidden(message: str, **details: Any) -> Error:
 def _to_grants(value: Any) -> frozenset[str]:
     if isinstance(value, str | bytes) or not isinstance(value, Iterable):
         raise _invalid("grants must be a collection of tool names", field="grants")
-    grants = frozenset(value)
-    if not all(type(name) is str for name in grants):
+    names = list(value)
+    if not all(type(name) is str for name in names):
         raise _invalid("grants must be tool names (str)", field="grants")
-    return grants
+    return frozenset(names)
 
 
 def _to_revisions(value: Any) -> Mapping[str, int]:
@@ -166,7 +166,11 @@ def authorize(authority: Authority, descriptor: ToolDescriptor, invocation: Any)
     authorized = authority.revision_for(name)
     if authorized is None:
         raise _forbidden(f"tool {name!r} has no authorized revision", tool=name)
-    if descriptor.revision != authorized or tool_revision != authorized:
+    if (
+        descriptor.revision != authorized
+        or type(tool_revision) is not int
+        or tool_revision != authorized
+    ):
         raise _forbidden(
             f"tool {name!r} revision is not the authorized one",
             tool=name,

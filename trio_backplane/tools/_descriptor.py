@@ -147,8 +147,9 @@ class ToolRegistry:
         return (type(self), (tuple(self._by_name.values()),))
 
     def get(self, name: str) -> ToolDescriptor | None:
-        """The descriptor named ``name``, or ``None``."""
-        return self._by_name.get(name)
+        """The descriptor named ``name``, or ``None`` (a name that is not a
+        str names no tool)."""
+        return self._by_name.get(name) if type(name) is str else None
 
     def __getitem__(self, name: str) -> ToolDescriptor:
         return self._by_name[name]

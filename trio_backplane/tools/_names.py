@@ -40,8 +40,10 @@ def check_name(name: Any) -> str:
     if len(name) > MAX_NAME_LENGTH:
         raise _bad(name[:MAX_NAME_LENGTH] + "...", f"longer than {MAX_NAME_LENGTH} characters")
     for char in name:
-        if char.isspace() or unicodedata.category(char) in {"Cc", "Cf", "Zl", "Zp", "Zs"}:
-            raise _bad(name, "a tool name must not contain whitespace or control characters")
+        if char.isspace() or unicodedata.category(char) in {"Cc", "Cf", "Cs", "Zl", "Zp", "Zs"}:
+            raise _bad(
+                name, "a tool name must not contain whitespace, control characters or surrogates"
+            )
     return name
 
 

@@ -148,7 +148,7 @@ class Publication:
 
 
 def _status(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value not in RECEIPT_STATUSES:
+    if type(value) is not str or value not in RECEIPT_STATUSES:
         raise _invalid('status must be "staged" or "published"', field="status")
 
 

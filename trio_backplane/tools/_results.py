@@ -112,9 +112,23 @@ def reject(operation: Any, error: Error) -> Rejection:
     return Rejection(identity=identity, error=error)
 
 
+def _proof(rejection: Rejection) -> bool:
+    """Whether ``rejection`` is what :func:`reject` builds: a complete
+    identity and an ``Error`` that is not an unknown outcome (a
+    ``Rejection`` built by hand is held to the same rule)."""
+    error = rejection.error
+    return (
+        isinstance(error, Error)
+        and error.error_class is not ErrorClass.UNKNOWN_OUTCOME
+        and isinstance(rejection.identity, Mapping)
+        and _complete(rejection.identity)
+    )
+
+
 def verify_rejection(rejection: Rejection, operation: Any) -> bool:
-    """Whether ``rejection`` names exactly ``operation`` (TOOL-20)."""
-    return dict(rejection.identity) == _identity(operation) and _complete(rejection.identity)
+    """Whether ``rejection`` names exactly ``operation`` (TOOL-20), as a
+    proof :func:`reject` would build."""
+    return _proof(rejection) and dict(rejection.identity) == _identity(operation)
 
 
 Settlement = Literal["settled", "uncertain"]
@@ -126,7 +140,7 @@ def settlement(result: Any, descriptor: ToolDescriptor, operation: Any = None) -
         return "settled"
     if isinstance(result, Rejection):
         if operation is None:
-            return "settled" if _complete(result.identity) else "uncertain"
+            return "settled" if _proof(result) else "uncertain"
         if verify_rejection(result, operation):
             return "settled"
         return "uncertain"
