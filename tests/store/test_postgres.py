@@ -8,11 +8,14 @@ Every test works in its own PostgreSQL schema.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
+import math
 import socket
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -435,6 +438,7 @@ async def test_sto06_killed_connection_is_storage_failed(
     """STO-06: the server dropping the store's connection mid-use is
     ``storage_failed``; nothing is half-written and the store recovers."""
     store = pg_store_factory(max_connections=1)
+    store._ping_after = math.inf  # the dead connection is used, not pinged first
     record = await _running(store)
     killed = await _sql(
         pg_dsn,
@@ -446,6 +450,129 @@ async def test_sto06_killed_connection_is_storage_failed(
     error = await _raises(ErrorClass.STORAGE_FAILED, _commit(store, record, new, events))
     assert isinstance(error.__cause__, _psycopg().OperationalError)
     assert await store.load(record.run_id) == record  # a new connection
+    await _commit(store, record, new, events)
+    assert await store.load(record.run_id) == new
+
+
+async def test_sto_06_an_idle_connection_dropped_by_the_server_is_replaced(
+    pg_dsn: str, pg_store_factory: StoreFactory, pg_schema: str
+) -> None:
+    """STO-06: a pooled connection the server dropped while it was idle (a
+    restart) is found dead by a ping before it is handed out, and replaced:
+    the next call works, no false ``storage_failed``."""
+    store = pg_store_factory(max_connections=2)
+    store._ping_after = 0.0  # every idle connection is pinged (normally after 1 s idle)
+    record = await _running(store)
+    assert await store.load(record.run_id) == record
+    killed = await _sql(
+        pg_dsn,
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+        (pg_schema,),
+    )
+    assert killed, "the store's pooled connection was not found"
+    assert await store.load(record.run_id) == record
+    new, events = _step(record, "conversation_updated", conversation=_messages(2))
+    await _commit(store, record, new, events)
+    assert await store.load(record.run_id) == new
+
+
+class _Proxy:
+    """A TCP proxy to the test server that can stop forwarding: its sockets
+    stay open and swallow what they get (a network path gone silent)."""
+
+    def __init__(self, dsn: str) -> None:
+        info = _psycopg().conninfo.conninfo_to_dict(dsn)
+        self.target = (info.get("host") or "127.0.0.1", int(info.get("port") or 5432))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.dsn = _psycopg().conninfo.make_conninfo(
+            dsn, host="127.0.0.1", port=self.listener.getsockname()[1]
+        )
+        self.silent = threading.Event()
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            self.sockets += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, a: socket.socket, b: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := a.recv(65536):
+                if not self.silent.is_set():
+                    b.sendall(data)
+
+    def close(self) -> None:
+        self.listener.close()
+        for sock in self.sockets:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
+@pytest.mark.parametrize("bound", ["caller_deadline", "operation_timeout"])
+async def test_sto_06_a_silent_network_cuts_the_call_at_its_deadline(
+    pg_dsn: str, pg_schema: str, bound: str
+) -> None:
+    """STO-06: a network path that stops forwarding mid-call (the socket
+    open, nothing answering) would hold a blocked libpq call forever.  The
+    call is cut at its caller's deadline, or at ``operation_timeout``:
+    ``storage_failed``, within about that time, for a commit (the group
+    leader's batch) and a load alike; afterwards the store works again."""
+    proxy = _Proxy(pg_dsn)
+    timeout = 1.0 if bound == "operation_timeout" else 60.0
+    store = PostgresStore(proxy.dsn, schema=pg_schema, operation_timeout=timeout)
+    try:
+        record = await _running(store)
+        new, events = _step(record, "conversation_updated", conversation=_messages(2))
+        proxy.silent.set()
+        for call in (lambda: _commit(store, record, new, events), lambda: store.load("r")):
+            started = trio.current_time()
+            with trio.move_on_after(1.0 if bound == "caller_deadline" else 30.0):
+                error = await _raises(ErrorClass.STORAGE_FAILED, call())
+            assert "cut at its deadline" in error.message
+            assert trio.current_time() - started < 10.0
+        proxy.silent.clear()
+        assert await store.load(record.run_id) == record  # nothing of the cut commit landed
+        await _commit(store, record, new, events)
+        assert await store.load(record.run_id) == new
+    finally:
+        await store.aclose()
+        proxy.close()
+        await _sql(pg_dsn, f'DROP SCHEMA IF EXISTS "{pg_schema}" CASCADE')
+
+
+async def test_sto_06_a_row_lock_never_released_cuts_the_commit_at_its_deadline(
+    pg_dsn: str, pg_store_factory: StoreFactory, pg_schema: str
+) -> None:
+    """STO-06: another session holding the run's row lock without end makes
+    a commit wait on it; the wait is cut at the caller's deadline as
+    ``storage_failed``, and once the lock goes the commit goes through."""
+    store = pg_store_factory()
+    record = await _running(store)
+    new, events = _step(record, "conversation_updated", conversation=_messages(2))
+    psycopg = _psycopg()
+
+    def hold() -> Any:
+        conn = psycopg.connect(pg_dsn, autocommit=False)
+        conn.execute(
+            f'SELECT 1 FROM "{pg_schema}".runs WHERE run_id = %s FOR UPDATE', (record.run_id,)
+        )
+        return conn
+
+    holder = await trio.to_thread.run_sync(hold)
+    try:
+        with trio.move_on_after(1.0):
+            error = await _raises(ErrorClass.STORAGE_FAILED, _commit(store, record, new, events))
+        assert "cut at its deadline" in error.message
+    finally:
+        await trio.to_thread.run_sync(holder.close)
+    assert await store.load(record.run_id) == record
     await _commit(store, record, new, events)
     assert await store.load(record.run_id) == new
 

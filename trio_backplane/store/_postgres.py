@@ -53,6 +53,18 @@ against it by identity and encodes only what changed, so commit 5 000 of a run
 costs what commit 10 did.  Any other row (another host committed, the cache
 was evicted) makes the commit read the record back from the database first.
 
+Bounded calls.  A worker thread blocked in libpq cannot be cancelled, and a
+network that stops forwarding (or a row lock another host never releases)
+would hold it forever.  So every call has a deadline: its caller's effective
+deadline (for a group-commit batch, the latest of its callers'), and at most
+``operation_timeout`` seconds.  When it passes, a watchdog shuts the call's
+socket down: the blocked call fails at once, ``storage_failed``, and its
+connection is discarded (a commit whose ``COMMIT`` may have been sent is
+then uncertain, as any lost acknowledgement is).  New connections get
+``connect_timeout`` and TCP keepalives unless the DSN sets them; an idle
+connection unused for a second is pinged before it is handed out, so one
+dropped by a server restart is replaced rather than failing a call.
+
 Errors: an ``Error`` from the decision passes through; a serialization
 failure, deadlock or unique violation is ``resource_conflict``; any other
 psycopg error or ``OSError`` is ``storage_failed`` with the cause chained
@@ -66,6 +78,7 @@ import contextlib
 import importlib
 import math
 import re
+import socket
 import threading
 import time
 from collections import OrderedDict
@@ -74,6 +87,7 @@ from functools import partial
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
+import outcome
 import trio
 
 from ..errors import Error, ErrorClass
@@ -113,6 +127,61 @@ _CACHE_RUNS: Final = 256
 #: SQLSTATEs a concurrent writer causes: serialization failure, deadlock,
 #: unique violation.
 _CONFLICT_STATES: Final = frozenset({"40001", "40P01", "23505"})
+#: Connection settings a DSN gets unless it sets them: give up connecting
+#: after 10 s; probe an idle TCP peer after 10 s, every 5 s, 3 times.
+_CONNECT_DEFAULTS: Final = {
+    "connect_timeout": "10",
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+}
+#: An idle connection unused this long is pinged before it is handed out.
+_PING_AFTER_S: Final = 1.0
+
+
+class _Flight:
+    """One worker-thread call: the connection it uses, so the Trio side can
+    cut the call at its deadline by shutting that connection's socket down
+    (a blocked libpq read or write then fails at once)."""
+
+    __slots__ = ("_lock", "conn", "cut", "deadline")
+
+    def __init__(self, deadline: float) -> None:
+        self._lock = threading.Lock()
+        self.conn: Any = None
+        self.cut = False
+        #: ``time.monotonic()`` of the cut: connecting (no socket to shut
+        #: down yet) is bounded by it through libpq's ``connect_timeout``
+        self.deadline = deadline
+
+    def attach(self, conn: Any) -> None:
+        with self._lock:
+            self.conn = conn
+            if self.cut:
+                _shut_down(conn)
+
+    def detach(self) -> None:
+        with self._lock:
+            self.conn = None
+
+    def interrupt(self) -> None:
+        with self._lock:
+            self.cut = True
+            if self.conn is not None:
+                _shut_down(self.conn)
+
+
+def _shut_down(conn: Any) -> None:
+    """Shut ``conn``'s socket down (both ways), from any thread."""
+    with contextlib.suppress(Exception):
+        fd = conn.pgconn.socket
+        with socket.fromfd(fd, socket.AF_INET, socket.SOCK_STREAM) as dup:
+            dup.shutdown(socket.SHUT_RDWR)
+
+
+#: The call the current worker thread is making (set by ``_bounded``).
+_THREAD = threading.local()
 
 
 def _import_psycopg() -> Any:
@@ -131,19 +200,42 @@ class _SimulatedFailure(OSError):
     """What the test hooks raise inside a commit (an I/O failure)."""
 
 
+class _Job(Job):
+    """One ``commit`` call, queued for a batch, with its caller's deadline."""
+
+    __slots__ = ("deadline",)
+    deadline: float
+
+
 class PostgresStore:
     """Run records in PostgreSQL, shared by many hosts.
 
     ``schema`` puts the tables in that PostgreSQL schema (created if missing),
     so stores on one database can be isolated; by default the tables are
     unqualified and land in the connection's ``search_path``.
+    ``operation_timeout`` bounds every database call, in seconds (its
+    caller's deadline bounds it too): past it the call is cut and fails with
+    ``storage_failed``.
     """
 
     durable = True
 
-    def __init__(self, dsn: str, *, max_connections: int = 4, schema: str | None = None) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        max_connections: int = 4,
+        schema: str | None = None,
+        operation_timeout: float = 60.0,
+    ) -> None:
         if type(max_connections) is not int or max_connections < 1:
             raise Error(ErrorClass.VALIDATION, "max_connections must be a positive int")
+        if (
+            type(operation_timeout) not in (int, float)
+            or not math.isfinite(operation_timeout)
+            or operation_timeout <= 0
+        ):
+            raise Error(ErrorClass.VALIDATION, "operation_timeout must be a positive number")
         if schema is not None and not _SCHEMA_NAME.fullmatch(schema):
             raise Error(
                 ErrorClass.VALIDATION,
@@ -152,11 +244,20 @@ class PostgresStore:
             )
         self._psycopg = _import_psycopg()
         self._dsn = dsn
+        self._operation_timeout = float(operation_timeout)
+        self._ping_after = _PING_AFTER_S
+        try:
+            given = self._psycopg.conninfo.conninfo_to_dict(dsn)
+        except self._psycopg.Error as exc:
+            raise Error(ErrorClass.VALIDATION, "dsn is not a PostgreSQL connection string") from exc
+        self._connect_options = {k: v for k, v in _CONNECT_DEFAULTS.items() if k not in given}
+        #: the DSN's own connect_timeout, if any (0 or absent: none)
+        self._connect_timeout = int(given.get("connect_timeout") or 0)
         self._schema = schema
         self._max_connections = max_connections
         self._limiter = trio.CapacityLimiter(max_connections)
         self._lock = threading.Lock()  # guards _idle, _cache, _closed, hooks
-        self._idle: list[Any] = []
+        self._idle: list[tuple[Any, float]] = []  # (connection, idle since)
         self._cache: OrderedDict[str, Entry] = OrderedDict()
         #: run -> (incarnation, revision, last event sequence) after a commit
         #: this store made or saw: a hint the fast path proves by its
@@ -168,7 +269,7 @@ class PostgresStore:
         self._fail_next: str | None = None  # None, "before" or "after" the commit
         #: For a thread whose connection slot its caller holds already.
         self._slot_held = trio.CapacityLimiter(math.inf)
-        self._group: GroupCommit[Job] = GroupCommit(self._commit_in_thread, self._limiter)
+        self._group: GroupCommit[_Job] = GroupCommit(self._commit_in_thread, self._limiter)
         self._sql = self._statements()
         self._rendered = False
         #: Diagnostics and tests: ``commits`` (acknowledged), ``batches``
@@ -300,18 +401,44 @@ class PostgresStore:
 
     # -- connections and errors (worker threads) ---------------------------------
 
-    def _checkout(self) -> Any:
-        with self._lock:
-            if self._closed:
-                raise Error(ErrorClass.STORAGE_FAILED, "the store is closed")
-            while self._idle:
-                conn = self._idle.pop()
-                if not conn.closed and not conn.broken:
-                    return conn
-        conn = self._psycopg.connect(self._dsn, autocommit=False)
+    def _checkout(self, flight: _Flight | None) -> Any:
+        while True:
+            with self._lock:
+                if self._closed:
+                    raise Error(ErrorClass.STORAGE_FAILED, "the store is closed")
+                if not self._idle:
+                    break
+                conn, since = self._idle.pop()
+            if conn.closed or conn.broken:
+                continue
+            if flight is not None:
+                flight.attach(conn)
+            if time.monotonic() - since < self._ping_after or self._alive(conn):
+                return conn
+            conn.close()  # dropped while idle (a server restart): a new one
+        options = self._connect_options
+        if flight is not None:  # connect within the call's deadline (libpq: 2 s at least)
+            left = max(2, math.ceil(flight.deadline - time.monotonic()))
+            given = int(options.get("connect_timeout") or self._connect_timeout or left)
+            options = {**options, "connect_timeout": str(min(left, given))}
+        conn = self._psycopg.connect(self._dsn, autocommit=False, **options)
+        if flight is not None:
+            flight.attach(conn)
         if not self._rendered:
             self._render(conn)
         return conn
+
+    def _alive(self, conn: Any) -> bool:
+        """One empty query on the wire (no transaction starts): whether the
+        server still answers on ``conn``."""
+        pq = self._psycopg.pq
+        try:
+            result = conn.pgconn.exec_(b"")
+        except Exception:
+            return False
+        return bool(
+            result.status == pq.ExecStatus.EMPTY_QUERY and conn.pgconn.status == pq.ConnStatus.OK
+        )
 
     def _render(self, conn: Any) -> None:
         """Turn the composed statements into plain text, once, with the first
@@ -330,7 +457,7 @@ class PostgresStore:
         )
         with self._lock:
             if healthy and not self._closed and len(self._idle) < self._max_connections:
-                self._idle.append(conn)
+                self._idle.append((conn, time.monotonic()))
                 return
         conn.close()
 
@@ -352,7 +479,8 @@ class PostgresStore:
     def _checked_out(self) -> Iterator[Any]:
         """A pooled connection for one transaction (worker thread): rolled
         back if the body raises, back in the pool afterwards."""
-        conn = self._checkout()
+        flight: _Flight | None = getattr(_THREAD, "flight", None)
+        conn = self._checkout(flight)
         try:
             yield conn
         except BaseException:
@@ -363,6 +491,8 @@ class PostgresStore:
                     conn.close()
             raise
         finally:
+            if flight is not None:
+                flight.detach()  # a late cut never reaches a pooled connection
             self._checkin(conn)
 
     def _transaction(self, body: Callable[[Any], _T]) -> _T:
@@ -375,7 +505,49 @@ class PostgresStore:
         except Error:
             raise
         except (self._psycopg.Error, OSError) as exc:
+            flight: _Flight | None = getattr(_THREAD, "flight", None)
+            if flight is not None and flight.cut:
+                raise Error(
+                    ErrorClass.STORAGE_FAILED,
+                    "PostgreSQL call cut at its deadline",
+                    {"cause": _describe(exc), "operation_timeout": self._operation_timeout},
+                ) from exc
             raise self._classify(exc) from exc
+
+    async def _bounded(
+        self, fn: Callable[..., _T], *args: Any, limiter: Any, deadline: float
+    ) -> _T:
+        """``fn(*args)`` in a worker thread, waited out whatever happens (a
+        cancelled caller learns of it once the call has ended), and cut at
+        ``deadline``, at most ``operation_timeout`` from now: a watchdog
+        shuts the call's socket down, so the call fails rather than hangs."""
+        now = trio.current_time()
+        deadline = min(deadline, now + self._operation_timeout)
+        flight = _Flight(time.monotonic() + (deadline - now))
+        token = trio.lowlevel.current_trio_token()
+        done = trio.Event()
+        result: list[outcome.Outcome[_T]] = []
+
+        def run() -> _T:
+            _THREAD.flight = flight
+            try:
+                return fn(*args)
+            finally:
+                _THREAD.flight = None
+
+        def deliver(value: outcome.Outcome[_T]) -> None:
+            result.append(value)
+            token.run_sync_soon(done.set)
+
+        async with limiter:  # cancellable while waiting: nothing started yet
+            trio.lowlevel.start_thread_soon(run, deliver)
+            with trio.CancelScope(shield=True, deadline=deadline):
+                await done.wait()
+            if not done.is_set():
+                flight.interrupt()
+                with trio.CancelScope(shield=True):
+                    await done.wait()
+        return result[0].unwrap()
 
     async def _run(self, body: Callable[[Any], _T]) -> _T:
         await self._ensure_schema()
@@ -383,8 +555,14 @@ class PostgresStore:
 
     async def _in_thread(self, body: Callable[[Any], _T]) -> _T:
         # Never abandoned: a cancelled caller waits for its transaction to end,
-        # so nothing commits behind its back after it has moved on.
-        return await trio.to_thread.run_sync(self._transaction, body, limiter=self._limiter)
+        # so nothing commits behind its back after it has moved on; the wait
+        # is bounded by the caller's deadline and operation_timeout.
+        return await self._bounded(
+            self._transaction,
+            body,
+            limiter=self._limiter,
+            deadline=trio.current_effective_deadline(),
+        )
 
     async def _ensure_schema(self) -> None:
         if not self._ready:
@@ -612,18 +790,22 @@ class PostgresStore:
             run_id, incarnation=incarnation, expected_revision=expected_revision, events=events
         )
         await self._ensure_schema()
-        receipt: Receipt = await self._group.submit(
-            Job(run_id, incarnation, expected_revision, record, events)
-        )
+        job = _Job(run_id, incarnation, expected_revision, record, events)
+        job.deadline = trio.current_effective_deadline()
+        receipt: Receipt = await self._group.submit(job)
         return receipt
 
-    async def _commit_in_thread(self, batch: list[Job]) -> None:
+    async def _commit_in_thread(self, batch: list[_Job]) -> None:
         # The leader holds a connection slot already (the group's ``slot``,
         # waited for before the batch was taken).  Never abandoned: a taken
         # batch is waited out, cancelled or not, so every job learns its
         # outcome, and no caller's cancellation reaches another's commit.
+        # Cut once every caller's deadline has passed (or operation_timeout).
+        deadline = max(job.deadline for job in batch)
         with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(self._commit_batch, batch, limiter=self._slot_held)
+            await self._bounded(
+                self._commit_batch, batch, limiter=self._slot_held, deadline=deadline
+            )
 
     def _commit_batch(self, jobs: list[Job]) -> None:
         """In a worker thread: every job gets its receipt or error.  Jobs on
@@ -925,7 +1107,7 @@ class PostgresStore:
         """Close the idle connections; busy ones close when their call ends."""
         with self._lock:
             self._closed = True
-            idle, self._idle = self._idle, []
+            idle, self._idle = [conn for conn, _ in self._idle], []
         if idle:
             await trio.to_thread.run_sync(_close_all, idle)
 
