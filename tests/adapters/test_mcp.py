@@ -39,6 +39,7 @@ from trio_backplane.testing import ScriptedProvider
 from trio_backplane.tools import Rejection, ToolResult
 
 SERVER = str(Path(__file__).with_name("mcp_server.py"))
+RAW_SERVER = str(Path(__file__).with_name("raw_mcp_server.py"))
 ALWAYS_REFUSED = {"ancient", "broken_pattern", "deep", "remote_ref"}
 BAD_NAMES = {"", "has space", "x" * 129, "ctl\u0007bell"}
 LISTED = {
@@ -59,6 +60,14 @@ async def server(**options: Any) -> AsyncIterator[McpToolSource]:
     env = options.pop("env", None)
     with trio.fail_after(30):
         async with connect_stdio(sys.executable, [SERVER], env=env, **options) as source:
+            yield source
+
+
+@asynccontextmanager
+async def raw_server(env: dict[str, str], **options: Any) -> AsyncIterator[McpToolSource]:
+    """``raw_mcp_server.py``, which sends what the SDK's own server would not."""
+    with trio.fail_after(30):
+        async with connect_stdio(sys.executable, [RAW_SERVER], env=env, **options) as source:
             yield source
 
 
@@ -693,3 +702,37 @@ def test_the_sdks_own_connection_losses_are_transient(
     expected = ErrorClass.TRANSIENT_TRANSPORT if closed else ErrorClass.EXECUTION_FAILURE
     assert error.error_class is expected
     assert error.details["certainty"] == "uncertain"
+
+
+# -- hostile listings ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("paging", "reason"), [("repeat", "repeated_cursor"), ("endless", "too_many_pages")]
+)
+async def test_mcp_06_a_listing_that_never_ends_is_refused(
+    paging: str, reason: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MCP-06 (a listing must end): a server repeating a tools/list cursor,
+    or sending new ones forever, fails connect with a classed
+    ``malformed_result`` instead of hanging (and growing) forever."""
+    monkeypatch.setattr(mcp_adapter, "_MAX_LIST_PAGES", 20)
+    with trio.fail_after(20), pytest.raises(Error) as info:
+        async with raw_server({"RAW_PAGING": paging}):
+            raise AssertionError("connected to a listing that never ends")
+    assert info.value.error_class is ErrorClass.MALFORMED_RESULT
+    assert info.value.details["reason"] == reason
+    assert info.value.details["pages"] == (2 if paging == "repeat" else 20)
+
+
+async def test_mcp_06_a_listing_of_too_many_tools_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MCP-06: the tools of one listing are bounded too, last page included."""
+    monkeypatch.setattr(mcp_adapter, "_MAX_LISTED_TOOLS", 3)
+    tools = [{"name": f"t{i}", "inputSchema": {"type": "object"}} for i in range(4)]
+    with trio.fail_after(20), pytest.raises(Error) as info:
+        async with raw_server({"RAW_TOOLS": json.dumps(tools)}):
+            raise AssertionError("connected to a listing of too many tools")
+    assert info.value.error_class is ErrorClass.MALFORMED_RESULT
+    assert info.value.details["reason"] == "too_many_tools"

@@ -118,6 +118,11 @@ _SDK_CONNECTION_CLOSED: Final = frozenset(
     }
 )
 _SDK_STREAM_FAILED: Final = "SSE stream failed: "
+#: Pages one tool listing may span, and tools it may hold in all, before it
+#: is refused as ``malformed_result``: a server that pages forever (a new
+#: cursor every time) must fail ``connect``/``refresh``, not hang it.
+_MAX_LIST_PAGES: Final = 1000
+_MAX_LISTED_TOOLS: Final = 10_000
 
 
 # -- the swappable validator ---------------------------------------------------
@@ -659,19 +664,28 @@ class McpToolSource:
         return McpRefreshTool(self, base=base, name=name, description=description).descriptor
 
     async def _list(self, session: ClientSession) -> list[dict[str, Any]]:
+        """Every page of ``tools/list``; a cursor the server already sent, or
+        a listing past :data:`_MAX_LIST_PAGES` pages or
+        :data:`_MAX_LISTED_TOOLS` tools, is ``malformed_result``: following
+        it would never end (or grow without bound)."""
         definitions: list[dict[str, Any]] = []
         cursor: str | None = None
+        seen: set[str] = set()
+        pages = 0
         try:
             while True:
                 params = None if cursor is None else mcp_types.PaginatedRequestParams(cursor=cursor)
                 listing = await session.list_tools(params=params)
+                pages += 1
                 definitions.extend(
                     tool.model_dump(by_alias=True, mode="json", exclude_none=True)
                     for tool in listing.tools
                 )
-                cursor = listing.next_cursor
-                if not cursor:
+                cursor = listing.next_cursor or None
+                _check_paging(cursor, seen, pages, len(definitions))
+                if cursor is None:
                     break
+                seen.add(cursor)
         except MCPError as exc:
             raise _mcp_error("tools/list", exc, tool=None) from None
         except pydantic.ValidationError as exc:
@@ -738,6 +752,28 @@ class McpToolSource:
         if isinstance(message, mcp_types.ToolListChangedNotification):
             self.mark_stale()
         await trio.lowlevel.checkpoint()
+
+
+def _check_paging(cursor: str | None, seen: set[str], pages: int, tools: int) -> None:
+    """Refuse a listing of ``pages`` pages holding ``tools`` tools so far
+    whose next cursor is ``cursor`` (``None``: the last page)."""
+    if tools > _MAX_LISTED_TOOLS:
+        reason = "too_many_tools"
+        message = f"MCP server lists more than {_MAX_LISTED_TOOLS} tools"
+    elif cursor is None:
+        return
+    elif cursor in seen:
+        reason, message = "repeated_cursor", "MCP server sent a tools/list cursor twice"
+    elif pages >= _MAX_LIST_PAGES:
+        reason = "too_many_pages"
+        message = f"MCP server's tool listing spans more than {_MAX_LIST_PAGES} pages"
+    else:
+        return
+    raise Error(
+        ErrorClass.MALFORMED_RESULT,
+        message,
+        {"reason": reason, "method": "tools/list", "pages": pages, "tools": tools},
+    )
 
 
 def _raw_result(result: mcp_types.CallToolResult) -> dict[str, Any]:
