@@ -1,10 +1,11 @@
 """The MCP tool source against a real SDK server subprocess (``mcp_server.py``).
 
 Each test starts its own server over stdio; leaving ``connect_stdio`` stops
-it.  A few cases the SDK's wire layer refuses to carry (a boolean or
+it.  A few cases the SDK's server refuses to send (a boolean or
 non-object ``inputSchema``, a non-object ``structuredContent``, an explicit
 ``null``) are checked on :class:`McpCatalog`, the adapter's pure core that
-every listing and result goes through.
+every listing and result goes through, or sent by ``raw_mcp_server.py``,
+a hand-written JSON-RPC server.
 """
 
 from __future__ import annotations
@@ -736,3 +737,39 @@ async def test_mcp_06_a_listing_of_too_many_tools_is_refused(
             raise AssertionError("connected to a listing of too many tools")
     assert info.value.error_class is ErrorClass.MALFORMED_RESULT
     assert info.value.details["reason"] == "too_many_tools"
+
+
+@pytest.mark.parametrize("validate", [False, True])
+async def test_mcp_03_06_one_tool_the_sdk_cannot_model_loses_no_other(validate: bool) -> None:
+    """MCP-03, MCP-06: the listing is admitted tool by tool, not through the
+    SDK's whole-page model, so a tool it rejects (an inputSchema typed
+    ``["object"]`` or without root type, an array outputSchema: all
+    accepted; an array inputSchema or junk: refused) costs no other tool."""
+    tools = [
+        {"name": "good", "inputSchema": {"type": "object"}},
+        {"name": "list_typed", "inputSchema": {"type": ["object"]}},
+        {"name": "untyped", "inputSchema": {"properties": {"a": {"type": "string"}}}},
+        {
+            "name": "array_out",
+            "inputSchema": {"type": "object"},
+            "outputSchema": {"type": "array", "items": {"type": "integer"}},
+        },
+        {"name": "array_in", "inputSchema": {"type": "array"}},
+        {"name": "schemaless"},
+        "not a tool",
+    ]
+    env = {"RAW_TOOLS": json.dumps(tools), "RAW_RESULT": json.dumps({"content": []})}
+    async with raw_server(env, validate_structured_content=validate) as source:
+        assert {d.name for d in source.descriptors} == {
+            "good",
+            "list_typed",
+            "untyped",
+            "array_out",
+        }
+        assert {r.name for r in source.rejected} == {"array_in", "schemaless", ""}
+        root = refusal(source, "array_in")
+        assert root.error_class is ErrorClass.UNSUPPORTED_CAPABILITY
+        assert root.details["reason"] == "root_not_object"
+        bundle = source.admit(caller="host", run_id="run-1")
+        assert {d.name for d in bundle.registry} == {d.name for d in source.descriptors}
+        assert (await source.call_tool("list_typed", {})).is_error is False

@@ -26,6 +26,11 @@ The pieces, from the pure core outwards:
   (MCP-09, MCP-10); it does no I/O and is usable on its own;
 * :class:`McpToolSource` holds one SDK ``ClientSession``: it lists, calls,
   marks itself stale on ``notifications/tools/list_changed`` and refreshes;
+  the sessions :func:`connect_stdio` and :func:`connect_streamable_http`
+  open hand it ``tools/list`` and ``tools/call`` results as the server sent
+  them (:class:`_RawDispatcher`), so the SDK's whole-result models never
+  refuse a page for one tool (MCP-03, MCP-06) or a result for its
+  ``structuredContent`` (MCP-10): the catalog decides, item by item;
 * :meth:`McpToolSource.refresh_tool` is the ``refresh_tools`` discovery tool
   (:class:`McpRefreshTool`): called by the model after ``tools/list_changed``,
   it relists the server and stages the next catalog revision from inside the
@@ -52,6 +57,7 @@ import json
 import math
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from typing import Any, Final, Literal, Protocol, TextIO, runtime_checkable
 
 import anyio
@@ -60,7 +66,9 @@ import mcp.types as mcp_types
 import pydantic
 import trio
 from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.shared.dispatcher import CallOptions
 from mcp.shared.exceptions import MCPError
+from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 
 from ..errors import Error, ErrorClass, exception_leaves, require_methods
 from ..schema import CompiledSchema, Limits, SchemaOptions, check_bounds, compile_with
@@ -663,25 +671,30 @@ class McpToolSource:
         """
         return McpRefreshTool(self, base=base, name=name, description=description).descriptor
 
-    async def _list(self, session: ClientSession) -> list[dict[str, Any]]:
-        """Every page of ``tools/list``; a cursor the server already sent, or
-        a listing past :data:`_MAX_LIST_PAGES` pages or
-        :data:`_MAX_LISTED_TOOLS` tools, is ``malformed_result``: following
-        it would never end (or grow without bound)."""
-        definitions: list[dict[str, Any]] = []
+    async def _list(self, session: ClientSession) -> list[Any]:
+        """Every page of ``tools/list``, each tool as the server sent it.
+
+        The page is taken as raw JSON (:func:`_send_raw`), not through the
+        SDK's ``ListToolsResult``, which refuses the whole page for one tool
+        it cannot model; the catalog then admits or refuses tool by tool
+        (MCP-03, MCP-06).  A cursor the server already sent, or a listing
+        past :data:`_MAX_LIST_PAGES` pages or :data:`_MAX_LISTED_TOOLS`
+        tools, is ``malformed_result``: following it would never end (or
+        grow without bound).
+        """
+        definitions: list[Any] = []
         cursor: str | None = None
         seen: set[str] = set()
         pages = 0
         try:
             while True:
                 params = None if cursor is None else mcp_types.PaginatedRequestParams(cursor=cursor)
-                listing = await session.list_tools(params=params)
-                pages += 1
-                definitions.extend(
-                    tool.model_dump(by_alias=True, mode="json", exclude_none=True)
-                    for tool in listing.tools
+                raw = await _send_raw(
+                    session, mcp_types.ListToolsRequest(params=params), mcp_types.ListToolsResult
                 )
-                cursor = listing.next_cursor or None
+                pages += 1
+                tools, cursor = _listing_page(raw)
+                definitions.extend(tools)
                 _check_paging(cursor, seen, pages, len(definitions))
                 if cursor is None:
                     break
@@ -752,6 +765,89 @@ class McpToolSource:
         if isinstance(message, mcp_types.ToolListChangedNotification):
             self.mark_stale()
         await trio.lowlevel.checkpoint()
+
+
+#: Inside :func:`_send_raw`: where :class:`_RawDispatcher` puts the raw result.
+_CAPTURE: ContextVar[list[dict[str, Any]] | None] = ContextVar("_mcp_capture", default=None)
+#: What the SDK is handed instead of a captured result: the least its models accept.
+_PLACEHOLDERS: Final[Mapping[str, Mapping[str, Any]]] = {
+    "tools/list": {"tools": []},
+    "tools/call": {"content": []},
+}
+
+
+class _RawDispatcher(JSONRPCDispatcher):
+    """The SDK's own dispatcher, which can hand the adapter a result as the
+    server sent it.
+
+    The SDK validates a whole result against its protocol models, so one
+    tool it cannot model (``inputSchema: {"type": ["object"]}``, an
+    ``outputSchema`` with an array root) loses every tool of the page, and a
+    ``structuredContent`` that is not an object fails the call, where the
+    adapter must decide tool by tool (MCP-03, MCP-06) and take any JSON
+    value (MCP-10).  Inside :func:`_send_raw`, the raw result of a
+    ``tools/list`` or ``tools/call`` goes to the capture and the SDK gets a
+    placeholder it always accepts; every other request, and every request
+    outside :func:`_send_raw`, is the SDK's as before.
+    """
+
+    async def send_raw_request(
+        self,
+        method: str,
+        params: Mapping[str, Any] | None,
+        opts: CallOptions | None = None,
+        *,
+        _related_request_id: Any = None,
+    ) -> dict[str, Any]:
+        raw = await super().send_raw_request(
+            method, params, opts, _related_request_id=_related_request_id
+        )
+        capture = _CAPTURE.get()
+        placeholder = _PLACEHOLDERS.get(method)
+        if capture is None or placeholder is None or _related_request_id is not None:
+            return raw
+        capture.append(raw)
+        return dict(placeholder)
+
+
+async def _send_raw(
+    session: ClientSession,
+    request: Any,
+    result_type: type[pydantic.BaseModel],
+    timeout: float | None = None,
+) -> Any:
+    """Send ``request`` through ``session``; its result as the server sent it
+    (JSON data) when the session runs on a :class:`_RawDispatcher`, else the
+    SDK's parsed ``result_type`` dumped back to JSON data (a session the host
+    built itself)."""
+    capture: list[dict[str, Any]] = []
+    token = _CAPTURE.set(capture)
+    try:
+        result = await session.send_request(
+            request, result_type, request_read_timeout_seconds=timeout
+        )
+    finally:
+        _CAPTURE.reset(token)
+    if capture:
+        return capture[0]
+    return result.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
+def _listing_page(raw: Any) -> tuple[list[Any], str | None]:
+    """A raw ``tools/list`` result's tools (each as sent, for the catalog to
+    admit or refuse) and next cursor (``None`` on the last page)."""
+    tools = raw.get("tools") if isinstance(raw, Mapping) else None
+    cursor = raw.get("nextCursor") if isinstance(raw, Mapping) else None
+    if not isinstance(tools, list) or not (cursor is None or isinstance(cursor, str)):
+        raise Error(
+            ErrorClass.MALFORMED_RESULT,
+            "MCP server sent a tool listing that is not a list of tools",
+            {
+                "reason": "invalid_listing",
+                "cause": "tools must be a list and nextCursor a string",
+            },
+        )
+    return tools, cursor or None
 
 
 def _check_paging(cursor: str | None, seen: set[str], pages: int, tools: int) -> None:
@@ -1023,10 +1119,9 @@ async def _open(
         async with (
             streams as (read_stream, write_stream),
             ClientSession(
-                read_stream,
-                write_stream,
                 read_timeout_seconds=read_timeout,
                 message_handler=source._on_message,
+                dispatcher=_RawDispatcher(read_stream, write_stream),
             ) as session,
         ):
             source.session = session
