@@ -7,7 +7,8 @@ Run as ``python raw_mcp_server.py``; the environment says what it sends:
 * ``RAW_PAGING``: ``"repeat"`` (every page names the cursor ``"again"``
   next) or ``"endless"`` (page ``n`` names cursor ``n + 1``, one tool each);
 * ``RAW_RESULT``: the JSON ``tools/call`` result, sent as it is (default:
-  the arguments received, as ``structuredContent``);
+  the call's ``result`` argument if it has one, else the arguments
+  received as ``structuredContent``);
 * ``RAW_GARBAGE``: set to write one line of non-UTF-8 bytes before every
   ``tools/call`` response.
 
@@ -58,6 +59,8 @@ def call(params: dict[str, Any]) -> Any:
         out.flush()
     if RESULT is not None:
         return json.loads(RESULT)
+    if isinstance(arguments, dict) and "result" in arguments:
+        return arguments["result"]
     text = [{"type": "text", "text": "ok"}]
     return {"content": text, "structuredContent": {"arguments": arguments}}
 

@@ -758,7 +758,7 @@ async def test_mcp_03_06_one_tool_the_sdk_cannot_model_loses_no_other(validate: 
         {"name": "schemaless"},
         "not a tool",
     ]
-    env = {"RAW_TOOLS": json.dumps(tools), "RAW_RESULT": json.dumps({"content": []})}
+    env = {"RAW_TOOLS": json.dumps(tools)}
     async with raw_server(env, validate_structured_content=validate) as source:
         assert {d.name for d in source.descriptors} == {
             "good",
@@ -773,3 +773,43 @@ async def test_mcp_03_06_one_tool_the_sdk_cannot_model_loses_no_other(validate: 
         bundle = source.admit(caller="host", run_id="run-1")
         assert {d.name for d in bundle.registry} == {d.name for d in source.descriptors}
         assert (await source.call_tool("list_typed", {})).is_error is False
+
+
+@pytest.mark.parametrize("validate", [False, True])
+async def test_mcp_10_structured_content_of_any_json_type_is_taken(validate: bool) -> None:
+    """MCP-10: a result's structuredContent may be any JSON value, and an
+    isError result is never checked, even for a tool with an outputSchema:
+    the SDK's result model (an object or nothing) does not decide.  A result
+    that is not one (bad content, a non-boolean isError) is still
+    ``malformed_result`` ``invalid_result``, uncertain."""
+    tools = [
+        {"name": "plain", "inputSchema": {"type": "object"}},
+        {
+            "name": "typed",
+            "inputSchema": {"type": "object"},
+            "outputSchema": {"type": "object", "required": ["x"]},
+        },
+    ]
+    env = {"RAW_TOOLS": json.dumps(tools)}
+    async with raw_server(env, validate_structured_content=validate) as source:
+        for value in ([1, 2], "text", 5, 2.5, True, None, {"k": 1}):
+            for is_error in (False, True):
+                sent = {"content": [], "structuredContent": value, "isError": is_error}
+                result = await source.call_tool("plain", {"result": sent})
+                assert (result.structured_content, result.is_error) == (value, is_error)
+                if is_error or not validate:
+                    result = await source.call_tool("typed", {"result": sent})
+                    assert (result.structured_content, result.is_error) == (value, is_error)
+        absent = await source.call_tool("plain", {"result": {"content": []}})
+        assert absent.structured_content is None
+        for malformed in (
+            {"content": [{"type": "hologram"}]},
+            {"content": "text"},
+            {"content": [], "isError": "yes"},
+            {"structuredContent": {}},
+        ):
+            with pytest.raises(Error) as info:
+                await source.call_tool("plain", {"result": malformed})
+            assert info.value.error_class is ErrorClass.MALFORMED_RESULT
+            assert info.value.details["reason"] == "invalid_result"
+            assert info.value.details["certainty"] == "uncertain"

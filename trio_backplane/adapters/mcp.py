@@ -693,6 +693,8 @@ class McpToolSource:
                     session, mcp_types.ListToolsRequest(params=params), mcp_types.ListToolsResult
                 )
                 pages += 1
+                if isinstance(raw, pydantic.BaseModel):  # a session the host built
+                    raw = raw.model_dump(by_alias=True, mode="json", exclude_none=True)
                 tools, cursor = _listing_page(raw)
                 definitions.extend(tools)
                 _check_paging(cursor, seen, pages, len(definitions))
@@ -733,11 +735,7 @@ class McpToolSource:
         try:
             # send_request, not ClientSession.call_tool: the SDK's own output
             # validation must not replace the opt-in one of spec 003 (MCP-09/10).
-            result = await session.send_request(
-                request,
-                mcp_types.CallToolResult,
-                request_read_timeout_seconds=self.call_timeout,
-            )
+            raw = await _send_raw(session, request, mcp_types.CallToolResult, self.call_timeout)
         except MCPError as exc:
             raise _mcp_error("tools/call", exc, tool=tool.name) from None
         except pydantic.ValidationError as exc:
@@ -753,7 +751,9 @@ class McpToolSource:
             ) from None
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:
             raise _transport_error("tools/call", exc, tool=tool.name) from None
-        return self.catalog.result(tool, _raw_result(result))
+        if isinstance(raw, mcp_types.CallToolResult):  # a session the host built
+            raw = _raw_result(raw)
+        return self.catalog.result(tool, _call_result(tool.name, raw))
 
     def _session(self) -> ClientSession:
         if self.session is None:
@@ -818,8 +818,7 @@ async def _send_raw(
 ) -> Any:
     """Send ``request`` through ``session``; its result as the server sent it
     (JSON data) when the session runs on a :class:`_RawDispatcher`, else the
-    SDK's parsed ``result_type`` dumped back to JSON data (a session the host
-    built itself)."""
+    SDK's parsed ``result_type`` (a session the host built itself)."""
     capture: list[dict[str, Any]] = []
     token = _CAPTURE.set(capture)
     try:
@@ -828,9 +827,7 @@ async def _send_raw(
         )
     finally:
         _CAPTURE.reset(token)
-    if capture:
-        return capture[0]
-    return result.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return capture[0] if capture else result
 
 
 def _listing_page(raw: Any) -> tuple[list[Any], str | None]:
@@ -870,6 +867,50 @@ def _check_paging(cursor: str | None, seen: set[str], pages: int, tools: int) ->
         message,
         {"reason": reason, "method": "tools/list", "pages": pages, "tools": tools},
     )
+
+
+_CONTENT: Final = pydantic.TypeAdapter(list[mcp_types.ContentBlock])
+
+
+def _call_result(name: str, raw: Any) -> dict[str, Any]:
+    """Tool ``name``'s raw ``tools/call`` result as the catalog takes it
+    (MCP-09, MCP-10).
+
+    ``content`` must be a list of content blocks the SDK models (dumped back
+    to JSON data) and ``isError`` a boolean if sent; ``structuredContent``
+    is kept as it was sent, any JSON value, and only when it was sent.
+    Anything else is ``malformed_result`` ``invalid_result``, uncertain.
+    """
+    cause = None
+    if not isinstance(raw, Mapping):
+        cause = "the result is not a JSON object"
+    elif raw.get("isError") is not None and type(raw.get("isError")) is not bool:
+        cause = "isError is not a boolean"
+    else:
+        try:
+            blocks = _CONTENT.validate_python(raw.get("content"), by_name=False)
+        except pydantic.ValidationError as exc:
+            cause = f"content: {exc}"
+    if cause is not None:
+        raise Error(
+            ErrorClass.MALFORMED_RESULT,
+            f"MCP tool {name!r} returned a malformed result",
+            {
+                "reason": "invalid_result",
+                "tool": name,
+                "certainty": "uncertain",
+                "cause": cause[:_MAX_CAUSE],
+            },
+        )
+    result: dict[str, Any] = {
+        "content": [
+            block.model_dump(by_alias=True, mode="json", exclude_none=True) for block in blocks
+        ],
+        "isError": raw.get("isError") is True,
+    }
+    if "structuredContent" in raw:
+        result["structuredContent"] = raw["structuredContent"]
+    return result
 
 
 def _raw_result(result: mcp_types.CallToolResult) -> dict[str, Any]:
