@@ -2,8 +2,8 @@
 
 Run as ``python raw_mcp_server.py``; the environment says what it sends:
 
-* ``RAW_TOOLS``: the JSON ``tools`` list of every ``tools/list`` page (a
-  ``plain`` tool if unset);
+* ``RAW_TOOLS``: the JSON ``tools`` list of every ``tools/list`` page (the
+  tools ``plain`` and ``calls`` if unset);
 * ``RAW_PAGING``: ``"repeat"`` (every page names the cursor ``"again"``
   next) or ``"endless"`` (page ``n`` names cursor ``n + 1``, one tool each);
 * ``RAW_RESULT``: the JSON ``tools/call`` result, sent as it is (default:
@@ -25,8 +25,8 @@ import sys
 from typing import Any
 
 out = sys.stdout.buffer
-PLAIN = {"name": "plain", "inputSchema": {"type": "object"}}
-TOOLS = json.loads(os.environ["RAW_TOOLS"]) if "RAW_TOOLS" in os.environ else [PLAIN]
+DEFAULT = [{"name": name, "inputSchema": {"type": "object"}} for name in ("plain", "calls")]
+TOOLS = json.loads(os.environ["RAW_TOOLS"]) if "RAW_TOOLS" in os.environ else DEFAULT
 PAGING = os.environ.get("RAW_PAGING")
 RESULT = os.environ.get("RAW_RESULT")
 GARBAGE = "RAW_GARBAGE" in os.environ

@@ -813,3 +813,41 @@ async def test_mcp_10_structured_content_of_any_json_type_is_taken(validate: boo
             assert info.value.error_class is ErrorClass.MALFORMED_RESULT
             assert info.value.details["reason"] == "invalid_result"
             assert info.value.details["certainty"] == "uncertain"
+
+
+class _Opaque:
+    pass
+
+
+@pytest.mark.parametrize("validate", [False, True])
+async def test_mcp_08_arguments_that_are_not_json_are_never_sent(validate: bool) -> None:
+    """MCP-08, whatever ``validate_arguments`` says: arguments that are not a
+    JSON object of JSON data are refused with ``validation``
+    ``invalid_arguments`` before a request is built, never a raw pydantic or
+    Unicode error; NaN is not sent as null, and a lone surrogate does not
+    kill the session (the backend makes each a Rejection, TOOL-19)."""
+    bad: list[Any] = [
+        [1, 2],
+        "text",
+        {"x": float("nan")},
+        {"x": float("inf")},
+        {"x": b"\xff"},
+        {"x": {1, 2}},
+        {"x": _Opaque()},
+        {1: "a"},
+        {"x": "\ud800"},
+    ]
+    async with raw_server({}, validate_arguments=validate) as source:
+        plain = next(d for d in source.descriptors if d.name == "plain")
+        for arguments in bad:
+            with pytest.raises(Error) as info:
+                await source.call_tool("plain", arguments)
+            assert info.value.error_class is ErrorClass.VALIDATION
+            assert info.value.details["reason"] == "invalid_arguments"
+            outcome = await plain.backend.execute(operation("plain", arguments))
+            assert isinstance(outcome, Rejection)
+            assert outcome.error.details["reason"] == "invalid_arguments"
+        calls = await source.call_tool("calls", {})
+        assert calls.structured_content == {"calls": []}
+        sent = await source.call_tool("plain", {"x": [1, 2.5, "é"]})
+        assert sent.structured_content == {"arguments": {"x": [1, 2.5, "é"]}}

@@ -71,6 +71,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 
 from ..errors import Error, ErrorClass, exception_leaves, require_methods
+from ..kernel import freeze, thaw
 from ..schema import CompiledSchema, Limits, SchemaOptions, check_bounds, compile_with
 from ..tools import (
     AdmittedBundle,
@@ -464,6 +465,7 @@ class McpCatalog:
         tool = self._tools.get(name)
         if tool is None:
             raise Error(ErrorClass.NOT_FOUND, "MCP server lists no such tool", {"tool": name})
+        _json_arguments(name, arguments)
         if self.validate_arguments:
             self._check(
                 tool.compiled_input,
@@ -519,6 +521,34 @@ class McpCatalog:
                 {"reason": "invalid_structured_content", "tool": tool.name},
             )
         return ToolResult(content, structured, is_error=False)
+
+
+def _json_arguments(name: str, arguments: Any) -> dict[str, Any] | None:
+    """Tool ``name``'s call ``arguments`` as the plain JSON object sent
+    (``None``: none), whatever ``validate_arguments`` says.
+
+    Anything else is refused with ``validation`` ``invalid_arguments``
+    before a request is built: a root that is not an object, a non-str key,
+    NaN or infinity (which the SDK's encoder would send as ``null``), a lone
+    surrogate (which kills the SDK's writer, and the session with it),
+    bytes or any other non-JSON object (MCP-08: invalid arguments are never
+    sent).
+    """
+    if arguments is None:
+        return None
+    problem = None
+    if isinstance(arguments, Mapping):
+        try:
+            return thaw(freeze(arguments, "arguments"))  # type: ignore[no-any-return]
+        except Error as error:
+            problem = error.message
+    else:
+        problem = f"arguments must be a JSON object, not {type(arguments).__name__}"
+    raise Error(
+        ErrorClass.VALIDATION,
+        f"arguments of MCP tool {name!r} are not a JSON object of JSON data",
+        {"reason": "invalid_arguments", "tool": name, "errors": [], "cause": problem},
+    )
 
 
 def _validator_crash(exc: BaseException) -> Error:
@@ -730,7 +760,9 @@ class McpToolSource:
         for the runtime, uncertain (the request may have reached the server)."""
         session = self._session()
         request = mcp_types.CallToolRequest(
-            params=mcp_types.CallToolRequestParams(name=tool.name, arguments=arguments),
+            params=mcp_types.CallToolRequestParams(
+                name=tool.name, arguments=_json_arguments(tool.name, arguments)
+            ),
         )
         try:
             # send_request, not ClientSession.call_tool: the SDK's own output
