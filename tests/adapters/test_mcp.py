@@ -851,3 +851,16 @@ async def test_mcp_08_arguments_that_are_not_json_are_never_sent(validate: bool)
         assert calls.structured_content == {"calls": []}
         sent = await source.call_tool("plain", {"x": [1, 2.5, "é"]})
         assert sent.structured_content == {"arguments": {"x": [1, 2.5, "é"]}}
+
+
+# -- a broken stdio transport ----------------------------------------------------------
+
+
+async def test_non_utf8_server_output_does_not_hang_a_call() -> None:
+    """A line of non-UTF-8 bytes on the server's stdout is one unparsable
+    message, not a dead reader that leaves every call waiting forever: the
+    response after it arrives."""
+    async with raw_server({"RAW_GARBAGE": "1"}) as source:
+        with trio.fail_after(5):
+            result = await source.call_tool("plain", {"n": 1})
+        assert result.structured_content == {"arguments": {"n": 1}}

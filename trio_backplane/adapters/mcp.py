@@ -1330,8 +1330,15 @@ async def connect_stdio(
         cache=cache,
         call_timeout=call_timeout,
     )
+    # "replace": one undecodable byte on the server's stdout must not kill
+    # the SDK's reader (which then drains stdout and never reports it, so a
+    # call would wait forever); the line fails to parse as JSON-RPC instead.
     params = StdioServerParameters(
-        command=command, args=list(args), env=None if env is None else dict(env), cwd=cwd
+        command=command,
+        args=list(args),
+        env=None if env is None else dict(env),
+        cwd=cwd,
+        encoding_error_handler="replace",
     )
     streams = stdio_client(params) if errlog is None else stdio_client(params, errlog=errlog)
     async with _open(streams, source, read_timeout, command) as opened:
