@@ -864,3 +864,26 @@ async def test_non_utf8_server_output_does_not_hang_a_call() -> None:
         with trio.fail_after(5):
             result = await source.call_tool("plain", {"n": 1})
         assert result.structured_content == {"arguments": {"n": 1}}
+
+
+async def test_host_timeout_on_a_failed_connection_is_too_slow(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The host's own ``fail_after`` firing while the connection has failed
+    (here a strict decoder dies on non-UTF-8 output, which the SDK's reader
+    never reports) is TooSlowError: a cancellation from outside propagates
+    as it is, not as a raw ExceptionGroup of the transport's errors (the
+    rule ``_open`` documents; no MCP- behaviour covers the transport)."""
+    real = mcp_adapter.StdioServerParameters
+
+    def strict(**options: Any) -> Any:
+        return real(**{**options, "encoding_error_handler": "strict"})
+
+    async def call_until(scope: trio.CancelScope) -> None:
+        async with connect_stdio(sys.executable, [RAW_SERVER], env={"RAW_GARBAGE": "1"}) as source:
+            scope.deadline = trio.current_time() + 0.5  # connected: the host waits no more
+            await source.call_tool("plain", {})
+
+    monkeypatch.setattr(mcp_adapter, "StdioServerParameters", strict)
+    with pytest.raises(trio.TooSlowError), trio.fail_after(30) as scope:
+        await call_until(scope)

@@ -1183,7 +1183,10 @@ async def _open(
     block) or as it closes is ``Error(transient_transport)`` with ``method``
     ``"session"``.  What the caller's block itself raises passes through as
     it was raised; cancellations, ``KeyboardInterrupt`` and ``SystemExit``
-    propagate unchanged.
+    propagate unchanged.  A cancellation from outside wins over a
+    connection that failed meanwhile: it propagates as a plain
+    ``Cancelled`` (so ``fail_after`` raises ``TooSlowError``), not grouped
+    with the transport's raw errors.
     """
     opened = False
     from_block: BaseException | None = None
@@ -1216,7 +1219,7 @@ async def _open(
         failure = _exit_failure(exception_leaves(exc), from_block, opened, server)
         if failure is None or failure is exc:
             raise
-        if failure is not from_block:
+        if failure is not from_block and not isinstance(failure, trio.Cancelled):
             raise failure from exc  # classed here
         # The block's own exception, wrapped by the SDK's task group: raised
         # again below, outside this handler, as it was.
@@ -1230,17 +1233,25 @@ def _exit_failure(
 ) -> BaseException | None:
     """What leaving a connection raises, given the exceptions it ended with
     (``leaves``) and the one the caller's block raised: a classed ``Error``,
-    the block's own exception, or ``None`` for what came as it is."""
+    the block's own exception, a plain ``Cancelled``, or ``None`` for what
+    came as it is."""
+    if any(not isinstance(leaf, Exception | trio.Cancelled) for leaf in leaves):
+        return None  # KeyboardInterrupt, SystemExit
+    cancelled = [leaf for leaf in leaves if isinstance(leaf, trio.Cancelled)]
+    if cancelled:
+        # Someone else's cancellation (the SDK's own scopes absorb the ones
+        # they deliver, to the block when the connection fails): it wins over
+        # a connection that failed meanwhile and propagates alone, as a plain
+        # Cancelled, so the scope that cancelled takes it (``fail_after``
+        # raises TooSlowError), never a raw group of the transport's errors.
+        # The block's own exception, if it raised one, passes through.
+        return from_block if from_block is not None else cancelled[0]
     if not opened:
         return _connect_failure(leaves, server, "connect")
     # What the connection itself raised, beside the block's own exception.
     lost = [leaf for leaf in leaves if leaf is not from_block]
     if not lost:
         return from_block
-    if any(isinstance(leaf, trio.Cancelled) for leaf in leaves):
-        # someone else's cancellation (the SDK's own scope absorbs the one it
-        # delivers to the block when the connection fails): nothing is reclassed
-        return None
     if from_block is None or isinstance(from_block, trio.Cancelled):
         return _connect_failure(lost, server, "session")
     if isinstance(from_block, Error) and all(isinstance(leaf, Exception) for leaf in lost):
