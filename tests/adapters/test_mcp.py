@@ -170,6 +170,20 @@ async def test_mcp_01_validation_is_opt_in_per_client() -> None:
         assert info.value.error_class is ErrorClass.MALFORMED_RESULT
 
 
+async def test_mcp_01_an_sdk_without_the_raw_dispatch_hook_keeps_its_own_models(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MCP-01: on an SDK whose dispatcher lacks the hook the adapter uses to
+    read results as sent, sessions fall back to the SDK's own result models:
+    listing and calling still work (only MCP-03/06/10's per-item handling
+    is then the SDK's)."""
+    monkeypatch.setattr(mcp_adapter, "_RAW_DISPATCH", False)
+    async with server() as source:
+        assert "lookup" in source.catalog.tools
+        result = await source.call_tool("lookup", {"user": {"id": 1}, "mode": "fast"})
+        assert result.structured_content == {"id": 1, "name": "user-1"}
+
+
 # -- MCP-02 ------------------------------------------------------------------------
 
 

@@ -53,6 +53,7 @@ whatever those flags say (MCP-01).  Server annotations such as
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import math
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
@@ -842,6 +843,30 @@ class _RawDispatcher(JSONRPCDispatcher):
         return dict(placeholder)
 
 
+def _raw_dispatch_supported() -> bool:
+    """Whether this SDK's dispatcher has the hook :class:`_RawDispatcher`
+    overrides (a private keyword of ``send_raw_request``, SDK 2.3): on an SDK
+    without it, sessions keep the SDK's own result models (each
+    ``tools/list`` page and ``tools/call`` result validated whole)."""
+    try:
+        parameters = inspect.signature(JSONRPCDispatcher.send_raw_request).parameters
+        session = inspect.signature(ClientSession).parameters
+    except (TypeError, ValueError, AttributeError):  # pragma: no cover - another SDK
+        return False
+    return "_related_request_id" in parameters and "dispatcher" in session
+
+
+_RAW_DISPATCH: Final = _raw_dispatch_supported()
+
+
+def _streams(read_stream: Any, write_stream: Any) -> dict[str, Any]:
+    """How a ``ClientSession`` gets its streams: through a
+    :class:`_RawDispatcher` where the SDK allows it."""
+    if _RAW_DISPATCH:
+        return {"dispatcher": _RawDispatcher(read_stream, write_stream)}
+    return {"read_stream": read_stream, "write_stream": write_stream}
+
+
 async def _send_raw(
     session: ClientSession,
     request: Any,
@@ -1197,7 +1222,7 @@ async def _open(
             ClientSession(
                 read_timeout_seconds=read_timeout,
                 message_handler=source._on_message,
-                dispatcher=_RawDispatcher(read_stream, write_stream),
+                **_streams(read_stream, write_stream),
             ) as session,
         ):
             source.session = session
