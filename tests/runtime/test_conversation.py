@@ -1335,6 +1335,10 @@ async def test_a_new_run_continues_the_committed_messages_of_a_finished_one(
     assert [m["role"] for m in sent[4:]] == ["user"]
     assert contents(request.messages)[4:] == ["and now?"]
     assert contents(snapshot.messages) == [*contents(earlier), "and now?", "a2"]
+    # ids stay unique in the new run: its first message does not take the
+    # id of the continued run's first one (both runs are at incarnation 1)
+    ids = [m["id"] for m in snapshot.messages if "id" in m]
+    assert len(ids) == len(set(ids)) == 2, ids
 
 
 @pytest.mark.parametrize(

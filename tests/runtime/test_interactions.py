@@ -267,8 +267,14 @@ async def test_int_05_evt_11_answer_delivered_after_the_resolution_commit(
     [(resolved_at, _)] = host.resolved
     assert resolved_at == requested_at + 10.0 + 4.0
     assert log["answered_at"] == resolved_at
-    # the answer was committed before the backend saw it
+    # the answer was committed before the backend saw it: the stored record
+    # says which interaction was answered, and how (spec 002: durable before
+    # the worker goes on, so a crash right after resolve loses nothing)
     assert pending_of(records[0]) is None
+    assert records[0] is not None
+    assert records[0].conversation is not None
+    resolved = thaw(records[0].conversation["resolved_interaction"])
+    assert resolved == {"interaction_id": interaction_id, "answer": {"branch": "main"}}
     resolution = [
         at
         for kind, record, at in faulty.acknowledged

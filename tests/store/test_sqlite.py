@@ -554,6 +554,31 @@ async def test_commit_5000_writes_and_encodes_what_commit_10_did(
     assert await store.load("long") == record
 
 
+async def test_sto_06_a_damaged_schema_text_is_storage_failed(tmp_path: Path) -> None:
+    """STO-06: a store file whose schema text is no longer UTF-8 (a torn
+    write, a bad sector) is ``storage_failed`` naming the file, never a raw
+    UnicodeDecodeError; ``backplane`` reports it without a traceback."""
+    path = tmp_path / "runs.db"
+    async with SQLiteStore(path) as store:
+        await _fresh(store, "r")
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    data = bytearray(path.read_bytes())
+    name = data.find(b"tablerun_partsrun_parts", 0, 4096)
+    assert name > 0
+    data[name + 5 : name + 7] = b"\xff\xfe"  # the table name's first bytes: not UTF-8
+    path.write_bytes(bytes(data))
+    async with SQLiteStore(path) as store:
+        with pytest.raises(Error) as info:
+            await store.load("r")
+    assert info.value.error_class is ErrorClass.STORAGE_FAILED
+    assert info.value.details["path"] == str(path)
+    from trio_backplane.cli import main
+
+    assert main(["runs", "list", str(path)]) == 2
+
+
 @pytest.mark.parametrize("where", ["directory", "missing-parent", "not-a-database"])
 async def test_a_file_that_cannot_be_a_store_says_which_and_why(tmp_path: Path, where: str) -> None:
     """A path that is a directory, under a missing directory, or a file that

@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import math
+import re
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final
@@ -128,6 +129,26 @@ def _check_timeout(name: str, value: Any) -> float:
             {"option": name, "maximum": MAX_TIMEOUT},
         )
     return float(value)
+
+
+_OUR_ID: Final = re.compile(r"[a-z_]+-([0-9]+)-([0-9]+)")
+
+
+def _first_id(record: RunRecord) -> int:
+    """Where this conversation's ids (``<kind>-<incarnation>-<n>``) start:
+    past any the record's transcript already holds for its incarnation (a
+    run started from another's committed messages), so ids stay unique in
+    the run."""
+    state = record.conversation or {}
+    highest = 0
+    prefix = f"-{record.incarnation}-"
+    for message in state.get("messages", ()):
+        ident = message.get("id") if isinstance(message, Mapping) else None
+        if type(ident) is str and prefix in ident:
+            found = _OUR_ID.fullmatch(ident)
+            if found and int(found[1]) == record.incarnation:
+                highest = max(highest, int(found[2]))
+    return highest + 1
 
 
 def _check_content(content: Any) -> Any:
@@ -304,7 +325,7 @@ class Conversation:
         self._commit_lock = trio.Lock()
         self._last_error: Error | None = None
         self._resource_cleanup = ResourceCleanup()
-        self._ids = itertools.count(1)
+        self._ids = itertools.count(_first_id(record))
         self._worker: trio.CancelScope | None = None
         self._worker_running = False
         self._stop_reason: str | None = None  # "cancelled" | "deadline_exceeded" | "uncertain"

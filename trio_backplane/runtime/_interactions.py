@@ -94,7 +94,7 @@ async def resolve(c: Conversation, interaction_id: Any, answer: Any) -> None:
         )
     if c._stop_reason is not None:
         raise Error(ErrorClass.CANCELLED, "the run was cancelled")
-    freeze(answer, "interaction answer")  # JSON data only: it is committed
+    answered = freeze(answer, "interaction answer")  # JSON data only: it is committed
     pending.resolving = True
     waited = c._now() - pending.started
     deadline = c._record.deadline
@@ -104,7 +104,12 @@ async def resolve(c: Conversation, interaction_id: Any, answer: Any) -> None:
     from ._conversation import _StorageFailed
 
     try:
-        await c._checkpoint(lambda s: {**s, "pending_interaction": None}, extra)
+        # The answer is durable before the worker goes on (spec 002): after a
+        # crash the record says which interaction was answered, and how.
+        resolved = {"interaction_id": pending.interaction_id, "answer": answered}
+        await c._checkpoint(
+            lambda s: {**s, "pending_interaction": None, "resolved_interaction": resolved}, extra
+        )
     except _StorageFailed as failed:
         raise failed.error from None
     except BaseException:

@@ -505,7 +505,7 @@ class SQLiteStore:
             return fn(self._connect())
         except Error:
             raise
-        except (sqlite3.Error, OSError) as exc:
+        except (sqlite3.Error, OSError, UnicodeDecodeError) as exc:  # a damaged file too
             self._after_failure()
             raise _storage_failed(exc, path=self._path) from exc
 
@@ -864,7 +864,7 @@ class SQLiteStore:
             if inject == "before":
                 _injected_failure()
             conn.execute("COMMIT")
-        except (sqlite3.Error, OSError, Error) as exc:
+        except (sqlite3.Error, OSError, UnicodeDecodeError, Error) as exc:
             failure = (
                 exc if isinstance(exc, Error) else _storage_failed(exc, "commit failed", self._path)
             )
