@@ -370,3 +370,50 @@ async def test_nest_04_arguments_that_cannot_be_walked_are_validation(
     assert inner.calls == 0
     assert len(finished.record.intents) == 3  # two provider attempts and the outer tool
     assert finished.record.state == "completed"
+
+
+def _nested_intent(kind: str, record: RunRecord) -> bool:
+    return kind == "tool_invoked" and any(
+        v.get("tool_name") == "inner" for v in record.intents.values()
+    )
+
+
+@pytest.mark.parametrize("in_nursery", [False, True], ids=["direct", "in-a-nursery"])
+async def test_can_17_a_nested_commit_outliving_commit_timeout_is_storage_failed(
+    autojump_clock: MockClock, in_nursery: bool
+) -> None:
+    """CAN-17: when the nested call's intent commit outlives
+    ``commit_timeout``, the outer tool's ``nested_dispatch`` raises an
+    ``Error`` of class ``storage_failed`` (never an internal exception),
+    the conversation is ``storage_failed``, and leaving the block raises
+    nothing, also when the outer tool ran the call in its own nursery."""
+    seen: list[Any] = []
+    faulty = FaultyStore()
+    faulty.add(Fault("delay", when=_nested_intent, delay=10.0))
+    inner = RecordingBackend(ToolResult("never"))
+
+    async def outer(operation: Any) -> ToolResult:
+        async def call() -> None:
+            try:
+                await operation.context.nested_dispatch("inner", {})
+            except BaseException as exc:
+                seen.append(exc)
+                raise
+
+        if in_nursery:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(call)
+                nursery.start_soon(trio.sleep, 50.0)
+        else:
+            await call()
+        return ToolResult("unreachable")
+
+    tools = [make_tool("cell", RecordingBackend(outer)), make_tool("inner", inner)]
+    finished, _ = await run_with_host(
+        calls_then_done(("c1", "cell", {})), tools, store=faulty, commit_timeout=1.0
+    )
+    [error] = seen
+    assert isinstance(error, Error)
+    assert error.error_class is ErrorClass.STORAGE_FAILED
+    assert finished.snapshot.phase == "storage_failed"
+    assert inner.calls == 0

@@ -488,10 +488,12 @@ class Conversation:
             budget.suspend()
         self._watch_poke.set()
 
-    def _resume_deadlines(self) -> None:
-        self._run_budget.resume()
+    def _resume_deadlines(self, at: float | None = None) -> None:
+        """Resume the budgets a human wait suspended, as of ``at`` (when the
+        wait ended; default now)."""
+        self._run_budget.resume(at)
         for budget in self._effects:
-            budget.resume()
+            budget.resume(at)
         self._watch_poke.set()
 
     async def cancel(self) -> None:

@@ -73,7 +73,7 @@ class DeadlineBudget:
         self._generation += 1
         return self._generation
 
-    def resume(self) -> int:
+    def resume(self, at: float | None = None) -> int:
         """Re-arm with only the remaining time; returns the new generation.
         A budget that was not suspended (armed during the wait) is left alone."""
         if not self._suspended:
@@ -81,7 +81,7 @@ class DeadlineBudget:
         self._generation += 1
         self._suspended = False
         if self._scope is not None:
-            self._scope.deadline = self._now() + self._remaining
+            self._scope.deadline = (self._now() if at is None else at) + self._remaining
         return self._generation
 
     def timed_out(self, generation: int | None = None) -> bool:

@@ -26,13 +26,24 @@ __all__ = ["Pending", "resolve", "wait_for_human"]
 class Pending:
     """The one interaction a conversation may have open."""
 
-    __slots__ = ("answer", "delivered", "interaction_id", "request", "resolving", "started")
+    __slots__ = (
+        "answer",
+        "answered_at",
+        "delivered",
+        "interaction_id",
+        "request",
+        "resolving",
+        "started",
+    )
 
     def __init__(self, interaction_id: str, request: Any, started: float) -> None:
         self.interaction_id = interaction_id
         self.request = request
         self.started = started
         self.resolving = False
+        #: when ``resolve`` measured the wait it committed: the wait ends
+        #: there, for the stored deadline and the resumed budgets alike
+        self.answered_at: float | None = None
         self.answer: Any = None
         self.delivered = trio.Event()
 
@@ -75,14 +86,18 @@ async def wait_for_human(c: Conversation, request: Any) -> tuple[Any, float]:
         # A cancellation accepted after the answer was committed but before
         # this task ran again wins: the answer never reaches the effect (INT-11).
         await trio.lowlevel.checkpoint_if_cancelled()
-        return pending.answer, c._now() - pending.started
+        answered_at = pending.answered_at if pending.answered_at is not None else c._now()
+        return pending.answer, answered_at - pending.started
     finally:
         if c._pending is pending:
             c._pending = None
         if c._phase == "waiting_interaction":
             c._phase = "running"
         if suspended:
-            c._resume_deadlines()
+            # The wait ended when ``resolve`` measured it (the stored deadline
+            # moved by exactly that); the resolution commit after it counts
+            # against the budgets, as commits do (rule 5, INT-07).
+            c._resume_deadlines(at=pending.answered_at)
 
 
 async def resolve(c: Conversation, interaction_id: Any, answer: Any) -> None:
@@ -96,7 +111,8 @@ async def resolve(c: Conversation, interaction_id: Any, answer: Any) -> None:
         raise Error(ErrorClass.CANCELLED, "the run was cancelled")
     answered = freeze(answer, "interaction answer")  # JSON data only: it is committed
     pending.resolving = True
-    waited = c._now() - pending.started
+    pending.answered_at = c._now()
+    waited = pending.answered_at - pending.started
     deadline = c._record.deadline
     extra: dict[str, Any] = {}
     if deadline is not None:
@@ -117,6 +133,7 @@ async def resolve(c: Conversation, interaction_id: Any, answer: Any) -> None:
         # kernel refused it): the interaction is still open, and a retry of
         # this resolve must find it (INT-04).
         pending.resolving = False
+        pending.answered_at = None
         raise
     if c._stop_reason is not None:
         raise Error(ErrorClass.CANCELLED, "the run was cancelled")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ..errors import Error, ErrorClass
+from ..errors import Error, ErrorClass, exception_leaves
 from ..kernel import (
     Command,
     FrozenDict,
@@ -134,6 +134,8 @@ class ToolContext:
         self._nested_busy = True
         try:
             return await self._loop._nested(self, tool_name, arguments)
+        except _StorageFailed as failed:  # the nested intent or result commit failed (CAN-17)
+            raise failed.error from None
         except _Stop:
             raise _stopping() from None  # settled meanwhile: classed for the backend
         finally:
@@ -933,6 +935,19 @@ class TurnLoop:
                     raise
                 except Exception as exc:
                     result = exc
+                except BaseExceptionGroup as group:
+                    # The backend's own nursery, cancelled with the rest of the
+                    # run: the cancellation goes on alone (its scope takes it),
+                    # the backend's other errors with the interrupted effect.
+                    # KeyboardInterrupt and SystemExit inside propagate as is.
+                    if any(
+                        not isinstance(leaf, Exception | trio.Cancelled)
+                        for leaf in exception_leaves(group)
+                    ):
+                        raise
+                    cancelled, _ = group.split(trio.Cancelled)
+                    assert cancelled is not None  # else it is an ExceptionGroup: above
+                    raise cancelled from None
         finally:
             operation.context._end()
             c._effects.remove(budget)
