@@ -475,7 +475,7 @@ def _check_store_file(path: str) -> None:
         version = None
     except UnicodeDecodeError as exc:  # a damaged file: its schema text is not UTF-8
         raise _UsageError(f"cannot read {path!r}: damaged ({exc.reason})") from None
-    if version is None or not str(version[0]).isdigit():
+    if version is None or not (str(version[0]).isascii() and str(version[0]).isdigit()):
         raise _UsageError(f"{path!r} is not a trio_backplane store (no layout version)")
 
 

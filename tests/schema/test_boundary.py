@@ -650,6 +650,22 @@ def test_sch_20_no_network_or_file_access(no_io: list[str], ref: str) -> None:
     assert no_io == []
 
 
+@pytest.mark.parametrize("index", ["\u00b2", "\u0663", "01", "+1", " 1"], ids=repr)
+def test_sch_21_an_array_index_is_ascii_digits_without_a_leading_zero(index: str) -> None:
+    """SCH-21: a pointer token indexes an array only as RFC 6901 writes one
+    (ASCII digits, no leading zero): "²" or "٣" (which ``str.isdigit``
+    takes) resolve nowhere, a classed ``validation`` "unresolved", never a
+    raw ValueError, and never another item."""
+    schema = {
+        "type": "object",
+        "prefixItems": [True, True, True, True],
+        "properties": {"a": {"$ref": f"#/prefixItems/{index}"}},
+    }
+    with pytest.raises(Error) as exc:
+        validate_schema(schema)
+    assert refused(exc, ErrorClass.VALIDATION)["reason"] == "unresolved"
+
+
 @pytest.mark.parametrize("ref", ["#/$defs/missing", "#nowhere", "#/properties/a/items"])
 def test_sch_21_local_reference_must_resolve(ref: str) -> None:
     """SCH-21: unresolved local references fail validate_schema, even unused."""

@@ -21,6 +21,7 @@ The result names the external resources the engine needs, and nothing else.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
 from urllib.parse import unquote
@@ -95,6 +96,10 @@ class _Multiplies(Exception):
         self.step = step
         self.reason = reason
 
+
+#: An array index in a JSON pointer (RFC 6901): ASCII digits, no leading zero
+#: (``str.isdigit`` also takes "²" or "٣", which ``int`` then refuses or reads).
+_ARRAY_INDEX: Final = re.compile(r"0|[1-9][0-9]*")
 
 #: The instance steps a schema recurses through (``check_recursive_fanout``).
 _Steps = set[tuple[Any, ...]] | frozenset[tuple[Any, ...]]
@@ -598,7 +603,7 @@ class Preflight:
             if type(node) is dict and token in node:
                 node = node[token]
                 steps.append(token)
-            elif type(node) is list and token.isdigit() and int(token) < len(node):
+            elif type(node) is list and _ARRAY_INDEX.fullmatch(token) and int(token) < len(node):
                 node = node[int(token)]
                 steps.append(int(token))
             else:
