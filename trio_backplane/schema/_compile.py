@@ -704,3 +704,4 @@ def check_bounds(
     result.resources.setdefault(DEFAULT_BASE, (number, ()))
     result.resolve_references()  # local targets outside subschema positions
     result.check_fanout()
+    result.check_annotation_fanout()

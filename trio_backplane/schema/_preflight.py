@@ -34,7 +34,7 @@ from ._instance import first_violation
 from ._instance import json_pointer as _pointer
 from ._options import Limits
 
-__all__ = ["DEFAULT_BASE", "FANOUT_FACTOR", "Preflight", "preflight"]
+__all__ = ["ANNOTATION_FANOUT", "DEFAULT_BASE", "FANOUT_FACTOR", "Preflight", "preflight"]
 
 #: The base URI of a document without ``$id`` (the engine uses the same one).
 DEFAULT_BASE: Final = "json-schema:///"
@@ -47,6 +47,16 @@ DEFAULT_BASE: Final = "json-schema:///"
 #: the worst case near 10 ms per instance location, where levels of ``allOf``
 #: of two references double it per level (40 levels never finish).
 FANOUT_FACTOR: Final = 10
+#: A schema with ``unevaluatedProperties``/``unevaluatedItems`` makes the
+#: engine evaluate its branching in-place subschemas (``anyOf``, ``oneOf``,
+#: ``if``/``then``/``else``) again to collect their annotations, and levels of
+#: them nested double the work per level (measured: 22 levels of ``anyOf``
+#: under ``unevaluatedProperties``, a 1.5 KB schema, took 10 s per call).
+#: Counting each such branch twice, a schema's weight may be at most this
+#: (and at most ``FANOUT_FACTOR`` times ``max_subschemas``): about 0.05 s.
+ANNOTATION_FANOUT: Final = 65_536
+_BRANCHING: Final = frozenset({"anyOf", "oneOf", "if", "then", "else"})
+_ANNOTATING: Final = ("unevaluatedProperties", "unevaluatedItems")
 
 DRAFT_2020_12: Final = "https://json-schema.org/draft/2020-12/schema"
 DRAFT_07: Final = "http://json-schema.org/draft-07/schema"
@@ -193,6 +203,7 @@ class Preflight:
         "_registry",
         "allow_external_refs",
         "anchors",
+        "annotating",
         "bases",
         "bounds_only",
         "children",
@@ -247,6 +258,8 @@ class Preflight:
         self.walked: dict[Location, tuple[str, int]] = {}
         #: a schema's subschema positions, and what its references resolve to
         self.children: dict[Location, tuple[Path, ...]] = {}
+        #: schemas holding ``unevaluated*`` (``check_annotation_fanout``)
+        self.annotating: set[Location] = set()
         self.targets: dict[Location, list[Location]] = {}
         self.refs: list[tuple[Location, str, str]] = []  # (where, keyword, reference)
         #: each reference's targets, by the schema holding it: a ``$dynamicRef``
@@ -326,6 +339,8 @@ class Preflight:
                 )
             if type(node) is not dict:
                 continue  # booleans; anything else is the meta-schema's to refuse
+            if _ANNOTATING[0] in node or _ANNOTATING[1] in node:
+                self.annotating.add(loc)
             if hidden and not self.bounds_only:
                 self._refuse_hidden_resource(node, path)
             declared = node.get("$schema")
@@ -676,6 +691,30 @@ class Preflight:
             if total[loc] > maximum:
                 raise limit_error("ref_fanout", "max_subschemas", maximum, path=_pointer(loc[1]))
 
+    def check_annotation_fanout(self) -> None:
+        """Refuse a schema whose ``unevaluated*`` keywords make the engine
+        evaluate nested branches exponentially often (SCH-33; see
+        ``ANNOTATION_FANOUT``): each subschema weighs 1 plus its children's
+        weights, a branching child of a schema holding ``unevaluated*``
+        counted twice.  Linear: children before parents, each once."""
+        if not self.annotating:
+            return
+        maximum = min(ANNOTATION_FANOUT, FANOUT_FACTOR * self._limits.max_subschemas)
+        weight: dict[Location, int] = {}
+        for loc in sorted(self.walked, key=lambda loc: len(loc[1]), reverse=True):
+            number, path = loc
+            key = len(path)
+            doubled = loc in self.annotating
+            total = 1
+            for child in self.children.get(loc, ()):
+                added = weight.get((number, child), 1)
+                total += 2 * added if doubled and child[key] in _BRANCHING else added
+            if total > maximum:
+                raise limit_error(
+                    "annotation_fanout", "max_subschemas", maximum, path=_pointer(path)
+                )
+            weight[loc] = total
+
     def check_recursive_fanout(self) -> None:
         """Find recursion that evaluates one instance location exponentially
         often in the instance's depth (SCH-33), and note where in
@@ -954,5 +993,6 @@ def preflight(
     result.resolve_references()
     result.check_cycles()
     result.check_fanout()
+    result.check_annotation_fanout()
     result.check_recursive_fanout()
     return result
