@@ -196,3 +196,62 @@ def test_events_round_trip(
 ) -> None:
     event = RunEvent("run.start", occurred_at, payload, sequence)
     assert decode_event(json.loads(json.dumps(encode_event(event)))) == event
+
+
+@pytest.mark.parametrize(
+    "field", ["incarnation", "revision", "state", "intents", "budget", "active_provider"]
+)
+def test_sto_09_a_stored_record_missing_a_field_is_refused(field: str) -> None:
+    """STO-09: every field is written, so a stored record lacking one is
+    damaged: ``validation``, never a default filled in (a missing
+    incarnation read as 1 would undo a fence; a missing budget, reset it)."""
+    record, _ = transition(running(), cmd("provider_started"))
+    data = json.loads(json.dumps(encode_record(record)))
+    del data[field]
+    with pytest.raises(Error) as info:
+        decode_record(data)
+    assert info.value.error_class is ErrorClass.VALIDATION
+    assert info.value.details["missing"] == [field]
+
+
+def test_sto_09_stored_active_work_must_be_what_the_kernel_reads() -> None:
+    """STO-09: an active provider without its ids, or an active tool without
+    its intent, is refused at decode (the kernel would fail on it later
+    with a raw KeyError)."""
+    record, _ = transition(running(), cmd("provider_started"))
+    data = json.loads(json.dumps(encode_record(record)))
+    broken = {**data, "active_provider": {"turn": "x"}}
+    with pytest.raises(Error, match="active provider"):
+        decode_record(broken)
+    orphan = {**data, "active_provider": None, "active_tools": {"invocation-9": {}}}
+    with pytest.raises(Error, match="no intent"):
+        decode_record(orphan)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"type": 5},
+        {"type": ""},
+        {"occurred_at": "yesterday"},
+        {"occurred_at": float("nan")},
+        {"occurred_at": True},
+        {"sequence": "7"},
+        {"sequence": 0},
+        {"sequence": True},
+        {"payload": None},
+        {"payload": [1]},
+        {"run_id": "other"},
+    ],
+    ids=repr,
+)
+def test_sto_09_a_stored_event_is_checked_as_strictly_as_a_record(
+    change: dict[str, Any],
+) -> None:
+    """STO-09: a stored event of the wrong shape (types, a NaN time, a
+    missing payload, an extra key) is ``validation``, never read as
+    something else."""
+    good = encode_event(RunEvent("run.start", 1.0, {"state": "running"}, 3))
+    with pytest.raises(Error) as info:
+        decode_event({**good, **change})
+    assert info.value.error_class is ErrorClass.VALIDATION

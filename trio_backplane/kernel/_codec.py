@@ -10,10 +10,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import attrs
 import cattrs
 
 from ..errors import Error, ErrorClass
-from ._records import SCHEMA_VERSION, Budget, RunEvent, RunRecord, thaw
+from ._records import (
+    MAX_INT,
+    SCHEMA_VERSION,
+    Budget,
+    FrozenDict,
+    RunEvent,
+    RunRecord,
+    freeze,
+    is_time,
+    thaw,
+)
 
 __all__ = ["decode_event", "decode_record", "encode_event", "encode_record"]
 
@@ -124,8 +135,15 @@ def decode_record(data: Mapping[str, Any]) -> RunRecord:
             "stored record was written by a newer trio_backplane",
             {"schema_version": version, "supported": SCHEMA_VERSION},
         )
+    missing = _RECORD_FIELDS.difference(data)
+    if missing:  # every field is written: a default would undo a fence, say
+        raise Error(
+            ErrorClass.VALIDATION,
+            "stored record lacks fields",
+            {"missing": sorted(missing)[:20]},
+        )
     try:
-        return _converter.structure(dict(data), RunRecord)
+        record: RunRecord = _converter.structure(dict(data), RunRecord)
     except Error:
         raise
     except Exception as exc:  # cattrs raises class groups; say what is wrong
@@ -134,6 +152,28 @@ def decode_record(data: Mapping[str, Any]) -> RunRecord:
             "stored record does not decode",
             {"cause": f"{type(exc).__name__}: {exc}"[:500]},
         ) from exc
+    _check_active_work(record)
+    return record
+
+
+_RECORD_FIELDS: frozenset[str] = frozenset(field.name for field in attrs.fields(RunRecord))
+
+
+def _check_active_work(record: RunRecord) -> None:
+    """What the kernel reads of a decoded record's active work is there: the
+    active provider attempt's ids, an intent for every active tool."""
+    provider = record.active_provider
+    if provider is not None and not (
+        type(provider.get("attempt_id")) is str and type(provider.get("step_id")) is str
+    ):
+        raise Error(ErrorClass.VALIDATION, "stored active provider lacks its ids")
+    for invocation_id in record.active_tools:
+        if f"tool:{invocation_id}" not in record.intents:
+            raise Error(
+                ErrorClass.VALIDATION,
+                "stored active tool has no intent",
+                {"invocation_id": invocation_id[:100]},
+            )
 
 
 def encode_event(event: RunEvent) -> dict[str, Any]:
@@ -149,14 +189,28 @@ def encode_event(event: RunEvent) -> dict[str, Any]:
 
 def decode_event(data: Mapping[str, Any]) -> RunEvent:
     """A ``RunEvent`` from :func:`encode_event` output."""
-    if not isinstance(data, Mapping) or not {"type", "occurred_at", "payload"} <= data.keys():
+    if (
+        not isinstance(data, Mapping)
+        or not {"type", "occurred_at", "payload"} <= data.keys()
+        or not data.keys() <= _EVENT_FIELDS
+    ):
         raise Error(
             ErrorClass.VALIDATION,
-            "a stored event must be a mapping with type, occurred_at, payload",
+            "a stored event must be a mapping with type, occurred_at, payload (and sequence) only",
         )
-    return RunEvent(
-        type=data["type"],
-        occurred_at=data["occurred_at"],
-        payload=data["payload"],
-        sequence=data.get("sequence"),
-    )
+    kind, at, payload = data["type"], data["occurred_at"], data["payload"]
+    sequence = data.get("sequence")
+    if type(kind) is not str or not kind:
+        raise Error(ErrorClass.VALIDATION, "stored event type must be a non-empty str")
+    if not is_time(at):
+        raise Error(ErrorClass.VALIDATION, "stored event time must be a finite number")
+    if not isinstance(payload, Mapping):
+        raise Error(ErrorClass.VALIDATION, "stored event payload must be a mapping")
+    if sequence is not None and (type(sequence) is not int or not 0 < sequence < MAX_INT):
+        raise Error(ErrorClass.VALIDATION, "stored event sequence must be a positive int")
+    freeze(kind, "stored event type")  # Unicode text
+    frozen = payload if type(payload) is FrozenDict else freeze(payload, "stored event payload")
+    return RunEvent(type=kind, occurred_at=at, payload=frozen, sequence=sequence)
+
+
+_EVENT_FIELDS: frozenset[str] = frozenset({"type", "occurred_at", "payload", "sequence"})
