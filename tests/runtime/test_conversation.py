@@ -802,7 +802,18 @@ async def test_conv_19_continue_appends_without_prompt_hook(autojump_clock: Any)
     assert contents(finished.messages) == ["hello", "a1", "keep going", "a2"]
 
 
-@pytest.mark.parametrize("result", ["continue", None, "STOP", {"stop": True}, 1], ids=repr)
+class _EqRaises:
+    """A result whose ``==`` raises (an array-like's)."""
+
+    def __eq__(self, other: object) -> bool:
+        raise ValueError("ambiguous truth value")
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize(
+    "result", ["continue", None, "STOP", {"stop": True}, 1, _EqRaises()], ids=repr
+)
 async def test_conv_20_invalid_stop_hook_result(autojump_clock: Any, result: Any) -> None:
     """CONV-20: a stop result other than "stop" or a Continue fails the turn with
     "invalid stop hook result"."""
@@ -845,6 +856,37 @@ def _not_async(message: Any, context: HookContext) -> Any:
     return message
 
 
+async def _no_content(message: Any, context: HookContext) -> Any:
+    return {"role": "user"}
+
+
+async def _empty_content(message: Any, context: HookContext) -> Any:
+    return {"role": "user", "content": ""}
+
+
+async def _unreadable(message: Any, context: HookContext) -> Any:
+    return Unreadable()
+
+
+async def test_conv_07_a_prompt_hook_cannot_change_a_message_id(autojump_clock: Any) -> None:
+    """CONV-07, CONV-11: the id ``prompt``, ``steer`` and ``follow_up``
+    return is the message's, and ids stay unique, even when the prompt hook
+    rewrites ``message["id"]`` in the dict it is given."""
+
+    async def hijack(message: Any, context: HookContext) -> Any:
+        message["id"] = "hijacked"
+        return message
+
+    provider = ScriptedProvider([text("a1"), text("a2")])
+    async with conversation_with(provider, hooks=CustomHooks(prompt=hijack)) as (conversation, _):
+        first = await conversation.prompt("hello")
+        second = await conversation.follow_up("more")
+        snapshot = await conversation.wait_settled()
+    ids = [m["id"] for m in snapshot.messages if m["role"] == "user"]
+    assert ids == [first, second]
+    assert "hijacked" not in ids
+
+
 @pytest.mark.parametrize(
     ("hook", "error_class", "message", "after"),
     [
@@ -853,8 +895,20 @@ def _not_async(message: Any, context: HookContext) -> Any:
         (_host_bug, ErrorClass.EXECUTION_FAILURE, "prompt hook failed", 0.0),
         (_not_async, ErrorClass.EXECUTION_FAILURE, "prompt hook failed", 0.0),
         (_not_json, ErrorClass.VALIDATION, "prompt hook must return a user message", 0.0),
+        (_no_content, ErrorClass.VALIDATION, "prompt hook must return a user message", 0.0),
+        (_empty_content, ErrorClass.VALIDATION, "prompt hook must return a user message", 0.0),
+        (_unreadable, ErrorClass.VALIDATION, "prompt hook must return a user message", 0.0),
     ],
-    ids=["hangs", "returns-an-assistant-message", "raises-ValueError", "not-async", "not-json"],
+    ids=[
+        "hangs",
+        "returns-an-assistant-message",
+        "raises-ValueError",
+        "not-async",
+        "not-json",
+        "no-content",
+        "empty-content",
+        "unreadable-mapping",
+    ],
 )
 async def test_conv_18_prompt_hook_timeout_or_bad_result_is_a_rejection(
     autojump_clock: Any, hook: Any, error_class: ErrorClass, message: str, after: float

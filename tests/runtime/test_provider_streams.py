@@ -495,6 +495,27 @@ async def test_prv_13_output_limit_breach_fails_and_is_not_forwarded(
     assert backend.calls == 0
 
 
+@pytest.mark.parametrize("kind", ["text", "tool_call"])
+async def test_prv_13_blocks_sharing_a_key_each_count(autojump_clock: MockClock, kind: str) -> None:
+    """PRV-13: blocks of one final message that repeat an index (or a tool
+    call id) each count: a thousand 10-byte blocks cannot pass a 100-byte
+    limit as one block, and nothing of them is committed."""
+    if kind == "text":
+        blocks = [{"type": "text", "text": "C" * 10, "index": 0} for _ in range(1000)]
+    else:
+        blocks = [
+            {"type": "tool_call", "id": "c1", "name": "t", "arguments": {"a": "x" * 10}}
+            for _ in range(1000)
+        ]
+    provider = SP([[ResponseCompleted(assistant(blocks))]])
+    finished = await run_to_settled(
+        provider, [make_tool("t", RecordingBackend(ToolResult("ok")))], provider_output_limit=100
+    )
+    assert_failed_run(finished)
+    assert turn_error(finished)["message"] == "provider output limit exceeded"
+    assert [m["role"] for m in finished.messages] == ["user"]
+
+
 async def test_prv_14_a_block_counts_once_as_the_larger_of_deltas_and_snapshot(
     autojump_clock: MockClock,
 ) -> None:

@@ -508,6 +508,35 @@ async def test_tool_13_read_only_error_is_an_ordinary_error_result(
     assert finished.record.intents[f"tool:{invocation_id}"]["status"] == "consumed"
 
 
+@pytest.mark.parametrize("outcome", ["read-only-error", "rejection"])
+async def test_tool_12_a_refusal_is_held_to_output_limit_too(
+    autojump_clock: MockClock, outcome: str
+) -> None:
+    """TOOL-12: a backend's refusal is its output too: a read-only tool's
+    ``Error``, or a rejection, whose message and details exceed
+    ``output_limit`` becomes "tool output exceeds the configured bound",
+    and the huge text is never committed nor sent to the provider."""
+    huge = Error(ErrorClass.EXECUTION_FAILURE, "m" * 200_000, {"blob": "b" * 100_000})
+
+    async def backend(operation: Any) -> Any:
+        if outcome == "rejection":
+            return reject(operation, huge)
+        raise huge
+
+    provider = calls_then_done(("c1", "t", {}))
+    finished = await run_to_settled(
+        provider, [make_tool("t", RecordingBackend(backend), read_only=True)], output_limit=1000
+    )
+    assert_continued(finished, provider)
+    [message] = finished.tool_messages()
+    error = error_of(message)
+    assert (error["class"], error["message"]) == (
+        "resource_conflict",
+        "tool output exceeds the configured bound",
+    )
+    assert "m" * 1000 not in repr(finished.record.tool_results)
+
+
 async def test_tool_03_tool_13_refusals_quoting_a_lone_surrogate_are_ordinary_results(
     autojump_clock: MockClock,
 ) -> None:

@@ -151,6 +151,14 @@ def _first_id(record: RunRecord) -> int:
     return highest + 1
 
 
+def _check_user_message(message: Any) -> Any:
+    """``message`` if it is a user message whose content a prompt may hold."""
+    if not isinstance(message, Mapping) or message.get("role") != "user":
+        raise Error(ErrorClass.VALIDATION, "not a user message")
+    _check_content(message.get("content"))
+    return message
+
+
 def _check_content(content: Any) -> Any:
     if isinstance(content, str):
         if not content:
@@ -702,11 +710,12 @@ class Conversation:
         if hook is None:
             return message
         context = HookContext(self.run_id, self._record.incarnation, turn_id, mode)  # type: ignore[arg-type]
+        message_id = message["id"]  # the message's id, whatever the hook does to it
         refusal: Error | None = None
         result: Any = None
         try:
             with trio.fail_after(self._options.effect_timeout):
-                result = await hook(message, context)
+                result = await hook(dict(message), context)
         except Error as exc:
             refusal = exc
         except trio.TooSlowError:
@@ -717,12 +726,12 @@ class Conversation:
                 "prompt hook failed",
                 {"cause": f"{type(exc).__name__}: {exc}"[:500]},
             )
-        if refusal is None and (not isinstance(result, Mapping) or result.get("role") != "user"):
-            refusal = Error(ErrorClass.VALIDATION, "prompt hook must return a user message")
         if refusal is None:
             try:
-                result = freeze(result, "prompt hook result")
-            except Error as exc:  # it is committed as the message: JSON data only
+                # committed as the message: JSON data, a user message whose
+                # content is what a prompt may hold (CONV-09)
+                result = _check_user_message(freeze(result, "prompt hook result"))
+            except Error as exc:
                 refusal = Error(
                     ErrorClass.VALIDATION,
                     "prompt hook must return a user message",
@@ -730,13 +739,13 @@ class Conversation:
                 )
         if refusal is not None:
             event = self._event(
-                "prompt_rejected", {"message_id": message["id"], "error": refusal.to_dict()}
+                "prompt_rejected", {"message_id": message_id, "error": refusal.to_dict()}
             )
             # The rejected message belongs to ``turn_id`` (CONV-26), even before
             # any checkpoint names that turn.
             self._hub.publish(attrs.evolve(event, turn_id=turn_id))
             raise _Rejected(refusal)
-        return {**result, "id": message["id"]}
+        return {**result, "id": message_id}
 
     # -- stop and settlement ------------------------------------------------------
 

@@ -215,17 +215,20 @@ class _Accounting:
         self.limit = limit
         self.deltas: dict[Any, int] = {}
         self.snapshots: dict[Any, int] = {}
-
-    def _total(self) -> int:
-        keys = self.deltas.keys() | self.snapshots.keys()
-        return sum(max(self.deltas.get(k, 0), self.snapshots.get(k, 0)) for k in keys)
+        #: the sum over keys of max(deltas, snapshot), kept as they change:
+        #: an event costs its own key, not a walk of every block so far
+        self.total = 0
 
     def add(self, key: Any, *, delta: int = 0, snapshot: int = 0) -> None:
+        deltas = self.deltas.get(key, 0)
+        largest = self.snapshots.get(key, 0)
+        before = max(deltas, largest)
         if delta:
-            self.deltas[key] = self.deltas.get(key, 0) + delta
-        if snapshot:
-            self.snapshots[key] = max(self.snapshots.get(key, 0), snapshot)
-        size = self._total()
+            deltas = self.deltas[key] = deltas + delta
+        if snapshot > largest:
+            largest = self.snapshots[key] = snapshot
+        self.total += max(deltas, largest) - before
+        size = self.total
         if size > self.limit:
             raise Error(
                 ErrorClass.RESOURCE_CONFLICT,
@@ -472,7 +475,7 @@ class TurnLoop:
                     {"cause": f"{type(exc).__name__}: {exc}"[:500]},
                 )
             ) from None
-        if result == "stop":
+        if type(result) is str and result == "stop":  # never a host object's __eq__
             return True
         if isinstance(result, Continue):
             try:
@@ -757,20 +760,27 @@ class TurnLoop:
             # kind, matching TextDelta/ThinkingDelta indexes (both start at 0), so a
             # text block after a thinking block is not counted twice (PRV-14)
             positions = {"text": 0, "thinking": 0}
-            for block in content:
+            # Two blocks of this message never share a key: each counts (a
+            # message repeating one index or tool call id a thousand times
+            # must not pass as one block, PRV-13).
+            seen: set[Any] = set()
+            for position, block in enumerate(content):
                 if type(block) is not FrozenDict and not isinstance(block, Mapping):
                     continue
                 kind = block.get("type")
                 if kind == "tool_call":
-                    accounting.add(
-                        ("tool", block.get("id")), snapshot=utf8_size(block.get("arguments"))
-                    )
+                    key: Any = ("tool", block.get("id"))
+                    size = utf8_size(block.get("arguments"))
                 elif kind in ("text", "thinking"):
-                    index = block.get("index", positions[kind])
-                    accounting.add(
-                        (kind, index), snapshot=utf8_size(block.get(kind, block.get("text", "")))
-                    )
+                    key = (kind, block.get("index", positions[kind]))
+                    size = utf8_size(block.get(kind, block.get("text", "")))
                     positions[kind] += 1
+                else:
+                    continue
+                if key in seen:
+                    key = (*key, "block", position)
+                seen.add(key)
+                accounting.add(key, snapshot=size)
 
     # -- the tool gateway --------------------------------------------------------
 
@@ -1116,22 +1126,25 @@ class TurnLoop:
                     )
                 )
             if size > self.c._options.output_limit:
-                return _error_result(
-                    Error(
-                        ErrorClass.RESOURCE_CONFLICT,
-                        "tool output exceeds the configured bound",
-                        {
-                            "scope": "tool_result",
-                            "size": size,
-                            "limit": self.c._options.output_limit,
-                        },
-                    )
-                )
+                return self._oversized(size)
             return normalized
-        if isinstance(result, Rejection):
-            return _error_result(result.error)
-        assert isinstance(result, Error)
-        return _error_result(result)
+        error = result.error if isinstance(result, Rejection) else result
+        assert isinstance(error, Error)
+        # A refusal's message and details are the backend's output too (TOOL-12).
+        refused = _error_result(error)
+        size = utf8_size(refused)
+        if size > self.c._options.output_limit:
+            return self._oversized(size)
+        return refused
+
+    def _oversized(self, size: int) -> Mapping[str, Any]:
+        return _error_result(
+            Error(
+                ErrorClass.RESOURCE_CONFLICT,
+                "tool output exceeds the configured bound",
+                {"scope": "tool_result", "size": size, "limit": self.c._options.output_limit},
+            )
+        )
 
     async def _tool_message(
         self,
