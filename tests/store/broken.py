@@ -244,9 +244,121 @@ class TornFailureStore(FileStore):
         self._write(data)
 
 
+class FirstEventOnlyStore(FileStore):
+    """Broken: a commit's events after the first are dropped."""
+
+    def _append(self, data: dict[str, Any], run_id: str, events: Any) -> None:
+        super()._append(data, run_id, list(events)[:1])
+
+
+class SameSequencePerCommitStore(FileStore):
+    """Broken: all events of one commit get the same sequence."""
+
+    def _append(self, data: dict[str, Any], run_id: str, events: Any) -> None:
+        log = data["events"].setdefault(run_id, [])
+        data["sequence"] += 1
+        for event in events:
+            log.append({**event, "sequence": data["sequence"]})
+
+
+class NoIdentityCheckStore(FileStore):
+    """Broken: the record handed in is stored under ``run_id`` whatever run
+    or incarnation it belongs to."""
+
+    def _check(self, stored: RunRecord | None, run_id: str, **kwargs: Any) -> Any:
+        record = kwargs["record"]
+        own = attrs.evolve(record, run_id=run_id, incarnation=kwargs["incarnation"])
+        prepared = super()._check(stored, run_id, **{**kwargs, "record": own})
+        return attrs.evolve(prepared, record=record)
+
+
+class CreateOverwritesStore(FileStore):
+    """Broken: creating an existing run silently resets it."""
+
+    async def create(self, record: RunRecord) -> Receipt:
+        await trio.lowlevel.checkpoint()
+        data = self._read()
+        data["runs"][record.run_id] = encode_record(record)
+        data["events"][record.run_id] = []
+        self._write(data)
+        return Receipt(record.run_id, record.incarnation, record.revision)
+
+
+class EmptyFilterMeansAllStore(FileStore):
+    """Broken: ``list_runs(states=set())`` lists every run."""
+
+    async def list_runs(self, *, states: Any = None) -> Any:
+        return await super().list_runs(states=states or None)
+
+
+class HigherIncarnationCommitsStore(FileStore):
+    """Broken: only older incarnations are refused; a newer one that never
+    fenced commits (an implicit fence without its event)."""
+
+    def _check(self, stored: RunRecord | None, run_id: str, **kwargs: Any) -> Any:
+        if stored is not None and kwargs["incarnation"] > stored.incarnation:
+            stored = attrs.evolve(stored, incarnation=kwargs["incarnation"])
+        return super()._check(stored, run_id, **kwargs)
+
+
+class LoadMissingReturnsFreshStore(FileStore):
+    """Broken: loading a run that does not exist gives a fresh record."""
+
+    async def load(self, run_id: str) -> RunRecord | None:
+        loaded = await super().load(run_id)
+        return RunRecord.new(run_id) if loaded is None else loaded
+
+
+def _ascii(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.encode("ascii", "replace").decode()
+    if isinstance(value, dict):
+        return {_ascii(k): _ascii(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_ascii(v) for v in value]
+    return value
+
+
+class AsciiOnlyStore(FileStore):
+    """Broken: every non-ASCII character of the stored data becomes '?'."""
+
+    def _write(self, data: dict[str, Any]) -> None:
+        super()._write(_ascii(data))
+
+
+def _lossy(value: Any) -> Any:
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _lossy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_lossy(v) for v in value]
+    return value
+
+
+class BoolAsIntContextStore(FileStore):
+    """Broken: the run's context loses the bool/int and float/int
+    distinctions (``true`` comes back ``1``, ``1.0`` comes back ``1``)."""
+
+    def _write(self, data: dict[str, Any]) -> None:
+        runs = {k: {**v, "context": _lossy(v["context"])} for k, v in data["runs"].items()}
+        super()._write({**data, "runs": runs})
+
+
 BROKEN_STORES: tuple[type[FileStore], ...] = (
     AckWithoutPersistStore,
     NoFenceStore,
     StaleRevisionWinsStore,
     TornFailureStore,
+    FirstEventOnlyStore,
+    SameSequencePerCommitStore,
+    NoIdentityCheckStore,
+    CreateOverwritesStore,
+    EmptyFilterMeansAllStore,
+    HigherIncarnationCommitsStore,
+    LoadMissingReturnsFreshStore,
+    AsciiOnlyStore,
+    BoolAsIntContextStore,
 )

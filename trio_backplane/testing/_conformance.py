@@ -32,7 +32,17 @@ import attrs
 import trio
 
 from ..errors import Error, ErrorClass
-from ..kernel import Command, RunEvent, RunRecord, thaw, transition
+from ..kernel import (
+    Command,
+    RunEvent,
+    RunRecord,
+    dumps,
+    encode_event,
+    encode_record,
+    evolve_record,
+    thaw,
+    transition,
+)
 from ..recovery import recover
 from ..store import Receipt, Store, verify_receipt
 
@@ -72,20 +82,21 @@ class _Raises:
 
     (A tiny ``pytest.raises`` so this module does not import pytest.)"""
 
-    def __init__(self, error_class: ErrorClass) -> None:
-        self.error_class = error_class
+    def __init__(self, error_class: ErrorClass | None) -> None:
+        self.error_class = error_class  # None: any class
         self.error: Error | None = None
 
     def __enter__(self) -> _Raises:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        wanted = "any class" if self.error_class is None else self.error_class.value
         if exc is None:
-            raise AssertionError(f"expected Error({self.error_class.value}), nothing was raised")
+            raise AssertionError(f"expected Error({wanted}), nothing was raised")
         if not isinstance(exc, Error):
             return False
-        if exc.error_class is not self.error_class:
-            raise AssertionError(f"expected Error({self.error_class.value}), got {exc!r}") from exc
+        if self.error_class is not None and exc.error_class is not self.error_class:
+            raise AssertionError(f"expected Error({wanted}), got {exc!r}") from exc
         self.error = exc
         return True
 
@@ -790,6 +801,134 @@ class StoreConformance:
                     assert listed.get(run.run_id) == run.record.revision, listed
 
         await self._check(body)
+
+    async def test_multi_event_commit(self) -> None:
+        """STO-01: one commit may carry several events (the runtime merges
+        kernel commands into one durable write): every one is stored, in
+        order, each with its own increasing sequence."""
+
+        async def body() -> None:
+            store = await self._durable_store()
+            run = await self._running(store, "merged")
+            record, events = run.record, []
+            for i in range(3):
+                record, produced = transition(
+                    record, Command("conversation_updated", at=100.0 + i, input={"i": i})
+                )
+                events += produced
+            merged = evolve_record(record, revision=run.record.revision + 1)
+            await run.commit_prepared(merged, events)
+            for instance in (store, await self._reopen(store)):
+                await self._assert_stored(instance, run)
+
+        await self._check(body)
+
+    async def test_identity_and_existence(self) -> None:
+        """STO-01, STO-02, STO-08: a record of another run or incarnation is
+        refused (``validation``); a commit from a newer incarnation that
+        never fenced is refused (``resource_conflict``), as is creating a run
+        twice; a run that does not exist loads as ``None``, and a commit or
+        fence naming it is refused without creating it.  Nothing refused
+        changes the stored run."""
+
+        async def body() -> None:
+            store = await self._durable_store()
+            run = await self._running(store, "identity")
+            other = await self._running(store, "other")
+            new, events = run.next("conversation_updated", conversation={"x": 1})
+            for record, error_class in (
+                (attrs.evolve(new, run_id=other.run_id), ErrorClass.VALIDATION),
+                (attrs.evolve(new, incarnation=new.incarnation + 1), ErrorClass.VALIDATION),
+            ):
+                with _expect_error(error_class):
+                    await _commit_onto(store, run.record, record, events)
+            newer = attrs.evolve(new, incarnation=run.record.incarnation + 4)
+            with _expect_error(ErrorClass.RESOURCE_CONFLICT):  # never fenced
+                await store.commit(
+                    run.run_id,
+                    incarnation=newer.incarnation,
+                    expected_revision=run.record.revision,
+                    record=newer,
+                    events=events,
+                )
+            with _expect_error(ErrorClass.RESOURCE_CONFLICT):
+                await store.create(RunRecord.new(run.run_id))
+            await self._assert_stored(store, run)
+            await self._assert_stored(store, other)
+            missing = f"missing-{uuid.uuid4().hex}"
+            assert await store.load(missing) is None
+            ghost = RunRecord(run_id=missing, revision=1)
+            with _expect_any_error():
+                await store.commit(
+                    missing, incarnation=1, expected_revision=0, record=ghost, events=[]
+                )
+            with _expect_any_error():
+                await store.fence(missing, incarnation=2)
+            assert await store.load(missing) is None
+            assert missing not in {s.run_id for s in await store.list_runs()}
+
+        await self._check(body)
+
+    async def test_list_runs_filters(self) -> None:
+        """``list_runs`` lists every run unfiltered (terminal ones included),
+        none for an empty filter, and exactly the runs in any of the states
+        of a filter."""
+
+        async def body() -> None:
+            store = await self._durable_store()
+            running = await self._running(store, "listed-running")
+            done = await self._running(store, "listed-done")
+            await done.apply("finish", status="completed")
+            failed = await self._running(store, "listed-failed")
+            await failed.apply("finish", status="failed")
+            ids = {r.run_id: r.record.state for r in (running, done, failed)}
+
+            def mine(summaries: Sequence[Any]) -> dict[str, str]:
+                return {s.run_id: s.state for s in summaries if s.run_id in ids}
+
+            assert mine(await store.list_runs()) == ids
+            assert mine(await store.list_runs(states=set())) == {}
+            assert mine(await store.list_runs(states={"completed", "failed"})) == {
+                done.run_id: "completed",
+                failed.run_id: "failed",
+            }
+            assert mine(await store.list_runs(states={"running"})) == {running.run_id: "running"}
+
+        await self._check(body)
+
+    async def test_data_round_trips_exactly(self) -> None:
+        """A store gives back exactly the JSON it was given: ``true`` stays
+        a boolean and ``1.0`` a float (``==`` alone would not tell),
+        fractional times keep their fraction, and non-ASCII and long text
+        survive, in the record and in the events, before and after a
+        restart."""
+
+        async def body() -> None:
+            store = await self._durable_store()
+            run = await self._new_run(store, "exact")
+            await run.apply("admit", state="running", deadline=1_712_345_999.5)
+            value = {
+                "flags": [True, False, 1, 1.0, 0.5, -0.0, 2**53],
+                "text": "héllo ✓ 🦀 " + "long " * 200,
+                "nested": {"ü": [None, {"k": "v"}]},
+            }
+            await run.apply("conversation_updated", conversation=value)
+            for instance in (store, await self._reopen(store)):
+                loaded = await instance.load(run.run_id)
+                assert loaded is not None
+                assert dumps(encode_record(loaded)) == dumps(encode_record(run.record)), (
+                    "the stored record's JSON differs from the committed one's"
+                )
+                stored = await instance.events(run.run_id)
+                assert [dumps(encode_event(attrs.evolve(e, sequence=None))) for e in stored] == [
+                    dumps(encode_event(e)) for e in run.events
+                ], "the stored events' JSON differs from the committed ones'"
+
+        await self._check(body)
+
+
+def _expect_any_error() -> _Raises:
+    return _Raises(None)
 
 
 def _ahead(record: RunRecord) -> tuple[RunRecord, list[RunEvent]]:
