@@ -537,7 +537,8 @@ class PostgresStore:
 
         def deliver(value: outcome.Outcome[_T]) -> None:
             result.append(value)
-            token.run_sync_soon(done.set)
+            with contextlib.suppress(trio.RunFinishedError):  # nobody waits any more
+                token.run_sync_soon(done.set)
 
         async with limiter:  # cancellable while waiting: nothing started yet
             trio.lowlevel.start_thread_soon(run, deliver)
