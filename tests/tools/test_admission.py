@@ -51,6 +51,13 @@ def test_cat_02_empty_batch_is_empty_everything() -> None:
         assert bundle.authority.grants == frozenset()
         assert bundle.authority.caller == "host"
     assert admit_batch([], Authority()).accepted == ()
+    # Authority(), bound to no run, authorizes nothing: it admits an empty
+    # catalog for any run (open_conversation's documented default) ...
+    assert admit_batch(ToolRegistry(()), Authority(), run_id="run-1").accepted == ()
+    # ... but an unbound authority granting tools is still refused for a run
+    with pytest.raises(Error) as info:
+        admit_batch(ToolRegistry([tool("a")]), Authority(grants={"a"}), run_id="run-1")
+    assert info.value.error_class is ErrorClass.FORBIDDEN
 
 
 def test_cat_03_strict_is_default_and_fails_the_whole_batch() -> None:

@@ -157,7 +157,10 @@ def _check_authority(authority: Any, registry: ToolRegistry, run_id: Any) -> Aut
     if not isinstance(authority, Authority):
         raise Error(ErrorClass.VALIDATION, "authority must be an Authority")
     if run_id is not None and authority.run_id != run_id:
-        raise Error(ErrorClass.FORBIDDEN, "authority is bound to another run")
+        # ``Authority()``, bound to no run, authorizes nothing: nothing to
+        # misuse, so it admits an empty catalog for any run (CAT-02)
+        if not (authority.run_id is None and not authority.grants and not len(registry)):
+            raise Error(ErrorClass.FORBIDDEN, "authority is bound to another run")
     names = frozenset(registry.names)
     if authority.grants != names:
         raise Error(
