@@ -156,11 +156,11 @@ def _provider_tools(tools: Any, registry: ToolRegistry) -> dict[str, ProviderToo
 def _check_authority(authority: Any, registry: ToolRegistry, run_id: Any) -> Authority:
     if not isinstance(authority, Authority):
         raise Error(ErrorClass.VALIDATION, "authority must be an Authority")
-    if run_id is not None and authority.run_id != run_id:
-        # ``Authority()``, bound to no run, authorizes nothing: nothing to
-        # misuse, so it admits an empty catalog for any run (CAT-02)
-        if not (authority.run_id is None and not authority.grants and not len(registry)):
-            raise Error(ErrorClass.FORBIDDEN, "authority is bound to another run")
+    # ``Authority()``, bound to no run, authorizes nothing: nothing to misuse,
+    # so it admits an empty catalog for any run (CAT-02)
+    unbound_and_empty = authority.run_id is None and not authority.grants and not len(registry)
+    if run_id is not None and authority.run_id != run_id and not unbound_and_empty:
+        raise Error(ErrorClass.FORBIDDEN, "authority is bound to another run")
     names = frozenset(registry.names)
     if authority.grants != names:
         raise Error(
