@@ -805,6 +805,24 @@ async def test_prv_07_a_malformed_tool_call_fails_the_response(
     assert all(e.name for e in events if isinstance(e, ToolCallStarted))
 
 
+async def test_prv_07_a_server_repeating_the_whole_name_each_delta_makes_one_call(
+    chat: ChatServer,
+) -> None:
+    """PRV-07: some servers send the id and the whole function name with
+    every delta: that is one call named once, not a name continued."""
+    chat.add(
+        _calls(
+            {"index": 0, "id": "c1", "function": {"name": "add", "arguments": ""}},
+            {"index": 0, "id": "c1", "function": {"name": "add", "arguments": '{"a":'}},
+            {"index": 0, "id": "c1", "function": {"name": "add", "arguments": "1}"}},
+        )
+    )
+    events = await collect(OpenAIProvider(chat.base_url, "m"), request())
+    assert [e.name for e in events if isinstance(e, ToolCallStarted)] == ["add"]
+    completed = [(e.name, e.arguments) for e in events if isinstance(e, ToolCallCompleted)]
+    assert completed == [("add", {"a": 1})]
+
+
 async def test_prv_07_deltas_without_an_index_continue_the_call(chat: ChatServer) -> None:
     """PRV-07: a server that omits ``index``: a delta naming a call starts
     one, a delta carrying only arguments continues the last one."""

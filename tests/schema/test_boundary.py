@@ -1106,18 +1106,33 @@ def _annotating(levels: int, applicator: str) -> dict[str, Any]:
     return schema
 
 
+def _annotating_by_ref(levels: int, applicator: str) -> dict[str, Any]:
+    """:func:`_annotating`'s nesting written as ``$defs`` levels, each
+    applying the one below through a ``$ref``."""
+    defs: dict[str, Any] = {"l0": {"unevaluatedProperties": False}}
+    for i in range(1, levels + 1):
+        below = {"$ref": f"#/$defs/l{i - 1}"}
+        branch = {"properties": {f"p{i}": True}}
+        if applicator == "if":
+            defs[f"l{i}"] = {"if": below, "then": branch, "unevaluatedProperties": False}
+        else:
+            defs[f"l{i}"] = {applicator: [below, branch], "unevaluatedProperties": False}
+    return {"$ref": f"#/$defs/l{levels}", "$defs": defs}
+
+
 @pytest.mark.parametrize("applicator", ["anyOf", "oneOf", "if"])
 def test_sch_33_annotation_fanout_fails_closed(applicator: str) -> None:
     """SCH-33: levels of branching applicators under ``unevaluated*`` double
     the engine's work per level (22 levels of a 1.5 KB schema took 10 s a
-    call).  Such a schema is refused with ``execution_failure`` (reason
-    ``annotation_fanout``) at compile and by ``check_bounds``, long before
-    that; a few levels (real schemas) compile and validate as before."""
-    deep = _annotating(30, applicator)
-    for build in (compile, check_bounds):
-        with pytest.raises(Error) as exc:
-            build(deep)
-        assert refused(exc, ErrorClass.EXECUTION_FAILURE)["reason"] == "annotation_fanout"
+    call), written inline or through ``$ref``s.  Such a schema is refused
+    with ``execution_failure`` (reason ``annotation_fanout``) at compile and
+    by ``check_bounds``, long before that; a few levels (real schemas)
+    compile and validate as before."""
+    for deep in (_annotating(30, applicator), _annotating_by_ref(30, applicator)):
+        for build in (compile, check_bounds):
+            with pytest.raises(Error) as exc:
+                build(deep)
+            assert refused(exc, ErrorClass.EXECUTION_FAILURE)["reason"] == "annotation_fanout"
     shallow = compile(_annotating(4, applicator))
     instance: dict[str, Any] = {"p3": 1} if applicator != "if" else {}
     assert shallow.validate(instance) == instance

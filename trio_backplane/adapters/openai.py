@@ -545,7 +545,7 @@ class OpenAIProvider:
             if call.id and call.id != call_id:
                 raise _Failed(_malformed("tool call id changed at one index", f"index {index}"))
             call.id = _unicode(call_id)
-        if name:
+        if name and name != call.name:  # some servers repeat the whole name each delta
             if call.started:  # the name is complete once its arguments stream
                 raise _Failed(_malformed("tool call name continued after its arguments", name))
             call.name += _unicode(name)

@@ -87,7 +87,7 @@ async def wait_for_human(c: Conversation, request: Any) -> tuple[Any, float]:
         # this task ran again wins: the answer never reaches the effect (INT-11).
         await trio.lowlevel.checkpoint_if_cancelled()
         answered_at = pending.answered_at if pending.answered_at is not None else c._now()
-        return pending.answer, answered_at - pending.started
+        return pending.answer, max(0.0, answered_at - pending.started)
     finally:
         if c._pending is pending:
             c._pending = None
@@ -97,7 +97,10 @@ async def wait_for_human(c: Conversation, request: Any) -> tuple[Any, float]:
             # The wait ended when ``resolve`` measured it (the stored deadline
             # moved by exactly that); the resolution commit after it counts
             # against the budgets, as commits do (rule 5, INT-07).
-            c._resume_deadlines(at=pending.answered_at)
+            ended = pending.answered_at
+            if ended is not None:  # never before the wait began
+                ended = max(ended, pending.started)
+            c._resume_deadlines(at=ended)
 
 
 async def resolve(c: Conversation, interaction_id: Any, answer: Any) -> None:

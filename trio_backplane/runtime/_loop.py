@@ -947,9 +947,10 @@ class TurnLoop:
                     result = exc
                 except BaseExceptionGroup as group:
                     # The backend's own nursery, cancelled with the rest of the
-                    # run: the cancellation goes on alone (its scope takes it),
-                    # the backend's other errors with the interrupted effect.
-                    # KeyboardInterrupt and SystemExit inside propagate as is.
+                    # run: the cancellation goes on alone (its scope takes it);
+                    # the backend's other errors are moot, its effect being
+                    # interrupted (uncertain).  KeyboardInterrupt and
+                    # SystemExit inside propagate as is.
                     if any(
                         not isinstance(leaf, Exception | trio.Cancelled)
                         for leaf in exception_leaves(group)

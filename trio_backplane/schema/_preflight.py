@@ -694,26 +694,52 @@ class Preflight:
     def check_annotation_fanout(self) -> None:
         """Refuse a schema whose ``unevaluated*`` keywords make the engine
         evaluate nested branches exponentially often (SCH-33; see
-        ``ANNOTATION_FANOUT``): each subschema weighs 1 plus its children's
-        weights, a branching child of a schema holding ``unevaluated*``
-        counted twice.  Linear: children before parents, each once."""
+        ``ANNOTATION_FANOUT``): from the root, each schema weighs 1 plus what
+        it applies (children, and reference targets in their place), a
+        branching child of a schema holding ``unevaluated*`` counted twice.
+        Each schema is weighed once; a reference back to one being weighed
+        is recursion (``check_recursive_fanout``'s) and adds nothing here."""
         if not self.annotating:
             return
         maximum = min(ANNOTATION_FANOUT, FANOUT_FACTOR * self._limits.max_subschemas)
         weight: dict[Location, int] = {}
-        for loc in sorted(self.walked, key=lambda loc: len(loc[1]), reverse=True):
-            number, path = loc
-            key = len(path)
-            doubled = loc in self.annotating
-            total = 1
-            for child in self.children.get(loc, ()):
-                added = weight.get((number, child), 1)
-                total += 2 * added if doubled and child[key] in _BRANCHING else added
-            if total > maximum:
+        root: Location = (0, ())
+        total = {root: 1}  # the schemas being weighed: their weight so far
+        # (schema, its successors with their factors, its factor in its parent)
+        stack = [(root, self._weighted(root), 1)]
+        while stack:
+            loc, successors, factor = stack[-1]
+            nxt = next(successors, None)
+            if nxt is None:
+                stack.pop()
+                weight[loc] = done = total.pop(loc)
+                if not stack:
+                    return
+                loc = stack[-1][0]
+                added = factor * done
+            else:
+                child, child_factor = nxt
+                if child in total:  # recursion: bounded by the instance, adds nothing
+                    continue
+                if child not in weight:
+                    total[child] = 1
+                    stack.append((child, self._weighted(child), child_factor))
+                    continue
+                added = child_factor * weight[child]
+            total[loc] += added
+            if total[loc] > maximum:
                 raise limit_error(
-                    "annotation_fanout", "max_subschemas", maximum, path=_pointer(path)
+                    "annotation_fanout", "max_subschemas", maximum, path=_pointer(loc[1])
                 )
-            weight[loc] = total
+
+    def _weighted(self, loc: Location) -> Iterator[tuple[Location, int]]:
+        """What ``loc`` applies, each with its weight factor: 2 for a
+        branching child of a schema holding ``unevaluated*``, else 1."""
+        doubled = loc in self.annotating
+        key = len(loc[1])
+        for child in self._successors(loc):
+            branching = child[0] == loc[0] and len(child[1]) > key and child[1][key] in _BRANCHING
+            yield child, 2 if doubled and branching and child[1][:key] == loc[1] else 1
 
     def check_recursive_fanout(self) -> None:
         """Find recursion that evaluates one instance location exponentially

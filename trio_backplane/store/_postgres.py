@@ -252,7 +252,12 @@ class PostgresStore:
             raise Error(ErrorClass.VALIDATION, "dsn is not a PostgreSQL connection string") from exc
         self._connect_options = {k: v for k, v in _CONNECT_DEFAULTS.items() if k not in given}
         #: the DSN's own connect_timeout, if any (0 or absent: none)
-        self._connect_timeout = int(given.get("connect_timeout") or 0)
+        try:
+            self._connect_timeout = int(given.get("connect_timeout") or 0)
+        except ValueError:
+            raise Error(
+                ErrorClass.VALIDATION, "dsn connect_timeout must be a whole number of seconds"
+            ) from None
         self._schema = schema
         self._max_connections = max_connections
         self._limiter = trio.CapacityLimiter(max_connections)

@@ -834,13 +834,18 @@ class SQLiteStore:
         try:
             conn = self._connect()
             conn.execute("BEGIN IMMEDIATE")
-            rest = self._write_together(conn, jobs, staged) if len(jobs) > 1 else jobs
-            if rest is None:  # another writer moved a run on: decide each alone
-                conn.execute("ROLLBACK")
-                self._cache.clear()
-                staged.clear()
-                conn.execute("BEGIN IMMEDIATE")
-                rest = jobs
+            rest = jobs
+            if len(jobs) > 1:
+                # A savepoint, not a new transaction: the write lock is kept
+                conn.execute("SAVEPOINT together")
+                together = self._write_together(conn, jobs, staged)
+                if together is None:  # another writer moved a run on: decide each alone
+                    conn.execute("ROLLBACK TO together")
+                    self._cache.clear()
+                    staged.clear()
+                else:
+                    rest = together
+                conn.execute("RELEASE together")
             for job in rest:
                 changes = conn.total_changes
                 try:
