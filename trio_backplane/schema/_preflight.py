@@ -665,72 +665,66 @@ class Preflight:
         if not self.targets:
             return  # no reference: at most max_subschemas are visited
         maximum = FANOUT_FACTOR * self._limits.max_subschemas
-        weight: dict[Location, int] = {}
-        root: Location = (0, ())
-        total = {root: 1}  # the schemas being weighed: their weight so far
-        stack = [(root, self._successors(root))]
-        while stack:
-            loc, successors = stack[-1]
-            nxt = next(successors, None)
-            if nxt is None:
-                stack.pop()
-                weight[loc] = added = total.pop(loc)
-                if not stack:
-                    break
-                loc = stack[-1][0]
-            elif nxt in weight:
-                added = weight[nxt]
-            else:
-                if nxt not in total:
-                    total[nxt] = 1
-                    stack.append((nxt, self._successors(nxt)))
-                else:  # recursion: bounded by the instance, adds nothing here
-                    self.recursive = True
-                continue
-            total[loc] += added
-            if total[loc] > maximum:
-                raise limit_error("ref_fanout", "max_subschemas", maximum, path=_pointer(loc[1]))
+        if self._weigh(self._once, maximum, "ref_fanout"):
+            self.recursive = True
 
     def check_annotation_fanout(self) -> None:
         """Refuse a schema whose ``unevaluated*`` keywords make the engine
         evaluate nested branches exponentially often (SCH-33; see
         ``ANNOTATION_FANOUT``): from the root, each schema weighs 1 plus what
         it applies (children, and reference targets in their place), a
-        branching child of a schema holding ``unevaluated*`` counted twice.
-        Each schema is weighed once; a reference back to one being weighed
-        is recursion (``check_recursive_fanout``'s) and adds nothing here."""
+        branching child of a schema holding ``unevaluated*`` counted twice."""
         if not self.annotating:
             return
         maximum = min(ANNOTATION_FANOUT, FANOUT_FACTOR * self._limits.max_subschemas)
+        self._weigh(self._weighted, maximum, "annotation_fanout")
+
+    def _weigh(
+        self,
+        successors: Callable[[Location], Iterator[tuple[Location, int]]],
+        maximum: int,
+        reason: str,
+    ) -> bool:
+        """Weigh the schemas from the root: 1 plus what each applies
+        (``successors``: with a factor), each memoized, so linear in the
+        walk; refuse past ``maximum`` (``reason``).  A reference back to a
+        schema being weighed is recursion, bounded by the instance: it adds
+        nothing, and the result says whether there was any."""
+        recursive = False
         weight: dict[Location, int] = {}
         root: Location = (0, ())
         total = {root: 1}  # the schemas being weighed: their weight so far
         # (schema, its successors with their factors, its factor in its parent)
-        stack = [(root, self._weighted(root), 1)]
+        stack = [(root, successors(root), 1)]
         while stack:
-            loc, successors, factor = stack[-1]
-            nxt = next(successors, None)
+            loc, pending, factor = stack[-1]
+            nxt = next(pending, None)
             if nxt is None:
                 stack.pop()
                 weight[loc] = done = total.pop(loc)
                 if not stack:
-                    return
+                    break
                 loc = stack[-1][0]
                 added = factor * done
             else:
                 child, child_factor = nxt
-                if child in total:  # recursion: bounded by the instance, adds nothing
+                if child in total:
+                    recursive = True
                     continue
                 if child not in weight:
                     total[child] = 1
-                    stack.append((child, self._weighted(child), child_factor))
+                    stack.append((child, successors(child), child_factor))
                     continue
                 added = child_factor * weight[child]
             total[loc] += added
             if total[loc] > maximum:
-                raise limit_error(
-                    "annotation_fanout", "max_subschemas", maximum, path=_pointer(loc[1])
-                )
+                raise limit_error(reason, "max_subschemas", maximum, path=_pointer(loc[1]))
+        return recursive
+
+    def _once(self, loc: Location) -> Iterator[tuple[Location, int]]:
+        """What ``loc`` applies, each counted once."""
+        for nxt in self._successors(loc):
+            yield nxt, 1
 
     def _weighted(self, loc: Location) -> Iterator[tuple[Location, int]]:
         """What ``loc`` applies, each with its weight factor: 2 for a
