@@ -353,6 +353,28 @@ def test_runs_show(demo_store: tuple[Path, str, str]) -> None:
     assert run("runs", "show", str(db), "no-such-run")[0] == 1
 
 
+def test_runs_show_prints_the_latest_rows_of_a_long_run(tmp_path: Path) -> None:
+    """A run with more transcript messages than a table prints (500) shows
+    the latest ones and says how many earlier rows it left out; ``--json``
+    has them all."""
+    db = tmp_path / "runs.sqlite3"
+    messages = [{"role": "user", "content": f"message {i}"} for i in range(600)]
+
+    async def long_run() -> None:
+        async with SQLiteStore(db) as store:
+            record = RunRecord.new("long", context={"conversation": {"messages": messages}})
+            await store.create(record)
+
+    trio.run(long_run)
+    status, text = run("runs", "show", str(db), "long")
+    assert status == 0
+    assert "100 earlier rows not shown (--json prints them all)" in text
+    assert "message 599" in text
+    assert "message 99 " not in text
+    data = json.loads(run("runs", "show", str(db), "long", "--json")[1])
+    assert len(data["context"]["conversation"]["messages"]) == 600
+
+
 def test_runs_recover_is_read_only_unless_fenced(tmp_path: Path) -> None:
     """A completed run has nothing outstanding; a crashed one lists its dispatched
     mutation as uncertain; only --fence moves the stored incarnation."""

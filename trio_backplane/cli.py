@@ -238,6 +238,10 @@ def _pipe_to_main(console: Any) -> Any:
 
 # -- shared output ---------------------------------------------------------------
 
+#: Rows a table prints (a run's 100,000 intents would take minutes to lay
+#: out, and nobody reads them in a terminal): the latest ones.
+_MAX_TABLE_ROWS: Final = 500
+
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 Segment = str | tuple[str, str]
@@ -305,6 +309,11 @@ class _Out:
         *,
         header: bool = True,
     ) -> None:
+        if len(rows) > _MAX_TABLE_ROWS:  # the latest rows: a run's recent history
+            hidden = len(rows) - _MAX_TABLE_ROWS
+            rows = rows[hidden:]
+            note = f"{hidden} earlier rows not shown (--json prints them all)"
+            caption = f"{caption}; {note}" if caption else note
         if self.console is None:
             print(title, file=self.file)
             for row in rows:
