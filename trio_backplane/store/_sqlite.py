@@ -202,6 +202,68 @@ _STOP: Final = 0
 _ABANDONED: Final = 1
 
 
+class _Rows:
+    """The rows of encoded commits, written with one statement per kind of
+    row: the compare-and-set updates (state kept, or moved), the part
+    upserts and deletes, the events numbered on from each run's last."""
+
+    __slots__ = ("commits", "events", "gone", "moved", "parts", "same")
+
+    def __init__(self) -> None:
+        self.commits = 0
+        self.same: list[tuple[Any, ...]] = []
+        self.moved: list[tuple[Any, ...]] = []
+        self.parts: list[tuple[str, str, str, str]] = []
+        self.gone: list[tuple[str, str, str]] = []
+        self.events: list[tuple[Any, ...]] = []
+
+    def add(self, encoded: _Encoded, last: int | None) -> _Written:
+        """Add a commit encoded against the run as stored, whose last event
+        sequence is ``last`` (known when it has events); what to remember."""
+        stored, entry, upserts, deletes, head, events = encoded
+        old = stored[0].record
+        record = entry.record
+        run_id = record.run_id
+        where = (run_id, old.incarnation, old.revision)
+        if record.state == old.state:
+            self.same.append((record.incarnation, record.revision, join_head(head), *where))
+        else:
+            self.moved.append(
+                (record.incarnation, record.revision, record.state, join_head(head), *where)
+            )
+        if upserts:
+            self.parts += [(run_id, *row) for row in upserts]
+        if deletes:
+            self.gone += [(run_id, *row) for row in deletes]
+        if events:
+            assert last is not None
+            self.events += [
+                (run_id, sequence, *event) for sequence, event in enumerate(events, last + 1)
+            ]
+            last += len(events)
+        self.commits += 1
+        return (entry, last, head), len(upserts) + len(deletes)
+
+    def write(self, conn: sqlite3.Connection) -> bool:
+        """Write the rows (inside a transaction).  False, with only the
+        compare-and-set updates run, when they matched fewer rows than there
+        are commits: a run is not as remembered (the caller rolls back)."""
+        matched = 0
+        if self.same:
+            matched += conn.executemany(_UPDATE_RUN_SAME_STATE, self.same).rowcount
+        if self.moved:
+            matched += conn.executemany(_UPDATE_RUN, self.moved).rowcount
+        if matched != self.commits:
+            return False
+        if self.parts:
+            conn.executemany(_UPSERT_PART, self.parts)
+        if self.gone:
+            conn.executemany(_DELETE_PART, self.gone)
+        if self.events:
+            conn.executemany(_INSERT_EVENT, self.events)
+        return True
+
+
 def _deliver(call: _Call) -> None:
     assert call.task is not None
     assert call.result is not None
@@ -646,33 +708,12 @@ class SQLiteStore:
         ``UPDATE`` of the run row first, then the changed parts and the events
         numbered on from the remembered last sequence.  ``None`` when the row
         is not at the remembered incarnation and revision (nothing written)."""
-        stored, entry, upserts, deletes, head, events = encoded
-        old = stored[0].record
-        record = entry.record
-        run_id = record.run_id
-        last = stored[1]
-        if events and last is None:
-            (last,) = conn.execute(_SELECT_LAST_SEQUENCE, (run_id,)).fetchone()
-        identity = (record.incarnation, record.revision)
-        where = (run_id, old.incarnation, old.revision)
-        if record.state == old.state:
-            cursor = conn.execute(_UPDATE_RUN_SAME_STATE, (*identity, join_head(head), *where))
-        else:
-            cursor = conn.execute(_UPDATE_RUN, (*identity, record.state, join_head(head), *where))
-        if cursor.rowcount != 1:
-            return None
-        if upserts:
-            conn.executemany(_UPSERT_PART, [(run_id, *row) for row in upserts])
-        if deletes:
-            conn.executemany(_DELETE_PART, [(run_id, *row) for row in deletes])
-        if events:
-            assert last is not None
-            conn.executemany(
-                _INSERT_EVENT,
-                [(run_id, sequence, *event) for sequence, event in enumerate(events, last + 1)],
-            )
-            last += len(events)
-        return (entry, last, head), len(upserts) + len(deletes)
+        last = encoded[0][1]
+        if encoded[5] and last is None:
+            (last,) = conn.execute(_SELECT_LAST_SEQUENCE, (encoded[1].record.run_id,)).fetchone()
+        rows = _Rows()
+        written = rows.add(encoded, last)
+        return written if rows.write(conn) else None
 
     def _write(
         self,
@@ -767,57 +808,17 @@ class SQLiteStore:
         """
         cache = self._cache
         rest: list[_Job] = []
-        same: list[tuple[Any, ...]] = []
-        moved: list[tuple[Any, ...]] = []
-        parts: list[tuple[str, str, str, str]] = []
-        gone: list[tuple[str, str, str]] = []
-        events: list[tuple[Any, ...]] = []
+        rows = _Rows()
         for job in jobs:
             encoded = job.encoded
             cached = cache.get(job.run_id)
             if encoded is None or encoded[0] is not cached or cached[1] is None:
                 rest.append(job)
                 continue
-            stored, entry, upserts, deletes, head, encoded_events = encoded
-            old = stored[0].record
-            record = entry.record
-            run_id = record.run_id
-            where = (run_id, old.incarnation, old.revision)
-            if record.state == old.state:
-                same.append((record.incarnation, record.revision, join_head(head), *where))
-            else:
-                moved.append(
-                    (record.incarnation, record.revision, record.state, join_head(head), *where)
-                )
-            if upserts:
-                parts += [(run_id, *row) for row in upserts]
-            if deletes:
-                gone += [(run_id, *row) for row in deletes]
-            last = stored[1]
-            assert last is not None
-            if encoded_events:
-                events += [
-                    (run_id, sequence, *event)
-                    for sequence, event in enumerate(encoded_events, last + 1)
-                ]
-                last += len(encoded_events)
-            staged.append((job, ((entry, last, head), len(upserts) + len(deletes))))
+            staged.append((job, rows.add(encoded, cached[1])))
         if len(rest) == len(jobs):
             return rest
-        matched = 0
-        if same:
-            matched += conn.executemany(_UPDATE_RUN_SAME_STATE, same).rowcount
-        if moved:
-            matched += conn.executemany(_UPDATE_RUN, moved).rowcount
-        if matched != len(jobs) - len(rest):
-            return None
-        if parts:
-            conn.executemany(_UPSERT_PART, parts)
-        if gone:
-            conn.executemany(_DELETE_PART, gone)
-        if events:
-            conn.executemany(_INSERT_EVENT, events)
-        return rest
+        return rest if rows.write(conn) else None
 
     def _write_batch(self, jobs: list[_Job]) -> None:
         """In the writer thread: one transaction for the batch.  The commits
