@@ -81,15 +81,24 @@ def _reason(error: Error) -> str:
     return " ".join([head + ":", error.message, *extra])
 
 
-def _check(args: argparse.Namespace, out: TextIO) -> int:
+def _tools_from(read: Callable[[], str]) -> list[Any] | None:
+    """The tool definitions of the text ``read`` gives, or ``None`` once
+    the reason they cannot be read is on stderr (exit status 2)."""
     try:
-        text = _example_text() if args.example else _read(args.file)
-        tools = load_tools(json.loads(text))
+        tools: list[Any] = load_tools(json.loads(read()))
     except RecursionError:
-        print("backplane: cannot read tools: JSON nested too deeply", file=sys.stderr)
-        return EXIT_USAGE
+        reason = "JSON nested too deeply"
     except (OSError, ValueError, Error) as exc:
-        print(f"backplane: cannot read tools: {exc}", file=sys.stderr)
+        reason = str(exc)
+    else:
+        return tools
+    print(f"backplane: cannot read tools: {reason}", file=sys.stderr)
+    return None
+
+
+def _check(args: argparse.Namespace, out: TextIO) -> int:
+    tools = _tools_from(_example_text if args.example else lambda: _read(args.file))
+    if tools is None:
         return EXIT_USAGE
     options: dict[str, Any] = {}
     if args.draft_07:
@@ -157,13 +166,8 @@ def _field(record: dict[str, Any], key: str) -> Any:
 
 
 def _admit(args: argparse.Namespace, out: TextIO) -> int:
-    try:
-        records = load_tools(json.loads(_read(args.file)))
-    except RecursionError:
-        print("backplane: cannot read tools: JSON nested too deeply", file=sys.stderr)
-        return EXIT_USAGE
-    except (OSError, ValueError, Error) as exc:
-        print(f"backplane: cannot read tools: {exc}", file=sys.stderr)
+    records = _tools_from(lambda: _read(args.file))
+    if records is None:
         return EXIT_USAGE
     options = schema.SchemaOptions(dialects={"2020-12", "draft-07"}) if args.draft_07 else None
     backend = _NoopBackend()
