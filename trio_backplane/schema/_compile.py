@@ -16,6 +16,7 @@ import jsonschema_rs
 from ..errors import Error
 from . import _instance
 from ._content import clear_regex_failure, content_keywords, take_regex_failure
+from ._ecma import engine_pattern
 from ._errors import failure, invalid, limit_error, regex_failure, unsupported
 from ._instance import json_pointer as _pointer
 from ._options import Limits, SchemaLoader, SchemaOptions, normalize_dialects
@@ -112,6 +113,9 @@ class CompiledSchema:
     #: ``contentSchema`` is asserted: its regex failures arrive on the side
     #: (``_content``), since the engine's verdict may have hidden them
     _content: bool = attrs.field(default=False, repr=False, alias="_content")
+    #: patterns the engine was given spelled out: its text -> the schema's
+    #: (an error names the schema's)
+    _texts: Mapping[str, str] | None = attrs.field(default=None, repr=False, alias="_texts")
 
     def validate(self, arguments: Any) -> Any:
         """Return ``arguments`` if they satisfy the schema; raise ``Error`` otherwise."""
@@ -187,8 +191,9 @@ class CompiledSchema:
         noted = regex_failure(collected)
         if noted is None and self._content:
             noted = take_regex_failure()
+        texts = self._texts
         if noted is not None:
-            raise _regex_work_limit(noted)
+            raise _regex_work_limit(noted if texts is None else _as_written(noted, texts))
         entries = [
             {
                 "instance_path": _pointer(e.instance_path),
@@ -196,12 +201,27 @@ class CompiledSchema:
                 "keyword": e.kind.name,
                 "message": e.message[:_MAX_MESSAGE],
             }
+            if texts is None
+            else {
+                "instance_path": _pointer(e.instance_path),
+                "schema_path": _pointer(_renamed(tuple(e.schema_path), texts.get)),
+                "keyword": e.kind.name,
+                "message": _as_written(e.message, texts)[:_MAX_MESSAGE],
+            }
             for e in collected[:MAX_ERROR_ENTRIES]
         ]
         details: dict[str, Any] = {"errors": entries, "error_count": len(collected)}
         if self._first_error is not None:
             details["first_error_only"] = True  # a recursive schema: see _first_error
         raise invalid(f"{what} do not match the schema", **details)
+
+
+def _as_written(message: str, texts: Mapping[str, str]) -> str:
+    """An engine message naming the patterns as the schema writes them."""
+    for text, pattern in texts.items():
+        if text in message:
+            message = message.replace(text, pattern)
+    return message
 
 
 def _first_of(
@@ -419,6 +439,7 @@ def _build(
         _first_error=validator.validate if result.recursive else None,
         _multiplies=result.multiplies,
         _content=options.content_assertion,
+        _texts=result.engine_texts() or None,
     )
 
 
@@ -429,14 +450,18 @@ def _engine(schema: Any, options: SchemaOptions, result: Preflight) -> jsonschem
         "pattern_options": _PATTERN_OPTIONS,
         "validate_formats": options.format_assertion or result.format_assertion_vocabulary,
     }
+    # Patterns the engine would match otherwise than ECMA-262 are given
+    # spelled out (SCH-26): in copies, the schema itself is never changed.
+    schema = result.engine_document(schema)
+    external = {uri: result.engine_document(doc) for uri, doc in result.external.items()}
     if type(schema) is not bool and not isinstance(schema, dict):
         schema = dict(schema)
     content = None
     if options.content_assertion:
-        content = _ContentSchemas(schema, result, kwargs)
+        content = _ContentSchemas(schema, external, result, kwargs)
         kwargs["keywords"] = content_keywords(content.resolve)
-    if result.external:
-        kwargs["registry"] = jsonschema_rs.Registry(list(result.external.items()))
+    if external:
+        kwargs["registry"] = jsonschema_rs.Registry(list(external.items()))
     if result.root_dialect == "draft-07":
         factory: Callable[..., jsonschema_rs.Validator] = jsonschema_rs.Draft7Validator
     elif result.metaschemas and type(schema) is dict and "$schema" in schema:
@@ -498,10 +523,16 @@ class _ContentSchemas:
     is refused rather than guessed.
     """
 
-    def __init__(self, schema: Any, result: Preflight, kwargs: dict[str, Any]) -> None:
+    def __init__(
+        self, schema: Any, external: dict[str, Any], result: Preflight, kwargs: dict[str, Any]
+    ) -> None:
         self._schema = schema
+        self._external = external
         self._result = result
         self._kwargs = kwargs
+        #: the engine is given some patterns spelled out (``engine_document``):
+        #: its paths hold them as ``patternProperties`` keys
+        self._texts = result.engine_texts()
         self._built: dict[str, jsonschema_rs.Validator] = {}
         self._building: set[str] = set()
         self.error: Error | None = None
@@ -538,7 +569,7 @@ class _ContentSchemas:
 
     def _content_kwargs(self) -> dict[str, Any]:
         if self._kwargs.get("base_uri") != _CONTENT_BASE:
-            resources = [(DEFAULT_BASE, self._schema), *self._result.external.items()]
+            resources = [(DEFAULT_BASE, self._schema), *self._external.items()]
             self._kwargs = {
                 **self._kwargs,
                 "base_uri": _CONTENT_BASE,
@@ -568,17 +599,27 @@ class _ContentSchemas:
         return index
 
     def _reference(self, path: tuple[str | int, ...], value: Any) -> str:
+        """The reference to the ``contentSchema`` the engine names by ``path``
+        (from the root of the document or resource it entered through)."""
         result = self._result
+        texts = self._texts
+        if texts:  # the engine's path -> the schema's
+            path = _renamed(path, texts.get)
         if self._candidates is None:
             self._candidates = self._index()
         found: list[str] = []
         for number, root in self._candidates.get(path, ()):
             location = (number, root + path)
-            if location not in result.walked or _node(result.docs[number], location[1]) != value:
+            doc = result.docs[number]
+            node_path = location[1]
+            if texts:  # compared, and pointed to, in what the engine was given
+                doc = result.engine_document(doc)
+                node_path = _renamed(node_path, _engine_text)
+            if location not in result.walked or _node(doc, node_path) != value:
                 continue
             base = result.bases[(number, location[1][:-1])]
             start = result.resources[base][1]
-            pointer = _pointer(location[1][len(start) :])
+            pointer = _pointer(node_path[len(start) :])
             ref = f"{base}#{quote(pointer, safe=_FRAGMENT_SAFE)}"
             if ref not in found:
                 found.append(ref)
@@ -591,6 +632,23 @@ class _ContentSchemas:
                 path=_pointer(path),
             )
         return found[0]
+
+
+def _engine_text(pattern: str) -> str:
+    return engine_pattern(pattern) or pattern
+
+
+def _renamed(
+    path: tuple[str | int, ...], rename: Callable[[str], str | None]
+) -> tuple[str | int, ...]:
+    """``path`` with each ``patternProperties`` key renamed (when ``rename``
+    gives a name)."""
+    out = list(path)
+    for i in range(1, len(out)):
+        step = out[i]
+        if out[i - 1] == "patternProperties" and type(step) is str:
+            out[i] = rename(step) or step
+    return tuple(out)
 
 
 def _node(doc: Any, path: tuple[str | int, ...]) -> Any:

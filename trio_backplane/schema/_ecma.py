@@ -28,16 +28,22 @@ Known deliberate deviations from a full ECMA-262 engine:
 * Quantifier bounds are compared exactly (``{3000000000,2147483648}`` is out of
   order); V8 clamps both bounds to 2**31-1 and accepts such a quantifier.
 
-Where the engine itself departs from ECMA-262 (this module checks syntax;
-the engine matches):
+Where the engine itself departs from ECMA-262 (this module checks syntax,
+and spells some of a pattern out for the engine; the engine matches):
 
-* ``\\b`` and ``\\B`` are Unicode-aware in the engine (``\\b`` matches
-  beside ``é``), ASCII in ECMA-262.  So are ``\\w``, ``\\d``, ``\\s`` and
-  ``.`` in a pattern holding a lookaround or a backreference: the engine
-  runs such a pattern on its backtracking path (``\\W(?=x)`` matches
-  ``"éx"``).  Rewriting ``\\b`` as ASCII lookarounds was tried and
-  withdrawn: it moved every such pattern onto that path, where it then
-  accepted what it had refused.
+* On its backtracking path (a pattern holding a lookaround or a
+  backreference) the engine reads ``\\d``, ``\\w``, ``\\s``, ``\\b`` and
+  ``.`` as Unicode-aware (``\\d`` matches ``"٣"``, ``.`` matches ``"\\r"``).
+  :func:`engine_pattern` gives it such a pattern with each of them spelled
+  out as the explicit class ECMA-262 means (``[0-9]``, ``[A-Za-z0-9_]``, the
+  ECMA-262 white space, ``[^\\n\\r\\u2028\\u2029]``, ASCII word
+  lookarounds for ``\\b``), in a copy of the schema; errors name the
+  pattern as written.  Its linear path (every other pattern) follows
+  ECMA-262 for all of them but ``\\b``.
+* ``\\b`` and ``\\B`` in a pattern on the linear path are Unicode-aware
+  (``\\b`` matches beside ``é``), ASCII in ECMA-262.  Spelling them out as
+  lookarounds would move the pattern onto the backtracking path, trading the
+  linear path's time bound for the work limit: not done.
 * The engine refuses some valid ECMA-262 patterns (``[^]``, ``[]``, ``\\0``,
   ``[\\b]``, ``\\k<name>``, surrogate-pair escapes such as
   ``\\uD83D\\uDE00``): a schema using one is refused with
@@ -52,7 +58,7 @@ from __future__ import annotations
 import unicodedata
 from typing import Final
 
-__all__ = ["pattern_syntax_error"]
+__all__ = ["engine_pattern", "pattern_syntax_error", "scan_pattern"]
 
 # SyntaxCharacter :: one of ^ $ \ . * + ? ( ) [ ] { } |
 _SYNTAX_CHARS: Final = frozenset("^$\\.*+?()[]{}|")
@@ -90,6 +96,32 @@ _ZWJ: Final = "\u200d"
 _GROUP: Final = 0  # ( (?: (?<name> : quantifiable once closed
 _LOOKAHEAD: Final = 1  # (?= (?! : not quantifiable in Unicode mode
 _LOOKBEHIND: Final = 2  # (?<= (?<! : never quantifiable
+
+# What the engine is given on its backtracking path (see engine_pattern): the
+# ECMA-262 meaning of each class escape, of ``.`` and of ``\b``/``\B``,
+# spelled out as explicit classes (no flags: JSON Schema has none).
+_DIGIT: Final = "0-9"
+_WORD: Final = "A-Za-z0-9_"
+# WhiteSpace and LineTerminator: TAB VT FF SP NBSP ZWNBSP, the Zs category, LF CR LS PS.
+_SPACE: Final = r"\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+#: a class escape's letter -> (its set as class items, negated?)
+_CLASS_SETS: Final = {
+    "d": (_DIGIT, False),
+    "D": (_DIGIT, True),
+    "w": (_WORD, False),
+    "W": (_WORD, True),
+    "s": (_SPACE, False),
+    "S": (_SPACE, True),
+}
+_DOT: Final = r"[^\n\r\u2028\u2029]"
+_WORD_BEFORE: Final = f"(?<=[{_WORD}])"
+_NO_WORD_BEFORE: Final = f"(?<![{_WORD}])"
+_WORD_AFTER: Final = f"(?=[{_WORD}])"
+_NO_WORD_AFTER: Final = f"(?![{_WORD}])"
+_BOUNDARIES: Final = {
+    "b": f"(?:{_WORD_BEFORE}{_NO_WORD_AFTER}|{_NO_WORD_BEFORE}{_WORD_AFTER})",
+    "B": f"(?:{_WORD_BEFORE}{_WORD_AFTER}|{_NO_WORD_BEFORE}{_NO_WORD_AFTER})",
+}
 
 
 class _PatternError(Exception):
@@ -151,7 +183,17 @@ def _show(text: str) -> str:
 class _Scanner:
     """One left-to-right pass over the pattern; raises :class:`_PatternError`."""
 
-    __slots__ = ("backrefs", "capture_count", "group_names", "n", "named_refs", "pos", "src")
+    __slots__ = (
+        "backrefs",
+        "capture_count",
+        "edits",
+        "fancy",
+        "group_names",
+        "n",
+        "named_refs",
+        "pos",
+        "src",
+    )
 
     def __init__(self, pattern: str) -> None:
         self.src = _join_surrogate_pairs(pattern)
@@ -161,6 +203,11 @@ class _Scanner:
         self.group_names: set[str] = set()
         self.backrefs: list[tuple[str, int]] = []  # (digits, position of the backslash)
         self.named_refs: list[tuple[str, int]] = []  # (name, position of the backslash)
+        #: a lookaround or a backreference: the engine's backtracking path
+        self.fancy = False
+        #: ``(start, end, text)``: what the backtracking path is given for
+        #: ``src[start:end]`` (see :func:`engine_pattern`), in order
+        self.edits: list[tuple[int, int, str]] = []
 
     # -- small helpers -------------------------------------------------------------------
 
@@ -226,6 +273,8 @@ class _Scanner:
             elif ch == "\\":
                 quantifiable = self._atom_escape()
             else:  # "." or a PatternCharacter
+                if ch == ".":
+                    self.edits.append((start, start + 1, _DOT))
                 self.pos += 1
                 quantifiable = True
         if stack:
@@ -270,11 +319,13 @@ class _Scanner:
             return _GROUP
         if nxt in {"=", "!"}:
             self.pos += 3
+            self.fancy = True
             return _LOOKAHEAD
         if nxt == "<":
             after = self._peek(3)
             if after in {"=", "!"}:
                 self.pos += 4
+                self.fancy = True
                 return _LOOKBEHIND
             self.pos += 2
             name = self._group_name()
@@ -415,9 +466,12 @@ class _Scanner:
         self.pos += 1
         if ch in {"b", "B"}:
             self.pos += 1
+            self.edits.append((backslash, self.pos, _BOUNDARIES[ch]))
             return False
         if ch in _CLASS_ESCAPES:
             self.pos += 1
+            items, negated = _CLASS_SETS[ch]
+            self.edits.append((backslash, self.pos, f"[^{items}]" if negated else f"[{items}]"))
         elif ch in {"p", "P"}:
             self.pos += 1
             self._property_escape(backslash)
@@ -426,12 +480,14 @@ class _Scanner:
             if self._peek() != "<":
                 raise self._fail("invalid named reference '\\k'", backslash)
             self.named_refs.append((self._group_name(), backslash))
+            self.fancy = True
         elif ch in _DIGITS and ch != "0":
             i = self.pos
             while i < self.n and self.src[i] in _DIGITS:
                 i += 1
             self.backrefs.append((self.src[self.pos : i], backslash))
             self.pos = i
+            self.fancy = True
         else:
             self._character_escape(ch, backslash, in_class=False)
         return True
@@ -465,16 +521,21 @@ class _Scanner:
     def _character_class(self) -> None:
         """``[...]`` / ``[^...]``; ``pos`` is at the ``[``."""
         start = self.pos
+        src = self.src
         self.pos += 1
-        if self._peek() == "^":
+        negated = self._peek() == "^"
+        if negated:
             self.pos += 1
+        items: list[str] = []  # the class's items as the backtracking path gets them
+        complements: list[str] = []  # the sets of its \D \W \S, as class items
+        escapes = False
         while True:
             ch = self._peek()
             if ch == "":
                 raise self._fail("unterminated character class", start)
             if ch == "]":
                 self.pos += 1
-                return
+                break
             atom_start = self.pos
             low = self._class_atom()
             if self._peek() == "-" and self._peek(1) not in {"]", ""}:
@@ -484,6 +545,14 @@ class _Scanner:
                     raise self._fail("invalid character class range", atom_start)
                 if low > high:
                     raise self._fail("character class range out of order", atom_start)
+            elif low is None and src[atom_start + 1] in _CLASS_ESCAPES:
+                escapes = True
+                escaped, complement = _CLASS_SETS[src[atom_start + 1]]
+                (complements if complement else items).append(escaped)
+                continue
+            items.append(src[atom_start : self.pos])
+        if escapes:
+            self.edits.append((start, self.pos, _class_text(negated, "".join(items), complements)))
 
     def _check_references(self) -> None:
         count = self.capture_count
@@ -495,6 +564,60 @@ class _Scanner:
         for name, at in self.named_refs:
             if name not in self.group_names:
                 raise self._fail(f"reference to undefined group name {name!r}", at)
+
+
+def _class_text(negated: bool, items: str, complements: list[str]) -> str:
+    """A class whose class escapes are spelled out: ``items`` (the positive
+    ones inlined), and the sets whose complements it also holds (``\\D``,
+    ``\\W``, ``\\S``, which a class cannot inline)."""
+    if not complements:
+        return f"[^{items}]" if negated else f"[{items}]"
+    if not negated:  # in items, or outside one of the sets
+        alternatives = ([f"[{items}]"] if items else []) + [f"[^{c}]" for c in complements]
+        return f"(?:{'|'.join(alternatives)})"
+    # [^...]: in none of the items, and inside every one of the sets
+    *others, last = complements
+    parts = ([f"(?![{items}])"] if items else []) + [f"(?=[{c}])" for c in others]
+    return f"(?:{''.join(parts)}[{last}])"
+
+
+def scan_pattern(pattern: str) -> tuple[str | None, str | None]:
+    """``(pattern_syntax_error(pattern), engine_pattern(pattern))`` in one pass."""
+    scanner = _Scanner(pattern)
+    try:
+        scanner.run()
+    except _PatternError as exc:
+        return str(exc), None
+    return None, _engine_text(scanner)
+
+
+def engine_pattern(pattern: str) -> str | None:
+    """The text to give the engine for ``pattern`` (valid ECMA-262, checked by
+    :func:`pattern_syntax_error`), or ``None`` to give it as it is.
+
+    A pattern holding a lookaround or a backreference runs on the engine's
+    backtracking path, where ``\\d``, ``\\w``, ``\\s``, ``\\b`` and ``.``
+    are Unicode-aware (``\\d`` matches ``"٣"``, ``.`` matches ``"\\r"``).
+    Such a pattern is given with each of them spelled out as the explicit
+    class ECMA-262 means (``[0-9]``; ``\\b`` as ASCII word lookarounds),
+    which both engine paths read alike.  Any other pattern runs on the
+    linear path, which already follows ECMA-262 there: it is given as is.
+    """
+    return scan_pattern(pattern)[1]
+
+
+def _engine_text(scanner: _Scanner) -> str | None:
+    if not scanner.fancy or not scanner.edits:
+        return None
+    src = scanner.src
+    out: list[str] = []
+    at = 0
+    for start, end, text in scanner.edits:
+        out.append(src[at:start])
+        out.append(text)
+        at = end
+    out.append(src[at:])
+    return "".join(out)
 
 
 def pattern_syntax_error(pattern: str) -> str | None:

@@ -198,6 +198,7 @@ class Preflight:
 
     __slots__ = (
         "_dialects",
+        "_engine_docs",
         "_limits",
         "_loader",
         "_registry",
@@ -216,6 +217,7 @@ class Preflight:
         "loader_used",
         "metaschemas",
         "multiplies",
+        "patterns",
         "recursive",
         "ref_groups",
         "refs",
@@ -276,6 +278,11 @@ class Preflight:
         #: (``check_recursive_fanout``): error collection is unbounded there
         #: ``(schema path, instance step, reason)``
         self.multiplies: tuple[str, str, str] | None = None
+        #: patterns the engine is given spelled out (``_ecma.engine_pattern``),
+        #: by document number: ``(schema path, patternProperties key or None
+        #: for ``pattern``, the engine's text)``
+        self.patterns: dict[int, list[tuple[Path, str | None, str]]] = {}
+        self._engine_docs: dict[int, Any] | None = None  # id(doc) -> engine_document(doc)
         self.format_assertion_vocabulary = False
         self.loader_used = False
         self.subschemas = 0
@@ -374,11 +381,15 @@ class Preflight:
                 check_content_keywords(node, _pointer(path))
             pattern = node.get("pattern")
             if type(pattern) is str:
-                self._check_pattern(pattern, (*path, "pattern"))
+                text = self._check_pattern(pattern, (*path, "pattern"))
+                if text is not None:
+                    self.patterns.setdefault(number, []).append((path, None, text))
             pattern_props = node.get("patternProperties")
             if type(pattern_props) is dict:
                 for pat in pattern_props:
-                    self._check_pattern(pat, (*path, "patternProperties", pat))
+                    text = self._check_pattern(pat, (*path, "patternProperties", pat))
+                    if text is not None:
+                        self.patterns.setdefault(number, []).append((path, pat, text))
             # children, pushed in reverse so the walk is in document order
             children: list[tuple[Any, Path, str, str, int]] = []
             edges: list[Location] = []
@@ -945,13 +956,15 @@ class Preflight:
 
     # -- patterns --------------------------------------------------------
 
-    def _check_pattern(self, pattern: str, path: Path) -> None:
+    def _check_pattern(self, pattern: str, path: Path) -> str | None:
+        """Refuse a pattern too long or not ECMA-262; the text the engine is
+        to be given instead of it, if any (``_ecma.engine_pattern``)."""
         maximum = self._limits.max_pattern_bytes
         if len(pattern) * 4 > maximum and len(pattern.encode("utf-8", "surrogatepass")) > maximum:
             raise limit_error("pattern_too_long", "max_pattern_bytes", maximum, path=_pointer(path))
         if self.bounds_only:
-            return
-        reason = _ecma.pattern_syntax_error(pattern)
+            return None
+        reason, text = _ecma.scan_pattern(pattern)
         if reason is not None:
             raise invalid(
                 "pattern is not an ECMA-262 regular expression",
@@ -960,6 +973,80 @@ class Preflight:
                 detail=reason,
                 path=_pointer(path),
             )
+        return text
+
+    def engine_document(self, doc: Any) -> Any:
+        """``doc`` (one walked here) as the engine is to be given it: a copy
+        with its patterns spelled out where they must be (:attr:`patterns`),
+        else ``doc`` itself."""
+        if not self.patterns:
+            return doc
+        if self._engine_docs is None:
+            self._engine_docs = {
+                id(self.docs[number]): _with_patterns(self.docs[number], edits)
+                for number, edits in self.patterns.items()
+            }
+        return self._engine_docs.get(id(doc), doc)
+
+    def engine_texts(self) -> dict[str, str]:
+        """Every pattern the engine is given spelled out: its text -> the schema's."""
+        texts: dict[str, str] = {}
+        for number, edits in self.patterns.items():
+            for path, key, text in edits:
+                if key is None:
+                    node = _at(self.docs[number], path)
+                    texts[text] = node["pattern"]
+                else:
+                    texts[text] = key
+        return texts
+
+
+def _at(doc: Any, path: Path) -> Any:
+    for step in path:
+        doc = doc[step]
+    return doc
+
+
+def _with_patterns(doc: Any, edits: list[tuple[Path, str | None, str]]) -> Any:
+    """A copy of ``doc`` with each edit's pattern replaced by the engine's
+    text; only the containers on the edits' paths are copied."""
+    tree: dict[Any, Any] = {}  # path step -> subtree; None -> the node's edits
+    for path, key, text in edits:
+        branch = tree
+        for step in path:
+            branch = branch.setdefault(step, {})
+        branch.setdefault(None, []).append((key, text))
+
+    def copy(node: Any, branch: dict[Any, Any]) -> Any:
+        changed: dict[Any, Any] = {}
+        for step, sub in branch.items():
+            if step is not None:
+                changed[step] = copy(node[step], sub)
+        if isinstance(node, list | tuple):
+            items = list(node)
+            for index, value in changed.items():
+                items[index] = value
+            return items
+        out = dict(node)
+        out.update(changed)
+        renamed: dict[str, str] = {}
+        for key, text in branch.get(None, ()):
+            if key is None:
+                out["pattern"] = text
+            else:
+                renamed[key] = text
+        if renamed:  # patternProperties keys, in their order
+            props = out["patternProperties"]
+            out["patternProperties"] = {renamed.get(k, k): v for k, v in props.items()}
+            if len(out["patternProperties"]) != len(props):
+                raise unsupported(
+                    "patternProperties holds a pattern both as written and spelled out",
+                    reason="unsupported_pattern",
+                    patterns=sorted(renamed),
+                )
+        return out
+
+    return copy(doc, tree)
 
 
 def _clash(ours: _Steps, theirs: _Steps) -> tuple[Any, ...] | None:
