@@ -880,6 +880,36 @@ async def test_non_utf8_server_output_does_not_hang_a_call() -> None:
         assert result.structured_content == {"arguments": {"n": 1}}
 
 
+async def test_unparseable_response_fails_its_call_at_once() -> None:
+    """A response the SDK cannot parse (here a result escaping a lone
+    surrogate, which JSON text may hold but the SDK's models refuse) fails
+    its call with ``malformed_result`` at once, uncertain (the server ran
+    it), instead of leaving it waiting for ever with no ``call_timeout``; the
+    connection goes on serving calls.  A listing the SDK cannot parse fails
+    ``refresh`` the same way."""
+    result = json.dumps({"content": [{"type": "text", "text": "a\ud800b"}]})
+    async with raw_server({"RAW_RESULT": result}, call_timeout=None) as source:
+        assert source.call_timeout is None
+        with trio.fail_after(10), pytest.raises(Error) as exc:
+            await source.call_tool("plain", {"n": 1})
+        error = exc.value
+        assert error.error_class is ErrorClass.MALFORMED_RESULT
+        assert error.details["reason"] == "unparseable_response"
+        assert error.details["certainty"] == "uncertain"
+        assert error.details["tool"] == "plain"
+        assert "Invalid JSON" in error.details["cause"]
+        with trio.fail_after(10):
+            assert await server_calls(source) == [["plain", {"n": 1}]]
+
+    tools = json.dumps([{"name": "plain", "description": "\udc00", "inputSchema": {}}])
+    with trio.fail_after(30), pytest.raises(Error) as exc:
+        async with connect_stdio(sys.executable, [RAW_SERVER], env={"RAW_TOOLS": tools}):
+            pass  # pragma: no cover - the first listing fails
+    assert exc.value.error_class is ErrorClass.MALFORMED_RESULT
+    assert exc.value.details["reason"] == "unparseable_response"
+    assert exc.value.details["method"] == "tools/list"
+
+
 async def test_host_timeout_on_a_failed_connection_is_too_slow(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -809,6 +809,17 @@ _PLACEHOLDERS: Final[Mapping[str, Mapping[str, Any]]] = {
 }
 
 
+class _Unparsed:
+    """The ``data`` of the error a request is failed with when its response
+    arrived but could not be parsed (:meth:`_RawDispatcher._dispatch`): no
+    server can send this object."""
+
+    __slots__ = ("cause",)
+
+    def __init__(self, cause: str) -> None:
+        self.cause = cause
+
+
 class _RawDispatcher(JSONRPCDispatcher):
     """The SDK's own dispatcher, which can hand the adapter a result as the
     server sent it.
@@ -841,6 +852,36 @@ class _RawDispatcher(JSONRPCDispatcher):
             return raw
         capture.append(raw)
         return dict(placeholder)
+
+    async def _dispatch(self, item: Any, *args: Any, **kwargs: Any) -> None:
+        """The SDK's routing of one inbound item; first, a response the
+        transport could not parse (a line the SDK's models refuse, such as
+        one escaping a lone surrogate) fails its request at once.  The SDK
+        only logs such a line, and the request would wait for a response
+        that already came, forever when no ``call_timeout`` is set."""
+        if isinstance(item, pydantic.ValidationError):
+            self._fail_unparsed(item)
+        await super()._dispatch(item, *args, **kwargs)
+
+    def _fail_unparsed(self, error: pydantic.ValidationError) -> None:
+        found = next((e for e in error.errors() if isinstance(e.get("input"), str | bytes)), None)
+        if found is None:
+            return
+        line = found["input"]
+        try:
+            message = json.loads(line)  # Python's reader takes what the SDK's refused
+        except (ValueError, RecursionError):
+            return  # not JSON at all: no response to match
+        if not isinstance(message, dict) or not ("result" in message or "error" in message):
+            return
+        request_id = message.get("id")
+        if type(request_id) not in (str, int):
+            return
+        data = _Unparsed(str(found.get("msg", "unparseable"))[:_MAX_CAUSE])
+        error_data = mcp_types.ErrorData(
+            code=mcp_types.PARSE_ERROR, message="unparseable response", data=data
+        )
+        self._resolve_pending(request_id, error_data)
 
 
 def _raw_dispatch_supported() -> bool:
@@ -992,6 +1033,15 @@ def _mcp_error(method: str, exc: MCPError, *, tool: str | None) -> Error:
     if tool is not None:
         details["tool"] = tool
         details["certainty"] = "uncertain"
+    if isinstance(exc.data, _Unparsed):
+        del details["code"], details["server_message"]
+        details["reason"] = "unparseable_response"
+        details["cause"] = exc.data.cause
+        return Error(
+            ErrorClass.MALFORMED_RESULT,
+            f"MCP server sent a {method} response that is not valid JSON-RPC",
+            details,
+        )
     if exc.code == mcp_types.REQUEST_TIMEOUT:
         return Error(ErrorClass.TIMEOUT, f"MCP {method} timed out", details)
     if _connection_closed(exc):
