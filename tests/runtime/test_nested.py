@@ -16,8 +16,8 @@ from trio.testing import MockClock
 
 from trio_backplane import Error, ErrorClass
 from trio_backplane.kernel import RunRecord, thaw
-from trio_backplane.runtime import Conversation
-from trio_backplane.testing import ScriptedProvider
+from trio_backplane.runtime import Conversation, ResponseFailed
+from trio_backplane.testing import ScriptedProvider, Sleep
 from trio_backplane.tools import ToolResult
 
 from .support import (
@@ -246,6 +246,36 @@ async def test_nest_06_nest_08_input_queued_behind_nested_commit(
     assert contents == ["hello", "steer me", "and then this"]
     assert finished.record.state == "completed"
     assert len(order) == 2
+
+
+async def test_nest_08_input_during_a_failed_attempt_is_kept(autojump_clock: MockClock) -> None:
+    """NEST-08, CONV-22: steering and a follow-up acknowledged while a
+    provider attempt streams stay queued when that attempt then fails: the
+    failure's commit lands on the last acknowledged state, not on the one
+    the attempt started from.  The follow-up then runs as a new turn, and
+    the steering is consumed at that turn's first boundary."""
+    provider = SP(
+        [
+            [Sleep(5.0), ResponseFailed(Error(ErrorClass.EXECUTION_FAILURE, "provider down"))],
+            SP.text("second turn"),
+            SP.text("third turn"),
+        ]
+    )
+    acknowledged: list[Any] = []
+
+    async def during(conversation: Conversation, host: Host) -> None:
+        await trio.sleep(1.0)
+        acknowledged.append(await conversation.steer("please also do X"))
+        acknowledged.append(await conversation.follow_up("and then Y"))
+        status = conversation.status()
+        assert (len(status.steering), len(status.follow_up)) == (1, 1)
+
+    finished, _ = await run_with_host(provider, [], during=during)
+    assert len(acknowledged) == 2
+    contents = [m.get("content") for m in finished.messages if m.get("role") == "user"]
+    assert contents == ["hello", "and then Y", "please also do X"]
+    assert len(provider.requests) == 3
+    assert finished.record.state == "completed"
 
 
 async def test_nest_07_cancel_clears_queued_commits(autojump_clock: MockClock) -> None:

@@ -665,14 +665,23 @@ class TurnLoop:
             calls = _tool_calls(message, completed)
             failure = _malformed_call(calls)
         if failure is not None:
-            await c._commit(
-                "provider_completed",
-                {
-                    "attempt_id": attempt_id,
-                    "result": {"error": failure.to_dict()},
-                    "conversation": _append(state, usage=usage),
-                },
-            )
+            result = freeze({"error": failure.to_dict()})
+
+            def build_failed(record: RunRecord, now: float) -> Command:
+                # From the record it lands on, not from ``state``: host input
+                # acknowledged during the attempt (steering, follow-ups) is in
+                # it, and stays queued (NEST-08).
+                return Command(
+                    "provider_completed",
+                    now,
+                    {
+                        "attempt_id": attempt_id,
+                        "result": result,
+                        "conversation": _append(conversation_of(record), usage=usage),
+                    },
+                )
+
+            await c._commit_steps((Step(build_failed),))
             c._publish("response_failed", {"error": failure.to_dict()})
             raise _TurnFailed(failure)
         assert message is not None
