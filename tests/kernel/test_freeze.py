@@ -64,7 +64,11 @@ def test_ker_11_any_depth_is_frozen_without_recursion(depth: int) -> None:
         (object(), "runtime handle"),
         ({1: "not a str key"}, "runtime handle"),
         ({"s": {1, 2}}, "runtime handle"),
+        (10**4300, "more than 4300 digits"),
+        ([-(10**4300)], "more than 4300 digits"),
+        ({"n": 10**5000}, "more than 4300 digits"),
     ],
+    ids=["nan", "inf", "object", "int-key", "set", "huge-int", "huge-int-list", "huge-int-dict"],
 )
 @pytest.mark.parametrize("depth", [3, MAX_DEPTH - 1])
 def test_ker_11_deep_non_json_is_refused(leaf: Any, message: str, depth: int) -> None:
@@ -169,3 +173,27 @@ def test_ker_11_a_mapping_failing_when_read_is_validation() -> None:
         assert info.value.error_class is ErrorClass.VALIDATION
         assert info.value.message == "tool result could not be read as JSON data"
         assert info.value.details["cause"].startswith("KeyError")
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [lambda n: n, lambda n: [n], lambda n: {"n": n}, lambda n: ({"k": [n]},)],
+    ids=["leaf", "list", "dict", "nested"],
+)
+def test_ker_11_integers_every_store_can_encode(shape: Any) -> None:
+    """KER-11: an integer of up to 4,300 digits is JSON data every store
+    encodes and every process reads back; one more digit is refused with
+    ``validation`` ``integer_too_large`` before anything is stored, wherever
+    it sits (a leaf, a list item, a dict value: the fast paths too)."""
+    from trio_backplane.kernel import dumps, loads
+
+    largest = 10**4300 - 1
+    for n in (largest, -largest):
+        frozen = freeze(shape(n))
+        assert loads(dumps(frozen)) == thaw(frozen)
+    for n in (10**4300, -(10**4300)):
+        with pytest.raises(Error) as info:
+            freeze(shape(n), "interaction answer")
+        assert info.value.error_class is ErrorClass.VALIDATION
+        assert info.value.details["reason"] == "integer_too_large"
+        assert info.value.message.startswith("interaction answer contains an integer")

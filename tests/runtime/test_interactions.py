@@ -242,6 +242,36 @@ async def test_int_04_unknown_and_repeated_ids_are_not_found(autojump_clock: Moc
     assert finished.record.state == "completed"
 
 
+async def test_int_04_answer_no_store_can_encode_is_refused(autojump_clock: MockClock) -> None:
+    """INT-04, KER-11: an answer holding an integer of more than 4,300
+    digits (which no store can encode, or no process read back) is refused
+    with ``validation`` before anything is committed; the interaction stays
+    pending and a later answer is delivered."""
+    log: dict[str, Any] = {}
+    tool = make_tool("ask", RecordingBackend(asking(log)))
+    refused: list[Error] = []
+
+    async def during(conversation: Conversation, host: Host) -> None:
+        await until(lambda: bool(host.requested))
+        interaction_id = host.requested[0][1]
+        with pytest.raises(Error) as caught:
+            await conversation.resolve(interaction_id, {"n": 10**5000})
+        refused.append(caught.value)
+        pending = conversation.status().pending_interaction
+        assert pending is not None
+        assert pending["id"] == interaction_id
+        await conversation.resolve(interaction_id, {"n": 10**4299})
+
+    finished, _ = await run_with_host(
+        calls_then_done(("c1", "ask", {})), [tool], never, during=during
+    )
+    [error] = refused
+    assert error.error_class is ErrorClass.VALIDATION
+    assert error.details["reason"] == "integer_too_large"
+    assert log["answer"] == {"n": 10**4299}
+    assert finished.record.state == "completed"
+
+
 async def test_int_05_evt_11_answer_delivered_after_the_resolution_commit(
     autojump_clock: MockClock,
 ) -> None:

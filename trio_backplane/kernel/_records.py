@@ -256,9 +256,26 @@ _RECURSION: Final = 64
 
 
 #: Types :func:`freeze` returns as they are: JSON leaves (``None`` included;
-#: floats need a finiteness check, strs a Unicode check) and the frozen
-#: containers.
-_KEPT: Final = frozenset({int, bool, type(None), FrozenDict, FrozenList, LayeredDict})
+#: ints need a size check, floats a finiteness check, strs a Unicode check)
+#: and the frozen containers.
+_KEPT: Final = frozenset({bool, type(None), FrozenDict, FrozenList, LayeredDict})
+
+#: The most decimal digits an integer in JSON data may have: what CPython
+#: writes and reads by default (``sys.get_int_max_str_digits``).  A larger
+#: one could not be encoded by a store, or not be read back by another
+#: process, so it is refused before it is committed.
+MAX_INT_DIGITS: Final = 4300
+_INT_BOUND: Final = 10**MAX_INT_DIGITS  # the smallest integer with more digits
+
+
+def _integer(value: int, what: str) -> int:
+    if -_INT_BOUND < value < _INT_BOUND:
+        return value
+    raise Error(
+        ErrorClass.VALIDATION,
+        f"{what} contains an integer of more than {MAX_INT_DIGITS} digits",
+        {"reason": "integer_too_large", "maximum_digits": MAX_INT_DIGITS},
+    )
 
 
 def _is_text(value: str) -> bool:
@@ -287,6 +304,8 @@ def _freeze(value: Any, what: str, depth: int, limit: int = MAX_DEPTH) -> Any:
     t = type(value)
     if t in _KEPT:
         return value
+    if t is int:
+        return _integer(value, what)
     if t is str:
         return _text(value, what)
     if t is float:
@@ -308,6 +327,7 @@ def _freeze(value: Any, what: str, depth: int, limit: int = MAX_DEPTH) -> Any:
                     or not (key.isascii() or _is_text(key))
                     or not (
                         ti in _KEPT
+                        or (ti is int and -_INT_BOUND < item < _INT_BOUND)
                         or (ti is str and (item.isascii() or _is_text(item)))
                         or (ti is float and item - item == 0.0)
                     )
@@ -334,7 +354,9 @@ def _freeze(value: Any, what: str, depth: int, limit: int = MAX_DEPTH) -> Any:
         return FrozenList(
             [
                 item
-                if type(item) in _KEPT or (type(item) is str and item.isascii())
+                if type(item) in _KEPT
+                or (type(item) is str and item.isascii())
+                or (type(item) is int and -_INT_BOUND < item < _INT_BOUND)
                 else _freeze(item, what, depth + 1, limit)
                 for item in value
             ]
@@ -352,6 +374,8 @@ def _freeze_iterative(value: Any, what: str, depth: int = 0, limit: int = MAX_DE
     t = type(value)
     if t in _KEPT:
         return value
+    if t is int:
+        return _integer(value, what)
     if t is str:
         return _text(value, what)
     if t is float:
@@ -369,6 +393,8 @@ def _freeze_iterative(value: Any, what: str, depth: int = 0, limit: int = MAX_DE
             raise _too_deep(what, limit)
         if kind in _KEPT:
             holder[slot] = item
+        elif kind is int:
+            holder[slot] = _integer(item, what)
         elif kind is str:
             holder[slot] = _text(item, what)
         elif kind is float:
