@@ -248,6 +248,51 @@ async def test_tool_04_backend_receives_arguments_unchanged(autojump_clock: Mock
     assert "flag" not in received["nested"]
 
 
+async def test_tool_04_no_subscriber_can_edit_the_arguments(autojump_clock: MockClock) -> None:
+    """TOOL-04: the arguments a ``tool_started`` event carries are a
+    read-only copy: a subscriber "redacting" them in place gets a
+    ``TypeError`` and neither the backend nor another subscriber sees an
+    edit."""
+    arguments = {"user": "ann", "password": "hunter2", "tags": ["a"]}
+    seen_by_backend: list[Any] = []
+    edits: list[BaseException] = []
+
+    async def backend(operation: Any) -> ToolResult:
+        await trio.sleep(1)  # the subscriber runs meanwhile
+        seen_by_backend.append(thaw(operation.arguments))
+        return ToolResult("ok")
+
+    async def redactor(events: Any) -> None:
+        async for event in events:
+            if event.type == "tool_started":
+                payload = event.payload["invocation"]["arguments"]
+                try:
+                    payload["password"] = "***"
+                except TypeError as exc:
+                    edits.append(exc)
+                try:
+                    payload["tags"].append("b")
+                except (TypeError, AttributeError) as exc:
+                    edits.append(exc)
+
+    provider = calls_then_done(("c1", "login", arguments))
+    async with (
+        conversation_with(provider, [make_tool("login", RecordingBackend(backend))]) as (
+            conversation,
+            timeline,
+        ),
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(redactor, conversation.subscribe())
+        await conversation.prompt("go")
+        await conversation.wait_settled()
+        nursery.cancel_scope.cancel()
+    assert seen_by_backend == [arguments]
+    assert len(edits) == 2
+    [started] = [e for e in timeline.published() if e.type == "tool_started"]
+    assert thaw(started.payload["invocation"]["arguments"]) == arguments
+
+
 async def test_tool_05_operation_carries_the_whole_identity(autojump_clock: MockClock) -> None:
     """TOOL-05: the operation carries run_id, incarnation, step_id, attempt_id,
     invocation_id, tool_call_id, turn_id, tool_name, tool_revision,
@@ -984,3 +1029,50 @@ async def test_tool_27_emit_forwards_tool_update_and_a_stale_emit_raises(
     with pytest.raises(Error) as caught:
         contexts[0].emit({"late": True})
     assert caught.value.message == "stale stream"
+
+
+async def test_tool_27_emit_from_a_worker_thread_is_refused() -> None:
+    """TOOL-27: ``emit`` (and every other ``operation.context`` callable)
+    belongs to the Trio run of its conversation: called from a worker
+    thread it raises ``validation`` ``foreign_trio_run`` there, touching no
+    subscriber, and the run goes on (it used to wake no one and crash Trio)."""
+    refused: list[Error] = []
+
+    def blocking_work(context: Any) -> None:
+        for call in (
+            lambda: context.emit({"progress": 50}),
+            lambda: context.stage_catalog(object()),
+        ):
+            try:
+                call()
+            except Error as error:
+                refused.append(error)
+
+    async def worker(operation: Any) -> ToolResult:
+        await trio.to_thread.run_sync(blocking_work, operation.context)
+        operation.context.emit({"progress": 100})
+        return ToolResult("done")
+
+    async def listener(events: Any, seen: list[Any]) -> None:
+        async for event in events:
+            seen.append(event.type)
+
+    seen: list[Any] = []
+    provider = calls_then_done(("c1", "work", {}))
+    async with (
+        conversation_with(provider, [make_tool("work", RecordingBackend(worker))]) as (
+            conversation,
+            _,
+        ),
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(listener, conversation.subscribe(), seen)
+        await conversation.prompt("go")
+        with trio.fail_after(30):
+            snapshot = await conversation.wait_settled()
+        nursery.cancel_scope.cancel()
+    assert [(e.error_class, e.details["reason"]) for e in refused] == [
+        (ErrorClass.VALIDATION, "foreign_trio_run")
+    ] * 2
+    assert snapshot.run.state == "completed"
+    assert seen.count("tool_update") == 1

@@ -473,6 +473,7 @@ class Conversation:
 
     def stage_catalog(self, publication: Any) -> PublicationReceipt:
         """Stage a catalog on behalf of the tool executing now (PUB-02, PUB-19)."""
+        self._require_own_run()
         return self._stage(publication)
 
     def _stage(self, publication: Any) -> PublicationReceipt:

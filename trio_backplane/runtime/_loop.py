@@ -90,6 +90,7 @@ class ToolContext:
 
     def emit(self, update: Mapping[str, Any]) -> None:
         """Forward ``update`` to subscribers as a transient ``tool_update`` (TOOL-27)."""
+        self._conversation._require_own_run()  # never from a worker thread
         if not self._live:
             raise Error(ErrorClass.RESOURCE_CONFLICT, "stale stream")
         if not isinstance(update, Mapping):
@@ -99,6 +100,7 @@ class ToolContext:
     async def interact(self, request: Mapping[str, Any]) -> Any:
         """Ask a person; returns the committed answer (INT-05). While waiting, the
         run and every armed effect deadline are suspended (INT-06, INT-18)."""
+        self._conversation._require_own_run()
         if not isinstance(request, Mapping):
             raise Error(ErrorClass.VALIDATION, "an interaction request must be a mapping")
         if not self._live:
@@ -120,6 +122,7 @@ class ToolContext:
 
     def stage_catalog(self, publication: Any) -> PublicationReceipt:
         """Stage a catalog produced by this tool (synchronous, PUB-02)."""
+        self._conversation._require_own_run()
         if not self._live:
             raise Error(ErrorClass.RESOURCE_CONFLICT, "staging requires an executing tool")
         return self._conversation._stage(publication)
@@ -127,6 +130,7 @@ class ToolContext:
     async def nested_dispatch(self, tool_name: str, arguments: Any) -> ToolResult:
         """Run another tool from this one: one at a time, never itself, never an
         approval-gated tool; its own intent, work unit and deadline (NEST-01..09)."""
+        self._conversation._require_own_run()
         if not self._live or self._nested_busy:
             raise Error(ErrorClass.RESOURCE_CONFLICT, "nested dispatch is not available now")
         if tool_name == self._tool:
@@ -1253,7 +1257,9 @@ def _started(operation: ToolOperation) -> dict[str, Any]:
         "step_id": operation.step_id,
         "tool_name": operation.tool_name,
         "tool_revision": operation.tool_revision,
-        "arguments": operation.arguments,
+        # a read-only copy: no subscriber can edit what the backend runs
+        # with (TOOL-04), nor what another subscriber receives
+        "arguments": freeze(operation.arguments, "tool arguments"),
     }
 
 
