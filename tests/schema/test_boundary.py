@@ -450,14 +450,14 @@ def test_sch_14_sch_29_sch_30_content_schema_regex_work_limit(wrap: Any) -> None
     """SCH-14, SCH-29, SCH-30: a pattern inside ``contentSchema`` runs under
     the same work limit, and exhausting it raises execution_failure
     ``regex_work_limit`` even through ``not`` (never a pass or a mismatch)."""
-    content = _in_content({"pattern": "(a|a)*\\1c"})["properties"]["p"]
+    content = _in_content({"pattern": EXPLOSIVE})["properties"]["p"]
     schema = {"type": "object", "properties": {"p": wrap(content)}}
     with pytest.raises(Error) as exc:
-        validate(schema, {"p": json.dumps("a" * 40)}, content_assertion=True)
+        validate(schema, {"p": json.dumps(VICTIM)}, content_assertion=True)
     assert refused(exc, ErrorClass.EXECUTION_FAILURE)["reason"] == "regex_work_limit"
     # the validator's own failure path (iter_errors) says the same
     with pytest.raises(Error) as exc:
-        compile(schema, content_assertion=True).errors({"p": json.dumps("a" * 40)})
+        compile(schema, content_assertion=True).errors({"p": json.dumps(VICTIM)})
     assert refused(exc, ErrorClass.EXECUTION_FAILURE)["reason"] == "regex_work_limit"
 
 

@@ -20,7 +20,7 @@ from ._ecma import engine_pattern
 from ._errors import failure, invalid, limit_error, regex_failure, unsupported
 from ._instance import json_pointer as _pointer
 from ._options import Limits, SchemaLoader, SchemaOptions, normalize_dialects
-from ._preflight import DEFAULT_BASE, Location, Preflight, preflight
+from ._preflight import DEFAULT_BASE, Location, Path, Preflight, preflight
 
 __all__ = [
     "CACHE_SIZE",
@@ -113,9 +113,9 @@ class CompiledSchema:
     #: ``contentSchema`` is asserted: its regex failures arrive on the side
     #: (``_content``), since the engine's verdict may have hidden them
     _content: bool = attrs.field(default=False, repr=False, alias="_content")
-    #: patterns the engine was given spelled out: its text -> the schema's
-    #: (an error names the schema's)
-    _texts: Mapping[str, str] | None = attrs.field(default=None, repr=False, alias="_texts")
+    #: patterns the engine was given spelled out: an error names them as
+    #: the schema writes them
+    _written: _AsWritten | None = attrs.field(default=None, repr=False, alias="_written")
 
     def validate(self, arguments: Any) -> Any:
         """Return ``arguments`` if they satisfy the schema; raise ``Error`` otherwise."""
@@ -191,9 +191,9 @@ class CompiledSchema:
         noted = regex_failure(collected)
         if noted is None and self._content:
             noted = take_regex_failure()
-        texts = self._texts
+        written = self._written
         if noted is not None:
-            raise _regex_work_limit(noted if texts is None else _as_written(noted, texts))
+            raise _regex_work_limit(noted if written is None else written.message(noted))
         entries = [
             {
                 "instance_path": _pointer(e.instance_path),
@@ -201,13 +201,8 @@ class CompiledSchema:
                 "keyword": e.kind.name,
                 "message": e.message[:_MAX_MESSAGE],
             }
-            if texts is None
-            else {
-                "instance_path": _pointer(e.instance_path),
-                "schema_path": _pointer(_renamed(tuple(e.schema_path), texts.get)),
-                "keyword": e.kind.name,
-                "message": _as_written(e.message, texts)[:_MAX_MESSAGE],
-            }
+            if written is None
+            else written.entry(e)
             for e in collected[:MAX_ERROR_ENTRIES]
         ]
         details: dict[str, Any] = {"errors": entries, "error_count": len(collected)}
@@ -216,12 +211,68 @@ class CompiledSchema:
         raise invalid(f"{what} do not match the schema", **details)
 
 
-def _as_written(message: str, texts: Mapping[str, str]) -> str:
-    """An engine message naming the patterns as the schema writes them."""
-    for text, pattern in texts.items():
-        if text in message:
+class _AsWritten:
+    """What the engine names (a schema path, a message), with the patterns
+    it was given spelled out named as the schema writes them.
+
+    A path is followed through the schema: a ``patternProperties`` step is
+    the key whose spelled-out text it is, and a ``pattern`` error quotes
+    the schema's own pattern.  Where the path leaves the schema (into a
+    referenced resource), a spelled-out text is named by the one pattern
+    that gives it; a text two patterns give is left as the engine wrote it.
+    """
+
+    __slots__ = ("_schema", "_texts")
+
+    def __init__(self, schema: Any, result: Preflight) -> None:
+        self._schema = schema
+        texts: dict[str, str | None] = {}
+        for text, pattern in result.engine_texts():
+            texts[text] = pattern if texts.get(text, pattern) == pattern else None
+        self._texts = {text: pattern for text, pattern in texts.items() if pattern is not None}
+
+    def entry(self, error: jsonschema_rs.ValidationError) -> dict[str, Any]:
+        steps = list(error.schema_path)
+        node: Any = self._schema
+        followed = True
+        for i, named in enumerate(steps):
+            step = named
+            if followed and i and steps[i - 1] == "patternProperties" and type(step) is str:
+                step = steps[i] = self._key(node, step)
+            try:
+                node = node[step]
+            except (KeyError, IndexError, TypeError):
+                followed = False
+                if i and steps[i - 1] == "patternProperties" and type(step) is str:
+                    steps[i] = self._texts.get(step, step)
+        message = error.message
+        pattern = node if followed and steps and steps[-1] == "pattern" else None
+        if type(pattern) is str and (text := engine_pattern(pattern)) is not None:
             message = message.replace(text, pattern)
-    return message
+        else:
+            message = self.message(message)
+        return {
+            "instance_path": _pointer(error.instance_path),
+            "schema_path": _pointer(steps),
+            "keyword": error.kind.name,
+            "message": message[:_MAX_MESSAGE],
+        }
+
+    @staticmethod
+    def _key(node: Any, step: str) -> str:
+        """The key of ``node`` (a ``patternProperties`` map) the engine names ``step``."""
+        if isinstance(node, Mapping) and step not in node:
+            for key in node:
+                if engine_pattern(key) == step:
+                    return str(key)
+        return step
+
+    def message(self, message: str) -> str:
+        """``message`` with every spelled-out text one pattern gives named as written."""
+        for text, pattern in self._texts.items():
+            if text in message:
+                message = message.replace(text, pattern)
+        return message
 
 
 def _first_of(
@@ -427,7 +478,8 @@ def _build(
         allow_external_refs=options.allow_external_refs,
         content_assertion=options.content_assertion,
     )
-    validator = _engine(schema, options, result)
+    written = _AsWritten(schema, result) if result.patterns else None
+    validator = _engine(schema, options, result, written)
     return CompiledSchema(
         schema=schema,
         fingerprint=key,
@@ -439,11 +491,13 @@ def _build(
         _first_error=validator.validate if result.recursive else None,
         _multiplies=result.multiplies,
         _content=options.content_assertion,
-        _texts=result.engine_texts() or None,
+        _written=written,
     )
 
 
-def _engine(schema: Any, options: SchemaOptions, result: Preflight) -> jsonschema_rs.Validator:
+def _engine(
+    schema: Any, options: SchemaOptions, result: Preflight, written: _AsWritten | None = None
+) -> jsonschema_rs.Validator:
     kwargs: dict[str, Any] = {
         "offline": True,  # never fetch (SCH-20): every resource is in the registry
         "base_uri": DEFAULT_BASE,
@@ -458,8 +512,8 @@ def _engine(schema: Any, options: SchemaOptions, result: Preflight) -> jsonschem
         schema = dict(schema)
     content = None
     if options.content_assertion:
-        content = _ContentSchemas(schema, external, result, kwargs)
-        kwargs["keywords"] = content_keywords(content.resolve)
+        content = _ContentSchemas(schema, external, result, kwargs, written)
+        kwargs["keywords"] = content_keywords(content.resolve, content.written)
     if external:
         kwargs["registry"] = jsonschema_rs.Registry(list(external.items()))
     if result.root_dialect == "draft-07":
@@ -524,19 +578,26 @@ class _ContentSchemas:
     """
 
     def __init__(
-        self, schema: Any, external: dict[str, Any], result: Preflight, kwargs: dict[str, Any]
+        self,
+        schema: Any,
+        external: dict[str, Any],
+        result: Preflight,
+        kwargs: dict[str, Any],
+        written: _AsWritten | None,
     ) -> None:
+        #: a nested error message names patterns as written (before it is cut)
+        self.written = None if written is None else written.message
         self._schema = schema
         self._external = external
         self._result = result
         self._kwargs = kwargs
         #: the engine is given some patterns spelled out (``engine_document``):
         #: its paths hold them as ``patternProperties`` keys
-        self._texts = result.engine_texts()
+        self._spelled = bool(result.patterns)
         self._built: dict[str, jsonschema_rs.Validator] = {}
         self._building: set[str] = set()
         self.error: Error | None = None
-        self._candidates: dict[tuple[str | int, ...], list[Location]] | None = None
+        self._candidates: dict[tuple[str | int, ...], list[tuple[Location, Path]]] | None = None
 
     def resolve(
         self, schema_path: list[str | int], value: Any
@@ -574,47 +635,47 @@ class _ContentSchemas:
                 **self._kwargs,
                 "base_uri": _CONTENT_BASE,
                 "registry": jsonschema_rs.Registry(resources),
-                "keywords": content_keywords(self.resolve),
+                "keywords": content_keywords(self.resolve, self.written),
             }
         return self._kwargs
 
-    def _index(self) -> dict[tuple[str | int, ...], list[Location]]:
-        """For each path a ``contentSchema`` may be named by (its path from
-        a resource's root), the resource roots it fits, in resource order:
-        built once, so finding a location costs what fits it, not every
-        resource (a schema of thousands of resources and contentSchemas
-        compiled in quadratic time)."""
+    def _index(self) -> dict[tuple[str | int, ...], list[tuple[Location, Path]]]:
+        """For each path a ``contentSchema`` may be named by (its path from a
+        resource's root, as the engine names it: with patterns spelled out),
+        the resource roots it fits, in resource order, each with the path of
+        the ``contentSchema`` in the schema as written: built once, so
+        finding a location costs what fits it, not every resource (a schema
+        of thousands of resources and contentSchemas compiled in quadratic
+        time)."""
         result = self._result
         order = {loc: i for i, loc in enumerate(dict.fromkeys(result.resources.values()))}
-        index: dict[tuple[str | int, ...], list[Location]] = {}
+        index: dict[tuple[str | int, ...], list[tuple[Location, Path]]] = {}
         for number, path in result.walked:
             if not path or path[-1] != "contentSchema":
                 continue
+            named = _renamed(path, engine_pattern) if self._spelled else path
             for cut in range(len(path) + 1):
                 root = (number, path[:cut])
                 if root in order:
-                    index.setdefault(path[cut:], []).append(root)
+                    index.setdefault(named[cut:], []).append((root, path))
         for roots in index.values():
-            roots.sort(key=order.__getitem__)
+            roots.sort(key=lambda found: order[found[0]])
         return index
 
     def _reference(self, path: tuple[str | int, ...], value: Any) -> str:
         """The reference to the ``contentSchema`` the engine names by ``path``
         (from the root of the document or resource it entered through)."""
         result = self._result
-        texts = self._texts
-        if texts:  # the engine's path -> the schema's
-            path = _renamed(path, texts.get)
         if self._candidates is None:
             self._candidates = self._index()
         found: list[str] = []
-        for number, root in self._candidates.get(path, ()):
-            location = (number, root + path)
+        for (number, _), written in self._candidates.get(path, ()):
+            location = (number, written)
             doc = result.docs[number]
-            node_path = location[1]
-            if texts:  # compared, and pointed to, in what the engine was given
+            node_path = written
+            if self._spelled:  # compared, and pointed to, in what the engine was given
                 doc = result.engine_document(doc)
-                node_path = _renamed(node_path, _engine_text)
+                node_path = _renamed(written, engine_pattern)
             if location not in result.walked or _node(doc, node_path) != value:
                 continue
             base = result.bases[(number, location[1][:-1])]
@@ -632,10 +693,6 @@ class _ContentSchemas:
                 path=_pointer(path),
             )
         return found[0]
-
-
-def _engine_text(pattern: str) -> str:
-    return engine_pattern(pattern) or pattern
 
 
 def _renamed(

@@ -150,11 +150,13 @@ class _ContentSchema:
     def __init__(
         self,
         resolve: ContentSchemaResolver,
+        written: Callable[[str], str] | None,
         parent: dict[str, Any],
         value: Any,
         schema_path: list[str | int],
     ) -> None:
         self.parent = parent
+        self.written = written
         media_type = parent.get("contentMediaType")
         applies = type(media_type) is str and _is_json_media_type(media_type)
         self.validator = resolve(schema_path, value) if applies else None
@@ -172,13 +174,19 @@ class _ContentSchema:
             _noted.message = message
             raise ValueError("contentSchema exceeded the regex work limit")
         first = errors[0].message if errors else "invalid"
+        if self.written is not None:
+            first = self.written(first)
         raise ValueError(f"content does not match contentSchema: {first}"[:500])
 
 
-def content_keywords(resolve: ContentSchemaResolver) -> dict[str, Any]:
-    """The engine's ``keywords=`` for ``content_assertion=True``."""
+def content_keywords(
+    resolve: ContentSchemaResolver, written: Callable[[str], str] | None = None
+) -> dict[str, Any]:
+    """The engine's ``keywords=`` for ``content_assertion=True``; ``written``
+    names in a message the patterns the engine was given spelled out as the
+    schema writes them."""
     return {
         "contentEncoding": _ContentEncoding,
         "contentMediaType": _ContentMediaType,
-        "contentSchema": functools.partial(_ContentSchema, resolve),
+        "contentSchema": functools.partial(_ContentSchema, resolve, written),
     }

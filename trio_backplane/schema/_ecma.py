@@ -49,14 +49,27 @@ and spells some of a pattern out for the engine; the engine matches):
   ``\\uD83D\\uDE00``): a schema using one is refused with
   ``unsupported_capability`` ``unsupported_pattern``, never evaluated
   differently.
-* A backreference to a group that has not matched fails in the engine and
-  matches the empty string in ECMA-262 (``\\1(a)`` on ``"a"``).
+* The engine reads some backreferences otherwise: one to a group that did
+  not take part in the match fails there (ECMA-262: it matches the empty
+  string, ``\\1(a)`` on ``"a"``); a repeated group keeps an earlier
+  iteration's capture (ECMA-262 resets it each time, ``^(?:(a)|b)*\\1$``);
+  a lookbehind reads left to right.  A backreference is accepted only where
+  the engine agrees: its group closed before it on its way through the
+  pattern, in no other alternative, under no quantifier and in no
+  lookaround, and it is in no lookbehind; any other is refused with
+  ``unsupported_pattern`` (``_Scanner.unsupported_reference``).
+* Spelling a pattern out changes the schema the engine is given, so two
+  places where the copy would differ from the schema are refused with
+  ``unsupported_pattern`` instead: a pattern to spell out in a schema that
+  is reached only by a ``$ref`` into a non-subschema position (a ``const``
+  value, which is data too), and a ``$ref`` pointer through a
+  ``patternProperties`` key that is spelled out.
 """
 
 from __future__ import annotations
 
 import unicodedata
-from typing import Final
+from typing import Any, Final
 
 __all__ = ["engine_pattern", "pattern_syntax_error", "scan_pattern"]
 
@@ -124,6 +137,10 @@ _BOUNDARIES: Final = {
 }
 
 
+#: Where a scan is: ``(group's '(' position, alternative, enclosing node)``.
+_Where = tuple[int, int, Any]
+
+
 class _PatternError(Exception):
     """Internal: carries the reason out of the scanner."""
 
@@ -184,15 +201,23 @@ class _Scanner:
     """One left-to-right pass over the pattern; raises :class:`_PatternError`."""
 
     __slots__ = (
+        "alternatives",
         "backrefs",
         "capture_count",
+        "captures",
         "edits",
         "fancy",
         "group_names",
+        "lookarounds",
+        "lookbehinds",
         "n",
         "named_refs",
         "pos",
+        "references",
+        "repeats",
         "src",
+        "tick",
+        "where",
     )
 
     def __init__(self, pattern: str) -> None:
@@ -208,6 +233,26 @@ class _Scanner:
         #: ``(start, end, text)``: what the backtracking path is given for
         #: ``src[start:end]`` (see :func:`engine_pattern`), in order
         self.edits: list[tuple[int, int, str]] = []
+        # Where each capture group and each backreference sits, to refuse the
+        # backreferences the engine reads otherwise than ECMA-262 does.  Each
+        # costs O(1) here (a pattern may nest 50,000 groups); only a
+        # backreference's check walks its way up (unsupported_reference).
+        #: the alternative taken in each open group, innermost first, as a
+        #: linked list: ``(group's '(' position (-1: the pattern), its
+        #: alternative number, the enclosing group's node)``
+        self.where: _Where = (-1, 0, None)
+        #: per capture group: ``[where it opened, tick it closed at or None,
+        #: inside a lookaround?]``
+        self.captures: dict[int, list[Any]] = {}
+        #: per backreference: ``(group number, where, tick, in a lookbehind?)``
+        self.references: list[tuple[int, _Where, int, bool]] = []
+        self.tick = 0  # counts group closings, to order them against references
+        self.lookarounds = 0  # lookarounds open
+        self.lookbehinds = 0  # lookbehinds open
+        #: the capture groups each quantifier repeats: ``range(first, last + 1)``
+        self.repeats: list[range] = []
+        #: per closed group (by its '(' position): how many alternatives it has
+        self.alternatives: dict[int, int] = {}
 
     # -- small helpers -------------------------------------------------------------------
 
@@ -233,32 +278,60 @@ class _Scanner:
     def run(self) -> None:
         src = self.src
         n = self.n
-        stack: list[tuple[int, int]] = []  # (group kind, position of '(')
+        # (group kind, position of '(', the capture count before it)
+        stack: list[tuple[int, int, int]] = []
         quantifiable = False  # may the next token be a quantifier?
+        repeated: range = range(0)  # the capture groups a quantifier here repeats
         while self.pos < n:
             ch = src[self.pos]
             start = self.pos
+            if ch not in "*+?{":
+                repeated = range(0)
             if ch == "|":
                 self.pos += 1
+                group, branch, outer = self.where
+                self.where = (group, branch + 1, outer)
                 quantifiable = False
             elif ch == "(":
-                stack.append((self._open_group(), start))
+                before = self.capture_count
+                kind = self._open_group()
+                stack.append((kind, start, before))
+                if self.capture_count > before:  # a capture group: where it sits
+                    self.captures[self.capture_count] = [self.where, None, self.lookarounds > 0]
+                self.where = (start, 0, self.where)
+                if kind != _GROUP:
+                    self.lookarounds += 1
+                    self.lookbehinds += kind == _LOOKBEHIND
                 quantifiable = False
             elif ch == ")":
                 if not stack:
                     raise self._fail("unmatched ')'", start)
-                kind, _ = stack.pop()
+                kind, _, before = stack.pop()
+                group, branch, outer = self.where
+                self.alternatives[group] = branch + 1
+                assert outer is not None
+                self.where = outer
+                if kind != _GROUP:
+                    self.lookarounds -= 1
+                    self.lookbehinds -= kind == _LOOKBEHIND
+                own = self.captures.get(before + 1)
+                if own is not None and own[1] is None and own[0] is outer:  # this group
+                    own[1] = self.tick
+                self.tick += 1
+                repeated = range(before + 1, self.capture_count + 1)
                 self.pos += 1
                 quantifiable = kind == _GROUP
             elif ch in "*+?":
                 if not quantifiable:
                     raise self._fail(f"nothing to repeat {_show(ch)}", start)
+                self._repeat(repeated)
                 self.pos += 1
                 self._lazy_suffix()
                 quantifiable = False
             elif ch == "{":
                 if not quantifiable:
                     raise self._fail("nothing to repeat or lone '{'", start)
+                self._repeat(repeated)
                 self._braced_quantifier()
                 self._lazy_suffix()
                 quantifiable = False
@@ -280,6 +353,13 @@ class _Scanner:
         if stack:
             raise self._fail("unterminated group", stack[-1][1])
         self._check_references()
+
+    def _repeat(self, groups: range) -> None:
+        """A quantifier applies to the group just closed: its capture groups
+        are repeated (ECMA-262 resets them at every iteration; the engine
+        keeps the last iteration's)."""
+        if groups:
+            self.repeats.append(groups)
 
     def _lazy_suffix(self) -> None:
         if self._peek() == "?":
@@ -436,6 +516,8 @@ class _Scanner:
             if letter not in _ASCII_LETTERS or letter == "":
                 raise self._fail("invalid control escape '\\c'", backslash)
             self.pos += 2
+            if not in_class:  # (a class's items are spelled out by the class)
+                self.edits.append((backslash, self.pos, f"\\x{ord(letter) % 32:02x}"))
             return ord(letter) % 32
         if ch == "0":
             if self._peek(1) in _DIGITS and self._peek(1) != "":
@@ -485,7 +567,10 @@ class _Scanner:
             i = self.pos
             while i < self.n and self.src[i] in _DIGITS:
                 i += 1
-            self.backrefs.append((self.src[self.pos : i], backslash))
+            digits = self.src[self.pos : i]
+            self.backrefs.append((digits, backslash))
+            if len(digits) <= 6:  # a larger one exceeds the groups: refused as syntax
+                self.references.append((int(digits), self.where, self.tick, self.lookbehinds > 0))
             self.pos = i
             self.fancy = True
         else:
@@ -550,9 +635,53 @@ class _Scanner:
                 escaped, complement = _CLASS_SETS[src[atom_start + 1]]
                 (complements if complement else items).append(escaped)
                 continue
-            items.append(src[atom_start : self.pos])
+            # as written, but a "^" escaped (it may come first once the class
+            # escapes are gone) and \cX as \xHH (refused after a lookaround)
+            text = src[atom_start : self.pos]
+            plain = _plain_class_text(text)
+            escapes = escapes or plain != text
+            items.append(plain)
         if escapes:
             self.edits.append((start, self.pos, _class_text(negated, "".join(items), complements)))
+
+    def unsupported_reference(self) -> str | None:
+        """Why a backreference would be matched otherwise than ECMA-262 says,
+        if one would: the engine reads a group that did not take part in the
+        match as failing (ECMA-262: matching the empty string), keeps a
+        repeated group's capture from an earlier iteration (ECMA-262 resets
+        it each time) and reads a lookbehind left to right.  A backreference
+        is supported when its group has closed before it, on its way through
+        the pattern: in no other alternative, under no quantifier and in no
+        lookaround, and in no lookbehind itself."""
+        for number, where, tick, behind in self.references:
+            info = self.captures.get(number)
+            if info is None:
+                continue  # more than the groups: a syntax error
+            group_where, closed_at, inside = info
+            reason = None
+            if behind:
+                reason = "inside a lookbehind"
+            elif closed_at is None or closed_at >= tick:
+                reason = "before its group has closed"
+            elif inside or any(number in groups for groups in self.repeats):
+                reason = "to a group under a quantifier or inside a lookaround"
+            else:
+                taken: dict[int, int] = {}
+                node: _Where | None = where
+                while node is not None:
+                    taken[node[0]] = node[1]
+                    node = node[2]
+                node = group_where
+                while node is not None and reason is None:
+                    group, branch, node = node
+                    if group in taken:
+                        if taken[group] != branch:
+                            reason = "to a group in another alternative"
+                    elif self.alternatives.get(group, 1) > 1:
+                        reason = "to a group in an alternative it may not take"
+            if reason is not None:
+                return f"backreference \\{number} {reason}"
+        return None
 
     def _check_references(self) -> None:
         count = self.capture_count
@@ -564,6 +693,27 @@ class _Scanner:
         for name, at in self.named_refs:
             if name not in self.group_names:
                 raise self._fail(f"reference to undefined group name {name!r}", at)
+
+
+def _plain_class_text(text: str) -> str:
+    """A class item (or range) as the backtracking path is given it."""
+    if text == "^":
+        return "\\^"
+    if "\\c" not in text:
+        return text
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        if text[i] == "\\" and text[i + 1] == "c":
+            out.append(f"\\x{ord(text[i + 2]) % 32:02x}")
+            i += 3
+        elif text[i] == "\\":
+            out.append(text[i : i + 2])
+            i += 2
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
 
 
 def _class_text(negated: bool, items: str, complements: list[str]) -> str:
@@ -581,14 +731,16 @@ def _class_text(negated: bool, items: str, complements: list[str]) -> str:
     return f"(?:{''.join(parts)}[{last}])"
 
 
-def scan_pattern(pattern: str) -> tuple[str | None, str | None]:
-    """``(pattern_syntax_error(pattern), engine_pattern(pattern))`` in one pass."""
+def scan_pattern(pattern: str) -> tuple[str | None, str | None, str | None]:
+    """In one pass: ``(pattern_syntax_error(pattern), why the engine cannot
+    match it as ECMA-262 says (a backreference it reads otherwise), or None,
+    engine_pattern(pattern))``."""
     scanner = _Scanner(pattern)
     try:
         scanner.run()
     except _PatternError as exc:
-        return str(exc), None
-    return None, _engine_text(scanner)
+        return str(exc), None, None
+    return None, scanner.unsupported_reference(), _engine_text(scanner)
 
 
 def engine_pattern(pattern: str) -> str | None:
@@ -603,7 +755,7 @@ def engine_pattern(pattern: str) -> str | None:
     which both engine paths read alike.  Any other pattern runs on the
     linear path, which already follows ECMA-262 there: it is given as is.
     """
-    return scan_pattern(pattern)[1]
+    return scan_pattern(pattern)[2]
 
 
 def _engine_text(scanner: _Scanner) -> str | None:

@@ -21,6 +21,7 @@ The result names the external resources the engine needs, and nothing else.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
@@ -383,13 +384,13 @@ class Preflight:
             if type(pattern) is str:
                 text = self._check_pattern(pattern, (*path, "pattern"))
                 if text is not None:
-                    self.patterns.setdefault(number, []).append((path, None, text))
+                    self._spell_out(number, path, None, text, hidden, pattern)
             pattern_props = node.get("patternProperties")
             if type(pattern_props) is dict:
                 for pat in pattern_props:
                     text = self._check_pattern(pat, (*path, "patternProperties", pat))
                     if text is not None:
-                        self.patterns.setdefault(number, []).append((path, pat, text))
+                        self._spell_out(number, path, pat, text, hidden, pat)
             # children, pushed in reverse so the walk is in document order
             children: list[tuple[Any, Path, str, str, int]] = []
             edges: list[Location] = []
@@ -635,6 +636,17 @@ class Preflight:
             else:
                 raise invalid(
                     "schema reference does not resolve", reference=ref, reason="unresolved"
+                )
+        for before, step in itertools.pairwise(steps):
+            if before == "patternProperties" and _ecma.engine_pattern(str(step)) is not None:
+                # The engine is given that key spelled out: the pointer would
+                # name a key its copy of the schema does not have.
+                raise unsupported(
+                    "schema reference points through a patternProperties pattern"
+                    " the engine must be given spelled out",
+                    reason="unsupported_pattern",
+                    reference=ref,
+                    pattern=step,
                 )
         return (number, path + tuple(steps))
 
@@ -964,7 +976,15 @@ class Preflight:
             raise limit_error("pattern_too_long", "max_pattern_bytes", maximum, path=_pointer(path))
         if self.bounds_only:
             return None
-        reason, text = _ecma.scan_pattern(pattern)
+        reason, unmatched, text = _ecma.scan_pattern(pattern)
+        if unmatched is not None:
+            raise unsupported(
+                "pattern uses ECMA-262 syntax the regex engine does not match as ECMA-262",
+                reason="unsupported_pattern",
+                pattern=pattern,
+                detail=unmatched,
+                path=_pointer(path),
+            )
         if reason is not None:
             raise invalid(
                 "pattern is not an ECMA-262 regular expression",
@@ -974,6 +994,23 @@ class Preflight:
                 path=_pointer(path),
             )
         return text
+
+    def _spell_out(  # noqa: PLR0917 - where the pattern is, and what it is
+        self, number: int, path: Path, key: str | None, text: str, hidden: bool, written: str
+    ) -> None:
+        """Note a pattern the engine is to be given spelled out.  Not in a
+        schema reached only by a reference into a position that is no
+        subschema (a ``const`` value, say): there the same object is data
+        too, and a copy with the pattern spelled out would change it."""
+        if hidden:
+            raise unsupported(
+                "a pattern the engine must be given spelled out is in a schema"
+                " reached only by a reference into a non-schema location",
+                reason="unsupported_pattern",
+                pattern=written,
+                path=_pointer(path),
+            )
+        self.patterns.setdefault(number, []).append((path, key, text))
 
     def engine_document(self, doc: Any) -> Any:
         """``doc`` (one walked here) as the engine is to be given it: a copy
@@ -988,17 +1025,12 @@ class Preflight:
             }
         return self._engine_docs.get(id(doc), doc)
 
-    def engine_texts(self) -> dict[str, str]:
-        """Every pattern the engine is given spelled out: its text -> the schema's."""
-        texts: dict[str, str] = {}
+    def engine_texts(self) -> Iterator[tuple[str, str]]:
+        """Every pattern the engine is given spelled out: ``(its text, the
+        schema's)`` (two patterns may give one text)."""
         for number, edits in self.patterns.items():
             for path, key, text in edits:
-                if key is None:
-                    node = _at(self.docs[number], path)
-                    texts[text] = node["pattern"]
-                else:
-                    texts[text] = key
-        return texts
+                yield text, _at(self.docs[number], path)["pattern"] if key is None else key
 
 
 def _at(doc: Any, path: Path) -> Any:
