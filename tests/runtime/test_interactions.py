@@ -566,6 +566,111 @@ async def test_int_10_deadline_wins_during_pending_checkpoint(autojump_clock: Mo
     assert finished.types().count("run_cancelled") == 1
 
 
+async def test_int_10_int_07_interaction_given_up_is_withdrawn(autojump_clock: MockClock) -> None:
+    """INT-10, INT-07: a tool that stops waiting for an answer (its own
+    ``move_on_after``) and goes on leaves no pending interaction behind: the
+    stored record, ``status()`` and a late ``resolve`` (``not_found``) agree,
+    and the stored run deadline moved by the time waited, as the run's own
+    budget did."""
+    seen: dict[str, Any] = {}
+
+    async def impatient(operation: Any) -> Any:
+        with trio.move_on_after(5.0):
+            await operation.context.interact(QUESTION)
+        return ToolResult("went on without an answer")
+
+    async def during(conversation: Conversation, host: Host) -> None:
+        await until(lambda: bool(host.requested))
+        interaction_id = host.requested[0][1]
+        seen["deadline_before"] = conversation.status().run.deadline
+        await until(lambda: conversation.status().pending_interaction is None)
+        with pytest.raises(Error) as late:
+            await conversation.resolve(interaction_id, "too late")
+        seen["late"] = late.value.error_class
+        seen["deadline_after"] = conversation.status().run.deadline
+        seen["enforced"] = conversation._run_budget.deadline
+
+    tool = make_tool("ask", RecordingBackend(impatient), read_only=True)
+    finished, _ = await run_with_host(
+        calls_then_done(("c1", "ask", {})), [tool], never, during=during, run_timeout=100.0
+    )
+    assert seen["late"] is ErrorClass.NOT_FOUND
+    assert seen["deadline_after"] == seen["deadline_before"] + 5.0
+    assert seen["deadline_after"] == seen["enforced"]
+    assert pending_of(finished.record) is None
+    assert finished.snapshot.pending_interaction is None
+    assert finished.record.state == "completed"
+
+
+async def test_int_04_resolve_before_the_request_is_not_found(autojump_clock: MockClock) -> None:
+    """INT-04: while the pending-interaction checkpoint still commits (no
+    ``interaction_requested`` yet, nothing stored) the interaction cannot be
+    answered, even by a host that guessed its id: ``not_found``; once
+    requested, the answer is delivered."""
+    faulty = FaultyStore(None, Fault("delay", when=pending_commit, delay=3.0))
+    log: dict[str, Any] = {}
+    early: list[Error] = []
+
+    async def during(conversation: Conversation, host: Host) -> None:
+        await until(lambda: bool(faulty.fired), step=0.25)
+        assert host.of("interaction_requested") == []
+        with pytest.raises(Error) as caught:
+            # the id a host could guess (interaction-<incarnation>-<n>)
+            await conversation.resolve(conversation._pending.interaction_id, "early")
+        early.append(caught.value)
+
+    tool = make_tool("ask", RecordingBackend(asking(log)), read_only=True)
+    finished, _ = await run_with_host(
+        calls_then_done(("c1", "ask", {})),
+        [tool],
+        after(1.0, "later"),
+        store=faulty,
+        during=during,
+    )
+    [error] = early
+    assert error.error_class is ErrorClass.NOT_FOUND
+    assert log["answer"] == "later"
+    assert finished.record.state == "completed"
+
+
+async def test_int_17_interaction_outliving_its_effect_ends_with_it(
+    autojump_clock: MockClock,
+) -> None:
+    """INT-17: an ``interact`` left waiting by a tool that returned (in a task
+    of the host's that outlived it) ends with the effect: it raises
+    resource_conflict "stale or overlapping interaction", the interaction is
+    withdrawn from the stored record and the run deadline runs again."""
+    outcome: list[BaseException] = []
+    started = trio.Event()
+
+    async def leaves_it_waiting(operation: Any) -> Any:
+        async def ask() -> None:
+            try:
+                await operation.context.interact(QUESTION)
+            except Error as error:
+                outcome.append(error)
+
+        nursery.start_soon(ask)
+        await started.wait()
+        return ToolResult("returned while asking")
+
+    async def during(conversation: Conversation, host: Host) -> None:
+        await until(lambda: bool(host.requested))
+        started.set()
+
+    async with trio.open_nursery() as nursery:
+        tool = make_tool("ask", RecordingBackend(leaves_it_waiting), read_only=True)
+        finished, _ = await run_with_host(
+            calls_then_done(("c1", "ask", {})), [tool], never, during=during, run_timeout=100.0
+        )
+    [error] = outcome
+    assert isinstance(error, Error)
+    assert error.error_class is ErrorClass.RESOURCE_CONFLICT
+    assert error.message == "stale or overlapping interaction"
+    assert pending_of(finished.record) is None
+    assert finished.record.state == "completed"
+
+
 async def test_int_11_cancel_while_pending_cancels_interact(autojump_clock: MockClock) -> None:
     """INT-11: cancelling while an interaction is pending makes ``interact``
     raise ``trio.Cancelled`` and stores ``pending_interaction: None``."""

@@ -9,6 +9,7 @@ deadline later by exactly the time waited (INT-05, INT-07).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,7 @@ class Pending:
     """The one interaction a conversation may have open."""
 
     __slots__ = (
+        "announced",
         "answer",
         "answered_at",
         "delivered",
@@ -41,6 +43,8 @@ class Pending:
         self.request = request
         self.started = started
         self.resolving = False
+        #: ``interaction_requested`` went out: a host may answer from then on
+        self.announced = False
         #: when ``resolve`` measured the wait it committed: the wait ends
         #: there, for the stored deadline and the resumed budgets alike
         self.answered_at: float | None = None
@@ -66,10 +70,11 @@ async def wait_for_human(c: Conversation, request: Any) -> tuple[Any, float]:
     c._pending = pending
     if c._phase == "running":
         c._phase = "waiting_interaction"
-    suspended = False
+    suspended = stored = False
     try:
         entry = {"id": pending.interaction_id, "request": request}
         await c._checkpoint(lambda s: {**s, "pending_interaction": entry})
+        stored = True
         # The deadlines keep running while the pending checkpoint commits: an
         # acknowledgement cannot revive an interaction after a cancellation or
         # a deadline won meanwhile (INT-10).
@@ -78,6 +83,7 @@ async def wait_for_human(c: Conversation, request: Any) -> tuple[Any, float]:
             c._suspend_deadlines()
             suspended = True
             pending.started = c._now()
+            pending.announced = True
             c._publish(
                 "interaction_requested",
                 {"interaction_id": pending.interaction_id, "request": thaw(request)},
@@ -101,12 +107,45 @@ async def wait_for_human(c: Conversation, request: Any) -> tuple[Any, float]:
             if ended is not None:  # never before the wait began
                 ended = max(ended, pending.started)
             c._resume_deadlines(at=ended)
+        if stored and not pending.resolving and c._stop_reason is None:
+            # Given up without an answer (the waiting effect was cut, or
+            # ended): the stored record must not keep it pending (INT-10),
+            # and the stored deadline moves by the time waited, as the
+            # resumed budget did (INT-07).
+            await _withdraw(c, pending, suspended)
+
+
+async def _withdraw(c: Conversation, pending: Pending, suspended: bool) -> None:
+    """Commit that ``pending`` is no longer open; a commit failure is the
+    coordinator's to report (storage_failed), never the effect's."""
+    from ._conversation import _Stop, _StorageFailed
+
+    extra: dict[str, Any] = {}
+    deadline = c._record.deadline
+    if suspended and deadline is not None:
+        extra["execution_deadline"] = deadline + max(0.0, c._now() - pending.started)
+
+    def cleared(state: dict[str, Any]) -> dict[str, Any]:
+        current = state.get("pending_interaction")
+        if isinstance(current, Mapping) and current.get("id") == pending.interaction_id:
+            return {**state, "pending_interaction": None}
+        return state
+
+    # A failed commit leaves the conversation storage_failed, and a settled
+    # run cleared it already: nothing else to do either way.
+    with trio.CancelScope(shield=True), contextlib.suppress(_StorageFailed, _Stop, Error):
+        await c._checkpoint(cleared, extra)
 
 
 async def resolve(c: Conversation, interaction_id: Any, answer: Any) -> None:
     """The host's answer: committed, then delivered (INT-04, INT-05, INT-12)."""
     pending = c._pending
-    if pending is None or pending.interaction_id != interaction_id or pending.resolving:
+    if (
+        pending is None
+        or pending.interaction_id != interaction_id
+        or pending.resolving
+        or not pending.announced  # not requested yet: its checkpoint still commits
+    ):
         raise Error(
             ErrorClass.NOT_FOUND, "no such pending interaction", {"interaction_id": interaction_id}
         )
@@ -120,7 +159,7 @@ async def resolve(c: Conversation, interaction_id: Any, answer: Any) -> None:
     extra: dict[str, Any] = {}
     if deadline is not None:
         extra["execution_deadline"] = deadline + waited
-    from ._conversation import _StorageFailed
+    from ._conversation import _Stop, _StorageFailed
 
     try:
         # The answer is durable before the worker goes on (spec 002): after a
@@ -131,6 +170,13 @@ async def resolve(c: Conversation, interaction_id: Any, answer: Any) -> None:
         )
     except _StorageFailed as failed:
         raise failed.error from None
+    except _Stop:
+        # The run settled meanwhile: the interaction went with it.
+        pending.resolving = False
+        pending.answered_at = None
+        raise Error(
+            ErrorClass.NOT_FOUND, "no such pending interaction", {"interaction_id": interaction_id}
+        ) from None
     except BaseException:
         # Not committed (the caller was cancelled before the commit, or the
         # kernel refused it): the interaction is still open, and a retry of

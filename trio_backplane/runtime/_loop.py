@@ -73,7 +73,15 @@ class ToolContext:
     """Callables bound to one executing effect; each raises ``resource_conflict``
     once that effect has ended (TOOL-27, INT-17, NEST-01, PUB-12)."""
 
-    __slots__ = ("_conversation", "_invocation_id", "_live", "_loop", "_nested_busy", "_tool")
+    __slots__ = (
+        "_conversation",
+        "_invocation_id",
+        "_live",
+        "_loop",
+        "_nested_busy",
+        "_tool",
+        "_waiting",
+    )
 
     def __init__(
         self, conversation: Conversation, loop: TurnLoop, tool: str, invocation_id: str
@@ -84,9 +92,15 @@ class ToolContext:
         self._invocation_id = invocation_id
         self._live = True
         self._nested_busy = False
+        #: the scope of an ``interact`` waiting now: the effect's end cuts it
+        self._waiting: trio.CancelScope | None = None
 
     def _end(self) -> None:
         self._live = False
+        if self._waiting is not None:
+            # An interaction the effect left waiting (in a task that outlived
+            # it) is bound to the effect: it ends with it, and is withdrawn.
+            self._waiting.cancel()
 
     def emit(self, update: Mapping[str, Any]) -> None:
         """Forward ``update`` to subscribers as a transient ``tool_update`` (TOOL-27)."""
@@ -106,13 +120,19 @@ class ToolContext:
         if not self._live:
             raise Error(ErrorClass.RESOURCE_CONFLICT, "stale or overlapping interaction")
 
-        try:
-            answer, _ = await wait_for_human(self._conversation, request)
-        except _StorageFailed as failed:
-            raise failed.error from None  # the backend sees storage_failed (CAN-17)
-        except _Stop:
-            raise _stopping() from None  # settled meanwhile: classed for the backend
-        return answer
+        with trio.CancelScope() as scope:
+            self._waiting = scope
+            try:
+                answer, _ = await wait_for_human(self._conversation, request)
+            except _StorageFailed as failed:
+                raise failed.error from None  # the backend sees storage_failed (CAN-17)
+            except _Stop:
+                raise _stopping() from None  # settled meanwhile: classed for the backend
+            finally:
+                self._waiting = None
+            return answer
+        # the effect ended while this waited (INT-17)
+        raise Error(ErrorClass.RESOURCE_CONFLICT, "stale or overlapping interaction")
 
     @property
     def catalog_registry(self) -> ToolRegistry:
