@@ -763,3 +763,175 @@ async def test_sto_08_an_identity_no_column_holds_is_validation(
         RunRecord(run_id="r", incarnation=2**63)
     assert info.value.error_class is ErrorClass.VALIDATION
     assert await store.load("r") == record
+
+
+# -- other connections, other processes, the file under the store ----------------------
+
+
+def _hold_write_lock(path: Path) -> sqlite3.Connection:
+    """Another connection (as another process would) holding the write lock."""
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    return other
+
+
+async def test_sto_06_a_commit_waits_for_the_write_lock_until_its_deadline(
+    tmp_path: Path,
+) -> None:
+    """STO-06, CAN-11: while another connection holds the write lock, a
+    commit waits for it until its caller's deadline, no longer (not the 10 s
+    busy timeout), and fails storage_failed with nothing written; once the
+    lock is free the same commit goes through."""
+    path = tmp_path / "runs.db"
+    async with SQLiteStore(path) as store:
+        record = await _fresh(store, "r")
+        new, events = transition(record, Command("admit", 0.0, {"state": "running"}))
+        other = _hold_write_lock(path)
+        try:
+            start = trio.current_time()
+            with trio.CancelScope(shield=True, deadline=start + 0.5), pytest.raises(Error) as exc:
+                await store.commit(
+                    "r", incarnation=1, expected_revision=0, record=new, events=events
+                )
+            waited = trio.current_time() - start
+        finally:
+            other.rollback()
+            other.close()
+        assert exc.value.error_class is ErrorClass.STORAGE_FAILED
+        assert "locked" in exc.value.details["cause"]
+        assert 0.4 < waited < 3.0
+        assert await store.load("r") == record
+        receipt = await store.commit(
+            "r", incarnation=1, expected_revision=0, record=new, events=events
+        )
+        assert receipt.revision == 1
+
+
+async def test_can_11_sqlite_commit_outliving_commit_timeout_is_storage_failed(
+    tmp_path: Path,
+) -> None:
+    """CAN-11: on SQLiteStore too, a checkpoint commit held up by another
+    process's write lock past ``commit_timeout`` moves the conversation to
+    ``storage_failed`` at that timeout (it used to be acknowledged after the
+    lock was released, however late)."""
+    from trio_backplane.runtime import open_conversation
+    from trio_backplane.testing import ScriptedProvider
+    from trio_backplane.tools import Authority, ToolRegistry
+
+    path = tmp_path / "runs.db"
+    async with SQLiteStore(path) as store:
+        await store.list_runs()  # the file is laid out
+        registry = ToolRegistry([])
+        async with open_conversation(
+            "run-1",
+            store=store,
+            provider=ScriptedProvider([ScriptedProvider.text("hi")]),
+            registry=registry,
+            authority=Authority.for_registry(registry, caller="host", run_id="run-1"),
+            commit_timeout=0.5,
+        ) as conversation:
+            other = _hold_write_lock(path)
+            try:
+                start = trio.current_time()
+                with pytest.raises(Error) as exc:
+                    await conversation.prompt("hello")
+                waited = trio.current_time() - start
+            finally:
+                other.rollback()
+                other.close()
+            assert exc.value.error_class is ErrorClass.STORAGE_FAILED
+            assert waited < 3.0
+            assert conversation.status().phase == "storage_failed"
+
+
+async def test_a_reader_never_waits_for_another_writer(tmp_path: Path) -> None:
+    """A store opened on a file another connection is writing reads at once
+    (WAL readers take no lock): it only takes the write lock to lay a new
+    file out, never to check a laid-out one."""
+    path = tmp_path / "runs.db"
+    async with SQLiteStore(path) as store:
+        await _fresh(store, "r")
+    other = _hold_write_lock(path)
+    try:
+        async with SQLiteStore(path) as reader:
+            with trio.fail_after(5):
+                loaded = await reader.load("r")
+                runs = await reader.list_runs()
+    finally:
+        other.rollback()
+        other.close()
+    assert loaded is not None
+    assert [run.run_id for run in runs] == ["r"]
+
+
+def test_switching_a_new_file_to_wal_waits_out_a_lock() -> None:
+    """Several processes opening a new file at once: SQLite answers the WAL
+    switch "database is locked" at once, without waiting; the store retries
+    it until the busy timeout instead of failing the first call."""
+    from trio_backplane.store._sqlite import _journal_wal
+
+    class Busy:
+        def __init__(self, failures: int) -> None:
+            self.failures = failures
+
+        def execute(self, sql: str) -> Any:
+            assert sql == "PRAGMA journal_mode = WAL"
+            if self.failures:
+                self.failures -= 1
+                raise sqlite3.OperationalError("database is locked")
+            return self
+
+        def fetchone(self) -> tuple[str]:
+            return ("wal",)
+
+    class Broken(Busy):
+        def execute(self, sql: str) -> Any:
+            raise sqlite3.OperationalError("disk I/O error")
+
+    assert _journal_wal(Busy(3)) == "wal"  # type: ignore[arg-type]
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O error"):
+        _journal_wal(Broken(0))  # type: ignore[arg-type]
+
+
+async def test_sto_06_a_store_used_across_fork_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """STO-06: a store whose writer thread was started in another process
+    (a fork copies the object, not the thread) refuses every call with
+    storage_failed at once instead of waiting for ever."""
+    import os
+
+    async with SQLiteStore(tmp_path / "runs.db") as store:
+        await _fresh(store, "r")
+        parent = os.getpid()
+        monkeypatch.setattr(os, "getpid", lambda: parent + 1)
+        with trio.fail_after(5), pytest.raises(Error) as exc:
+            await store.load("r")
+        assert exc.value.error_class is ErrorClass.STORAGE_FAILED
+        assert "forked" in exc.value.message
+        monkeypatch.setattr(os, "getpid", lambda: parent)
+        assert await store.load("r") is not None
+
+
+@pytest.mark.parametrize("how", ["removed", "replaced"])
+async def test_sto_06_a_commit_into_a_file_gone_from_its_path_fails(
+    tmp_path: Path, how: str
+) -> None:
+    """STO-06: the file removed (or replaced by another) under a live store:
+    a commit would land in a file nobody opens again, acknowledged and lost;
+    it fails storage_failed instead, and a reopen never shows it."""
+    path = tmp_path / "runs.db"
+    async with SQLiteStore(path) as store:
+        record = await _fresh(store, "r")
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        if how == "replaced":
+            async with SQLiteStore(path) as replacement:
+                await _fresh(replacement, "other")
+        new, events = transition(record, Command("admit", 0.0, {"state": "running"}))
+        with pytest.raises(Error) as exc:
+            await store.commit("r", incarnation=1, expected_revision=0, record=new, events=events)
+        assert exc.value.error_class is ErrorClass.STORAGE_FAILED
+    async with SQLiteStore(path) as reopened:
+        stored = await reopened.load("r")
+    assert stored is None or stored.revision == 0

@@ -79,6 +79,7 @@ store raises ``storage_failed``.  Test hook:
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import queue
 import sqlite3
@@ -303,6 +304,33 @@ def _serve(requests: queue.SimpleQueue[_Call | int], wake: tuple[int, int] | Non
                 os.close(fd)
 
 
+def _journal_wal(conn: sqlite3.Connection) -> object:
+    """``PRAGMA journal_mode = WAL``, retried while another connection holds
+    the lock it needs (a new file several processes open at once): SQLite
+    answers that pragma "database is locked" at once, never waiting."""
+    give_up = time.monotonic() + _BUSY_TIMEOUT_S
+    while True:
+        try:
+            return conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= give_up:
+                raise
+            time.sleep(0.005)  # the writer thread's own sleep: Trio goes on
+
+
+def _laid_out(conn: sqlite3.Connection, path: str) -> bool:
+    """Whether the file holds this layout already (a read, no lock: a host
+    only reading a file another process writes never waits for its lock)."""
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'layout_version'").fetchone()
+    except sqlite3.OperationalError:
+        return False  # no tables yet
+    if row is None:
+        return False
+    _check_layout(row[0], path)
+    return int(row[0]) == LAYOUT_VERSION
+
+
 def _no_abort(_: Any) -> trio.lowlevel.Abort:
     return trio.lowlevel.Abort.FAILED  # submitted: the outcome is waited out
 
@@ -394,7 +422,10 @@ _Encoded = tuple[_Cached, Entry, Upserts, Deletes, list[str], list[tuple[str, An
 class _Job(Job):
     """One ``commit`` call, queued for a batch."""
 
-    __slots__ = ("encoded",)
+    __slots__ = ("deadline", "encoded")
+    #: The caller's deadline, in ``time.monotonic`` seconds (``inf``: none):
+    #: a batch waits for the write lock until its callers' latest.
+    deadline: float
     #: Encoded by the caller against the run the store remembered then (set
     #: by ``commit`` before the job is queued).
     encoded: _Encoded | None
@@ -433,6 +464,11 @@ class SQLiteStore:
         if not isinstance(self._path, str) or not self._path:
             raise Error(ErrorClass.VALIDATION, "path must name the SQLite file")
         self._conn: sqlite3.Connection | None = None  # the writer thread's
+        self._busy_ms = 0  # the connection's busy_timeout now
+        #: ``(st_dev, st_ino)`` of the file the connection opened: a batch
+        #: checks the path still names it before its COMMIT
+        self._identity: tuple[int, int] | None = None
+        self._pid = os.getpid()  # the process whose writer thread this is
         self._closed = False
         # Written by the writer thread only; ``commit`` reads it (single dict
         # reads, atomic) to encode against what the store remembers.
@@ -521,7 +557,16 @@ class SQLiteStore:
         """Hand ``call`` to the writer thread, starting it on first use."""
         if self._stopped:
             raise Error(ErrorClass.STORAGE_FAILED, "store is closed", {"path": self._path})
+        if self._thread is not None and os.getpid() != self._pid:
+            # A fork copied the store, not its writer thread: the call would
+            # wait for ever.  The connection is not the child's to use either.
+            raise Error(
+                ErrorClass.STORAGE_FAILED,
+                "SQLiteStore used in a forked process: open a new one there",
+                {"path": self._path},
+            )
         if self._thread is None:
+            self._pid = os.getpid()
             self._start()
         self._requests.put(call)
 
@@ -564,7 +609,9 @@ class SQLiteStore:
     def _guarded(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """In the writer thread: run ``fn`` on the connection; map I/O failures."""
         try:
-            return fn(self._connect())
+            conn = self._connect()
+            self._lock_wait(conn, _BUSY_TIMEOUT_S)
+            return fn(conn)
         except Error:
             raise
         except (sqlite3.Error, OSError, UnicodeDecodeError) as exc:  # a damaged file too
@@ -578,6 +625,33 @@ class SQLiteStore:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
 
+    def _begin_by(self, conn: sqlite3.Connection, deadline: float) -> None:
+        """``BEGIN IMMEDIATE``, waiting for the write lock (another process
+        may hold it) until ``deadline`` (``time.monotonic``) at most: a commit
+        is never acknowledged long after its callers stopped waiting (CAN-11)."""
+        patience = deadline - time.monotonic()
+        if patience <= 0:
+            raise sqlite3.OperationalError("the commit's deadline passed before it was written")
+        self._lock_wait(conn, patience)
+        conn.execute("BEGIN IMMEDIATE")
+
+    def _check_identity(self) -> None:
+        """Raise unless the path still names the file the connection opened:
+        removed or replaced under the store, a COMMIT would land in a file
+        nobody opens again, acknowledged and lost.  (A removed path is a
+        ``FileNotFoundError``.)"""
+        st = os.stat(self._path)
+        if (st.st_dev, st.st_ino) != self._identity:
+            raise sqlite3.OperationalError("the database file was removed or replaced")
+
+    def _lock_wait(self, conn: sqlite3.Connection, seconds: float) -> None:
+        """Wait at most ``seconds`` (at most the busy timeout) for a lock
+        another connection holds (the connection's ``busy_timeout``)."""
+        ms = max(1, int(min(seconds, _BUSY_TIMEOUT_S) * 1000))
+        if ms != self._busy_ms:
+            conn.execute(f"PRAGMA busy_timeout = {ms}")
+            self._busy_ms = ms
+
     def _connect(self) -> sqlite3.Connection:
         if self._conn is not None:
             return self._conn
@@ -590,32 +664,41 @@ class SQLiteStore:
             check_same_thread=False,
         )
         try:
-            conn.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
+            self._busy_ms = int(_BUSY_TIMEOUT_S * 1000)
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
             _check_ours(conn, self._path)  # before anything changes the file
-            _check_wal(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+            _check_wal(_journal_wal(conn))
             conn.execute("PRAGMA synchronous = FULL")
             conn.execute("PRAGMA foreign_keys = ON")
-            with _transaction(conn):
-                for statement in _SCHEMA:
-                    conn.execute(statement)
-                row = conn.execute("SELECT value FROM meta WHERE key = 'layout_version'").fetchone()
-                if row is None:
-                    conn.execute(
-                        "INSERT INTO meta (key, value) VALUES ('layout_version', ?)",
-                        (str(LAYOUT_VERSION),),
-                    )
-                else:
-                    _check_layout(row[0], self._path)
-                    if int(row[0]) < LAYOUT_VERSION:  # readable as is; see the docstring
-                        conn.execute(
-                            "UPDATE meta SET value = ? WHERE key = 'layout_version'",
-                            (str(LAYOUT_VERSION),),
-                        )
+            st = os.stat(self._path)
+            self._identity = (st.st_dev, st.st_ino)
+            if not _laid_out(conn, self._path):
+                self._lay_out(conn)
         except BaseException:
             conn.close()
             raise
         self._conn = conn
         return conn
+
+    def _lay_out(self, conn: sqlite3.Connection) -> None:
+        """Create the tables, or bring an older layout up to date (under the
+        write lock: another process may be doing the same)."""
+        with _transaction(conn):
+            for statement in _SCHEMA:
+                conn.execute(statement)
+            row = conn.execute("SELECT value FROM meta WHERE key = 'layout_version'").fetchone()
+            if row is None:
+                conn.execute(
+                    "INSERT INTO meta (key, value) VALUES ('layout_version', ?)",
+                    (str(LAYOUT_VERSION),),
+                )
+            else:
+                _check_layout(row[0], self._path)
+                if int(row[0]) < LAYOUT_VERSION:  # readable as is; see the docstring
+                    conn.execute(
+                        "UPDATE meta SET value = ? WHERE key = 'layout_version'",
+                        (str(LAYOUT_VERSION),),
+                    )
 
     # -- reading -----------------------------------------------------------------
 
@@ -834,7 +917,7 @@ class SQLiteStore:
         staged: list[tuple[_Job, _Written]] = []
         try:
             conn = self._connect()
-            conn.execute("BEGIN IMMEDIATE")
+            self._begin_by(conn, max(job.deadline for job in jobs))
             rest = jobs
             if len(jobs) > 1:
                 # A savepoint, not a new transaction: the write lock is kept
@@ -869,6 +952,7 @@ class SQLiteStore:
                 return
             if inject == "before":
                 _injected_failure()
+            self._check_identity()
             conn.execute("COMMIT")
         except (sqlite3.Error, OSError, UnicodeDecodeError, Error) as exc:
             failure = (
@@ -920,6 +1004,10 @@ class SQLiteStore:
         await trio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
         job = _Job(run_id, incarnation, expected_revision, record, tuple(events))
+        deadline = trio.current_effective_deadline()
+        if deadline != math.inf:  # as time.monotonic, which the writer thread reads
+            deadline = time.monotonic() + (deadline - trio.current_time())
+        job.deadline = deadline
         # Decide and encode here, against the run the store remembers: the
         # caller has just built the record, the writer thread then only writes.
         job.encoded = self._prepared(job)
