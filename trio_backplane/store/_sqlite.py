@@ -68,6 +68,21 @@ is done the writer hands the role to the oldest queued caller.  A queued
 commit not yet taken is withdrawn when its caller is cancelled; one taken is
 waited out.
 
+**Other connections and processes.**  Many processes may share the file
+(compare-and-set keeps them honest).  A batch waits for the write lock
+another connection holds until its callers' latest deadline at most
+(``busy_timeout`` set per batch; other calls wait up to 10 s), so a commit
+is never acknowledged long after its caller stopped waiting; the
+conversation treats a receipt arriving after its commit deadline as not
+acknowledged (CAN-11).  Opening a laid-out file only reads (WAL readers
+take no lock); the write lock is taken to lay a new file out, and the WAL
+switch SQLite refuses at once while another process opens the same new
+file is retried up to the busy timeout.  Before each ``COMMIT`` the path
+must still name the file the connection opened (one ``stat``): a file
+removed or replaced under the store fails the batch instead of taking
+commits nobody will read.  A store used in a process forked after its
+writer thread started refuses every call (the thread did not fork).
+
 **Failures.**  ``Error`` from the decision passes through; any
 ``sqlite3.Error`` or ``OSError`` becomes ``Error(storage_failed)`` (STO-06),
 chained, and drops the cache, so ``load`` reads what is really stored: a
