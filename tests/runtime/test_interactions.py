@@ -573,32 +573,36 @@ async def test_int_10_int_07_interaction_given_up_is_withdrawn(autojump_clock: M
     and the stored run deadline moved by the time waited, as the run's own
     budget did."""
     seen: dict[str, Any] = {}
+    conversations: list[Conversation] = []
 
     async def impatient(operation: Any) -> Any:
+        [conversation] = conversations
+        seen["deadline_before"] = conversation.status().run.deadline
         with trio.move_on_after(5.0):
             await operation.context.interact(QUESTION)
+        status = conversation.status()
+        seen["pending_after"] = status.pending_interaction
+        seen["deadline_after"] = status.run.deadline
+        seen["enforced"] = conversation._run_budget.deadline
+        with pytest.raises(Error) as late:
+            await conversation.resolve(seen["interaction_id"], "too late")
+        seen["late"] = late.value.error_class
         return ToolResult("went on without an answer")
 
     async def during(conversation: Conversation, host: Host) -> None:
+        conversations.append(conversation)
         await until(lambda: bool(host.requested))
-        interaction_id = host.requested[0][1]
-        seen["deadline_before"] = conversation.status().run.deadline
-        await until(lambda: conversation.status().pending_interaction is None)
-        with pytest.raises(Error) as late:
-            await conversation.resolve(interaction_id, "too late")
-        seen["late"] = late.value.error_class
-        seen["deadline_after"] = conversation.status().run.deadline
-        seen["enforced"] = conversation._run_budget.deadline
+        seen["interaction_id"] = host.requested[0][1]
 
     tool = make_tool("ask", RecordingBackend(impatient), read_only=True)
     finished, _ = await run_with_host(
         calls_then_done(("c1", "ask", {})), [tool], never, during=during, run_timeout=100.0
     )
+    assert seen["pending_after"] is None
     assert seen["late"] is ErrorClass.NOT_FOUND
     assert seen["deadline_after"] == seen["deadline_before"] + 5.0
     assert seen["deadline_after"] == seen["enforced"]
     assert pending_of(finished.record) is None
-    assert finished.snapshot.pending_interaction is None
     assert finished.record.state == "completed"
 
 

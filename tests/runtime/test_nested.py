@@ -278,6 +278,44 @@ async def test_nest_08_input_during_a_failed_attempt_is_kept(autojump_clock: Moc
     assert finished.record.state == "completed"
 
 
+async def test_nest_01_nested_call_left_running_settles_the_run_uncertain(
+    autojump_clock: MockClock,
+) -> None:
+    """NEST-01, CAN-07: a tool that returns while a nested call it started
+    (in a task of the host's) still runs leaves an effect the run cannot
+    finish over: the run settles ``unknown_outcome`` with that nested effect
+    uncertain, and the kernel's refusal to finish never escapes the host's
+    ``async with``."""
+    leaked: list[Any] = []
+
+    async def inner(operation: Any) -> ToolResult:
+        await trio.sleep(3)
+        return ToolResult("inner done")
+
+    async with trio.open_nursery() as host_tasks:
+
+        async def outer(operation: Any) -> ToolResult:
+            async def in_the_background() -> None:
+                try:
+                    leaked.append(await operation.context.nested_dispatch("inner", {}))
+                except Error as error:
+                    leaked.append(error)
+
+            host_tasks.start_soon(in_the_background)
+            await trio.sleep(0.5)
+            return ToolResult("outer done")
+
+        tools = [
+            make_tool("outer", RecordingBackend(outer), read_only=True),
+            make_tool("inner", RecordingBackend(inner), read_only=True),
+        ]
+        provider = SP([SP.tool_calls(("c1", "outer", {})), SP.text("x"), SP.text("y")])
+        finished, _ = await run_with_host(provider, tools)
+    assert finished.record.state == "unknown_outcome"
+    assert finished.types().count("run_cancelled") + finished.types().count("run_failed") == 1
+    assert [type(item) for item in leaked] == [Error]
+
+
 async def test_nest_07_cancel_clears_queued_commits(autojump_clock: MockClock) -> None:
     """NEST-07: a nested ``tool_invoked`` queued behind an in-flight commit is
     dropped by ``cancel()``: no effect starts after it."""

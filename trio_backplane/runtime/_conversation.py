@@ -852,15 +852,26 @@ class Conversation:
                     except _Stop:
                         pass
                     except Error as error:
-                        # The kernel refused a commit as past the run deadline
-                        # (time passed in synchronous code, no checkpoint for
-                        # the deadline to cancel at): a deadline stop too.
-                        if (
+                        if error.error_class is ErrorClass.RESOURCE_CONFLICT and (
+                            "unsettled" in error.details
+                        ):
+                            # The kernel refused to finish: an effect a tool
+                            # left running (a nested call in a task of its
+                            # own) is unsettled.  The settlement below stops
+                            # the run with that effect uncertain, never a
+                            # refusal escaping the host's ``async with``.
+                            self._last_error = error
+                        elif (
                             error.error_class is not ErrorClass.TIMEOUT
                             or error.details.get("boundary") != "before_store"
                         ):
                             raise
-                        past_deadline = True
+                        else:
+                            # The kernel refused a commit as past the run
+                            # deadline (time passed in synchronous code, no
+                            # checkpoint for the deadline to cancel at): a
+                            # deadline stop too.
+                            past_deadline = True
             if (past_deadline or self._run_budget.timed_out()) and self._stop_reason is None:
                 self._stop_reason = "deadline_exceeded"
                 self._note_stop_due("deadline_exceeded")
