@@ -976,23 +976,20 @@ class Preflight:
             raise limit_error("pattern_too_long", "max_pattern_bytes", maximum, path=_pointer(path))
         if self.bounds_only:
             return None
-        reason, unmatched, text = _ecma.scan_pattern(pattern)
-        if unmatched is not None:
-            raise unsupported(
+        syntax, unmatched, text = _ecma.scan_pattern(pattern)
+        for refuse, message, reason, detail in (
+            (invalid, "pattern is not an ECMA-262 regular expression", "invalid_pattern", syntax),
+            (
+                unsupported,
                 "pattern uses ECMA-262 syntax the regex engine does not match as ECMA-262",
-                reason="unsupported_pattern",
-                pattern=pattern,
-                detail=unmatched,
-                path=_pointer(path),
-            )
-        if reason is not None:
-            raise invalid(
-                "pattern is not an ECMA-262 regular expression",
-                reason="invalid_pattern",
-                pattern=pattern,
-                detail=reason,
-                path=_pointer(path),
-            )
+                "unsupported_pattern",
+                unmatched,
+            ),
+        ):
+            if detail is not None:
+                raise refuse(
+                    message, reason=reason, pattern=pattern, detail=detail, path=_pointer(path)
+                )
         return text
 
     def _spell_out(  # noqa: PLR0917 - where the pattern is, and what it is
