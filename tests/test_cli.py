@@ -375,6 +375,74 @@ def test_runs_show_prints_the_latest_rows_of_a_long_run(tmp_path: Path) -> None:
     assert len(data["context"]["conversation"]["messages"]) == 600
 
 
+@pytest.mark.parametrize(
+    "run_id",
+    ["run-[/bold]", "run-\x1b]0;TITLE\x1b\\\x1b[31mRED", "run-[link=https://x.test/]c[/link]"],
+)
+def test_runs_show_prints_a_hostile_run_id_as_text(tmp_path: Path, run_id: str) -> None:
+    """A run id is any Unicode text: ``runs show`` prints it in the table
+    title as text, never as markup (``[/bold]`` crashed rich) and without
+    its control characters (an escape sequence reached the terminal)."""
+    db = tmp_path / "runs.sqlite3"
+
+    async def create() -> None:
+        async with SQLiteStore(db) as store:
+            await store.create(RunRecord.new(run_id))
+
+    trio.run(create)
+    status, text = run("runs", "show", str(db), run_id)
+    assert status == 0, text
+    assert "\x1b" not in text
+    assert run_id.replace("\x1b", "")[:8] in text
+
+
+def test_spinner_text_is_never_markup() -> None:
+    """The terminal spinner shows model text (a tool name being written) as
+    text: ``[/bold]`` in it crashed the demo on a terminal."""
+    from rich.console import Console
+
+    from trio_backplane.cli import _Out
+
+    out = _Out(io.StringIO())
+    out.console = Console(file=io.StringIO(), force_terminal=True)
+    out.spin("the model is writing a call to [/bold]x[link=https://x.test/]")
+    out.spin("and [/red]")
+    out.stop()
+
+
+def test_demo_with_a_store_path_that_is_no_store_says_so(tmp_path: Path) -> None:
+    """``demo --db`` naming a directory or a file that is not a database
+    fails with the store's classed reason on one line, never a traceback
+    (the refusal arrived wrapped in the nursery's exception group)."""
+    text_file = tmp_path / "notes.txt"
+    text_file.write_text("not a database\n" * 100)
+    for db in (tmp_path, text_file):
+        done = _cli("demo", "--db", str(db), "--pace", "0", "--approve", "yes")
+        assert done.returncode == 1, done.stderr
+        assert "Traceback" not in done.stderr
+        assert "backplane: demo failed: storage_failed" in done.stderr
+
+
+def test_demo_hides_a_token_in_the_base_url(tmp_path: Path) -> None:
+    """A bearer token written as the base URL's userinfo is hidden from the
+    printed ``model ... at ...`` line, as a DSN's password is."""
+    done = _cli(
+        "demo",
+        "--db",
+        str(tmp_path / "demo.sqlite3"),
+        "--provider",
+        "openai",
+        "--base-url",
+        f"http://sk-TOPSECRET@127.0.0.1:{_closed_port()}/v1",
+        "--model",
+        "m",
+        "--approve",
+        "yes",
+    )
+    assert "TOPSECRET" not in done.stdout + done.stderr
+    assert "***@127.0.0.1" in done.stdout
+
+
 def test_runs_recover_is_read_only_unless_fenced(tmp_path: Path) -> None:
     """A completed run has nothing outstanding; a crashed one lists its dispatched
     mutation as uncertain; only --fence moves the stored incarnation."""
@@ -501,6 +569,7 @@ def test_demo_and_runs_usage_errors_exit_2(tmp_path: Path) -> None:
     assert run("demo", "--provider", "openai", "--model", "m")[0] == 2
     assert run("demo", "--provider", "openai", "--base-url", "ftp://x", "--model", "m")[0] == 2
     assert run("demo", "--pace", "-1")[0] == 2
+    assert run("demo", "--pace", "nan")[0] == 2
     assert run("demo", "--events", str(tmp_path / "no" / "such" / "dir.jsonl"))[0] == 2
     missing = tmp_path / "missing.sqlite3"
     for url in (str(missing), f"sqlite:///{missing}", "sqlite://", "mysql://db/x"):

@@ -218,7 +218,7 @@ def _print_table(
             print(f"{status}  {name}{mark}" + (f"  {reason}" if reason else ""), file=out)
         print(summary, file=out)
         return
-    table = Table(title="tool admission", caption=summary)
+    table = Table(title="tool admission", caption=Text(summary))
     table.add_column("tool", overflow="fold")
     table.add_column("status")
     table.add_column("class and reason", overflow="fold")
@@ -319,17 +319,21 @@ class _Out:
             note = f"{hidden} earlier rows not shown (--json prints them all)"
             caption = f"{caption}; {note}" if caption else note
         if self.console is None:
-            print(title, file=self.file)
+            print(_clean(title), file=self.file)
             for row in rows:
                 print("  " + "  ".join(_clean(c) for c in row), file=self.file)
             if caption:
-                print(caption, file=self.file)
+                print(_clean(caption), file=self.file)
             return
         from rich.table import Table
         from rich.text import Text
 
+        # The title holds a run id, the caption counts: text, never markup.
         table = Table(
-            title=title, caption=caption or None, title_justify="left", show_header=header
+            title=Text(_clean(title)),
+            caption=Text(_clean(caption)) if caption else None,
+            title_justify="left",
+            show_header=header,
         )
         for column in columns:
             table.add_column(column, overflow="fold")
@@ -342,11 +346,14 @@ class _Out:
     def spin(self, text: str) -> None:
         if not self.interactive:
             return
+        from rich.text import Text
+
+        shown = Text(_clean(text))  # model text (a tool name): never markup
         if self._status is None:
-            self._status = self.console.status(_clean(text))
+            self._status = self.console.status(shown)
             self._status.start()
         else:
-            self._status.update(_clean(text))
+            self._status.update(shown)
 
     def stop(self) -> None:
         if self._status is not None:
@@ -716,7 +723,9 @@ def _demo_provider(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None
     # The key goes only into the trusted provider_context: never the store,
     # an event, or a line printed here.
     context = {"api_key": key} if key else None
-    label = f"{args.model} at {_redact_dsn(args.base_url)}" + (
+    # the whole userinfo hidden: a bare token@ is a secret too
+    shown_url = re.sub(r"(://)[^/@\s]*@", r"\1***@", args.base_url)
+    label = f"{args.model} at {shown_url}" + (
         "" if key else " (no OPENAI_API_KEY)"
     )
     return provider, context, label
@@ -726,7 +735,7 @@ def _demo(args: argparse.Namespace, out: TextIO) -> int:
     if args.provider == "openai" and not (args.base_url and args.model):
         print("backplane: --provider openai needs --base-url URL and --model M", file=sys.stderr)
         return EXIT_USAGE
-    if args.pace < 0 or args.pace > 5:
+    if not 0 <= args.pace <= 5:  # NaN too
         print("backplane: --pace must be between 0 and 5 seconds", file=sys.stderr)
         return EXIT_USAGE
     approve = args.approve or ("ask" if sys.stdin.isatty() else "yes")
@@ -811,7 +820,12 @@ async def _demo_run(
             out.stop()
             await conversation.prompt(demo.PROMPT)
             snapshot = await conversation.wait_settled()
-    except Error as error:
+    except (Error, BaseExceptionGroup) as exc:
+        # The conversation opens inside the nursery: its refusal (a --db
+        # that is no store, say) arrives wrapped in a group.
+        error = _only_error(exc)
+        if error is None:
+            raise
         out.stop()
         print(f"backplane: demo failed: {_reason(error)}", file=sys.stderr)
         return EXIT_REJECTED
@@ -819,6 +833,18 @@ async def _demo_run(
         out.stop()
     _final_status(out, snapshot, db, run_id)
     return EXIT_OK if snapshot.run.state == "completed" else EXIT_REJECTED
+
+
+def _only_error(exc: BaseException) -> Error | None:
+    """``exc`` if it is an ``Error``; the first of a group whose every
+    leaf is one; else ``None`` (anything else propagates as it is)."""
+    if isinstance(exc, Error):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        leaves = [_only_error(inner) for inner in exc.exceptions]
+        if leaves and all(leaf is not None for leaf in leaves):
+            return leaves[0]
+    return None
 
 
 def _final_status(out: _Out, snapshot: Any, db: str, run_id: str) -> None:

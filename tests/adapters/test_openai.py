@@ -360,6 +360,8 @@ def _one(delta: Any) -> dict[str, Any]:
         ({"choices": {"index": 0}}, "dict"),
         ({"choices": [{"index": 0, "delta": ["text"]}]}, "list"),
         (_one({"tool_calls": ["call"]}), "str"),
+        (_one({"tool_calls": 5}), "int"),
+        (_one({"tool_calls": {"index": 0}}), "dict"),
         (_one({"tool_calls": [{"index": -1, "function": {"name": "add"}}]}), "-1"),
         (_one({"tool_calls": [{"index": "0", "function": {"name": "add"}}]}), "'0'"),
         (_one({"tool_calls": [{"index": 0, "function": "add"}]}), "function"),
@@ -505,13 +507,20 @@ def test_bad_options_are_refused_up_front(kwargs: dict[str, Any]) -> None:
     assert exc.value.error_class is ErrorClass.VALIDATION
 
 
-@pytest.mark.parametrize("key", ["", 5])
+@pytest.mark.parametrize(
+    "key", ["", 5, "sk-\u201ccurly\u201d", "sk-new\nline", "sk-nul\x00", " sk-padded", "sk-\u00e9"]
+)
 async def test_bad_api_key_is_refused_before_any_request(chat: ChatServer, key: Any) -> None:
+    """A key that is no HTTP header text (a pasted curly quote, a newline)
+    is refused as validation before any request, and the error never
+    quotes it (httpx failed on it unclassed, naming the character)."""
     provider = OpenAIProvider(chat.base_url, "m")
     with pytest.raises(Error) as exc:
         provider.stream(request(), {"api_key": key})
     assert exc.value.error_class is ErrorClass.VALIDATION
     assert chat.requests == []
+    if isinstance(key, str) and key:
+        assert key.strip() not in str(exc.value.to_dict())
 
 
 async def test_silent_server_times_out_as_transient() -> None:

@@ -331,8 +331,15 @@ class OpenAIProvider:
         if context is not None and not isinstance(context, Mapping):
             raise Error(ErrorClass.VALIDATION, "provider_context must be a mapping or None")
         api_key = None if context is None else context.get("api_key")
-        if api_key is not None and (not isinstance(api_key, str) or not api_key):
-            raise Error(ErrorClass.VALIDATION, "provider_context api_key must be a non-empty str")
+        if api_key is not None and (
+            not isinstance(api_key, str) or not _HEADER_TEXT.fullmatch(api_key)
+        ):
+            # Never quoted: the key itself stays out of every error text.
+            raise Error(
+                ErrorClass.VALIDATION,
+                "provider_context api_key must be a non-empty str of printable ASCII"
+                " (an HTTP header value)",
+            )
         return self._events(request, api_key)
 
     async def _events(
@@ -507,7 +514,12 @@ class OpenAIProvider:
                 piece = text.add(content)
                 if piece:
                     events.append(TextDelta(piece))
-            for raw in delta.get("tool_calls") or ():
+            tool_calls = delta.get("tool_calls") or ()
+            if not isinstance(tool_calls, list | tuple):
+                raise _Failed(
+                    _malformed("chunk tool_calls must be an array", type(tool_calls).__name__)
+                )
+            for raw in tool_calls:
                 events.extend(self._tool_delta(raw, calls, aliases, request))
         return events
 
@@ -681,6 +693,11 @@ def _parse_arguments(text: str) -> Any:
         return _loads(text)  # strict: NaN and Infinity stay text
     except (ValueError, RecursionError):
         return text  # the gateway refuses it as a validation tool result
+
+
+#: What a bearer token may hold: printable ASCII, no spaces at its ends (a
+#: pasted curly quote or a newline would fail inside httpx, unclassed).
+_HEADER_TEXT: Final = re.compile(r"[!-~](?:[ -~]*[!-~])?")
 
 
 def _malformed(message: str, detail: str) -> Error:
