@@ -305,6 +305,17 @@ async def test_invalid_crash_window_sto_13(window: str) -> None:
     assert raised.value.message == "invalid crash window"
 
 
+@pytest.mark.parametrize("at", ["x", True, None, float("nan"), float("inf"), 2**63])
+async def test_crash_time_is_checked_before_anything_is_stored(at: Any) -> None:
+    """A crash harness time that is no finite number is refused with
+    validation before the run is created (it raised a raw TypeError after)."""
+    store = MemoryStore()
+    with pytest.raises(Error) as raised:
+        await RecoveryHarness.crash(store, RunRecord.new("r"), "before_dispatch", at=at)
+    assert raised.value.error_class is ErrorClass.VALIDATION
+    assert await store.load("r") is None
+
+
 async def test_crash_on_memory_store_cannot_fence() -> None:
     """MemoryStore cannot fence: the harness says so unless told not to fence."""
     with pytest.raises(Error) as raised:

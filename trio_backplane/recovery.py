@@ -44,7 +44,7 @@ from typing import Any, Final
 import attrs
 
 from .errors import Error, ErrorClass, require_methods
-from .kernel import Command, RunRecord, cleanup_requirements, thaw, transition
+from .kernel import Command, RunRecord, cleanup_requirements, is_time, thaw, transition
 
 __all__ = [
     "CRASH_WINDOWS",
@@ -228,7 +228,13 @@ class RecoveryHarness:
         if not isinstance(record, RunRecord):
             raise Error(ErrorClass.VALIDATION, "the crash harness needs a RunRecord")
         require_methods(store, "store", ("create", "load", "commit", "fence"))
-        clock = [at]
+        if not is_time(at):  # checked before anything is stored
+            raise Error(
+                ErrorClass.VALIDATION,
+                "at must be a finite number: the time of the harness's first command",
+                {"type": type(at).__name__},
+            )
+        clock = [float(at)]
 
         async def apply(current: RunRecord, kind: str, **data: Any) -> RunRecord:
             clock[0] += 1.0

@@ -316,6 +316,28 @@ async def test_nest_01_nested_call_left_running_settles_the_run_uncertain(
     assert [type(item) for item in leaked] == [Error]
 
 
+async def test_can_19_takeover_seen_by_a_nested_call_keeps_the_conflict(
+    autojump_clock: MockClock,
+) -> None:
+    """CAN-19: a takeover (a newer incarnation) refusing a nested call's
+    intent stops the run in recovery_required with ``last_error`` holding
+    that conflict, even though the outer tool then fails with it: the
+    outer tool's uncertainty does not replace what the host must act on."""
+    seen: list[Any] = []
+    faulty = FaultyStore(None, Fault("conflict", kind="tool_invoked", occurrence=2))
+    tools = [
+        make_tool("cell", RecordingBackend(outer_calling("inner", seen))),
+        make_tool("inner", RecordingBackend(ToolResult("inner")), read_only=True),
+    ]
+    provider = calls_then_done(("c1", "cell", {}))
+    finished, _ = await run_with_host(provider, tools, store=faulty)
+    assert finished.snapshot.phase == "recovery_required"
+    error = finished.snapshot.last_error
+    assert error is not None
+    assert error.error_class is ErrorClass.RESOURCE_CONFLICT
+    assert tools[1].backend.calls == 0
+
+
 async def test_nest_07_cancel_clears_queued_commits(autojump_clock: MockClock) -> None:
     """NEST-07: a nested ``tool_invoked`` queued behind an in-flight commit is
     dropped by ``cancel()``: no effect starts after it."""

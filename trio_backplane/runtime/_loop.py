@@ -546,7 +546,10 @@ class TurnLoop:
         return record
 
     async def _uncertain(self, error: Error) -> None:
-        self.c._last_error = error
+        if self.c._phase not in ("recovery_required", "storage_failed"):
+            # A takeover or a storage failure that caused this keeps its own
+            # error: it is what the host must act on (CAN-17, CAN-19).
+            self.c._last_error = error
         self.c._request_stop("uncertain")
         raise _Stop
 
