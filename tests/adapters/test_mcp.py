@@ -464,6 +464,51 @@ async def test_mcp_11_relisting_reuses_validators_and_refusals(
         assert {r.name for r in source.rejected} >= ALWAYS_REFUSED  # refusals cached too
 
 
+async def test_mcp_12_a_definition_holding_nan_keeps_one_fingerprint() -> None:
+    """MCP-11, MCP-12: a tool whose (ignored) outputSchema holds NaN, which
+    the SDK's parser accepts, still has a fingerprint: relisting it leaves
+    its revision alone (it used to rise at every refresh, the tool having
+    no identity), and a descriptor of it stays current."""
+    tools = '[{"name": "odd", "inputSchema": {"type": "object"}, "outputSchema": {"maximum": NaN}}]'
+    async with raw_server({"RAW_TOOLS": tools}) as source:
+        [first] = source.descriptors
+        fingerprint = source.catalog.tools["odd"].fingerprint
+        assert isinstance(fingerprint, str)
+        await source.refresh()
+        await source.refresh()
+        [again] = source.descriptors
+        assert again.revision == first.revision == 1
+        assert source.catalog.tools["odd"].fingerprint == fingerprint
+        result = await first.backend.execute(operation("odd", {"n": 1}))
+        assert isinstance(result, ToolResult)
+        assert result.is_error is False
+
+
+async def test_a_closed_source_refuses_a_call_before_sending(tmp_path: Path) -> None:
+    """TOOL-19: a descriptor whose source was closed (a server being
+    restarted) gives a rejection, certain nothing was sent: the model sees
+    an is_error result and the run goes on, never unknown_outcome."""
+    async with server() as source:
+        bundle = source.admit(caller="host", run_id="closed-1")
+    provider = ScriptedProvider(
+        [ScriptedProvider.tool_calls(("c1", "plain", {})), ScriptedProvider.text("done")]
+    )
+    async with open_conversation(
+        "closed-1",
+        store=MemoryStore(),
+        provider=provider,
+        registry=bundle.registry,
+        authority=bundle.authority,
+    ) as conversation:
+        await conversation.prompt("go")
+        with trio.fail_after(20):
+            snapshot = await conversation.wait_settled()
+    assert snapshot.run.state == "completed"
+    [message] = [m for m in snapshot.messages if m.get("role") == "tool"]
+    assert message["result"]["is_error"] is True
+    assert message["result"]["error"]["class"] == "resource_conflict"
+
+
 async def test_mcp_12_changed_definition_gets_new_fingerprint(
     bounds_log: list[tuple[str, Any]],
 ) -> None:

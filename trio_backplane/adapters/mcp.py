@@ -242,6 +242,12 @@ class ValidatorCache:
 _canonical = json.JSONEncoder(
     ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":")
 ).encode
+#: For a fingerprint only: a definition holding NaN (which the SDK's parser
+#: accepts) still gets one, so an ignored outputSchema holding NaN neither
+#: leaves the tool without an identity nor changes its revision each listing.
+_canonical_lenient = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=True, sort_keys=True, separators=(",", ":")
+).encode
 
 
 def tool_fingerprint(definition: Mapping[str, Any]) -> str | None:
@@ -253,16 +259,20 @@ def tool_fingerprint(definition: Mapping[str, Any]) -> str | None:
             "a tool definition must be a mapping",
             {"type": type(definition).__name__},
         )
+    parts = {
+        "name": definition.get("name"),
+        "description": definition.get("description"),
+        "inputSchema": definition.get("inputSchema"),
+        "outputSchema": definition.get("outputSchema"),
+    }
     try:
-        text = _canonical(
-            {
-                "name": definition.get("name"),
-                "description": definition.get("description"),
-                "inputSchema": definition.get("inputSchema"),
-                "outputSchema": definition.get("outputSchema"),
-            }
-        )
-    except (TypeError, ValueError, RecursionError):
+        text = _canonical(parts)
+    except ValueError:
+        try:
+            text = _canonical_lenient(parts)  # NaN or an infinity
+        except (TypeError, ValueError, RecursionError):
+            return None
+    except (TypeError, RecursionError):
         return None
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -1090,7 +1100,17 @@ class McpToolBackend:
             tool = self.source.catalog.prepare(self.name, operation.arguments)
         except Error as error:
             return reject(operation, error)  # nothing was sent (TOOL-19)
-        if tool.fingerprint != self.fingerprint:
+        if self.source.session is None:  # closed (or never connected): nothing is sent
+            return reject(
+                operation,
+                Error(
+                    ErrorClass.RESOURCE_CONFLICT,
+                    "MCP tool source is not connected",
+                    {"tool": self.name},
+                ),
+            )
+        if tool.fingerprint is None or tool.fingerprint != self.fingerprint:
+            # (a definition with no fingerprint cannot be shown unchanged)
             changed = Error(
                 ErrorClass.RESOURCE_CONFLICT,
                 f"MCP tool {self.name!r} changed since this catalog was built",
