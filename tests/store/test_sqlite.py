@@ -935,3 +935,24 @@ async def test_sto_06_a_commit_into_a_file_gone_from_its_path_fails(
     async with SQLiteStore(path) as reopened:
         stored = await reopened.load("r")
     assert stored is None or stored.revision == 0
+
+
+async def test_the_store_remembers_a_bounded_number_of_runs(tmp_path: Path) -> None:
+    """A host serving runs for days: the store remembers the last record of
+    the most recently used ``_CACHE_RUNS`` runs only (it kept every run it
+    ever touched: memory grew with each); a run it forgot commits on, read
+    back from its row."""
+    from trio_backplane.store._sqlite import _CACHE_RUNS
+
+    async with SQLiteStore(tmp_path / "runs.db") as store:
+        first = await _fresh(store, "run-0")
+        for n in range(1, _CACHE_RUNS + 50):
+            await _step(
+                store, await _fresh(store, f"run-{n}"), Command("admit", 0.0, {"state": "running"})
+            )
+        assert len(store._cache) == _CACHE_RUNS
+        assert "run-0" not in store._cache
+        admitted = await _step(store, first, Command("admit", 0.0, {"state": "running"}))
+        assert await store.load("run-0") == admitted
+        assert len(store._cache) == _CACHE_RUNS
+        assert "run-0" in store._cache

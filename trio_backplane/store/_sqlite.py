@@ -17,7 +17,7 @@ were missing, so the run's next commit writes them) and marks the file 2 on
 open, so older code refuses it rather than misread it.
 
 **Incremental commits.**  A commit's cost does not grow with the run.  The
-store remembers, per run, the ``_layout.Entry`` of the last committed
+store remembers, per run (the ``_CACHE_RUNS`` most recently used), the ``_layout.Entry`` of the last committed
 record, the sequence of the run's last event and the record's head field by
 field (``_layout.head_fields``).  A commit whose ``(incarnation,
 expected_revision)`` matches what is remembered is decided
@@ -145,6 +145,10 @@ T = TypeVar("T")
 #: Version of the table layout written by this code (``meta.layout_version``).
 LAYOUT_VERSION: Final = 2
 _BUSY_TIMEOUT_S: Final = 10.0
+#: Runs whose last committed (or read) record the store remembers for the
+#: commit diff, most recently used kept: a host serving runs for days does
+#: not keep every run it ever touched (a miss reads the row back).
+_CACHE_RUNS: Final = 256
 
 _SCHEMA: Final = (
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -744,8 +748,18 @@ class SQLiteStore:
             if record.incarnation == row[0] and record.revision == row[1]:
                 return cached
         cached = (entry_of(*self._read_record(conn, run_id, row[2])), None, ())
-        self._cache[run_id] = cached
+        self._remember(run_id, cached)
         return cached
+
+    def _remember(self, run_id: str, cached: _Cached) -> None:
+        """In the writer thread: remember ``cached`` as the run's latest,
+        forgetting the least recently used run past ``_CACHE_RUNS``.  (The
+        Trio thread only reads the cache, one ``get`` at a time.)"""
+        cache = self._cache
+        cache.pop(run_id, None)  # to the most recent end
+        cache[run_id] = cached
+        if len(cache) > _CACHE_RUNS:
+            del cache[next(iter(cache))]
 
     async def load(self, run_id: str) -> RunRecord | None:
         check_arguments(run_id)
@@ -984,9 +998,9 @@ class SQLiteStore:
                 job.error = exc
             return
         rows_written = 0
-        cache = self._cache
+        remember = self._remember
         for job, (remembered, rows) in staged:
-            cache[job.run_id] = remembered
+            remember(job.run_id, remembered)
             rows_written += rows
             record = remembered[0].record
             job.receipt = Receipt(job.run_id, record.incarnation, record.revision)
@@ -997,7 +1011,7 @@ class SQLiteStore:
         stats["last_part_rows"] = rows_written
         if inject == "after":
             lost = sqlite3.OperationalError("injected loss of the COMMIT acknowledgement")
-            cache.clear()
+            self._cache.clear()
             for job, _ in staged:
                 job.receipt = None
                 job.error = _storage_failed(lost, "commit acknowledgement lost")
@@ -1098,7 +1112,7 @@ class SQLiteStore:
                 )
                 if upserts:
                     conn.executemany(_UPSERT_PART, [(record.run_id, *row) for row in upserts])
-            self._cache[record.run_id] = (entry, None, head)
+            self._remember(record.run_id, (entry, None, head))
             return Receipt(record.run_id, record.incarnation, record.revision)
 
         return await self._run(write)
@@ -1118,7 +1132,7 @@ class SQLiteStore:
                 written = self._write(conn, stored, new, events)
                 if written is None:  # pragma: no cover - the row was read under BEGIN IMMEDIATE
                     raise _conflict("stale revision", run_id)
-            self._cache[run_id] = written[0]
+            self._remember(run_id, written[0])
             return Receipt(run_id, new.incarnation, new.revision)
 
         return await self._run(write)
