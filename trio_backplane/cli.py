@@ -725,9 +725,7 @@ def _demo_provider(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None
     context = {"api_key": key} if key else None
     # the whole userinfo hidden: a bare token@ is a secret too
     shown_url = re.sub(r"(://)[^/@\s]*@", r"\1***@", args.base_url)
-    label = f"{args.model} at {shown_url}" + (
-        "" if key else " (no OPENAI_API_KEY)"
-    )
+    label = f"{args.model} at {shown_url}" + ("" if key else " (no OPENAI_API_KEY)")
     return provider, context, label
 
 

@@ -17,22 +17,22 @@ were missing, so the run's next commit writes them) and marks the file 2 on
 open, so older code refuses it rather than misread it.
 
 **Incremental commits.**  A commit's cost does not grow with the run.  The
-store remembers, per run (the ``_CACHE_RUNS`` most recently used), the ``_layout.Entry`` of the last committed
-record, the sequence of the run's last event and the record's head field by
-field (``_layout.head_fields``).  A commit whose ``(incarnation,
-expected_revision)`` matches what is remembered is decided
-(``check_commit``, the decision every store shares) and encoded --
+store remembers, per run (the ``_CACHE_RUNS`` most recently used), the
+``_layout.Entry`` of the last committed record, the sequence of the run's last
+event and the record's head field by field (``_layout.head_fields``).  A
+commit whose ``(incarnation, expected_revision)`` matches what is remembered
+is decided (``check_commit``, the decision every store shares) and encoded --
 ``_layout.diff`` encodes just the entries that changed, the head just the
-fields that changed, the events their payloads -- by the caller, in
-``commit`` on the Trio thread, which has just built the record; the writer
-thread then only writes, starting with the compare-and-set ``UPDATE runs
-... WHERE run_id AND incarnation AND revision``.  A row count of 1 proves
-the remembered run is what is stored (every write, ``fence`` included,
-raises the revision, and every event append goes with one), so the events
-continue from the remembered sequence and no ``SELECT`` runs.  A row count
-of 0 (another process wrote), nothing remembered or another revision: the
-row is read inside the transaction, the commit decided against it and, when
-it applies, the record reloaded and the commit encoded again.
+fields that changed, the events their payloads -- by the caller, in ``commit``
+on the Trio thread, which has just built the record; the writer thread then
+only writes, starting with the compare-and-set ``UPDATE runs ... WHERE run_id
+AND incarnation AND revision``.  A row count of 1 proves the remembered run is
+what is stored (every write, ``fence`` included, raises the revision, and
+every event append goes with one), so the events continue from the remembered
+sequence and no ``SELECT`` runs.  A row count of 0 (another process wrote),
+nothing remembered or another revision: the row is read inside the
+transaction, the commit decided against it and, when it applies, the record
+reloaded and the commit encoded again.
 
 **Writer thread.**  Every sqlite call -- reads, ``create``, ``fence`` and
 commits -- runs in one dedicated daemon thread per store, started on first
