@@ -433,13 +433,14 @@ def test_demo_hides_a_token_in_the_base_url(tmp_path: Path) -> None:
         "--provider",
         "openai",
         "--base-url",
-        f"http://sk-TOPSECRET@127.0.0.1:{_closed_port()}/v1",
+        f"http://user:sk-head@TOPSECRET@127.0.0.1:{_closed_port()}/v1",
         "--model",
         "m",
         "--approve",
         "yes",
     )
     assert "TOPSECRET" not in done.stdout + done.stderr
+    assert "sk-head" not in done.stdout + done.stderr
     assert "***@127.0.0.1" in done.stdout
 
 

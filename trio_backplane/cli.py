@@ -724,7 +724,7 @@ def _demo_provider(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None
     # an event, or a line printed here.
     context = {"api_key": key} if key else None
     # the whole userinfo hidden: a bare token@ is a secret too
-    shown_url = re.sub(r"(://)[^/@\s]*@", r"\1***@", args.base_url)
+    shown_url = re.sub(r"(://)[^/\s]*@", r"\1***@", args.base_url)  # to the last @
     label = f"{args.model} at {shown_url}" + ("" if key else " (no OPENAI_API_KEY)")
     return provider, context, label
 

@@ -675,6 +675,47 @@ async def test_int_17_interaction_outliving_its_effect_ends_with_it(
     assert finished.record.state == "completed"
 
 
+async def test_int_17_an_overlapping_interact_leaves_the_first_bound(
+    autojump_clock: MockClock,
+) -> None:
+    """INT-17: a second ``interact`` while one is pending is refused, and
+    the first stays bound to its effect: when the tool returns it ends
+    (resource_conflict) and is withdrawn from the stored record."""
+    outcome: list[BaseException] = []
+    overlap: list[Error] = []
+    started = trio.Event()
+
+    async def asks_twice(operation: Any) -> Any:
+        async def ask() -> None:
+            try:
+                await operation.context.interact(QUESTION)
+            except Error as error:
+                outcome.append(error)
+
+        nursery.start_soon(ask)
+        await started.wait()
+        with pytest.raises(Error) as second:
+            await operation.context.interact(QUESTION)
+        overlap.append(second.value)
+        return ToolResult("returned while asking")
+
+    async def during(conversation: Conversation, host: Host) -> None:
+        await until(lambda: bool(host.requested))
+        started.set()
+
+    async with trio.open_nursery() as nursery:
+        tool = make_tool("ask", RecordingBackend(asks_twice), read_only=True)
+        finished, _ = await run_with_host(
+            calls_then_done(("c1", "ask", {})), [tool], never, during=during, run_timeout=100.0
+        )
+    assert [e.error_class for e in overlap] == [ErrorClass.RESOURCE_CONFLICT]
+    [error] = outcome
+    assert isinstance(error, Error)
+    assert error.error_class is ErrorClass.RESOURCE_CONFLICT
+    assert pending_of(finished.record) is None
+    assert finished.record.state == "completed"
+
+
 async def test_int_11_cancel_while_pending_cancels_interact(autojump_clock: MockClock) -> None:
     """INT-11: cancelling while an interaction is pending makes ``interact``
     raise ``trio.Cancelled`` and stores ``pending_interaction: None``."""

@@ -956,3 +956,56 @@ async def test_the_store_remembers_a_bounded_number_of_runs(tmp_path: Path) -> N
         assert await store.load("run-0") == admitted
         assert len(store._cache) == _CACHE_RUNS
         assert "run-0" in store._cache
+
+
+async def test_a_relative_path_names_one_file_whatever_the_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store opened on a relative path keeps committing to that file after
+    the process changes directory (the identity check resolved the path
+    again, and failed every commit)."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(tmp_path)
+    async with SQLiteStore("runs.db") as store:
+        record = await _fresh(store, "r")
+        monkeypatch.chdir(elsewhere)
+        admitted = await _step(store, record, Command("admit", 0.0, {"state": "running"}))
+        assert await store.load("r") == admitted
+    assert not (elsewhere / "runs.db").exists()
+
+
+async def test_sto_06_create_and_fence_into_a_removed_file_fail(tmp_path: Path) -> None:
+    """STO-06, STO-08: ``create`` and ``fence`` commit too: into a file gone
+    from its path they fail storage_failed, never acknowledged and lost."""
+    path = tmp_path / "runs.db"
+    async with SQLiteStore(path) as store:
+        await _fresh(store, "r1")
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        for call in (
+            lambda: store.fence("r1", incarnation=2),
+            lambda: store.create(RunRecord.new("r2")),
+        ):
+            with pytest.raises(Error) as exc:
+                await call()
+            assert exc.value.error_class is ErrorClass.STORAGE_FAILED
+
+
+async def test_aclose_in_a_forked_process_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``aclose`` of a store whose writer thread another process started
+    (a fork) returns at once instead of waiting for ever for that thread."""
+    import os
+
+    store = SQLiteStore(tmp_path / "runs.db")
+    await _fresh(store, "r")
+    parent = os.getpid()
+    monkeypatch.setattr(os, "getpid", lambda: parent + 1)
+    with trio.fail_after(5):
+        await store.aclose()
+    monkeypatch.setattr(os, "getpid", lambda: parent)
+    store._requests.put(0)  # the real thread (this process's): stop it
+    assert store._thread is not None
+    store._thread.join(5)

@@ -121,7 +121,9 @@ class ToolContext:
             raise Error(ErrorClass.RESOURCE_CONFLICT, "stale or overlapping interaction")
 
         with trio.CancelScope() as scope:
-            self._waiting = scope
+            # (an overlapping call, refused below, must not unbind the one
+            # already waiting: it restores it)
+            previous, self._waiting = self._waiting, scope
             try:
                 answer, _ = await wait_for_human(self._conversation, request)
             except _StorageFailed as failed:
@@ -129,7 +131,7 @@ class ToolContext:
             except _Stop:
                 raise _stopping() from None  # settled meanwhile: classed for the backend
             finally:
-                self._waiting = None
+                self._waiting = previous
             return answer
         # the effect ended while this waited (INT-17)
         raise Error(ErrorClass.RESOURCE_CONFLICT, "stale or overlapping interaction")

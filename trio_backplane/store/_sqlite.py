@@ -487,6 +487,7 @@ class SQLiteStore:
         #: ``(st_dev, st_ino)`` of the file the connection opened: a batch
         #: checks the path still names it before its COMMIT
         self._identity: tuple[int, int] | None = None
+        self._file = self._path  # made absolute when the connection opens
         self._pid = os.getpid()  # the process whose writer thread this is
         self._closed = False
         # Written by the writer thread only; ``commit`` reads it (single dict
@@ -529,7 +530,9 @@ class SQLiteStore:
             return
         self._closed = True
         thread = self._thread
-        if thread is None:
+        if thread is None or os.getpid() != self._pid:
+            # No thread, or one another process started (a fork copies the
+            # object, not the thread): nothing here to wait for.
             self._stopped = True
             await trio.lowlevel.checkpoint()
             return
@@ -659,7 +662,7 @@ class SQLiteStore:
         removed or replaced under the store, a COMMIT would land in a file
         nobody opens again, acknowledged and lost.  (A removed path is a
         ``FileNotFoundError``.)"""
-        st = os.stat(self._path)
+        st = os.stat(self._file)
         if (st.st_dev, st.st_ino) != self._identity:
             raise sqlite3.OperationalError("the database file was removed or replaced")
 
@@ -676,8 +679,11 @@ class SQLiteStore:
             return self._conn
         if self._closed:
             raise Error(ErrorClass.STORAGE_FAILED, "store is closed", {"path": self._path})
+        # The file, wherever the process's working directory goes next (a
+        # relative path is read once, now).
+        self._file = os.path.abspath(self._path)
         conn = sqlite3.connect(
-            self._path,
+            self._file,
             timeout=_BUSY_TIMEOUT_S,
             isolation_level=None,
             check_same_thread=False,
@@ -689,7 +695,7 @@ class SQLiteStore:
             _check_wal(_journal_wal(conn))
             conn.execute("PRAGMA synchronous = FULL")
             conn.execute("PRAGMA foreign_keys = ON")
-            st = os.stat(self._path)
+            st = os.stat(self._file)
             self._identity = (st.st_dev, st.st_ino)
             if not _laid_out(conn, self._path):
                 self._lay_out(conn)
@@ -1112,6 +1118,7 @@ class SQLiteStore:
                 )
                 if upserts:
                     conn.executemany(_UPSERT_PART, [(record.run_id, *row) for row in upserts])
+                self._check_identity()  # (its COMMIT comes next)
             self._remember(record.run_id, (entry, None, head))
             return Receipt(record.run_id, record.incarnation, record.revision)
 
@@ -1132,6 +1139,7 @@ class SQLiteStore:
                 written = self._write(conn, stored, new, events)
                 if written is None:  # pragma: no cover - the row was read under BEGIN IMMEDIATE
                     raise _conflict("stale revision", run_id)
+                self._check_identity()  # (its COMMIT comes next)
             self._remember(run_id, written[0])
             return Receipt(run_id, new.incarnation, new.revision)
 
