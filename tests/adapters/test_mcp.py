@@ -489,20 +489,11 @@ async def test_a_closed_source_refuses_a_call_before_sending(tmp_path: Path) -> 
     restarted) gives a rejection, certain nothing was sent: the model sees
     an is_error result and the run goes on, never unknown_outcome."""
     async with server() as source:
-        bundle = source.admit(caller="host", run_id="closed-1")
+        pass  # closed: its descriptors stay
     provider = ScriptedProvider(
         [ScriptedProvider.tool_calls(("c1", "plain", {})), ScriptedProvider.text("done")]
     )
-    async with open_conversation(
-        "closed-1",
-        store=MemoryStore(),
-        provider=provider,
-        registry=bundle.registry,
-        authority=bundle.authority,
-    ) as conversation:
-        await conversation.prompt("go")
-        with trio.fail_after(20):
-            snapshot = await conversation.wait_settled()
+    snapshot = await converse(source, provider, "closed-1")
     assert snapshot.run.state == "completed"
     [message] = [m for m in snapshot.messages if m.get("role") == "tool"]
     assert message["result"]["is_error"] is True

@@ -637,14 +637,17 @@ async def test_int_04_resolve_before_the_request_is_not_found(autojump_clock: Mo
     assert finished.record.state == "completed"
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 async def test_int_17_interaction_outliving_its_effect_ends_with_it(
-    autojump_clock: MockClock,
+    autojump_clock: MockClock, overlap: bool
 ) -> None:
     """INT-17: an ``interact`` left waiting by a tool that returned (in a task
     of the host's that outlived it) ends with the effect: it raises
     resource_conflict "stale or overlapping interaction", the interaction is
-    withdrawn from the stored record and the run deadline runs again."""
+    withdrawn from the stored record and the run deadline runs again.  A
+    second ``interact`` meanwhile is refused, and leaves the first bound."""
     outcome: list[BaseException] = []
+    refused: list[Error] = []
     started = trio.Event()
 
     async def leaves_it_waiting(operation: Any) -> Any:
@@ -656,6 +659,10 @@ async def test_int_17_interaction_outliving_its_effect_ends_with_it(
 
         nursery.start_soon(ask)
         await started.wait()
+        if overlap:
+            with pytest.raises(Error) as second:
+                await operation.context.interact(QUESTION)
+            refused.append(second.value)
         return ToolResult("returned while asking")
 
     async def during(conversation: Conversation, host: Host) -> None:
@@ -667,51 +674,11 @@ async def test_int_17_interaction_outliving_its_effect_ends_with_it(
         finished, _ = await run_with_host(
             calls_then_done(("c1", "ask", {})), [tool], never, during=during, run_timeout=100.0
         )
+    assert [e.error_class for e in refused] == [ErrorClass.RESOURCE_CONFLICT] * overlap
     [error] = outcome
     assert isinstance(error, Error)
     assert error.error_class is ErrorClass.RESOURCE_CONFLICT
     assert error.message == "stale or overlapping interaction"
-    assert pending_of(finished.record) is None
-    assert finished.record.state == "completed"
-
-
-async def test_int_17_an_overlapping_interact_leaves_the_first_bound(
-    autojump_clock: MockClock,
-) -> None:
-    """INT-17: a second ``interact`` while one is pending is refused, and
-    the first stays bound to its effect: when the tool returns it ends
-    (resource_conflict) and is withdrawn from the stored record."""
-    outcome: list[BaseException] = []
-    overlap: list[Error] = []
-    started = trio.Event()
-
-    async def asks_twice(operation: Any) -> Any:
-        async def ask() -> None:
-            try:
-                await operation.context.interact(QUESTION)
-            except Error as error:
-                outcome.append(error)
-
-        nursery.start_soon(ask)
-        await started.wait()
-        with pytest.raises(Error) as second:
-            await operation.context.interact(QUESTION)
-        overlap.append(second.value)
-        return ToolResult("returned while asking")
-
-    async def during(conversation: Conversation, host: Host) -> None:
-        await until(lambda: bool(host.requested))
-        started.set()
-
-    async with trio.open_nursery() as nursery:
-        tool = make_tool("ask", RecordingBackend(asks_twice), read_only=True)
-        finished, _ = await run_with_host(
-            calls_then_done(("c1", "ask", {})), [tool], never, during=during, run_timeout=100.0
-        )
-    assert [e.error_class for e in overlap] == [ErrorClass.RESOURCE_CONFLICT]
-    [error] = outcome
-    assert isinstance(error, Error)
-    assert error.error_class is ErrorClass.RESOURCE_CONFLICT
     assert pending_of(finished.record) is None
     assert finished.record.state == "completed"
 
