@@ -1009,3 +1009,17 @@ async def test_aclose_in_a_forked_process_returns(
     store._requests.put(0)  # the real thread (this process's): stop it
     assert store._thread is not None
     store._thread.join(5)
+
+
+async def test_memory_database_stays_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``SQLiteStore(":memory:")`` is SQLite's in-memory database: it
+    commits and loads, and writes no file into the working directory."""
+    monkeypatch.chdir(tmp_path)
+    async with SQLiteStore(":memory:") as store:
+        record = await _fresh(store, "r")
+        admitted = await _step(store, record, Command("admit", 0.0, {"state": "running"}))
+        assert await store.load("r") == admitted
+        await store.fence("r", incarnation=2)
+    assert list(tmp_path.iterdir()) == []

@@ -662,6 +662,8 @@ class SQLiteStore:
         removed or replaced under the store, a COMMIT would land in a file
         nobody opens again, acknowledged and lost.  (A removed path is a
         ``FileNotFoundError``.)"""
+        if self._identity is None:
+            return  # SQLite's in-memory database: no file to lose
         st = os.stat(self._file)
         if (st.st_dev, st.st_ino) != self._identity:
             raise sqlite3.OperationalError("the database file was removed or replaced")
@@ -680,8 +682,10 @@ class SQLiteStore:
         if self._closed:
             raise Error(ErrorClass.STORAGE_FAILED, "store is closed", {"path": self._path})
         # The file, wherever the process's working directory goes next (a
-        # relative path is read once, now).
-        self._file = os.path.abspath(self._path)
+        # relative path is read once, now); ":memory:" is SQLite's own name
+        # for a database held in memory, no file.
+        in_memory = self._path == ":memory:"
+        self._file = self._path if in_memory else os.path.abspath(self._path)
         conn = sqlite3.connect(
             self._file,
             timeout=_BUSY_TIMEOUT_S,
@@ -695,8 +699,9 @@ class SQLiteStore:
             _check_wal(_journal_wal(conn))
             conn.execute("PRAGMA synchronous = FULL")
             conn.execute("PRAGMA foreign_keys = ON")
-            st = os.stat(self._file)
-            self._identity = (st.st_dev, st.st_ino)
+            if not in_memory:
+                st = os.stat(self._file)
+                self._identity = (st.st_dev, st.st_ino)
             if not _laid_out(conn, self._path):
                 self._lay_out(conn)
         except BaseException:
