@@ -236,6 +236,111 @@ async def test_pub_07_pub_08_conflicting_publications(autojump_clock: MockClock)
     assert [r.publication_id for r in finished.snapshot.receipts] == ["pub-2"]
 
 
+def _const(value: Any) -> dict[str, Any]:
+    return {"type": "object", "properties": {"x": {"const": value}}, "required": ["x"]}
+
+
+async def test_pub_07_a_reused_id_differing_only_as_json_conflicts(
+    autojump_clock: MockClock,
+) -> None:
+    """PUB-07: a publication id reused for a catalog that differs only where
+    Python's ``==`` sees no difference (``const: 1`` vs ``const: true``) is
+    another catalog: ``resource_conflict``, never the first one's receipt."""
+    seen: list[Any] = []
+    backends = (RecordingBackend(), RecordingBackend(ToolResult("ran")))  # the same objects
+
+    def catalog(value: Any) -> list[Any]:
+        return [
+            make_tool("discover", backends[0], read_only=True),
+            make_tool("found", backends[1], schema=_const(value)),
+        ]
+
+    async def discover(operation: Any) -> ToolResult:
+        operation.context.stage_catalog(publication("pub-2", catalog(1)))
+        try:
+            seen.append(operation.context.stage_catalog(publication("pub-2", catalog(True))))
+        except Error as error:
+            seen.append(error)
+        return ToolResult("discovered")
+
+    provider = SP([SP.tool_calls(("c1", "discover", {})), SP.text("done")])
+    await run_with_host(provider, base_tools(discover))
+    [error] = seen
+    assert isinstance(error, Error)
+    assert error.error_class is ErrorClass.RESOURCE_CONFLICT
+    assert error.message == "publication id was already used for another catalog"
+
+
+async def test_pub_tool_contract_differing_only_as_json_needs_a_new_revision(
+    autojump_clock: MockClock,
+) -> None:
+    """Catalog continuity: a tool kept at its revision whose schema changes only where
+    Python's ``==`` sees no difference (``const: 1`` to ``const: true``) has
+    changed: the publication is refused ``forbidden``, and a call the old
+    contract refuses is never dispatched under the old revision's grant."""
+    staged: list[Any] = []
+    kept = RecordingBackend(ToolResult("t ran"))
+
+    async def discover(operation: Any) -> ToolResult:
+        catalog = [
+            make_tool("discover", RecordingBackend(), read_only=True),
+            make_tool("t", kept, schema=_const(True), read_only=True),
+        ]
+        try:
+            staged.append(operation.context.stage_catalog(publication("pub-2", catalog)))
+        except Error as error:
+            staged.append(error)
+        return ToolResult("discovered")
+
+    provider = SP(
+        [
+            SP.tool_calls(("c1", "discover", {})),
+            SP.tool_calls(("c2", "t", {"x": True})),
+            SP.text(""),
+        ]
+    )
+    tools = [*base_tools(discover), make_tool("t", kept, schema=_const(1), read_only=True)]
+    finished, _ = await run_with_host(provider, tools)
+    [error] = staged
+    assert isinstance(error, Error)
+    assert error.error_class is ErrorClass.FORBIDDEN
+    assert finished.snapshot.catalog_revision == 1
+    assert kept.operations == []
+
+
+async def test_cat_08_a_provider_cannot_edit_the_schema_it_is_sent(
+    autojump_clock: MockClock,
+) -> None:
+    """CAT-08: the provider gets each tool's schema as a read-only copy (as
+    it gets the transcript): a provider that "sanitizes" it in place fails
+    its own attempt, and can never loosen what the gateway validates."""
+    schema = {
+        "type": "object",
+        "properties": {"x": {"type": "string", "maxLength": 3}},
+        "required": ["x"],
+    }
+    edits: list[BaseException] = []
+
+    class Sanitizing(ScriptedProvider):
+        def stream(self, request: Any, context: Any) -> Any:
+            for tool in request.tools:
+                for prop in tool.parameters.get("properties", {}).values():
+                    try:
+                        prop.pop("maxLength", None)
+                    except (TypeError, AttributeError) as exc:
+                        edits.append(exc)
+            return super().stream(request, context)
+
+    backend = RecordingBackend(ToolResult("ran"))
+    provider = Sanitizing([SP.tool_calls(("c1", "t", {"x": "way too long"})), SP.text("done")])
+    finished, _ = await run_with_host(provider, [make_tool("t", backend, schema=schema)])
+    assert edits
+    assert schema["properties"]["x"]["maxLength"] == 3
+    assert backend.operations == []
+    [message] = finished.tool_messages()
+    assert message["result"]["is_error"] is True
+
+
 async def test_pub_09_a_turn_failing_after_the_producer_discards_its_staging(
     autojump_clock: MockClock,
 ) -> None:

@@ -10,13 +10,22 @@ catalog.  Receipts are idempotent per publication id; the last 16 are kept.
 from __future__ import annotations
 
 import collections
+import json
 from collections.abc import Mapping
 from typing import Any, Final
 
 import attrs
 
 from ..errors import Error, ErrorClass
-from ..tools import AdmittedBundle, Publication, PublicationReceipt, ToolRegistry, admit_batch
+from ..kernel import freeze
+from ..tools import (
+    AdmittedBundle,
+    ProviderTool,
+    Publication,
+    PublicationReceipt,
+    ToolRegistry,
+    admit_batch,
+)
 
 __all__ = ["MAX_RECEIPTS", "CatalogState"]
 
@@ -39,15 +48,54 @@ class _Staged:
     publishing: bool = False
 
 
+def _json_text(value: Any) -> Any:
+    """``value`` as canonical JSON text (``true`` is not ``1``, nor ``1.0``:
+    Python's ``==`` calls them equal), or the value itself when it is not
+    JSON data (compared as it is)."""
+    try:
+        return _canonical(value)
+    except (TypeError, ValueError, RecursionError):
+        return value
+
+
+_canonical: Final = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":")
+).encode
+
+
 def _contract(descriptor: Any) -> tuple[Any, ...]:
-    """What grants and approvals of a tool revision rely on."""
+    """What grants and approvals of a tool revision rely on, the schemas as
+    canonical JSON text."""
     return (
-        descriptor.schema,
-        descriptor.output_schema,
+        _json_text(descriptor.schema),
+        _json_text(descriptor.output_schema),
         descriptor.schema_options,
         descriptor.requires_approval,
         descriptor.read_only,
     )
+
+
+def _same_publication(one: Publication, other: Publication) -> bool:
+    """The same publication: equal, and equal as JSON wherever it holds JSON
+    (each tool's contract, each provider tool's parameters)."""
+    if one != other:
+        return False
+    mine, theirs = one.catalog, other.catalog
+    if [_contract(d) for d in mine.registry] != [_contract(d) for d in theirs.registry]:
+        return False
+    if mine.tools is None or theirs.tools is None:
+        return mine.tools is theirs.tools
+    return [_json_text(t.parameters) for t in mine.tools] == [
+        _json_text(t.parameters) for t in theirs.tools
+    ]
+
+
+def _read_only(tool: ProviderTool) -> ProviderTool:
+    try:
+        parameters = freeze(tool.parameters, "tool schema")
+    except Error:  # not JSON data: never admitted as a tool schema anyway
+        return tool
+    return tool if parameters is tool.parameters else attrs.evolve(tool, parameters=parameters)
 
 
 class CatalogState:
@@ -55,12 +103,27 @@ class CatalogState:
 
     def __init__(self, bundle: AdmittedBundle, admission: str) -> None:
         self.bundle = bundle
+        self._provider_tools: tuple[AdmittedBundle, tuple[ProviderTool, ...]] | None = None
         self.revision = 1
         self.admission = admission
         self.staged: _Staged | None = None
         self._receipts: collections.OrderedDict[str, tuple[Publication, PublicationReceipt]] = (
             collections.OrderedDict()
         )
+
+    @property
+    def provider_tools(self) -> tuple[ProviderTool, ...]:
+        """The catalog's tools as providers get them: each ``parameters`` a
+        read-only copy, so a provider editing what it is sent (stripping a
+        keyword it cannot send on) never edits the schema the gateway
+        validates with (CAT-08).  Built once per catalog."""
+        held = self._provider_tools
+        bundle = self.bundle
+        if held is not None and held[0] is bundle:
+            return held[1]
+        tools = tuple(_read_only(tool) for tool in bundle.tools)
+        self._provider_tools = (bundle, tools)
+        return tools
 
     @property
     def receipts(self) -> tuple[PublicationReceipt, ...]:
@@ -124,7 +187,7 @@ class CatalogState:
             )
         known = self._receipts.get(publication.publication_id)
         if known is not None:
-            if known[0] == publication:
+            if _same_publication(known[0], publication):
                 return known[1]
             raise _conflict(
                 "publication id was already used for another catalog",

@@ -583,7 +583,7 @@ class TurnLoop:
             # and a request costs nothing per past message.
             messages=state.get("messages", FrozenList()),
             catalog_revision=state.get("catalog_revision", 1),
-            tools=c._catalog.bundle.tools,
+            tools=c._catalog.provider_tools,
         )
         budget = DeadlineBudget("effect", c._options.effect_timeout, c._now)
         usage: list[Any] = []
