@@ -220,13 +220,56 @@ def test_import_does_not_need_psycopg() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"max_connections": 0}, {"max_connections": True}, {"schema": "Bad-Name"}, {"schema": ""}],
+    [
+        {"max_connections": 0},
+        {"max_connections": True},
+        {"schema": "Bad-Name"},
+        {"schema": ""},
+        {"schema": "pg_mystore"},  # PostgreSQL reserves pg_: every call would fail
+    ],
 )
 def test_invalid_options_are_validation(kwargs: dict[str, Any]) -> None:
     pytest.importorskip("psycopg")
     with pytest.raises(Error) as raised:
         PostgresStore("postgresql://127.0.0.1/none", **kwargs)
     assert raised.value.error_class is ErrorClass.VALIDATION
+
+
+def test_a_deadline_cut_after_success_keeps_its_connection_out_of_the_pool() -> None:
+    """A cut that shut a call's socket down just after the call succeeded is
+    reported by ``detach``, so that connection is closed, never pooled for
+    the next call (which failed as if the server had gone)."""
+    from trio_backplane.store._postgres import _Flight
+
+    class Conn:
+        pgconn = None  # no socket: _shut_down does nothing
+
+    flight = _Flight(deadline=0.0)
+    flight.attach(Conn())
+    flight.interrupt()
+    assert flight.detach() is True
+    late = _Flight(deadline=0.0)
+    late.attach(Conn())
+    assert late.detach() is False
+    late.interrupt()  # after the call let go: reaches nothing
+
+
+async def test_sto_event_times_keep_every_digit_whatever_the_server_default(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """Event times are double precision read back as text: a server, role
+    or DSN whose ``extra_float_digits`` is 0 still gives back every digit."""
+    psycopg: Any = pytest.importorskip("psycopg")
+    dsn = psycopg.conninfo.make_conninfo(pg_dsn, options="-c extra_float_digits=0")
+    async with PostgresStore(dsn, schema=pg_schema) as store:
+        record = RunRecord.new("digits")
+        await store.create(record)
+        new, events = transition(record, Command("admit", 1712345999.1234567, {"state": "running"}))
+        await store.commit("digits", incarnation=1, expected_revision=0, record=new, events=events)
+        stored = await store.events("digits")
+    with psycopg.connect(pg_dsn) as conn:  # a test's own cleanup: blocking is fine
+        conn.execute(f'DROP SCHEMA "{pg_schema}" CASCADE')
+    assert [e.occurred_at for e in stored] == [1712345999.1234567]
 
 
 # -- STO-01 -------------------------------------------------------------------------

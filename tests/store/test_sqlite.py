@@ -1023,3 +1023,24 @@ async def test_memory_database_stays_in_memory(
         assert await store.load("r") == admitted
         await store.fence("r", incarnation=2)
     assert list(tmp_path.iterdir()) == []
+
+
+async def test_sto_a_run_id_holding_nul_is_validation_on_every_store(tmp_path: Path) -> None:
+    """A run id holding NUL is a caller's mistake on every store
+    (``validation``): PostgreSQL text cannot hold one, so it would otherwise
+    be refused there as failed storage and kept elsewhere."""
+    from trio_backplane.store import MemoryStore
+
+    with pytest.raises(Error) as exc:
+        RunRecord.new("run\x00id")
+    assert exc.value.error_class is ErrorClass.VALIDATION
+    async with SQLiteStore(tmp_path / "runs.db") as store:
+        for current in (store, MemoryStore()):
+            for call in (
+                lambda s=current: s.load("run\x00id"),
+                lambda s=current: s.events("run\x00id"),
+                lambda s=current: s.fence("run\x00id", incarnation=2),
+            ):
+                with pytest.raises(Error) as exc:
+                    await call()
+                assert exc.value.error_class is ErrorClass.VALIDATION

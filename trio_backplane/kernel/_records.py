@@ -589,11 +589,13 @@ MAX_RUN_ID: Final = 256
 
 def check_run_id(value: Any) -> None:
     """``validation`` unless ``value`` is a run id: a non-empty str of at most
-    :data:`MAX_RUN_ID` characters (a record's, and every store call's)."""
-    if type(value) is not str or not value or len(value) > MAX_RUN_ID:
+    :data:`MAX_RUN_ID` characters, no NUL (PostgreSQL text holds none: one
+    store would refuse it as failed storage), valid Unicode (a record's, and
+    every store call's)."""
+    if type(value) is not str or not value or len(value) > MAX_RUN_ID or "\x00" in value:
         raise Error(
             ErrorClass.VALIDATION,
-            f"run_id must be a non-empty str of at most {MAX_RUN_ID} chars",
+            f"run_id must be a non-empty str of at most {MAX_RUN_ID} chars, without NUL",
             {"argument": "run_id", "type": type(value).__name__},
         )
     _text(value, "run_id")

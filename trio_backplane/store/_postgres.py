@@ -161,9 +161,12 @@ class _Flight:
             if self.cut:
                 _shut_down(conn)
 
-    def detach(self) -> None:
+    def detach(self) -> bool:
+        """Stop sharing the connection; whether a cut reached it first."""
         with self._lock:
+            reached = self.cut and self.conn is not None
             self.conn = None
+            return reached
 
     def interrupt(self) -> None:
         with self._lock:
@@ -236,10 +239,11 @@ class PostgresStore:
             or operation_timeout <= 0
         ):
             raise Error(ErrorClass.VALIDATION, "operation_timeout must be a positive number")
-        if schema is not None and not _SCHEMA_NAME.fullmatch(schema):
+        if schema is not None and (not _SCHEMA_NAME.fullmatch(schema) or schema.startswith("pg_")):
             raise Error(
                 ErrorClass.VALIDATION,
-                "schema must be a lower-case SQL identifier",
+                "schema must be a lower-case SQL identifier not starting with pg_"
+                " (PostgreSQL reserves those)",
                 {"schema": repr(schema)[:100]},
             )
         self._psycopg = _import_psycopg()
@@ -429,6 +433,10 @@ class PostgresStore:
         conn = self._psycopg.connect(self._dsn, autocommit=False, **options)
         if flight is not None:
             flight.attach(conn)
+        # Event times are double precision read back as text: every digit,
+        # whatever the server's, role's or database's default says.
+        conn.execute("SET extra_float_digits = 3")
+        conn.commit()
         if not self._rendered:
             self._render(conn)
         return conn
@@ -496,8 +504,11 @@ class PostgresStore:
                     conn.close()
             raise
         finally:
-            if flight is not None:
-                flight.detach()  # a late cut never reaches a pooled connection
+            # A late cut never reaches a pooled connection; one that came
+            # just before (its call had succeeded) shut its socket down:
+            # that connection is closed, never pooled for the next call.
+            if flight is not None and flight.detach():
+                conn.close()
             self._checkin(conn)
 
     def _transaction(self, body: Callable[[Any], _T]) -> _T:

@@ -107,6 +107,7 @@ def check_arguments(
         type(run_id) is str
         and 0 < len(run_id) <= MAX_RUN_ID
         and run_id.isascii()
+        and "\x00" not in run_id
         and (type(events) is tuple or type(events) is list)
         and type(incarnation) is int
         and 1 <= incarnation < MAX_INT
