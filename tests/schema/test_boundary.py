@@ -1900,3 +1900,47 @@ def test_sch_33_the_fanout_check_agrees_with_the_plain_reference(
         raise
     found = None if result.multiplies is None else result.multiplies[0]
     assert found == _reference_multiplies(result)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        # a decoy anchor beside a reference cycle: the engine took the cycle
+        {
+            "properties": {"p": {"$ref": "#x"}},
+            "$defs": {
+                "decoy": {"$anchor": "x", "type": "string"},
+                "real": {"$anchor": "x", "$ref": "#x"},
+            },
+        },
+        {
+            "$defs": {
+                "a": {"$id": "https://ex.test/x", "type": "string"},
+                "b": {"$id": "HTTPS://ex.test:443/x", "minimum": 1},
+            }
+        },
+        {"$defs": {"a": {"$dynamicAnchor": "n"}, "b": {"$anchor": "n"}}},
+    ],
+)
+def test_sch_50_sch_33_an_identifier_declared_twice_is_refused(schema: dict[str, Any]) -> None:
+    """SCH-50, SCH-33: two schemas declaring one identifier (an anchor, a
+    resource ``$id``, equal as the engine compares URIs) are refused: the
+    checks would analyse one and the engine evaluate the other, which hid a
+    reference cycle (every instance accepted) or a fan-out from every bound."""
+    with pytest.raises(Error) as exc:
+        validate_schema(schema)
+    assert refused(exc, ErrorClass.VALIDATION)["reason"] == "duplicate_identifier"
+
+
+def test_sch_50_one_identifier_in_two_resources_is_two_identifiers() -> None:
+    """The same anchor name in two resources (two ``$id``) is two anchors."""
+    schema = {
+        "$defs": {
+            "a": {"$id": "https://ex.test/a", "$anchor": "n", "type": "string"},
+            "b": {"$id": "https://ex.test/b", "$anchor": "n", "type": "integer"},
+        },
+        "properties": {"p": {"$ref": "https://ex.test/b#n"}},
+    }
+    assert validate(schema, {"p": 1}) == {"p": 1}
+    with pytest.raises(Error):
+        validate(schema, {"p": "s"})

@@ -198,6 +198,7 @@ class Preflight:
     """What preflight learnt: the engine's inputs and the analysis behind them."""
 
     __slots__ = (
+        "_declared",
         "_dialects",
         "_engine_docs",
         "_limits",
@@ -254,6 +255,8 @@ class Preflight:
         self.docs: list[Any] = []
         self.resources: dict[str, Location] = {}
         self.anchors: dict[str, Location] = {}
+        #: every resource URI and anchor declared, by ``_identity_key``
+        self._declared: dict[str, Location] = {}
         self.dynamic_anchors: dict[str, list[Location]] = {}
         self.bases: dict[Location, str] = {}
         self.edges: dict[Location, list[Location]] = {}
@@ -363,13 +366,16 @@ class Preflight:
             ident = node.get("$id")
             if type(ident) is str:
                 if dialect == "draft-07" and ident.startswith("#"):
+                    self._declare(base + ident, loc, path)
                     self.anchors[base + ident] = loc
                 else:
                     base = _uri.split_fragment(_uri.resolve(base, ident))[0]
+                    self._declare(base, loc, path)
                     self.resources.setdefault(base, loc)
             for key in ("$anchor", "$dynamicAnchor"):
                 name = node.get(key)
                 if type(name) is str:
+                    self._declare(f"{base}#{name}", loc, path)
                     self.anchors.setdefault(f"{base}#{name}", loc)
                     if key == "$dynamicAnchor":
                         self.dynamic_anchors.setdefault(name, []).append(loc)
@@ -968,6 +974,23 @@ class Preflight:
 
     # -- patterns --------------------------------------------------------
 
+    def _declare(self, identifier: str, loc: Location, path: Path) -> None:
+        """Refuse an identifier (a resource's ``$id``, an anchor) that two
+        schemas declare: preflight would check one of them and the engine
+        evaluate the other (a decoy beside a reference cycle, or beside a
+        fan-out, hid either from every bound).  URIs are compared as the
+        engine compares them: scheme and host in any case, default port or
+        none.  The 2020-12 core says such a schema SHOULD be refused."""
+        key = _identity_key(identifier)
+        first = self._declared.setdefault(key, loc)
+        if first != loc:
+            raise invalid(
+                "schema declares the same identifier twice",
+                reason="duplicate_identifier",
+                identifier=identifier,
+                path=_pointer(path),
+            )
+
     def _check_pattern(self, pattern: str, path: Path) -> str | None:
         """Refuse a pattern too long or not ECMA-262; the text the engine is
         to be given instead of it, if any (``_ecma.engine_pattern``)."""
@@ -1028,6 +1051,25 @@ class Preflight:
         for number, edits in self.patterns.items():
             for path, key, text in edits:
                 yield text, _at(self.docs[number], path)["pattern"] if key is None else key
+
+
+_DEFAULT_PORTS: Final = {"http": ":80", "https": ":443", "ws": ":80", "wss": ":443"}
+
+
+def _identity_key(identifier: str) -> str:
+    """``identifier`` as the engine tells identifiers apart: the scheme and
+    host lower-cased, a default port dropped (the path and fragment kept)."""
+    scheme, sep, rest = identifier.partition("://")
+    if not sep:
+        scheme, colon, rest = identifier.partition(":")
+        return f"{scheme.lower()}{colon}{rest}" if colon else identifier
+    scheme = scheme.lower()
+    authority, slash, tail = rest.partition("/")
+    authority = authority.lower()
+    port = _DEFAULT_PORTS.get(scheme)
+    if port is not None and authority.endswith(port):
+        authority = authority[: -len(port)]
+    return f"{scheme}://{authority}{slash}{tail}"
 
 
 def _at(doc: Any, path: Path) -> Any:
