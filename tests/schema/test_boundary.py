@@ -384,7 +384,8 @@ def test_sch_14_each_content_encoding_asserts(encoding: str) -> None:
 def test_sch_14_text_media_types_assert_utf8_after_decoding() -> None:
     """SCH-14: a ``text/*`` media type asserts that the (decoded) bytes are
     UTF-8 text; a JSON one with ``contentSchema`` checks the parsed value,
-    which must be JSON data (no NaN, within the input limits)."""
+    which must be JSON data (no NaN); past the input limits it is a limit
+    (SCH-30)."""
     text = {
         "properties": {
             "t": {"contentMediaType": "text/plain; charset=utf-8", "contentEncoding": "base64"}
@@ -403,10 +404,13 @@ def test_sch_14_text_media_types_assert_utf8_after_decoding() -> None:
         }
     }
     assert validate(json_doc, {"d": "[1, 2]"}, content_assertion=True) == {"d": "[1, 2]"}
-    for bad in ("[NaN]", "{}", "[" * 200 + "]" * 200):
+    for bad in ("[NaN]", "{}"):
         with pytest.raises(Error) as exc:
             validate(json_doc, {"d": bad}, content_assertion=True)
         refused(exc, ErrorClass.VALIDATION)
+    with pytest.raises(Error) as exc:  # past the input limits: a limit, never a mismatch
+        validate(json_doc, {"d": "[" * 200 + "]" * 200}, content_assertion=True)
+    assert refused(exc, ErrorClass.EXECUTION_FAILURE)["reason"] == "input_too_deep"
     # contentSchema applies only to a JSON media type: here it is an annotation
     plain = {
         "properties": {"c": {"contentMediaType": "text/csv", "contentSchema": {"type": "array"}}}
@@ -1944,3 +1948,31 @@ def test_sch_50_one_identifier_in_two_resources_is_two_identifiers() -> None:
     assert validate(schema, {"p": 1}) == {"p": 1}
     with pytest.raises(Error):
         validate(schema, {"p": "s"})
+
+
+@pytest.mark.parametrize(
+    ("sub", "text", "reason"),
+    [
+        ({"contentMediaType": "application/json"}, "[" * 200 + "]" * 200, "input_too_deep"),
+        (
+            {"contentMediaType": "application/json", "contentSchema": {"type": "array"}},
+            "[" * 200 + "]" * 200,
+            "input_too_deep",
+        ),
+        (
+            {"contentMediaType": "application/json", "contentSchema": {"maximum": 5}},
+            "-" + "9" * 5000,
+            "integer_too_large",
+        ),
+    ],
+)
+def test_sch_30_a_limit_inside_content_is_never_a_pass(sub: Any, text: str, reason: str) -> None:
+    """SCH-30, SCH-14: with ``content_assertion``, a limit hit inside decoded
+    content (too deep, too many digits) raises execution_failure whatever
+    the verdict: under ``not`` or ``oneOf`` it used to count as a mismatch,
+    and so as a pass."""
+    for wrap in (lambda c: {"not": c}, lambda c: {"oneOf": [c, {"type": "string"}]}, lambda c: c):
+        schema = {"type": "object", "properties": {"p": wrap(sub)}}
+        with pytest.raises(Error) as exc:
+            validate(schema, {"p": text}, content_assertion=True)
+        assert refused(exc, ErrorClass.EXECUTION_FAILURE)["reason"] == reason

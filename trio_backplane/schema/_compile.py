@@ -70,6 +70,14 @@ def _raise_input(violation: _instance.Violation, limits: Limits, role: str) -> N
     raise invalid(f"{role} are not JSON data: {detail}", reason="not_json", path=path)
 
 
+def _content_failure(noted: str | Error, written: _AsWritten | None = None) -> Error:
+    """What a content keyword noted beside the engine's verdict: a limit's
+    ``Error`` as it is, a regex failure's message as the work limit."""
+    if isinstance(noted, Error):
+        return noted
+    return _regex_work_limit(noted if written is None else written.message(noted))
+
+
 def _regex_work_limit(message: str) -> Error:
     return failure(
         "pattern matching exceeded the regex work limit",
@@ -144,7 +152,7 @@ class CompiledSchema:
         if self._content:
             noted = take_regex_failure()
             if noted is not None:
-                raise _regex_work_limit(noted)
+                raise _content_failure(noted)
         if valid:
             return arguments
         self._raise_mismatch(arguments)
@@ -171,7 +179,7 @@ class CompiledSchema:
             if self._content:
                 noted = take_regex_failure()
                 if noted is not None:
-                    raise _regex_work_limit(noted)
+                    raise _content_failure(noted)
             where, step, reason = self._multiplies
             raise invalid(
                 f"{what} do not match the schema",
@@ -193,7 +201,7 @@ class CompiledSchema:
             noted = take_regex_failure()
         written = self._written
         if noted is not None:
-            raise _regex_work_limit(noted if written is None else written.message(noted))
+            raise _content_failure(noted, written)
         entries = [
             {
                 "instance_path": _pointer(e.instance_path),

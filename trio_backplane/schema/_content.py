@@ -28,7 +28,8 @@ from typing import Any, Final
 
 import jsonschema_rs
 
-from ._errors import regex_failure, unsupported
+from ..errors import Error, ErrorClass
+from ._errors import limit_error, regex_failure, unsupported
 from ._instance import first_violation
 
 __all__ = [
@@ -51,11 +52,20 @@ def clear_regex_failure() -> None:
     _noted.message = None
 
 
-def take_regex_failure() -> str | None:
-    """The regex failure a ``contentSchema`` noted on this thread, if any; clears it."""
-    message: str | None = getattr(_noted, "message", None)
+def take_regex_failure() -> str | Error | None:
+    """The failure a content keyword noted on this thread, if any (a regex
+    failure's message, or a limit's ``Error``); clears it."""
+    message: str | Error | None = getattr(_noted, "message", None)
     _noted.message = None
     return message
+
+
+def _note_limit(error: Error) -> None:
+    """A limit hit inside decoded content: the engine sees a mismatch, which
+    ``not`` or ``oneOf`` would turn into a pass; the validation raises this
+    instead, whatever the verdict (SCH-30)."""
+    if getattr(_noted, "message", None) is None:
+        _noted.message = error
 
 
 _DECODERS: Final[dict[str, Callable[[str], bytes]]] = {
@@ -113,11 +123,41 @@ def _parsed(parent: dict[str, Any], instance: str) -> Any:
     data = _decoded(parent, instance)
     try:
         value = json.loads(data.decode("utf-8"), parse_constant=_refuse_constant)
-    except (ValueError, RecursionError) as exc:
+    except RecursionError as exc:
+        _note_limit(_too_deep())
         raise ValueError("content is not valid JSON") from exc
-    if first_violation(value, 128, 1_048_576) is not None:
+    except ValueError as exc:
+        if "integer string conversion" in str(exc):  # CPython's digit limit
+            _note_limit(_too_many_digits())
+        raise ValueError("content is not valid JSON") from exc
+    violation = first_violation(value, _CONTENT_DEPTH, _CONTENT_BYTES)
+    if violation is not None:
+        reason = violation[0]
+        if reason == "input_too_deep":
+            _note_limit(_too_deep())
+        elif reason == "input_too_large":
+            _note_limit(limit_error(reason, "max_input_bytes", _CONTENT_BYTES, role="content"))
+        elif reason == "integer_too_large":
+            _note_limit(_too_many_digits())
         raise ValueError("content is not JSON data within the input limits")
     return value
+
+
+#: The limits decoded content is held to.
+_CONTENT_DEPTH: Final = 128
+_CONTENT_BYTES: Final = 1_048_576
+
+
+def _too_deep() -> Error:
+    return limit_error("input_too_deep", "max_input_depth", _CONTENT_DEPTH, role="content")
+
+
+def _too_many_digits() -> Error:
+    return Error(
+        ErrorClass.EXECUTION_FAILURE,
+        "integer is too large to compare faithfully",
+        {"reason": "integer_too_large", "maximum": 4300, "role": "content"},
+    )
 
 
 class _ContentEncoding:
