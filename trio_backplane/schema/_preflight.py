@@ -210,6 +210,7 @@ class Preflight:
         "bases",
         "bounds_only",
         "children",
+        "collecting",
         "content_assertion",
         "docs",
         "dynamic_anchors",
@@ -266,6 +267,8 @@ class Preflight:
         self.children: dict[Location, tuple[Path, ...]] = {}
         #: schemas holding ``unevaluated*`` (``check_annotation_fanout``)
         self.annotating: set[Location] = set()
+        #: ... and those they hold in place without branching (``_collecting``)
+        self.collecting: set[Location] = set()
         self.targets: dict[Location, list[Location]] = {}
         self.refs: list[tuple[Location, str, str]] = []  # (where, keyword, reference)
         #: each reference's targets, by the schema holding it: a ``$dynamicRef``
@@ -705,8 +708,29 @@ class Preflight:
         branching child of a schema holding ``unevaluated*`` counted twice."""
         if not self.annotating:
             return
+        self.collecting = self._collecting()
         maximum = min(ANNOTATION_FANOUT, FANOUT_FACTOR * self._limits.max_subschemas)
         self._weigh(self._weighted, maximum, "annotation_fanout")
+
+    def _collecting(self) -> set[Location]:
+        """The schemas holding ``unevaluated*``, and the subschemas they hold
+        in place without branching (``allOf``, ``not``, ``dependentSchemas``,
+        and so on down): each is evaluated at the holder's instance location
+        as it collects annotations, so a branch under one is evaluated twice
+        as well.  (A branch wrapped in ``allOf`` escaped the doubling: 3x a
+        level.)  References are not followed: their targets are weighed
+        where they are."""
+        seen = set(self.annotating)
+        stack = list(seen)
+        while stack:
+            loc = stack.pop()
+            key = len(loc[1])
+            for edge in self.edges.get(loc, ()):
+                child = edge[0] == loc[0] and len(edge[1]) > key and edge[1][:key] == loc[1]
+                if child and edge[1][key] not in _BRANCHING and edge not in seen:
+                    seen.add(edge)
+                    stack.append(edge)
+        return seen
 
     def _weigh(
         self,
@@ -758,7 +782,7 @@ class Preflight:
     def _weighted(self, loc: Location) -> Iterator[tuple[Location, int]]:
         """What ``loc`` applies, each with its weight factor: 2 for a
         branching child of a schema holding ``unevaluated*``, else 1."""
-        doubled = loc in self.annotating
+        doubled = loc in self.collecting
         key = len(loc[1])
         for child in self._successors(loc):
             branching = child[0] == loc[0] and len(child[1]) > key and child[1][key] in _BRANCHING
