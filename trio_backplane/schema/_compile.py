@@ -223,57 +223,47 @@ class _AsWritten:
     """What the engine names (a schema path, a message), with the patterns
     it was given spelled out named as the schema writes them.
 
-    A path is followed through the schema: a ``patternProperties`` step is
-    the key whose spelled-out text it is, and a ``pattern`` error quotes
-    the schema's own pattern.  Where the path leaves the schema (into a
+    Preflight noted where each spelled-out pattern sits in the schema: a
+    ``patternProperties`` step is the key written at that place, and a
+    ``pattern`` error quotes the pattern written there.  Elsewhere (a
     referenced resource), a spelled-out text is named by the one pattern
     that gives it; a text two patterns give is left as the engine wrote it.
     """
 
-    __slots__ = ("_schema", "_texts")
+    __slots__ = ("_keys", "_patterns", "_texts")
 
-    def __init__(self, schema: Any, result: Preflight) -> None:
-        self._schema = schema
+    def __init__(self, result: Preflight) -> None:
+        #: in the schema itself (document 0), by the place of the node:
+        #: ``(node path, spelled-out key) -> key as written``, and
+        #: ``node path -> (spelled-out pattern, pattern as written)``
+        self._keys: dict[tuple[Path, str], str] = {}
+        self._patterns: dict[Path, tuple[str, str]] = {}
         texts: dict[str, str | None] = {}
-        for text, pattern in result.engine_texts():
-            texts[text] = pattern if texts.get(text, pattern) == pattern else None
+        for number, path, key, text, written in result.spelled_out():
+            texts[text] = written if texts.get(text, written) == written else None
+            if number == 0:
+                if key is None:
+                    self._patterns[path] = (text, written)
+                else:
+                    self._keys[(path, text)] = written
         self._texts = {text: pattern for text, pattern in texts.items() if pattern is not None}
 
     def entry(self, error: jsonschema_rs.ValidationError) -> dict[str, Any]:
         steps = list(error.schema_path)
-        node: Any = self._schema
-        followed = True
-        for i, named in enumerate(steps):
-            step = named
-            if followed and i and steps[i - 1] == "patternProperties" and type(step) is str:
-                step = steps[i] = self._key(node, step)
-            try:
-                node = node[step]
-            except (KeyError, IndexError, TypeError):
-                followed = False
-                if i and steps[i - 1] == "patternProperties" and type(step) is str:
-                    steps[i] = self._texts.get(step, step)
+        for i in range(1, len(steps)):
+            step = steps[i]
+            if steps[i - 1] == "patternProperties" and type(step) is str:
+                written = self._keys.get((tuple(steps[: i - 1]), step))
+                steps[i] = written if written is not None else self._texts.get(step, step)
         message = error.message
-        pattern = node if followed and steps and steps[-1] == "pattern" else None
-        if type(pattern) is str and (text := engine_pattern(pattern)) is not None:
-            message = message.replace(text, pattern)
-        else:
-            message = self.message(message)
+        spelled = self._patterns.get(tuple(steps[:-1])) if steps[-1:] == ["pattern"] else None
+        message = message.replace(*spelled) if spelled is not None else self.message(message)
         return {
             "instance_path": _pointer(error.instance_path),
             "schema_path": _pointer(steps),
             "keyword": error.kind.name,
             "message": message[:_MAX_MESSAGE],
         }
-
-    @staticmethod
-    def _key(node: Any, step: str) -> str:
-        """The key of ``node`` (a ``patternProperties`` map) the engine names ``step``."""
-        if isinstance(node, Mapping) and step not in node:
-            for key in node:
-                if engine_pattern(key) == step:
-                    return str(key)
-        return step
 
     def message(self, message: str) -> str:
         """``message`` with every spelled-out text one pattern gives named as written."""
@@ -486,7 +476,7 @@ def _build(
         allow_external_refs=options.allow_external_refs,
         content_assertion=options.content_assertion,
     )
-    written = _AsWritten(schema, result) if result.patterns else None
+    written = _AsWritten(result) if result.patterns else None
     validator = _engine(schema, options, result, written)
     return CompiledSchema(
         schema=schema,

@@ -1069,12 +1069,14 @@ class Preflight:
             }
         return self._engine_docs.get(id(doc), doc)
 
-    def engine_texts(self) -> Iterator[tuple[str, str]]:
-        """Every pattern the engine is given spelled out: ``(its text, the
-        schema's)`` (two patterns may give one text)."""
+    def spelled_out(self) -> Iterator[tuple[int, Path, str | None, str, str]]:
+        """Every pattern the engine is given spelled out: ``(document number,
+        path of its node, its patternProperties key or None, the engine's
+        text, the pattern as written)`` (two patterns may give one text)."""
         for number, edits in self.patterns.items():
             for path, key, text in edits:
-                yield text, _at(self.docs[number], path)["pattern"] if key is None else key
+                written = _at(self.docs[number], path)["pattern"] if key is None else key
+                yield number, path, key, text, written
 
 
 _DEFAULT_PORTS: Final = {"http": ":80", "https": ":443", "ws": ":80", "wss": ":443"}
