@@ -15,7 +15,7 @@ import jsonschema_rs
 
 from ..errors import Error
 from . import _instance
-from ._content import clear_regex_failure, content_keywords, take_regex_failure
+from ._content import clear_content_failure, content_keywords, take_content_failure
 from ._ecma import engine_pattern
 from ._errors import failure, invalid, limit_error, regex_failure, unsupported
 from ._instance import json_pointer as _pointer
@@ -143,14 +143,14 @@ class CompiledSchema:
                 _raise_input(violation, limits, self._role)
         try:
             if self._content:
-                clear_regex_failure()
+                clear_content_failure()
             valid = self._is_valid(arguments)
         except Exception as exc:  # the engine must never fail open or escape unclassed
             raise failure(
                 "schema validator failed", reason="engine_failure", cause=_cause(exc)
             ) from exc
         if self._content:
-            noted = take_regex_failure()
+            noted = take_content_failure()
             if noted is not None:
                 raise _content_failure(noted)
         if valid:
@@ -177,7 +177,7 @@ class CompiledSchema:
         what = "tool arguments" if self.root == "tool" else "structured content"
         if self._multiplies is not None:
             if self._content:
-                noted = take_regex_failure()
+                noted = take_content_failure()
                 if noted is not None:
                     raise _content_failure(noted)
             where, step, reason = self._multiplies
@@ -198,7 +198,7 @@ class CompiledSchema:
             ) from exc
         noted = regex_failure(collected)
         if noted is None and self._content:
-            noted = take_regex_failure()
+            noted = take_content_failure()
         written = self._written
         if noted is not None:
             raise _content_failure(noted, written)

@@ -35,9 +35,9 @@ from ._instance import first_violation
 __all__ = [
     "ContentSchemaResolver",
     "check_content_keywords",
-    "clear_regex_failure",
+    "clear_content_failure",
     "content_keywords",
-    "take_regex_failure",
+    "take_content_failure",
 ]
 
 #: ``(schema_path, value)`` of a ``contentSchema`` keyword -> a getter of its
@@ -47,12 +47,12 @@ ContentSchemaResolver = Callable[[list[str | int], Any], Callable[[], jsonschema
 _noted = threading.local()
 
 
-def clear_regex_failure() -> None:
-    """Forget a regex failure noted on this thread (before a validation)."""
+def clear_content_failure() -> None:
+    """Forget a failure a content keyword noted on this thread (before a validation)."""
     _noted.message = None
 
 
-def take_regex_failure() -> str | Error | None:
+def take_content_failure() -> str | Error | None:
     """The failure a content keyword noted on this thread, if any (a regex
     failure's message, or a limit's ``Error``); clears it."""
     message: str | Error | None = getattr(_noted, "message", None)
