@@ -12,12 +12,17 @@ promise, and the suite must fail on each:
   ``expected_revision`` overwrites the newer record.
 * ``TornFailureStore``: a failed commit leaves the record written without
   its events (a torn write).
+
+and subtler ones: a create that overwrites, sequences, identities, filters
+and pages of ``list_runs``, and data that does not come back exactly (text,
+numbers, times).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import struct
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
@@ -309,21 +314,81 @@ class LoadMissingReturnsFreshStore(FileStore):
         return RunRecord.new(run_id) if loaded is None else loaded
 
 
-def _ascii(value: Any) -> Any:
-    if isinstance(value, str):
-        return value.encode("ascii", "replace").decode()
+def _leaves(value: Any, change: Any) -> Any:
+    """``value`` with ``change`` applied to every leaf (and every key)."""
     if isinstance(value, dict):
-        return {_ascii(k): _ascii(v) for k, v in value.items()}
+        return {_leaves(k, change): _leaves(v, change) for k, v in value.items()}
     if isinstance(value, list):
-        return [_ascii(v) for v in value]
-    return value
+        return [_leaves(v, change) for v in value]
+    return change(value)
 
 
-class AsciiOnlyStore(FileStore):
-    """Broken: every non-ASCII character of the stored data becomes '?'."""
+class _LossyStore(FileStore):
+    """Broken: what it writes loses something (:meth:`_lose`, per leaf)."""
+
+    @staticmethod
+    def _lose(value: Any) -> Any:
+        raise NotImplementedError
 
     def _write(self, data: dict[str, Any]) -> None:
-        super()._write(_ascii(data))
+        super()._write(_leaves(data, self._lose))
+
+
+class AsciiOnlyStore(_LossyStore):
+    """Broken: every non-ASCII character of the stored data becomes '?'."""
+
+    @staticmethod
+    def _lose(value: Any) -> Any:
+        return value.encode("ascii", "replace").decode() if isinstance(value, str) else value
+
+
+class NulDroppingStore(_LossyStore):
+    """Broken: NUL characters vanish from stored text (a C-string backend)."""
+
+    @staticmethod
+    def _lose(value: Any) -> Any:
+        return value.replace("\x00", "") if isinstance(value, str) else value
+
+
+class ShortTextStore(_LossyStore):
+    """Broken: text is cut to 65,535 bytes of UTF-8 (a ``TEXT`` column of MySQL)."""
+
+    @staticmethod
+    def _lose(value: Any) -> Any:
+        if isinstance(value, str):
+            return value.encode()[:65_535].decode(errors="ignore")
+        return value
+
+
+class DoubleNumbersStore(_LossyStore):
+    """Broken: every number goes through a double (as JavaScript's JSON
+    does): integers past 2**53 round, huge ones become floats."""
+
+    @staticmethod
+    def _lose(value: Any) -> Any:
+        if type(value) is int:
+            double = float(value)
+            return int(double) if abs(double) < 2**63 else double
+        return value
+
+
+class SingleFloatsStore(_LossyStore):
+    """Broken: floats are kept in single precision (``0.1`` comes back
+    ``0.10000000149011612``)."""
+
+    @staticmethod
+    def _lose(value: Any) -> Any:
+        if type(value) is float and value != 0 and abs(value) < 3e38:
+            return struct.unpack("f", struct.pack("f", value))[0]
+        return value
+
+
+class WholeSecondEventsStore(FileStore):
+    """Broken: event times are kept in whole seconds."""
+
+    def _append(self, data: dict[str, Any], run_id: str, events: Any) -> None:
+        whole = [{**e, "occurred_at": float(int(e["occurred_at"]))} for e in events]
+        super()._append(data, run_id, whole)
 
 
 def _lossy(value: Any) -> Any:
@@ -331,10 +396,6 @@ def _lossy(value: Any) -> Any:
         return int(value)
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    if isinstance(value, dict):
-        return {k: _lossy(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_lossy(v) for v in value]
     return value
 
 
@@ -343,8 +404,15 @@ class BoolAsIntContextStore(FileStore):
     distinctions (``true`` comes back ``1``, ``1.0`` comes back ``1``)."""
 
     def _write(self, data: dict[str, Any]) -> None:
-        runs = {k: {**v, "context": _lossy(v["context"])} for k, v in data["runs"].items()}
+        runs = {k: {**v, "context": _leaves(v["context"], _lossy)} for k, v in data["runs"].items()}
         super()._write({**data, "runs": runs})
+
+
+class FirstPageStore(FileStore):
+    """Broken: ``list_runs`` returns the first 20 runs only (one page)."""
+
+    async def list_runs(self, *, states: Collection[str] | None = None) -> list[RunSummary]:
+        return (await super().list_runs(states=states))[:20]
 
 
 BROKEN_STORES: tuple[type[FileStore], ...] = (
@@ -361,4 +429,10 @@ BROKEN_STORES: tuple[type[FileStore], ...] = (
     LoadMissingReturnsFreshStore,
     AsciiOnlyStore,
     BoolAsIntContextStore,
+    NulDroppingStore,
+    ShortTextStore,
+    DoubleNumbersStore,
+    SingleFloatsStore,
+    WholeSecondEventsStore,
+    FirstPageStore,
 )

@@ -134,8 +134,10 @@ class _Run:
         return self.record.run_id
 
     def next(self, kind: str, **data: Any) -> tuple[RunRecord, list[RunEvent]]:
-        """The transition of ``kind`` from the current record (not committed)."""
-        return transition(self.record, Command(kind, at=float(next(self._clock)), input=data))
+        """The transition of ``kind`` from the current record (not committed),
+        at a time with a fraction (a store keeping whole seconds fails)."""
+        at = next(self._clock) + 0.375
+        return transition(self.record, Command(kind, at=at, input=data))
 
     async def commit_prepared(self, new: RunRecord, events: Sequence[RunEvent]) -> Receipt:
         expected = self.record.revision
@@ -870,9 +872,9 @@ class StoreConformance:
         await self._check(body)
 
     async def test_list_runs_filters(self) -> None:
-        """``list_runs`` lists every run unfiltered (terminal ones included),
-        none for an empty filter, and exactly the runs in any of the states
-        of a filter."""
+        """``list_runs`` lists every run unfiltered (terminal ones included,
+        and more runs than a page of a paginated backend), none for an empty
+        filter, and exactly the runs in any of the states of a filter."""
 
         async def body() -> None:
             store = await self._durable_store()
@@ -881,7 +883,8 @@ class StoreConformance:
             await done.apply("finish", status="completed")
             failed = await self._running(store, "listed-failed")
             await failed.apply("finish", status="failed")
-            ids = {r.run_id: r.record.state for r in (running, done, failed)}
+            created = [await self._new_run(store, f"listed-{n}") for n in range(_MANY_RUNS)]
+            ids = {r.run_id: r.record.state for r in (running, done, failed, *created)}
 
             def mine(summaries: Sequence[Any]) -> dict[str, str]:
                 return {s.run_id: s.state for s in summaries if s.run_id in ids}
@@ -893,15 +896,17 @@ class StoreConformance:
                 failed.run_id: "failed",
             }
             assert mine(await store.list_runs(states={"running"})) == {running.run_id: "running"}
+            assert len(mine(await store.list_runs(states={"queued"}))) == _MANY_RUNS
 
         await self._check(body)
 
     async def test_data_round_trips_exactly(self) -> None:
         """A store gives back exactly the JSON it was given: ``true`` stays
-        a boolean and ``1.0`` a float (``==`` alone would not tell),
-        fractional times keep their fraction, and non-ASCII and long text
-        survive, in the record and in the events, before and after a
-        restart."""
+        a boolean and ``1.0`` a float (``==`` alone would not tell), integers
+        past a double's 53 bits and past 64 bits stay exact, floats keep
+        every digit, fractional times keep their fraction, and non-ASCII
+        text, NUL characters and text longer than 64 KiB survive, in the
+        record and in the events, before and after a restart."""
 
         async def body() -> None:
             store = await self._durable_store()
@@ -909,7 +914,10 @@ class StoreConformance:
             await run.apply("admit", state="running", deadline=1_712_345_999.5)
             value = {
                 "flags": [True, False, 1, 1.0, 0.5, -0.0, 2**53],
+                "numbers": [2**53 + 1, -(2**63) - 1, 2**64 + 1, 0.1, 1e300, -2.5e-8, 5e-324],
                 "text": "héllo ✓ 🦀 " + "long " * 200,
+                "nul": "a\x00b\x00",
+                "long": "é" * 40_000 + "✓" * 30_000,  # 70,000 characters, 170,000 bytes
                 "nested": {"ü": [None, {"k": "v"}]},
             }
             await run.apply("conversation_updated", conversation=value)
@@ -925,6 +933,10 @@ class StoreConformance:
                 ], "the stored events' JSON differs from the committed ones'"
 
         await self._check(body)
+
+
+#: Runs ``test_list_runs_filters`` creates beyond its three: more than a page.
+_MANY_RUNS = 30
 
 
 def _expect_any_error() -> _Raises:
