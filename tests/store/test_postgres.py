@@ -1203,3 +1203,29 @@ async def test_sto_06_damaged_rows_are_storage_failed_naming_the_run(
     assert raised.value.error_class is ErrorClass.STORAGE_FAILED
     assert raised.value.details["run_id"] == bad.run_id
     assert await reader.load(good.run_id) == good
+
+
+async def test_sto_nul_in_an_event_type_or_a_part_key_is_validation(
+    pg_store_factory: StoreFactory, tmp_path: Any
+) -> None:
+    """An event type or a key of the record's growing maps holding NUL is
+    the caller's mistake (``validation``), on PostgreSQL (whose text holds no
+    NUL: it was ``storage_failed`` there) as on SQLite, and nothing is
+    written: the run commits on afterwards."""
+    from trio_backplane.store import SQLiteStore
+
+    async with SQLiteStore(tmp_path / "runs.db") as sqlite:
+        for store in (pg_store_factory(), sqlite):
+            record = RunRecord.new(_run_id())
+            await store.create(record)
+            new, events = _step(record, "admit", state="running", deadline=1e9)
+            bad_event = [RunEvent(type="run.a\x00b", occurred_at=1.0, payload={})]
+            bad_key = attrs.evolve(new, tool_results={"invocation\x00": {"content": []}})
+            for record_, events_ in ((new, bad_event), (bad_key, events)):
+                await _raises(ErrorClass.VALIDATION, _commit(store, record, record_, events_))
+            with pytest.raises(Error) as exc:
+                await store.create(attrs.evolve(record, run_id=_run_id(), intents={"\x00": {}}))
+            assert exc.value.error_class is ErrorClass.VALIDATION
+            assert await store.load(record.run_id) == record
+            await _commit(store, record, new, events)
+            assert await store.load(record.run_id) == new

@@ -617,6 +617,16 @@ def diff(old: Entry, record: RunRecord) -> tuple[Entry, Upserts, Deletes]:
     )
     _diff_messages(old.messages, messages, upserts, deletes)
     _diff_messages(old.usage, usage, upserts, deletes, USAGE)
+    for part, key, _ in upserts:
+        if "\x00" in key:
+            # A key is a column of its row, and PostgreSQL text holds no NUL:
+            # refused as the caller's mistake on every SQL store, never
+            # storage_failed on one of them.
+            raise Error(
+                ErrorClass.VALIDATION,
+                "a key of the record's intents, tool results or reservations holds NUL",
+                {"part": part, "key": key.replace("\x00", "\\x00")[:200]},
+            )
     return entry, upserts, deletes
 
 

@@ -262,9 +262,10 @@ def check_commit(
                 "event time must be a finite number (an int below 2**63 in magnitude)",
             )
         kind = event.type
-        if type(kind) is not str or not kind.isascii():
-            if type(kind) is not str:
-                raise Error(ErrorClass.VALIDATION, "event type must be a str")
+        if type(kind) is not str or not kind.isascii() or "\x00" in kind:
+            if type(kind) is not str or "\x00" in kind:
+                # (PostgreSQL text holds no NUL: never storage_failed there)
+                raise Error(ErrorClass.VALIDATION, "event type must be a str without NUL")
             check_json(kind, "event type")  # Unicode text only (no lone surrogate)
 
 
