@@ -47,7 +47,7 @@ def _step(record: RunRecord, kind: str, at: float = 1.0, **data: Any) -> Any:
 
 
 async def _commit(
-    store: PostgresStore, record: RunRecord, new: RunRecord, events: list[RunEvent]
+    store: Store, record: RunRecord, new: RunRecord, events: list[RunEvent]
 ) -> Receipt:
     return await store.commit(
         record.run_id,
@@ -1229,3 +1229,49 @@ async def test_sto_nul_in_an_event_type_or_a_part_key_is_validation(
             assert await store.load(record.run_id) == record
             await _commit(store, record, new, events)
             assert await store.load(record.run_id) == new
+
+
+async def test_sto_a_role_with_only_row_privileges_uses_existing_tables(
+    pg_dsn: str, pg_store_factory: StoreFactory, pg_schema: str
+) -> None:
+    """A host whose role may read and write the tables but create nothing
+    (tables made by a migration or an owner role) opens the store and
+    commits: the store creates its tables only when they are missing."""
+    import psycopg
+    from psycopg import sql
+
+    owner = pg_store_factory()
+    record = RunRecord.new(_run_id())
+    await owner.create(record)  # lays the tables out, as their owner
+    role = f"app_{uuid.uuid4().hex[:12]}"
+    ident = sql.Identifier
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(ident(role)))
+        conn.execute(
+            sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(ident(pg_schema), ident(role))
+        )
+        conn.execute(
+            sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {} TO {}").format(
+                ident(pg_schema), ident(role)
+            )
+        )
+    as_role = psycopg.conninfo.make_conninfo(pg_dsn, user=role)
+    try:
+        async with PostgresStore(as_role, schema=pg_schema) as host:
+            loaded = await host.load(record.run_id)
+            assert loaded == record
+            new, events = _step(record, "admit", state="running", deadline=1e9)
+            await _commit(host, record, new, events)
+            other = RunRecord.new(_run_id())
+            await host.create(other)
+            assert {s.run_id for s in await host.list_runs()} == {record.run_id, other.run_id}
+        # ... and still cannot create anything: the privileges were minimal.
+        with (
+            psycopg.connect(as_role) as conn,
+            pytest.raises(psycopg.errors.InsufficientPrivilege),
+        ):
+            conn.execute(sql.SQL("CREATE TABLE {}.x (a int)").format(ident(pg_schema)))
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(ident(role)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(ident(role)))

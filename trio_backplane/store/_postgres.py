@@ -406,6 +406,16 @@ class PostgresStore:
             statements["schema"] = sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
                 sql.Identifier(self._schema)
             )
+        # Whether every table exists, found as the statements find them (in
+        # the schema, or along the search path): quoted as identifiers.
+        quoted = [
+            ".".join('"' + part + '"' for part in (self._schema, name) if part is not None)
+            for name in ("runs", "run_parts", "run_events")
+        ]
+        statements["laid_out"] = sql.SQL(
+            "SELECT to_regclass({}) IS NOT NULL AND to_regclass({}) IS NOT NULL"
+            " AND to_regclass({}) IS NOT NULL"
+        ).format(*map(sql.Literal, quoted))
         return statements
 
     # -- connections and errors (worker threads) ---------------------------------
@@ -589,6 +599,12 @@ class PostgresStore:
                     self._ready = True
 
     def _create_schema(self, conn: Any) -> None:
+        # Tables made already (by a migration, another host or an earlier
+        # run) are used as they are: CREATE ... IF NOT EXISTS needs the CREATE
+        # privilege even when nothing is to be made, and a host's role may
+        # well have only SELECT, INSERT, UPDATE and DELETE on them.
+        if conn.execute(self._sql["laid_out"]).fetchone()[0]:
+            return
         # CREATE ... IF NOT EXISTS races with itself in PostgreSQL (a unique
         # violation in the catalog): serialise schema creation across hosts.
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (0x7472696F,))
