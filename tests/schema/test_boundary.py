@@ -381,6 +381,37 @@ def test_sch_14_each_content_encoding_asserts(encoding: str) -> None:
     assert validate(schema, {"blob": 7}, content_assertion=True) == {"blob": 7}
 
 
+def test_sch_30_decoded_content_is_held_to_the_schemas_instance_limits() -> None:
+    """SCH-30, SCH-32: JSON content decoded for ``contentSchema`` is held to
+    the same ``max_input_depth`` as the arguments, as the host configured it
+    (not to a fixed bound): a limit, never a mismatch, and content within a
+    raised limit is checked, not refused.  (Its size is bounded too, but
+    decoded content is never larger than the arguments holding it.)"""
+    schema = {
+        "properties": {
+            "d": {
+                "contentMediaType": "application/json",
+                "contentSchema": {"not": {"type": "string"}},
+            }
+        }
+    }
+
+    def options(**limits: int) -> dict[str, Any]:
+        return {"content_assertion": True, "limits": attrs.evolve(Limits(), **limits)}
+
+    deep = json.dumps(_deep_list(150))  # 150 levels: past the default 128
+    raised = options(max_input_depth=400)
+    assert validate(schema, {"d": deep}, **raised) == {"d": deep}
+    with pytest.raises(Error) as exc:
+        validate(schema, {"d": json.dumps(_deep_list(20))}, **options(max_input_depth=10))
+    assert refused(exc, ErrorClass.EXECUTION_FAILURE) == {
+        "reason": "input_too_deep",
+        "limit": "max_input_depth",
+        "maximum": 10,
+        "role": "content",
+    }
+
+
 def test_sch_14_text_media_types_assert_utf8_after_decoding() -> None:
     """SCH-14: a ``text/*`` media type asserts that the (decoded) bytes are
     UTF-8 text; a JSON one with ``contentSchema`` checks the parsed value,

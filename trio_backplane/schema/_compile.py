@@ -477,7 +477,7 @@ def _build(
         content_assertion=options.content_assertion,
     )
     written = _AsWritten(result) if result.patterns else None
-    validator = _engine(schema, options, result, written)
+    validator = _engine(schema, options, limits, result, written)
     return CompiledSchema(
         schema=schema,
         fingerprint=key,
@@ -494,7 +494,11 @@ def _build(
 
 
 def _engine(
-    schema: Any, options: SchemaOptions, result: Preflight, written: _AsWritten | None = None
+    schema: Any,
+    options: SchemaOptions,
+    limits: Limits,
+    result: Preflight,
+    written: _AsWritten | None = None,
 ) -> jsonschema_rs.Validator:
     kwargs: dict[str, Any] = {
         "offline": True,  # never fetch (SCH-20): every resource is in the registry
@@ -511,7 +515,10 @@ def _engine(
     content = None
     if options.content_assertion:
         content = _ContentSchemas(schema, external, result, kwargs, written)
-        kwargs["keywords"] = content_keywords(content.resolve, content.written)
+        # decoded content is held to the instance limits (its own nesting and size)
+        kwargs["keywords"] = content_keywords(
+            content.resolve, content.written, limits.max_input_depth, limits.max_input_bytes
+        )
     if external:
         kwargs["registry"] = jsonschema_rs.Registry(list(external.items()))
     if result.root_dialect == "draft-07":
@@ -633,8 +640,7 @@ class _ContentSchemas:
                 **self._kwargs,
                 "base_uri": _CONTENT_BASE,
                 "registry": jsonschema_rs.Registry(resources),
-                "keywords": content_keywords(self.resolve, self.written),
-            }
+            }  # the same content keywords: ``kwargs["keywords"]`` of _engine
         return self._kwargs
 
     def _index(self) -> dict[tuple[str | int, ...], list[tuple[Location, Path]]]:

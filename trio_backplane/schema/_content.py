@@ -26,6 +26,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Final
 
+import attrs
 import jsonschema_rs
 
 from ..errors import Error, ErrorClass
@@ -119,37 +120,40 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _parsed(parent: dict[str, Any], instance: str) -> Any:
-    data = _decoded(parent, instance)
+@attrs.frozen
+class _Bounds:
+    """The limits decoded content is held to: the instance limits of the
+    schema's ``Limits`` (``max_input_depth``, ``max_input_bytes``)."""
+
+    depth: int
+    size: int
+
+    def too_deep(self) -> Error:
+        return limit_error("input_too_deep", "max_input_depth", self.depth, role="content")
+
+
+def _parsed(parent: dict[str, Any], instance: str, bounds: _Bounds) -> Any:
+    data = _decoded(parent, instance)  # no larger than the arguments holding it
     try:
         value = json.loads(data.decode("utf-8"), parse_constant=_refuse_constant)
     except RecursionError as exc:
-        _note_limit(_too_deep())
+        _note_limit(bounds.too_deep())
         raise ValueError("content is not valid JSON") from exc
     except ValueError as exc:
         if "integer string conversion" in str(exc):  # CPython's digit limit
             _note_limit(_too_many_digits())
         raise ValueError("content is not valid JSON") from exc
-    violation = first_violation(value, _CONTENT_DEPTH, _CONTENT_BYTES)
+    violation = first_violation(value, bounds.depth, bounds.size)
     if violation is not None:
         reason = violation[0]
         if reason == "input_too_deep":
-            _note_limit(_too_deep())
+            _note_limit(bounds.too_deep())
         elif reason == "input_too_large":
-            _note_limit(limit_error(reason, "max_input_bytes", _CONTENT_BYTES, role="content"))
+            _note_limit(limit_error(reason, "max_input_bytes", bounds.size, role="content"))
         elif reason == "integer_too_large":
             _note_limit(_too_many_digits())
         raise ValueError("content is not JSON data within the input limits")
     return value
-
-
-#: The limits decoded content is held to.
-_CONTENT_DEPTH: Final = 128
-_CONTENT_BYTES: Final = 1_048_576
-
-
-def _too_deep() -> Error:
-    return limit_error("input_too_deep", "max_input_depth", _CONTENT_DEPTH, role="content")
 
 
 def _too_many_digits() -> Error:
@@ -170,7 +174,10 @@ class _ContentEncoding:
 
 
 class _ContentMediaType:
-    def __init__(self, parent: dict[str, Any], value: Any, schema_path: list[str | int]) -> None:
+    def __init__(
+        self, bounds: _Bounds, parent: dict[str, Any], value: Any, schema_path: list[str | int]
+    ) -> None:
+        self.bounds = bounds
         self.parent = parent
         self.media_type = value if type(value) is str else ""
 
@@ -178,7 +185,7 @@ class _ContentMediaType:
         if type(instance) is not str:
             return
         if _is_json_media_type(self.media_type):
-            _parsed(self.parent, instance)
+            _parsed(self.parent, instance, self.bounds)
         else:
             try:
                 _decoded(self.parent, instance).decode("utf-8")
@@ -187,14 +194,16 @@ class _ContentMediaType:
 
 
 class _ContentSchema:
-    def __init__(
+    def __init__(  # noqa: PLR0917 - the engine's three, after what the compilation binds
         self,
         resolve: ContentSchemaResolver,
         written: Callable[[str], str] | None,
+        bounds: _Bounds,
         parent: dict[str, Any],
         value: Any,
         schema_path: list[str | int],
     ) -> None:
+        self.bounds = bounds
         self.parent = parent
         self.written = written
         media_type = parent.get("contentMediaType")
@@ -204,7 +213,7 @@ class _ContentSchema:
     def validate(self, instance: Any) -> None:
         if self.validator is None or type(instance) is not str:
             return
-        value = _parsed(self.parent, instance)
+        value = _parsed(self.parent, instance, self.bounds)
         validator = self.validator()
         if validator.is_valid(value):
             return
@@ -220,13 +229,18 @@ class _ContentSchema:
 
 
 def content_keywords(
-    resolve: ContentSchemaResolver, written: Callable[[str], str] | None = None
+    resolve: ContentSchemaResolver,
+    written: Callable[[str], str] | None,
+    max_depth: int,
+    max_bytes: int,
 ) -> dict[str, Any]:
     """The engine's ``keywords=`` for ``content_assertion=True``; ``written``
     names in a message the patterns the engine was given spelled out as the
-    schema writes them."""
+    schema writes them; decoded content is held to ``max_depth`` nesting and
+    ``max_bytes`` bytes (the schema's instance limits)."""
+    bounds = _Bounds(max_depth, max_bytes)
     return {
         "contentEncoding": _ContentEncoding,
-        "contentMediaType": _ContentMediaType,
-        "contentSchema": functools.partial(_ContentSchema, resolve, written),
+        "contentMediaType": functools.partial(_ContentMediaType, bounds),
+        "contentSchema": functools.partial(_ContentSchema, resolve, written, bounds),
     }
