@@ -328,6 +328,34 @@ def test_cat_13_provider_tool_compares_as_json_not_python(declared: Any, supplie
     assert admit(registry, tools=[ProviderTool("a", "", reordered)]).accepted == ("a",)
 
 
+class _Unreadable(dict):  # type: ignore[type-arg]
+    """A host's mapping that fails when read."""
+
+    def items(self) -> Any:
+        raise RuntimeError("mapping cannot be read")
+
+    def keys(self) -> Any:
+        raise RuntimeError("mapping cannot be read")
+
+    def __iter__(self) -> Any:
+        raise RuntimeError("mapping cannot be read")
+
+
+def test_cat_13_a_mapping_failing_when_read_is_classed_with_supplied_tools() -> None:
+    """CAT-13, CAT-05: a schema, or supplied parameters, that fail when read
+    are a classed error with provider tools supplied too (as without them),
+    never a raw exception out of the JSON comparison."""
+    broken = ToolRegistry([tool("a", _Unreadable(type="object"))])
+    good = ToolRegistry([tool("a", good_schema())])
+    for registry, supplied, error_class in (
+        (broken, ProviderTool("a", "", good_schema()), ErrorClass.VALIDATION),  # not JSON data
+        (good, ProviderTool("a", "", _Unreadable(type="object")), ErrorClass.RESOURCE_CONFLICT),
+    ):
+        with pytest.raises(Error) as info:
+            admit(registry, tools=[supplied])
+        assert info.value.error_class is error_class, info.value
+
+
 def live_catalog() -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = json.loads(
         (FIXTURES / "issue_46_live_catalog.json").read_text("utf-8")

@@ -112,7 +112,7 @@ def _json_text(value: Any) -> str | None:
     """
     try:
         return _canonical(value)
-    except (TypeError, ValueError, RecursionError):
+    except Exception:  # not JSON data, or a mapping that fails when read
         return None
 
 
