@@ -765,6 +765,79 @@ async def test_pub_18_nested_or_outer_failure_discards(
     assert finished.snapshot.receipts == ()
 
 
+async def test_pub_18_a_failing_nested_call_keeps_its_callers_staging(
+    autojump_clock: MockClock,
+) -> None:
+    """PUB-18, NEST-05: a tool stages through its own context while a nested
+    call it made is running; the nested call fails (an error result the
+    outer tool handles) and the outer tool succeeds.  The outer tool is the
+    producer: its staging is published; the nested call is not among those
+    whose failure discards it."""
+    pub = publication("pub-2", new_catalog())
+    log: dict[str, Any] = {}
+
+    async def inner(operation: Any) -> ToolResult:
+        await trio.sleep(1)
+        return ToolResult("inner said no", is_error=True)
+
+    async def outer(operation: Any) -> ToolResult:
+        async with trio.open_nursery() as nursery:
+
+            async def stage_meanwhile() -> None:
+                await trio.sleep(0.5)  # while the nested call executes
+                log["receipt"] = operation.context.stage_catalog(pub)
+
+            nursery.start_soon(stage_meanwhile)
+            result = await operation.context.nested_dispatch("inner", {})
+        log["inner failed"] = result.is_error
+        return ToolResult("outer ok")
+
+    tools = [*base_tools(outer), make_tool("inner", RecordingBackend(inner), read_only=True)]
+    provider = SP([SP.tool_calls(("c1", "discover", {})), SP.text("done")])
+    finished, _ = await run_with_host(provider, tools)
+    assert log["inner failed"] is True
+    assert log["receipt"].status == "staged"
+    assert [r.catalog_revision for r in provider.requests] == [1, 2]
+    assert [(r.publication_id, r.status) for r in finished.snapshot.receipts] == [
+        ("pub-2", "published")
+    ]
+
+
+async def test_pub_14_a_discarded_staging_costs_no_older_receipt(
+    autojump_clock: MockClock,
+) -> None:
+    """PUB-14, PUB-09, PUB-06: after 16 publications a 17th staging whose
+    producer fails is discarded; the 16 published receipts are all still
+    kept, and re-staging the oldest one returns its receipt."""
+    seen: dict[str, Any] = {}
+
+    async def discover(operation: Any) -> ToolResult:
+        n = operation.catalog_revision
+        if n <= 16:
+            operation.context.stage_catalog(publication(f"pub-{n}", tools, expected_revision=n))
+            return ToolResult(f"revision {n}")
+        if "failed" not in seen:
+            seen["failed"] = operation.context.stage_catalog(
+                publication("pub-doomed", tools, expected_revision=n)
+            )
+            seen["while staged"] = len(operation.context._conversation.status().receipts)
+            return ToolResult("discovery failed", is_error=True)
+        seen["again"] = operation.context.stage_catalog(
+            publication("pub-1", tools, expected_revision=1)
+        )
+        return ToolResult("done")
+
+    tools = base_tools(discover)
+    provider = SP([*(SP.tool_calls((f"c{i}", "discover", {})) for i in range(18)), SP.text("done")])
+    finished, _ = await run_with_host(provider, tools)
+    assert seen["failed"].status == "staged"
+    assert seen["while staged"] == 16  # the pending one and the 15 newest, at most 16 shown
+    assert (seen["again"].publication_id, seen["again"].status) == ("pub-1", "published")
+    receipts = finished.snapshot.receipts
+    assert [r.publication_id for r in receipts] == [f"pub-{n}" for n in range(16, 0, -1)]
+    assert finished.snapshot.catalog_revision == 17
+
+
 def _tool_message_commit(kind: str, record: Any) -> bool:
     messages = (record.conversation or {}).get("messages", ())
     return kind == "conversation_updated" and any(m.get("role") == "tool" for m in messages)

@@ -10,6 +10,7 @@ catalog.  Receipts are idempotent per publication id; the last 16 are kept.
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 from collections.abc import Mapping
 from typing import Any, Final
@@ -54,7 +55,7 @@ def _json_text(value: Any) -> Any:
     JSON data (compared as it is)."""
     try:
         return _canonical(value)
-    except (TypeError, ValueError, RecursionError):
+    except Exception:  # not JSON data, or a mapping that fails when read
         return value
 
 
@@ -128,13 +129,18 @@ class CatalogState:
     @property
     def receipts(self) -> tuple[PublicationReceipt, ...]:
         """Newest first, at most 16 (PUB-14, PUB-17)."""
-        return tuple(receipt for _, receipt in reversed(self._receipts.values()))
+        newest = reversed(self._receipts.values())
+        return tuple(receipt for _, receipt in itertools.islice(newest, MAX_RECEIPTS))
 
     def _remember(self, publication: Publication, receipt: PublicationReceipt) -> None:
+        """Keep ``receipt``.  The oldest go only once a publication takes
+        effect: a staging that is discarded never costs an older receipt
+        (while one is pending, 17 may be kept, 16 shown)."""
         self._receipts[publication.publication_id] = (publication, receipt)
         self._receipts.move_to_end(publication.publication_id)
-        while len(self._receipts) > MAX_RECEIPTS:
-            self._receipts.popitem(last=False)
+        if receipt.status != "staged":
+            while len(self._receipts) > MAX_RECEIPTS:
+                self._receipts.popitem(last=False)
 
     def _check_continuity(self, registry: Any, authority: Any) -> None:
         """A published catalog acts for the run's caller (once one is set,

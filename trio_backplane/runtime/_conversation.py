@@ -476,9 +476,16 @@ class Conversation:
         self._require_own_run()
         return self._stage(publication)
 
-    def _stage(self, publication: Any) -> PublicationReceipt:
+    def _stage(self, publication: Any, producer: str | None = None) -> PublicationReceipt:
+        """Stage for ``producer`` (a tool's own context) and the tools that
+        enclose it, or for every executing invocation (innermost last).  A
+        nested call the producer made is not among them: its failure is the
+        producer's to handle (NEST-05), not a reason to discard (PUB-18)."""
         if not self._executing or self._stop_reason is not None:
             raise Error(ErrorClass.RESOURCE_CONFLICT, "staging requires an executing tool")
+        producers = list(self._executing)
+        if producer in producers:
+            del producers[producers.index(producer) + 1 :]
         if self._pending is not None:
             raise Error(
                 ErrorClass.RESOURCE_CONFLICT, "staging is not allowed during an interaction wait"
@@ -487,7 +494,7 @@ class Conversation:
             publication,
             run_id=self.run_id,
             incarnation=self._record.incarnation,
-            producers=list(self._executing),
+            producers=producers,
         )
 
     def _suspend_deadlines(self) -> None:

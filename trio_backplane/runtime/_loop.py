@@ -147,7 +147,7 @@ class ToolContext:
         self._conversation._require_own_run()
         if not self._live:
             raise Error(ErrorClass.RESOURCE_CONFLICT, "staging requires an executing tool")
-        return self._conversation._stage(publication)
+        return self._conversation._stage(publication, self._invocation_id)
 
     async def nested_dispatch(self, tool_name: str, arguments: Any) -> ToolResult:
         """Run another tool from this one: one at a time, never itself, never an
