@@ -807,6 +807,24 @@ def test_tool_21_a_hand_built_rejection_is_held_to_reject_s_rule(error: Any) -> 
     assert settlement(proof, descriptor, _identity()) == "settled"
 
 
+@pytest.mark.parametrize(
+    "identity",
+    [{}, {"run_id": "r"}, {"tool_name": "t", "invocation_id": "i"}, "drop-one"],
+    ids=["empty", "run-only", "two-fields", "all-but-one"],
+)
+def test_tool_21_a_hand_built_rejection_missing_identity_fields_is_no_proof(
+    identity: Any,
+) -> None:
+    """TOOL-21: a hand-built ``Rejection`` whose identity lacks fields
+    (``reject`` refuses such an operation) is uncertain for a mutating tool
+    in the two-argument form too, not settled."""
+    if identity == "drop-one":
+        identity = {k: v for k, v in _identity().items() if k != "turn_id"}
+    descriptor = make_tool("t", RecordingBackend())
+    rejection = Rejection(identity=identity, error=Error(ErrorClass.FORBIDDEN, "refused"))
+    assert settlement(rejection, descriptor) == "uncertain"
+
+
 @pytest.mark.parametrize("checkpoint", [False, True])
 async def test_tool_22_rejection_after_cancel_cannot_complete_the_run(
     autojump_clock: MockClock, checkpoint: bool

@@ -79,7 +79,10 @@ def _identity(operation: Any) -> dict[str, Any]:
 
 
 def _complete(identity: Mapping[str, Any]) -> bool:
-    for name, value in identity.items():
+    """Every identity field present and well formed (a field missing from a
+    hand-built identity makes it incomplete, as an empty one does)."""
+    for name in IDENTITY_FIELDS:
+        value = identity.get(name)
         if name in _POSITIVE:
             if type(value) is not int or value < 1:
                 return False
