@@ -189,12 +189,12 @@ async def test_wrong_arguments_are_refused_before_any_io(tmp_path: Path) -> None
     assert not path.exists()
 
 
-@pytest.mark.parametrize("argument", ["store", "provider", "context", "run"])
+@pytest.mark.parametrize("argument", ["store", "provider", "context", "provider_context", "run"])
 async def test_open_conversation_checks_what_it_is_given(argument: str) -> None:
     """``open_conversation`` refuses a store without create/commit, a provider
-    without stream, a context that is not a mapping and a run that is not a
-    RunRecord with ``validation`` naming the argument, before calling the
-    store or the provider."""
+    without stream, a context or provider context that is not a mapping and
+    a run that is not a RunRecord with ``validation`` naming the argument,
+    before calling the store or the provider."""
     for wrong in [5, "x", object(), [], ("a",)]:
         store = tb.MemoryStore()
         provider = tb.ScriptedProvider([tb.ScriptedProvider.text("never")])

@@ -174,14 +174,22 @@ def _check_content(content: Any) -> Any:
 
 
 def _check_inputs(
-    store: Any, provider: Any, *, hooks: Any, context: Any, run: Any, messages: Any
+    store: Any,
+    provider: Any,
+    *,
+    hooks: Any,
+    context: Any,
+    provider_context: Any,
+    run: Any,
+    messages: Any,
 ) -> list[Any] | None:
     """What ``open_conversation`` is given to work with, checked before it
     calls anything: a store with ``create`` and ``commit``, a provider with
     ``stream``, hooks whose ``prompt``/``stop`` (when present) are callables,
     a mapping (or ``None``) as context without the reserved ``conversation``
-    key, a ``RunRecord`` (or ``None``) as the stored run, and ``run`` or
-    ``messages``, not both.  Returns the checked messages."""
+    key, a mapping (or ``None``) as the provider context, a ``RunRecord``
+    (or ``None``) as the stored run, and ``run`` or ``messages``, not both.
+    Returns the checked messages."""
     require_methods(store, "store", ("create", "commit"))
     require_methods(provider, "provider", ("stream",))
     for name in ("prompt", "stop"):
@@ -192,12 +200,13 @@ def _check_inputs(
                 f"hooks.{name} must be an async callable",
                 {"argument": "hooks", "hook": name, "type": type(hook).__name__},
             )
-    if context is not None and not isinstance(context, Mapping):
-        raise Error(
-            ErrorClass.VALIDATION,
-            "context must be a mapping or None",
-            {"argument": "context", "type": type(context).__name__},
-        )
+    for name, value in (("context", context), ("provider_context", provider_context)):
+        if value is not None and not isinstance(value, Mapping):
+            raise Error(
+                ErrorClass.VALIDATION,
+                f"{name} must be a mapping or None",
+                {"argument": name, "type": type(value).__name__},
+            )
     if context is not None and "conversation" in context:
         raise Error(ErrorClass.VALIDATION, "context key 'conversation' is reserved")
     if run is not None and not isinstance(run, RunRecord):
@@ -1088,7 +1097,15 @@ async def open_conversation(
             f"run id {HOST_RESOLVER!r} is reserved: it names the host resolving approvals",
             {"reason": "reserved_run_id"},
         )
-    prior = _check_inputs(store, provider, hooks=hooks, context=context, run=run, messages=messages)
+    prior = _check_inputs(
+        store,
+        provider,
+        hooks=hooks,
+        context=context,
+        provider_context=provider_context,
+        run=run,
+        messages=messages,
+    )
     bundle = admit_batch(
         registry if registry is not None else ToolRegistry(()),
         authority if authority is not None else Authority(run_id=run_id),
