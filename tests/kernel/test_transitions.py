@@ -931,14 +931,16 @@ def test_final_provider_outcome_must_be_a_mapping(outcome: object) -> None:
     assert (done.state, done.outcome) == ("completed", {"n": 1, "status": "completed"})
 
 
-@pytest.mark.parametrize("at", [2**63, -(2**63), 10**400, True, float("nan")], ids=repr)
+@pytest.mark.parametrize(
+    "at", [2**53 + 1, -(2**53) - 1, 2**63, 10**400, True, float("nan")], ids=repr
+)
 def test_ker_01_a_time_no_store_can_hold_is_refused(at: Any) -> None:
-    """KER-01: a command's time is a finite number a store's time column can
-    hold: an int of 2**63 or more in magnitude (SQLite binds ints as 64-bit
-    integers) is refused with validation like NaN, and so is an event
-    carrying one at commit (``check_commit``)."""
+    """KER-01: a command's time is a finite number every store's time column
+    holds exactly: an int of more than 2**53 in magnitude (SQL stores keep
+    event times as doubles) is refused with validation like NaN, and so is
+    an event carrying one at commit (``check_commit``)."""
     with pytest.raises(Error) as info:
         Command("admit", at, {"state": "running"})
     assert info.value.error_class is ErrorClass.VALIDATION
-    for fine in (2**63 - 1, -(2**63) + 1, 1e300):
+    for fine in (2**53, -(2**53), 1e300):
         assert Command("admit", fine, {"state": "running"}).at == fine

@@ -1275,3 +1275,75 @@ async def test_sto_a_role_with_only_row_privileges_uses_existing_tables(
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP OWNED BY {}").format(ident(role)))
             conn.execute(sql.SQL("DROP ROLE {}").format(ident(role)))
+
+
+def _deep(levels: int) -> Any:
+    value: Any = "leaf"
+    for _ in range(levels):
+        value = {"k": value}
+    return value
+
+
+async def test_sto_what_a_store_acknowledges_it_reads_back_alike_on_every_store(
+    pg_store_factory: StoreFactory, tmp_path: Any
+) -> None:
+    """STO-01, STO-09: an event log a store acknowledged is read back, the
+    same on every store: a command whose input nests as deep as a record
+    may (its event wraps it in two more levels) reads back; an int command
+    time comes back as the float every store keeps (SQL columns are
+    doubles), and an int a double cannot hold exactly is refused; an empty
+    event type, which no store reads back, is refused before anything is
+    written."""
+    from trio_backplane.kernel import RunEvent
+    from trio_backplane.store import MemoryStore, SQLiteStore
+
+    with pytest.raises(Error) as exc:
+        Command("admit", 2**53 + 1, {"state": "running"})
+    assert exc.value.error_class is ErrorClass.VALIDATION
+    async with SQLiteStore(tmp_path / "runs.db") as sqlite:
+        for store in (pg_store_factory(), sqlite, MemoryStore()):
+            record = RunRecord.new(_run_id())
+            await store.create(record)
+            admitted, events = transition(record, Command("admit", 5, {"state": "running"}))
+            empty = [RunEvent(type="", occurred_at=5.0, payload={})]
+            await _raises(ErrorClass.VALIDATION, _commit(store, record, admitted, empty))
+            await _commit(store, record, admitted, events)
+            deep = {"status": "completed", "outcome": _deep(255)}
+            finished, more = transition(admitted, Command("finish", 2**53, deep))
+            await _commit(store, admitted, finished, more)
+            log = await store.events(record.run_id)
+            assert [(e.type, e.occurred_at) for e in log] == [
+                ("run.admit", 5.0),
+                ("run.finish", float(2**53)),
+            ], type(store).__name__
+            assert all(type(e.occurred_at) is float for e in log)
+            assert log[1].payload["input"]["outcome"] == deep["outcome"]
+            assert await store.load(record.run_id) == finished
+
+
+async def test_sto_09_a_list_slot_holding_the_placeholder_text_is_refused(
+    pg_store_factory: StoreFactory, tmp_path: Any
+) -> None:
+    """STO-09: the SQL stores mark a conversation list kept as rows with a
+    placeholder in the head; a record whose list slot holds that very text
+    would load back as an empty list, so they refuse it (``validation``),
+    writing nothing."""
+    from trio_backplane.store import SQLiteStore
+    from trio_backplane.store._layout import PLACEHOLDER
+
+    async with SQLiteStore(tmp_path / "runs.db") as sqlite:
+        for store in (pg_store_factory(), sqlite):
+            for slot in ("messages", "usage"):
+                clash = RunRecord.new(_run_id(), context={"conversation": {slot: PLACEHOLDER}})
+                await _raises(ErrorClass.VALIDATION, store.create(clash))
+                assert await store.load(clash.run_id) is None
+                record = RunRecord.new(_run_id())
+                await store.create(record)
+                admitted, events = _step(record, "admit", state="running", deadline=1e9)
+                await _commit(store, record, admitted, events)
+                record = admitted
+                new, events = _step(
+                    record, "conversation_updated", conversation={slot: PLACEHOLDER}
+                )
+                await _raises(ErrorClass.VALIDATION, _commit(store, record, new, events))
+                assert await store.load(record.run_id) == record

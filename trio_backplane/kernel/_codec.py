@@ -16,6 +16,7 @@ import cattrs
 from ..errors import Error, ErrorClass
 from ._records import (
     MAX_INT,
+    RECORD_DEPTH,
     SCHEMA_VERSION,
     Budget,
     FrozenDict,
@@ -209,7 +210,13 @@ def decode_event(data: Mapping[str, Any]) -> RunEvent:
     if sequence is not None and (type(sequence) is not int or not 0 < sequence < MAX_INT):
         raise Error(ErrorClass.VALIDATION, "stored event sequence must be a positive int")
     freeze(kind, "stored event type")  # Unicode text
-    frozen = payload if type(payload) is FrozenDict else freeze(payload, "stored event payload")
+    # As deep as a RunEvent's payload may be (RECORD_DEPTH): a kernel event
+    # wraps its command's input in two more levels.
+    frozen = (
+        payload
+        if type(payload) is FrozenDict
+        else freeze(payload, "stored event payload", RECORD_DEPTH)
+    )
     return RunEvent(type=kind, occurred_at=at, payload=frozen, sequence=sequence)
 
 

@@ -789,17 +789,22 @@ def dissoc(mapping: Mapping[str, Any], key: str) -> FrozenDict:
 
 def is_time(value: Any) -> bool:
     """Whether ``value`` is a time a command or an event may carry: a finite
-    ``float``, or an ``int`` of magnitude below 2**63."""
+    ``float``, or an ``int`` of magnitude at most 2**53 (a double holds it
+    exactly: SQL stores keep event times as doubles)."""
     if type(value) is float:
         return value - value == 0.0
-    return type(value) is int and -MAX_INT < value < MAX_INT
+    return type(value) is int and -_EXACT_INT <= value <= _EXACT_INT
+
+
+#: The largest magnitude of an int a double holds exactly.
+_EXACT_INT: Final = 2**53
 
 
 def _at(instance: Any, attribute: Any, value: Any) -> None:
     if not is_time(value):
         raise Error(
             ErrorClass.VALIDATION,
-            "command time must be a finite number (an int below 2**63 in magnitude)",
+            "command time must be a finite number (an int of at most 2**53 in magnitude)",
         )
 
 

@@ -525,7 +525,11 @@ def transition(record: RunRecord, command: Command) -> tuple[RunRecord, list[Run
     changes = handler(record, command)
     new = evolve_record(record, revision=record.revision + 1, **changes)
     payload = FrozenDict({"state": new.state, "input": _event_input(command)})
-    return new, [kernel_event(_EVENT_TYPES[command.kind], command.at, payload)]
+    # A float, as every store gives event times back (SQL columns are doubles)
+    at = command.at
+    return new, [
+        kernel_event(_EVENT_TYPES[command.kind], at if type(at) is float else float(at), payload)
+    ]
 
 
 def fence(

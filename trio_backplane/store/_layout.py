@@ -201,6 +201,15 @@ def _head_context(record: RunRecord) -> Mapping[str, Any]:
     context = record.context
     conversation = context.get("conversation")
     if type(conversation) is FrozenDict or isinstance(conversation, Mapping):
+        for name in _LISTS:
+            value = conversation.get(name)
+            if type(value) is str and value == PLACEHOLDER:
+                # the head's own marker of a list stored as rows: it would load as []
+                raise Error(
+                    ErrorClass.VALIDATION,
+                    "a conversation list slot holds the SQL stores' placeholder text",
+                    {"slot": name, "placeholder": PLACEHOLDER},
+                )
         slots = {
             name: PLACEHOLDER for name in _LISTS if isinstance(conversation.get(name), tuple | list)
         }

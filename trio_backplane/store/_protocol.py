@@ -259,13 +259,13 @@ def check_commit(
         if not is_time(event.occurred_at):
             raise Error(
                 ErrorClass.VALIDATION,
-                "event time must be a finite number (an int below 2**63 in magnitude)",
+                "event time must be a finite number (an int of at most 2**53 in magnitude)",
             )
         kind = event.type
-        if type(kind) is not str or not kind.isascii() or "\x00" in kind:
-            if type(kind) is not str or "\x00" in kind:
-                # (PostgreSQL text holds no NUL: never storage_failed there)
-                raise Error(ErrorClass.VALIDATION, "event type must be a str without NUL")
+        if type(kind) is not str or not kind.isascii() or not kind or "\x00" in kind:
+            if type(kind) is not str or not kind or "\x00" in kind:
+                # (what every store reads back: PostgreSQL text holds no NUL)
+                raise Error(ErrorClass.VALIDATION, "event type must be a non-empty str without NUL")
             check_json(kind, "event type")  # Unicode text only (no lone surrogate)
 
 
