@@ -46,6 +46,7 @@ from .support import (
     TimelineStore,
     collect_timed,
     conversation_with,
+    drained,
     make_tool,
     mark,
     observed_provider,
@@ -853,3 +854,176 @@ async def test_evt_19_kernel_events_only_in_the_store(autojump_clock: Any) -> No
     assert [e.sequence for e in stored] == list(range(1, len(stored) + 1))
     assert not [e for e in run.events if e.type.startswith("run.")]
     assert {e.type for e in run.events} <= set(VOCABULARY)
+
+
+class _ShieldedStream:
+    """A provider stream that shields each read (a client protecting its
+    connection state): it ignores the run's cancellation (CAN-18)."""
+
+    def __init__(self) -> None:
+        self.i = 0
+
+    def __aiter__(self) -> _ShieldedStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        with trio.CancelScope(shield=True):
+            await trio.sleep(0.3)
+        self.i += 1
+        if self.i <= 15:
+            return TextDelta(f"chunk{self.i}")
+        if self.i == 16:
+            return ResponseCompleted({"role": "assistant", "content": "done"})
+        raise StopAsyncIteration
+
+
+class _ShieldedProvider:
+    def stream(self, request: Any, context: Any) -> _ShieldedStream:
+        return _ShieldedStream()
+
+
+class _ShieldedTool:
+    async def execute(self, operation: Any) -> ToolResult:
+        with trio.CancelScope(shield=True):
+            for i in range(10):
+                await trio.sleep(0.5)
+                operation.context.emit({"progress": i})
+        return ToolResult("ok")
+
+
+@pytest.mark.parametrize("ignoring", ["provider", "tool"])
+async def test_evt_17_nothing_follows_run_cancelled_from_a_worker_ignoring_cancellation(
+    autojump_clock: Any, ignoring: str
+) -> None:
+    """EVT-17, CAN-18: a worker that ignores its cancellation (a shielded
+    stream or tool) goes on after the watchdog settled the run; what it
+    publishes then (text deltas, tool updates) reaches no subscriber:
+    ``run_cancelled`` is the last event."""
+    if ignoring == "provider":
+        provider: Any = _ShieldedProvider()
+        tools: list[Any] = []
+    else:
+        provider = ScriptedProvider(
+            [ScriptedProvider.tool_calls(("c1", "t", {})), ScriptedProvider.text("x")]
+        )
+        tools = [make_tool("t", _ShieldedTool(), read_only=True)]
+    async with conversation_with(provider, tools, cleanup_timeout=1.0, commit_timeout=1.0) as (
+        conversation,
+        _,
+    ):
+        channel = conversation.subscribe(buffer=1000)
+        await conversation.prompt("hello")
+        await trio.sleep(1)
+        await conversation.cancel()
+        await conversation.wait_settled()
+        await trio.sleep(5)  # the worker goes on meanwhile
+        types = [e.type for e in drained(channel)]
+    assert types.count("run_cancelled") == 1
+    assert types[-1] == "run_cancelled", types[types.index("run_cancelled") :]
+    assert ("content_text_delta" if ignoring == "provider" else "tool_update") in types
+
+
+class _SlowRejectingHook:
+    async def prompt(self, message: Any, context: Any) -> Any:
+        await trio.sleep(2)  # a moderation call
+        raise Error(ErrorClass.FORBIDDEN, "rejected by moderation")
+
+
+@pytest.mark.parametrize("meanwhile", ["cancel", "storage_failure"])
+async def test_conv_12_can_17_a_prompt_rejected_after_the_run_stopped(
+    autojump_clock: Any, meanwhile: str
+) -> None:
+    """CONV-12, CAN-17, EVT-17, EVT-18: the initial prompt hook rejects the
+    prompt after the run was cancelled, or after a storage failure, while it
+    ran: ``prompt`` raises what the stopped run says (``resource_conflict``
+    "run is not accepting input", or ``storage_failed``), not the hook's
+    verdict, and no ``prompt_rejected`` follows the run's last event."""
+    store = FaultyStore()
+    provider = ScriptedProvider([ScriptedProvider.text("hi")])
+    async with conversation_with(provider, [], store=store, hooks=_SlowRejectingHook()) as (
+        conversation,
+        _,
+    ):
+        channel = conversation.subscribe(buffer=1000)
+
+        async def meanwhile_() -> None:
+            await trio.sleep(1)
+            if meanwhile == "cancel":
+                await conversation.cancel()
+            else:
+                store.add(Fault("fail", kind="conversation_updated"))
+                with pytest.raises(Error):
+                    await conversation.steer("more")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(meanwhile_)
+            with pytest.raises(Error) as raised:
+                await conversation.prompt("hello")
+        snapshot = await conversation.wait_settled()
+        types = [e.type for e in drained(channel)]
+    last = "run_cancelled" if meanwhile == "cancel" else "storage_failed"
+    expected = ErrorClass.RESOURCE_CONFLICT if meanwhile == "cancel" else ErrorClass.STORAGE_FAILED
+    assert raised.value.error_class is expected, raised.value
+    assert types[-1] == last, types
+    assert snapshot.phase == ("terminal" if meanwhile == "cancel" else "storage_failed")
+
+
+async def test_conv_26_a_new_turn_carries_no_step_of_the_last(autojump_clock: Any) -> None:
+    """CONV-26: ``step_id`` and ``attempt_id`` are those of the provider step
+    current when an event is published: a failed attempt's id is cleared as
+    a completed one's is, and a follow-up turn's events never carry the
+    previous turn's step."""
+    provider = ScriptedProvider(
+        [
+            ScriptedProvider.failure(Error(ErrorClass.EXECUTION_FAILURE, "overloaded")),
+            [Sleep(1), *ScriptedProvider.text("ok")],
+        ]
+    )
+    async with conversation_with(provider, []) as (conversation, _):
+        channel = conversation.subscribe(buffer=1000)
+        await conversation.prompt("hello")
+        await conversation.follow_up("again")
+        await conversation.wait_settled()
+        events = drained(channel)
+    attempts = {r.attempt_id: r.turn_id for r in provider.requests}
+    steps = {r.step_id: r.turn_id for r in provider.requests}
+    assert len(attempts) == 2
+    for event in events:
+        if event.attempt_id is not None:
+            assert attempts[event.attempt_id] == event.turn_id, event
+        if event.step_id is not None:
+            assert steps[event.step_id] == event.turn_id, event
+    failed = next(e for e in events if e.type == "turn_failed")
+    assert failed.attempt_id is None
+    second = [e for e in events if e.type == "prompt_consumed"][-1]
+    assert (second.step_id, second.attempt_id) == (None, None)
+
+
+async def test_evt_payloads_are_read_only_for_every_subscriber(autojump_clock: Any) -> None:
+    """EVT-01, TOOL-04: every subscriber gets the same payload, read-only:
+    one subscriber cannot edit what another receives (a tool's name and
+    arguments on ``tool_started``, a consumed prompt's message)."""
+    provider = ScriptedProvider(
+        [
+            ScriptedProvider.tool_calls(("c1", "deploy", {"env": "staging"})),
+            ScriptedProvider.text("x"),
+        ]
+    )
+    tool = make_tool("deploy", RecordingBackend(), read_only=True)
+    async with conversation_with(provider, [tool]) as (conversation, _):
+        rogue = conversation.subscribe(buffer=1000)
+        auditor = conversation.subscribe(buffer=1000)
+        await conversation.prompt("hello")
+        await conversation.wait_settled()
+        mine, theirs = drained(rogue), drained(auditor)
+    started = next(e for e in mine if e.type == "tool_started")
+    consumed = next(e for e in mine if e.type == "prompt_consumed")
+    for edit in (
+        lambda: started.payload["invocation"].__setitem__("tool_name", "noop"),
+        lambda: started.payload["invocation"]["arguments"].__setitem__("env", "production"),
+        lambda: consumed.payload["message"].__setitem__("content", "something else"),
+    ):
+        with pytest.raises(TypeError):
+            edit()
+    seen = next(e for e in theirs if e.type == "tool_started").payload["invocation"]
+    assert (seen["tool_name"], seen["arguments"]) == ("deploy", {"env": "staging"})

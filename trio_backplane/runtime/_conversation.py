@@ -54,6 +54,8 @@ __all__ = ["Conversation", "open_conversation"]
 
 MAX_TIMEOUT: Final = 3600.0
 _INACTIVE_PHASES: Final = frozenset({"terminal", "recovery_required", "storage_failed"})
+#: Events after which a run publishes nothing (EVT-17, EVT-18).
+_LAST_WORDS: Final = frozenset({"run_completed", "run_failed", "run_cancelled", "storage_failed"})
 #: Who resolves approvals from ``resolve`` (INT-02); no run may be named so.
 HOST_RESOLVER: Final = "host"
 
@@ -427,6 +429,12 @@ class Conversation:
                 as_input=True,
             )
         except _Rejected as rejected:
+            if self._phase in ("storage_failed", "recovery_required"):
+                # the store failed while the hook ran: what every waiting
+                # caller learns (CAN-17), not the hook's verdict
+                raise (self._last_error or _storage_error("store is unavailable")) from None
+            if self._stop_reason is not None:  # cancelled while the hook ran (CONV-12)
+                raise Error(ErrorClass.RESOURCE_CONFLICT, "run is not accepting input") from None
             await self._start_worker(first_turn=turn_id, failed=rejected.error)
             raise rejected.error from None
         except _StorageFailed as failed:
@@ -568,6 +576,14 @@ class Conversation:
     # -- events ------------------------------------------------------------------
 
     def _event(self, type_: str, payload: Mapping[str, Any]) -> Event:
+        try:
+            # read-only: every subscriber gets this very payload, and none
+            # can edit what another receives
+            payload = freeze(payload, "event payload")
+        except Error:
+            # not JSON data (a provider's, refused once the response is
+            # committed): a copy, never what the run holds
+            payload = thaw(payload)
         return Event(
             type=type_,
             payload=payload,
@@ -582,8 +598,11 @@ class Conversation:
         return self._event("events_dropped", {"count": count})
 
     def _publish(self, type_: str, payload: Mapping[str, Any]) -> None:
-        if self._hub.active:  # nobody listening: build no event
-            self._hub.publish(self._event(type_, payload))
+        hub = self._hub
+        if hub.active:  # nobody listening: build no event
+            hub.publish(self._event(type_, payload))
+        if type_ in _LAST_WORDS:
+            hub.finish()
 
     # -- the commit coordinator ------------------------------------------------
 
@@ -987,7 +1006,7 @@ class Conversation:
                 self._phase = "terminal"
                 self._publish(
                     "run_cancelled",
-                    {"outcome": thaw(self._record.outcome), "state": self._record.state},
+                    {"outcome": self._record.outcome, "state": self._record.state},
                 )
         finally:
             self._settled.set()

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..errors import Error, ErrorClass
-from ..kernel import freeze, thaw
+from ..kernel import freeze
 
 if TYPE_CHECKING:
     from ._conversation import Conversation
@@ -86,7 +86,7 @@ async def wait_for_human(c: Conversation, request: Any) -> tuple[Any, float]:
             pending.announced = True
             c._publish(
                 "interaction_requested",
-                {"interaction_id": pending.interaction_id, "request": thaw(request)},
+                {"interaction_id": pending.interaction_id, "request": request},
             )
         await pending.delivered.wait()
         # A cancellation accepted after the answer was committed but before

@@ -324,6 +324,8 @@ class TurnLoop:
                 steered = True  # steering came as the turn ended: it goes on
                 continue
             steered = False
+            # The turn is over: its provider step is not current any more (CONV-26)
+            c._step_id = c._attempt_id = None
             while (follow := await self._next_follow_up()) is None:
                 try:
                     await self._finish(turn_id, error)
@@ -712,6 +714,7 @@ class TurnLoop:
 
             await c._commit_steps((Step(build_failed),))
             c._publish("response_failed", {"error": failure.to_dict()})
+            c._attempt_id = None
             raise _TurnFailed(failure)
         assert message is not None
         response = message
@@ -736,7 +739,7 @@ class TurnLoop:
             if c._hub.active:
                 c._publish(
                     "response_completed",
-                    {"message": thaw(response), "usage": usage[-1] if usage else None},
+                    {"message": response, "usage": usage[-1] if usage else None},
                 )
             c._attempt_id = None
 
@@ -771,10 +774,10 @@ class TurnLoop:
             accounting.add(("tool", event.tool_call_id), snapshot=utf8_size(event.arguments))
             call = {"id": event.tool_call_id, "name": event.name, "arguments": event.arguments}
             completed.append(call)
-            c._publish("tool_call_completed", {"tool_call": thaw(call)})
+            c._publish("tool_call_completed", {"tool_call": call})
         elif isinstance(event, Usage):
             usage.append(thaw(event.usage))
-            c._publish("usage_updated", {"usage": thaw(event.usage)})
+            c._publish("usage_updated", {"usage": event.usage})
 
     def _account_message(self, accounting: _Accounting, message: Any) -> None:
         if type(message) is not FrozenDict and not isinstance(message, Mapping):

@@ -4,9 +4,11 @@ Each subscriber gets its own memory channel.  Publishing never waits: a
 transient event that finds ``buffer`` events already waiting for that
 subscriber is dropped and counted, and the next event the subscriber does
 get is preceded by ``events_dropped`` with the count.  Every other event is
-always delivered (it may wait beyond ``buffer``).  When the conversation
-closes, the channels close after what they hold: a subscriber can still
-drain them.
+always delivered (it may wait beyond ``buffer``).  The run's last word (its
+terminal event, or ``storage_failed``) is the last event published: a worker
+that ignored its cancellation publishes nothing after it.  When the
+conversation closes, the channels close after what they hold: a subscriber
+can still drain them.
 """
 
 from __future__ import annotations
@@ -37,11 +39,18 @@ class Hub:
         self._subscribers: list[_Subscriber] = []
         self._dropped = dropped
         self._closed = False
+        self._finished = False
 
     @property
     def active(self) -> bool:
-        """Whether any subscriber is attached (publishing costs nothing else)."""
-        return bool(self._subscribers)
+        """Whether an event published now reaches anyone (publishing costs
+        nothing else): a subscriber is attached and the run's last word has
+        not been said."""
+        return bool(self._subscribers) and not self._finished
+
+    def finish(self) -> None:
+        """The run's last word was said: publish nothing more."""
+        self._finished = True
 
     def subscribe(self, buffer: int) -> trio.MemoryReceiveChannel[Event]:
         send, receive = trio.open_memory_channel[Event](math.inf)
@@ -52,6 +61,8 @@ class Hub:
         return receive
 
     def publish(self, event: Event) -> None:
+        if self._finished:
+            return
         transient = event.type in TRANSIENT_EVENTS
         for subscriber in list(self._subscribers):
             try:
