@@ -944,3 +944,105 @@ def test_ker_01_a_time_no_store_can_hold_is_refused(at: Any) -> None:
     assert info.value.error_class is ErrorClass.VALIDATION
     for fine in (2**53, -(2**53), 1e300):
         assert Command("admit", fine, {"state": "running"}).at == fine
+
+
+# -- records as a store may give them back, and records damaged outside ----------
+
+
+def _reordered(record: RunRecord) -> RunRecord:
+    """``record`` with its intents in key order (as a SQL store's part rows
+    may come back): equal, in another order."""
+    intents = dict(sorted(record.intents.items()))
+    reordered = attrs.evolve(record, intents=intents)
+    assert reordered == record
+    assert list(reordered.intents) != list(record.intents)
+    return reordered
+
+
+def test_ker_01_a_duplicate_call_is_refused_whatever_the_order_of_the_intents() -> None:
+    """KER-01, KER-12: a record equal to another gives the same result: a
+    second ``tool_invoked`` of a call of the current step is refused with
+    ``resource_conflict`` even when the intents come back in key order
+    (``invocation-1-10`` before ``invocation-1-9``), as SQLite gives them."""
+    record = with_tools(9)
+    record = apply(record, *(cmd("tool_completed", invocation_id=i) for i in record.active_tools))
+    record = apply(record, cmd("provider_started"), cmd("provider_completed"))
+    record = apply(record, cmd("tool_invoked", tool_name="echo", tool_call_id="A"))
+    assert "tool:invocation-1-10" in record.intents
+    for candidate in (record, _reordered(record)):
+        error = refused(
+            candidate,
+            cmd("tool_invoked", tool_name="echo", tool_call_id="A"),
+            ErrorClass.RESOURCE_CONFLICT,
+        )
+        assert error.message == "tool call already invoked"
+        # a call of an earlier step is another step's: invoked again here
+        assert transition(candidate, cmd("tool_invoked", tool_name="echo", tool_call_id="call-0"))
+
+
+def test_ker_12_counters_behind_the_intents_never_reissue_an_effect_id() -> None:
+    """KER-12: a record whose counters lag its intents (edited, or restored
+    from an older copy) never reissues an effect id: ``resource_conflict``,
+    not an overwritten intent and a reservation passed off as a replay."""
+    record = with_tools(1)
+    record = apply(record, cmd("tool_completed", invocation_id="invocation-1-1"))
+    lagging = attrs.evolve(record, counters={**record.counters, "invocation": 0})
+    error = refused(lagging, cmd("tool_invoked", tool_name="x"), ErrorClass.RESOURCE_CONFLICT)
+    assert error.details["key"] == "tool:invocation-1-1"
+    behind = attrs.evolve(record, counters={**record.counters, "attempt": 0})
+    refused(behind, cmd("provider_started"), ErrorClass.RESOURCE_CONFLICT)
+
+
+def _damaged() -> dict[str, tuple[RunRecord, Command]]:
+    """Records the codec decodes whose active work the kernel cannot read,
+    and a command that reads it."""
+    tools = with_tools(1)
+    provider = apply(running(), cmd("provider_started"))
+    return {
+        "provider without its intent": (
+            attrs.evolve(provider, intents={}),
+            cmd("provider_completed"),
+        ),
+        "intent not a mapping": (
+            attrs.evolve(tools, intents={**tools.intents, "tool:invocation-1-1": 5}),
+            cmd("tool_completed", invocation_id="invocation-1-1"),
+        ),
+        "child not a mapping": (
+            attrs.evolve(running(), children={"c": 5}),
+            cmd("cancel"),
+        ),
+        "counters not ints": (
+            attrs.evolve(running(), counters={"attempt": "1"}),
+            cmd("provider_started"),
+        ),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_damaged()))
+def test_ker_02_a_record_the_kernel_cannot_read_is_validation(case: str) -> None:
+    """KER-02, STO-09: a record (built, or decoded from a store) whose active
+    work the kernel cannot read makes a command that reads it ``validation``
+    "record is malformed", never a raw ``KeyError``/``TypeError``/
+    ``AttributeError``; ``cleanup_requirements`` (recovery's reading) too."""
+    record, command = _damaged()[case]
+    error = refused(record, command, ErrorClass.VALIDATION)
+    assert error.message.startswith("record is malformed"), error
+    if case == "child not a mapping":
+        with pytest.raises(Error) as info:
+            cleanup_requirements(record)
+        assert info.value.error_class is ErrorClass.VALIDATION
+
+
+def test_can_08_the_command_decides_timed_out_never_the_reason_text() -> None:
+    """CAN-08: ``deadline_exceeded`` with any reason text and a confirmed
+    cleanup ends ``timed_out``; a ``cancel`` ends ``cancelled`` whatever its
+    reason, and a cancel may not call itself a deadline."""
+    for kind, reason, final in (
+        ("deadline_exceeded", "run deadline of 300 s passed", "timed_out"),
+        ("deadline_exceeded", None, "timed_out"),
+        ("cancel", "user pressed stop", "cancelled"),
+    ):
+        data = {} if reason is None else {"reason": reason}
+        stopping = apply(running(), cmd(kind, **data))
+        assert settle_confirmed(stopping).state == final, (kind, reason)
+    refused(running(), cmd("cancel", reason="deadline_exceeded"), ErrorClass.VALIDATION)

@@ -87,6 +87,46 @@ def _next_id(
     return f"{kind}-{record.incarnation}-{n}", new
 
 
+def _require_new(record: RunRecord, key: str) -> None:
+    """A new effect's id is new: counters behind the intents (a record edited
+    or restored from an older copy) never reissue one, overwriting its intent
+    and passing its reservation off as a replay."""
+    if key in record.intents or key in record.budget.reservations:
+        raise _conflict("effect id already used: the record's counters are behind", key=key)
+
+
+def _invoked_in_step(record: RunRecord, step_id: Any, call_id: Any) -> bool:
+    """Whether a tool intent of step ``step_id`` names ``call_id``.
+
+    Invocation numbers only grow, and every tool of the current step was
+    invoked after its provider attempt: walk the numbers down from the last
+    one until an intent of another step, so the check costs the step, not the
+    run, whatever order a store gives the intents back in.  An id issued
+    under another incarnation (a fence within the step) or missing is looked
+    for among every intent."""
+    intents = record.intents
+    incarnation = record.incarnation
+    n = record.counters.get("invocation", 0)
+    while type(n) is int and n > 0:
+        intent = intents.get(f"tool:invocation-{incarnation}-{n}")
+        if not isinstance(intent, Mapping):
+            break
+        if intent.get("step_id") != step_id:
+            return False
+        if intent.get("tool_call_id") == call_id:
+            return True
+        n -= 1
+    else:
+        return False
+    return any(
+        key.startswith("tool:")
+        and isinstance(intent, Mapping)
+        and intent.get("step_id") == step_id
+        and intent.get("tool_call_id") == call_id
+        for key, intent in intents.items()
+    )
+
+
 def _conversation(command: Command) -> dict[str, Any]:
     if "conversation" in command.input:
         conversation = command.input["conversation"]
@@ -153,6 +193,7 @@ def _provider_started(record: RunRecord, command: Command) -> dict[str, Any]:
     attempt_id, counters = _next_id(record, "attempt")
     step_id, counters = _next_id(record, "step", counters)
     key = f"provider:{attempt_id}"
+    _require_new(record, key)
     budget = reserve(record.budget, key)
     intent = {
         "kind": "provider",
@@ -230,18 +271,11 @@ def _tool_invoked(record: RunRecord, command: Command) -> dict[str, Any]:
     if step_id != record.step_id:
         raise _conflict("stale step", expected=record.step_id, received=step_id)
     call_id = command.input.get("tool_call_id")
-    if call_id is not None:
-        # Intents are kept in commit order and a step begins with its provider
-        # intent: scan back to it only, so the check costs the step, not the run.
-        intents: dict[str, Any] = record.intents  # type: ignore[assignment]  # a FrozenDict
-        for key in reversed(intents):
-            intent = intents[key]
-            if intent.get("step_id") != step_id:
-                break
-            if key.startswith("tool:") and intent.get("tool_call_id") == call_id:
-                raise _conflict("tool call already invoked", tool_call_id=call_id)
+    if call_id is not None and _invoked_in_step(record, step_id, call_id):
+        raise _conflict("tool call already invoked", tool_call_id=call_id)
     invocation_id, counters = _next_id(record, "invocation")
     key = f"tool:{invocation_id}"
+    _require_new(record, key)
     budget = reserve(record.budget, key)
     effect_class = command.input.get("effect_class", "mutation")
     identity = {
@@ -366,12 +400,24 @@ def _finish(record: RunRecord, command: Command) -> dict[str, Any]:
 
 
 def _stop(reason: str) -> _Handler:
+    """``cancel`` (its ``reason`` the host's, ``"cancelled"`` by default) or
+    ``deadline_exceeded`` (always that reason): the final state follows the
+    command, never a reason's text (CAN-08)."""
+
     def handler(record: RunRecord, command: Command) -> dict[str, Any]:
         _require_state(record, command, *sorted(ACTIVE_STATES))
         given = command.input.get("reason")
+        stop = reason
+        if reason != "deadline_exceeded" and isinstance(given, str) and given:
+            if given == "deadline_exceeded":
+                raise Error(
+                    ErrorClass.VALIDATION,
+                    "a deadline stop is the deadline_exceeded command, not a cancel reason",
+                )
+            stop = given
         return {
             "state": "cancelling",
-            "stop_reason": given if isinstance(given, str) and given else reason,
+            "stop_reason": stop,
             "cleanup_required": cleanup_requirements(record),
         }
 
@@ -462,7 +508,19 @@ _EVENT_TYPES: Final = {kind: f"run.{kind}" for kind in COMMANDS}
 def cleanup_requirements(record: RunRecord) -> Mapping[str, Any]:
     """The outstanding work a confirmed cleanup must settle, exactly:
     ``{"provider", "tools", "children", "dependencies"}`` (sorted id lists)."""
-    return freeze(_unsettled(record))  # type: ignore[no-any-return]
+    try:
+        unsettled = _unsettled(record)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise _malformed(exc) from None
+    return freeze(unsettled)  # type: ignore[no-any-return]
+
+
+def _malformed(exc: BaseException) -> Error:
+    return Error(
+        ErrorClass.VALIDATION,
+        "record is malformed: the kernel cannot read its active work",
+        {"cause": f"{type(exc).__name__}: {exc}"[:300]},
+    )
 
 
 #: Sorted key lists of summarised inputs, by their keys in order (a
@@ -522,7 +580,13 @@ def transition(record: RunRecord, command: Command) -> tuple[RunRecord, list[Run
             "run deadline has expired",
             {"boundary": "before_store", "deadline": record.deadline, "at": command.at},
         )
-    changes = handler(record, command)
+    try:
+        changes = handler(record, command)
+    except (KeyError, TypeError, AttributeError) as exc:
+        # A record built or decoded with active work the kernel cannot read
+        # (an intent that is not a mapping, an active provider without its
+        # intent, ...): the caller's data, classed, never a raw exception.
+        raise _malformed(exc) from None
     new = evolve_record(record, revision=record.revision + 1, **changes)
     payload = FrozenDict({"state": new.state, "input": _event_input(command)})
     # A float, as every store gives event times back (SQL columns are doubles)
