@@ -1239,3 +1239,132 @@ async def test_can_10_the_deadline_passing_in_synchronous_code_is_a_deadline_sto
     assert snapshot.phase == "terminal"
     assert snapshot.run.state == "unknown_outcome"
     assert snapshot.run.outcome["stop_reason"] == "deadline_exceeded"
+
+
+def _act(backend: Any) -> tuple[ToolRegistry, ScriptedProvider]:
+    from trio_backplane.tools import ToolDescriptor
+
+    registry = ToolRegistry(
+        [ToolDescriptor(name="act", schema={"type": "object"}, backend=backend)]
+    )
+    return registry, ScriptedProvider(
+        [ScriptedProvider.tool_calls(("c1", "act", {})), ScriptedProvider.text("done")]
+    )
+
+
+async def test_can_11_a_storage_failure_stays_when_the_worker_unwinds_past_the_deadline(
+    autojump_clock: MockClock,
+) -> None:
+    """CAN-11, CAN-17, CAN-02: a host commit fails (storage_failed) while a
+    tool finishes work it cannot interrupt; the worker unwinds after the run
+    deadline.  The run stays storage_failed (never moved back to
+    cancelling), and cancel() is refused as on any inactive run."""
+    from trio_backplane.tools import ToolResult
+
+    class Uninterruptible:
+        async def execute(self, operation: Any) -> ToolResult:
+            with trio.CancelScope(shield=True):
+                await trio.sleep(12.0 - trio.current_time())  # past the deadline (10)
+            return ToolResult("ok")
+
+    store = FaultyStore()
+    registry, provider = _act(Uninterruptible())
+    async with open_conversation(
+        RUN_ID,
+        store=store,
+        provider=provider,
+        registry=registry,
+        authority=granted(registry),
+        run_timeout=10.0,
+        effect_timeout=30.0,
+    ) as conversation:
+        await conversation.prompt("hi")
+        await trio.sleep(8.0)
+        store.add(Fault("fail", nth=len(store.attempts) + 1))
+        with pytest.raises(Error) as steered:
+            await conversation.steer("more")
+        assert steered.value.error_class is ErrorClass.STORAGE_FAILED
+        await conversation.wait_settled()
+        await trio.sleep(20.0)  # the worker unwinds at 12, past the deadline
+        status = conversation.status()
+        assert status.phase == "storage_failed"
+        assert status.last_error is not None
+        assert status.last_error.error_class is ErrorClass.STORAGE_FAILED
+        with pytest.raises(Error) as cancelled:
+            await conversation.cancel()
+        assert cancelled.value.error_class is ErrorClass.RESOURCE_CONFLICT
+
+
+async def test_can_18_a_host_commit_in_flight_does_not_eat_the_settlement_window(
+    autojump_clock: MockClock,
+) -> None:
+    """CAN-18, CAN-11: a tool ignores its cancellation past the run deadline;
+    when the watchdog's cleanup budget ends, a host commit to a healthy (1 s)
+    store is in flight.  The watchdog waits for that commit, not for a whole
+    commit_timeout, and the settlement commits in what is left of its window:
+    unknown_outcome, never storage_failed."""
+    from trio_backplane.tools import ToolResult
+
+    class Stubborn:
+        async def execute(self, operation: Any) -> ToolResult:
+            with trio.CancelScope(shield=True):
+                await trio.sleep(100.0)
+            return ToolResult("late")
+
+    store = FaultyStore()
+    registry, provider = _act(Stubborn())
+    async with open_conversation(
+        RUN_ID,
+        store=store,
+        provider=provider,
+        registry=registry,
+        authority=granted(registry),
+        run_timeout=10.0,
+        effect_timeout=60.0,
+        cleanup_timeout=5.0,
+        commit_timeout=5.0,
+    ) as conversation:
+        await conversation.prompt("hi")
+        await trio.sleep(14.5)
+        store.add(Fault("delay", nth=len(store.attempts) + 1, delay=1.0))
+        await conversation.steer("more")  # in flight from 14.5 to 15.5
+        snapshot = await conversation.wait_settled()
+        settled_at = trio.current_time()
+    assert snapshot.phase == "terminal", snapshot.last_error
+    assert snapshot.run.state == "unknown_outcome"
+    assert snapshot.run.outcome["stop_reason"] == "deadline_exceeded"
+    assert settled_at <= 10.0 + 5.0 + 5.0
+
+
+async def test_can_10_a_deadline_noticed_after_the_whole_window_still_settles(
+    autojump_clock: MockClock,
+) -> None:
+    """CAN-10, CAN-11: a backend blocks the event loop past the run deadline
+    plus cleanup_timeout plus commit_timeout (the clock jumps in synchronous
+    code); the settlement, started after its window, still gives the store
+    its commit_timeout: the run ends unknown_outcome on a healthy store, as
+    on one that never waits, never storage_failed."""
+    from trio_backplane.tools import ToolResult
+
+    class Blocking:
+        async def execute(self, operation: Any) -> ToolResult:
+            autojump_clock.jump(20.0)
+            return ToolResult("late")
+
+    store = FaultyStore()
+    registry, provider = _act(Blocking())
+    async with open_conversation(
+        RUN_ID,
+        store=store,
+        provider=provider,
+        registry=registry,
+        authority=granted(registry),
+        run_timeout=3.0,
+    ) as conversation:
+        await conversation.prompt("hi")
+        snapshot = await conversation.wait_settled()
+    stored = await store.load(RUN_ID)
+    assert snapshot.phase == "terminal", snapshot.last_error
+    assert snapshot.run.state == "unknown_outcome"
+    assert stored is not None
+    assert stored.state == "unknown_outcome"

@@ -851,9 +851,13 @@ class Conversation:
                 continue  # a stop, a deadline moved, or the worker done
             if self._commit_lock.locked():
                 # A commit in flight (bounded by commit_timeout, and shielded)
-                # holds the worker: it is not ignoring its cancellation.
+                # may be what holds the worker: wait for it to end, no longer
+                # (the settlement then has what is left of its window), and
+                # let the worker run once before judging it.
                 with trio.move_on_after(self._options.commit_timeout):
-                    await poke.wait()
+                    await self._commit_lock.acquire()
+                    self._commit_lock.release()
+                await trio.lowlevel.checkpoint()
                 if poke.is_set():
                     continue
             if self._settled.is_set() or self._settling or not self._worker_running:
@@ -907,7 +911,13 @@ class Conversation:
                             # checkpoint for the deadline to cancel at): a
                             # deadline stop too.
                             past_deadline = True
-            if (past_deadline or self._run_budget.timed_out()) and self._stop_reason is None:
+            if (
+                (past_deadline or self._run_budget.timed_out())
+                and self._stop_reason is None
+                and self._phase not in _INACTIVE_PHASES
+            ):
+                # (a storage failure or a takeover while the worker unwound
+                # past the deadline stays what the run is: CAN-11, CAN-19)
                 self._stop_reason = "deadline_exceeded"
                 self._note_stop_due("deadline_exceeded")
                 self._phase = "cancelling"
@@ -978,10 +988,15 @@ class Conversation:
                         await self._commit_lock.acquire()
                         acquired = True
                 if acquired:
+                    commit_by = settle_by + self._options.commit_timeout
+                    if commit_by <= self._now():
+                        # Noticed after its whole window (time passed in
+                        # synchronous code, no checkpoint for the deadline):
+                        # the store still gets its commit_timeout.  A commit
+                        # given no time is no storage failure (CAN-11).
+                        commit_by = self._now() + self._options.commit_timeout
                     try:
-                        await self._commit_locked(
-                            steps, commit_by=settle_by + self._options.commit_timeout
-                        )
+                        await self._commit_locked(steps, commit_by=commit_by)
                     except _StorageFailed:
                         return
                     finally:
