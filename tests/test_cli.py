@@ -325,6 +325,9 @@ def test_runs_list(demo_store: tuple[Path, str, str]) -> None:
     assert rows[approved]["work"] == "6/20"
     assert rows[approved]["messages"] == 7
     assert json.loads(run("runs", "list", str(db), "--json", "--state", "failed")[1]) == []
+    misspelt = _cli("runs", "list", str(db), "--state", "complete")  # a usage mistake
+    assert misspelt.returncode == 2
+    assert "invalid choice: 'complete'" in misspelt.stderr
 
 
 def test_runs_show(demo_store: tuple[Path, str, str]) -> None:
@@ -669,6 +672,36 @@ def test_runs_on_postgresql(pg_dsn: str, pg_schema: str) -> None:
         assert status == 0
         assert "uncertain (reconcile by hand)" in text
         assert "fenced: incarnation 1 can no longer commit" in text
+    finally:
+        _drop_schema(pg_dsn, pg_schema)
+
+
+def test_runs_on_a_postgresql_database_that_holds_no_store(pg_dsn: str, pg_schema: str) -> None:
+    """``runs list/show/recover`` on a PostgreSQL database (here: a schema on
+    the search path) holding another application's tables, not a store:
+    a usage error (exit 2, "not a trio_backplane store"), as for a SQLite
+    file, and no table is added to it."""
+    import psycopg
+    from psycopg import sql
+
+    from tests.store.postgres_fixture import _drop_schema
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(pg_schema)))
+        conn.execute(
+            sql.SQL("CREATE TABLE {}.customers (id int)").format(sql.Identifier(pg_schema))
+        )
+    url = pg_dsn + ("&" if "?" in pg_dsn else "?") + f"options=-csearch_path%3D{pg_schema}"
+    try:
+        for argv in (("list",), ("show", "some-run"), ("recover", "some-run")):
+            status, _ = run("runs", *argv, url)
+            assert status == 2, argv
+        with psycopg.connect(pg_dsn) as conn:
+            tables = conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
+                (pg_schema,),
+            ).fetchall()
+        assert [t for (t,) in tables] == ["customers"]
     finally:
         _drop_schema(pg_dsn, pg_schema)
 

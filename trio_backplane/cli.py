@@ -35,6 +35,7 @@ import trio
 
 from . import schema, tools
 from .errors import Error, ErrorClass
+from .kernel import RUN_STATES
 
 __all__ = ["main"]
 
@@ -451,7 +452,9 @@ def open_store(url: str, *, must_exist: bool = True) -> Any:
 
     if url.startswith(("postgresql://", "postgres://")):
         try:
-            return PostgresStore(url)
+            # reading a store that must exist creates nothing in a database
+            # that holds none (a read would then report "0 runs")
+            return PostgresStore(url, create_tables=not must_exist)
         except Error as error:
             raise _UsageError(f"cannot use PostgreSQL: {error.message}") from None
     if "://" in url and not url.startswith("sqlite:"):
@@ -890,7 +893,8 @@ def _runs(args: argparse.Namespace, out: TextIO) -> int:
     except Error as error:
         view.stop()
         print(_hide_dsn_secret(f"backplane: {_reason(error)}", args.store), file=sys.stderr)
-        return EXIT_REJECTED
+        # a database that holds no store is a usage mistake, as a SQLite file is
+        return EXIT_USAGE if error.details.get("reason") == "not_a_store" else EXIT_REJECTED
     return status
 
 
@@ -1135,7 +1139,11 @@ async def _runs_recover(store: Any, args: argparse.Namespace, out: _Out) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="backplane", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="backplane",
+        description="The trio_backplane command line: check tool schemas, admit"
+        " catalogs, run the demo, read and recover stored runs.",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     schema_cmd = commands.add_parser("schema", help="the tool-input schema boundary")
     schema_sub = schema_cmd.add_subparsers(dest="schema_command", required=True)
@@ -1240,7 +1248,11 @@ def build_parser() -> argparse.ArgumentParser:
     runs_list = runs_sub.add_parser("list", help="every run: state, incarnation, revision, work")
     runs_list.add_argument("store", metavar="STORE_URL")
     runs_list.add_argument(
-        "--state", action="append", metavar="STATE", help="only runs in STATE (repeatable)"
+        "--state",
+        action="append",
+        metavar="STATE",
+        choices=sorted(RUN_STATES),
+        help="only runs in STATE (repeatable): " + ", ".join(sorted(RUN_STATES)),
     )
     runs_show = runs_sub.add_parser(
         "show", help="one run: transcript, intents (status, effect_class), outcome, budget"

@@ -226,6 +226,7 @@ def test_import_does_not_need_psycopg() -> None:
         {"schema": "Bad-Name"},
         {"schema": ""},
         {"schema": "pg_mystore"},  # PostgreSQL reserves pg_: every call would fail
+        {"create_tables": 1},
     ],
 )
 def test_invalid_options_are_validation(kwargs: dict[str, Any]) -> None:

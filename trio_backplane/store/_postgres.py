@@ -218,7 +218,10 @@ class PostgresStore:
     unqualified and land in the connection's ``search_path``.
     ``operation_timeout`` bounds every database call, in seconds (its
     caller's deadline bounds it too): past it the call is cut and fails with
-    ``storage_failed``.
+    ``storage_failed``.  With ``create_tables=False`` the store creates
+    nothing: where its tables are missing, every call fails with
+    ``not_found`` (an inspector pointed at another database never adds
+    tables to it).
     """
 
     durable = True
@@ -230,7 +233,10 @@ class PostgresStore:
         max_connections: int = 4,
         schema: str | None = None,
         operation_timeout: float = 60.0,
+        create_tables: bool = True,
     ) -> None:
+        if type(create_tables) is not bool:
+            raise Error(ErrorClass.VALIDATION, "create_tables must be a bool")
         if type(max_connections) is not int or max_connections < 1:
             raise Error(ErrorClass.VALIDATION, "max_connections must be a positive int")
         if (
@@ -263,6 +269,7 @@ class PostgresStore:
                 ErrorClass.VALIDATION, "dsn connect_timeout must be a whole number of seconds"
             ) from None
         self._schema = schema
+        self._create_tables = create_tables
         self._max_connections = max_connections
         self._limiter = trio.CapacityLimiter(max_connections)
         self._lock = threading.Lock()  # guards _idle, _cache, _closed, hooks
@@ -605,6 +612,12 @@ class PostgresStore:
         # well have only SELECT, INSERT, UPDATE and DELETE on them.
         if conn.execute(self._sql["laid_out"]).fetchone()[0]:
             return
+        if not self._create_tables:
+            raise Error(
+                ErrorClass.NOT_FOUND,
+                "not a trio_backplane store: its tables are missing",
+                {"reason": "not_a_store", "schema": self._schema},
+            )
         # CREATE ... IF NOT EXISTS races with itself in PostgreSQL (a unique
         # violation in the catalog): serialise schema creation across hosts.
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (0x7472696F,))
