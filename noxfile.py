@@ -93,9 +93,11 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """The benchmarks: each prints its ratios (record them in benchmarks/RESULTS.md)."""
-    session.install("-e", ".[bench]")
-    session.run("python", "benchmarks/bench_schema.py", *session.posargs)
+    """The benchmarks: each prints its ratios (record them in benchmarks/RESULTS.md).
+    The store benchmark measures PostgreSQL too when TRIO_BACKPLANE_PG_DSN is set."""
+    session.install("-e", ".[bench,postgres]")
+    for script in ("bench_schema.py", "bench_store.py", "bench_engine.py"):
+        session.run("python", f"benchmarks/{script}", *session.posargs)
 
 
 @nox.session(python=PYTHON)

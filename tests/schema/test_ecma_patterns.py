@@ -8,20 +8,16 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import BENCH, FIXTURES
 from trio_backplane.schema._ecma import pattern_syntax_error
 
-_SHARED = Path(__file__).resolve().parents[3] / "shared"
-_FIXTURE_FILES = [
-    *sorted((_SHARED / "fixtures").glob("*.json")),
-    _SHARED / "bench" / "schemas.json",
-]
+_FIXTURE_FILES = [*sorted(FIXTURES.glob("*.json")), BENCH / "schemas.json"]
 
 ACCEPTED: list[str] = [
     "",
@@ -514,7 +510,7 @@ def _fixture_patterns() -> list[tuple[str, str]]:
 def _require_shared() -> None:
     missing = [str(p) for p in _FIXTURE_FILES if not p.is_file()]
     if not _FIXTURE_FILES[:-1] or missing:
-        reason = f"shared fixtures not found beside the checkout: {missing or _SHARED}"
+        reason = f"shared fixtures not found (TRIO_BACKPLANE_SHARED): {missing or FIXTURES}"
         if os.environ.get("CI"):
             pytest.fail(reason)
         pytest.skip(reason)

@@ -9,20 +9,17 @@ from __future__ import annotations
 import json
 import math
 import os
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import BENCH
 from trio_backplane.schema import _speedups
 from trio_backplane.schema._instance import check_python, encoded_size
 
-_SHARED = Path(
-    os.environ.get("TRIO_BACKPLANE_SHARED", Path(__file__).resolve().parents[2].parent / "shared")
-)
-_SCHEMAS = _SHARED / "bench" / "schemas.json"
+_SCHEMAS = BENCH / "schemas.json"
 
 _LIMIT = 10**4300
 

@@ -61,15 +61,23 @@ from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from typing import Any, Final, Literal, Protocol, TextIO, runtime_checkable
 
-import anyio
 import attrs
-import mcp.types as mcp_types
-import pydantic
 import trio
-from mcp import ClientSession, StdioServerParameters, stdio_client
-from mcp.shared.dispatcher import CallOptions
-from mcp.shared.exceptions import MCPError
-from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
+
+try:
+    import anyio
+    import mcp.types as mcp_types
+    import pydantic
+    from mcp import ClientSession, StdioServerParameters, stdio_client
+    from mcp.shared.dispatcher import CallOptions
+    from mcp.shared.exceptions import MCPError
+    from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
+except ModuleNotFoundError as _missing:  # pragma: no cover - depends on the install
+    raise ModuleNotFoundError(
+        "trio_backplane.adapters.mcp needs the 'mcp' extra"
+        f" (pip install -e '.[mcp]' in a checkout): {_missing}",
+        name=_missing.name,
+    ) from _missing
 
 from ..errors import Error, ErrorClass, exception_leaves, require_methods
 from ..kernel import freeze, thaw

@@ -53,9 +53,17 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from contextlib import aclosing
 from typing import Any, Final
 
-import httpx
-import httpx_sse
 import trio
+
+try:
+    import httpx
+    import httpx_sse
+except ModuleNotFoundError as _missing:  # pragma: no cover - depends on the install
+    raise ModuleNotFoundError(
+        "trio_backplane.adapters.openai needs the 'openai' extra"
+        f" (pip install -e '.[openai]' in a checkout): {_missing}",
+        name=_missing.name,
+    ) from _missing
 
 from ..errors import Error, ErrorClass
 from ..kernel import check_json, loads

@@ -116,6 +116,11 @@ class ProviderRequest:
 
 
 class Provider(Protocol):
+    """A model provider: ``stream(request, context)`` gives an async iterator
+    of the normalized events of one attempt (``ResponseCompleted`` or
+    ``ResponseFailed`` last).  ``context`` is the host's trusted
+    ``provider_context`` (credentials); it never reaches the store."""
+
     def stream(
         self, request: ProviderRequest, context: Mapping[str, Any] | None
     ) -> AsyncIterator[ProviderEvent]: ...
