@@ -993,6 +993,32 @@ def test_ker_12_counters_behind_the_intents_never_reissue_an_effect_id() -> None
     refused(behind, cmd("provider_started"), ErrorClass.RESOURCE_CONFLICT)
 
 
+@pytest.mark.parametrize("counter", [-1, 1.0, True, "1"], ids=repr)
+def test_ker_02_a_counter_that_is_not_a_non_negative_int_is_validation(counter: Any) -> None:
+    """KER-02: an effect id is never issued from a counter the kernel does
+    not keep (negative, a float, a bool, text): ``validation``, never an id
+    like ``invocation-1-2.0`` that no duplicate check can find."""
+    record = with_tools(1)
+    damaged = attrs.evolve(record, counters={**record.counters, "invocation": counter})
+    error = refused(damaged, cmd("tool_invoked", tool_name="x"), ErrorClass.VALIDATION)
+    assert error.message.startswith("record is malformed")
+
+
+def test_ker_12_a_duplicate_call_is_refused_after_a_fence_within_the_step() -> None:
+    """KER-12: after a fence within a step (the step's tool intents carry
+    the old incarnation's ids), a call of that step is still refused as
+    invoked, whatever the counters say."""
+    record = with_tools(2)
+    fenced, _ = fence(record, 2)
+    for counters in (fenced.counters, {}):
+        candidate = attrs.evolve(fenced, counters=counters)
+        refused(
+            candidate,
+            cmd("tool_invoked", tool_name="echo", tool_call_id="call-1", incarnation=2),
+            ErrorClass.RESOURCE_CONFLICT,
+        )
+
+
 def _damaged() -> dict[str, tuple[RunRecord, Command]]:
     """Records the codec decodes whose active work the kernel cannot read,
     and a command that reads it."""

@@ -402,6 +402,11 @@ def test_sch_30_decoded_content_is_held_to_the_schemas_instance_limits() -> None
     deep = json.dumps(_deep_list(150))  # 150 levels: past the default 128
     raised = options(max_input_depth=400)
     assert validate(schema, {"d": deep}, **raised) == {"d": deep}
+    # past what the JSON parser may recurse: the bound reported is the one applied
+    deeper = json.dumps(_deep_list(600))
+    with pytest.raises(Error) as exc:
+        validate(schema, {"d": deeper}, **options(max_input_depth=5_000))
+    assert refused(exc, ErrorClass.EXECUTION_FAILURE)["maximum"] == 512
     with pytest.raises(Error) as exc:
         validate(schema, {"d": json.dumps(_deep_list(20))}, **options(max_input_depth=10))
     assert refused(exc, ErrorClass.EXECUTION_FAILURE) == {

@@ -82,7 +82,14 @@ def _next_id(
     """The next ``<kind>-<incarnation>-<n>`` id and the counters that issued it
     (from ``counters`` when given, else the record's)."""
     new = FrozenDict(record.counters if counters is None else counters)
-    n = new.get(kind, 0) + 1
+    n = new.get(kind, 0)
+    if type(n) is not int or n < 0:
+        raise Error(
+            ErrorClass.VALIDATION,
+            "record is malformed: a counter must be a non-negative int",
+            {"counter": kind},
+        )
+    n += 1
     dict.__setitem__(new, kind, n)
     return f"{kind}-{record.incarnation}-{n}", new
 
@@ -112,12 +119,12 @@ def _invoked_in_step(record: RunRecord, step_id: Any, call_id: Any) -> bool:
         if not isinstance(intent, Mapping):
             break
         if intent.get("step_id") != step_id:
-            return False
+            return False  # the step's tools are all above this one
         if intent.get("tool_call_id") == call_id:
             return True
         n -= 1
-    else:
-        return False
+    # No intent of another step bounded the walk (the run's first tools, a
+    # fence, counters not as the kernel keeps them): look at every intent.
     return any(
         key.startswith("tool:")
         and isinstance(intent, Mapping)

@@ -120,10 +120,17 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+#: How deep decoded content may nest whatever ``max_input_depth`` allows:
+#: Python's JSON parser recurses per level, within the interpreter's
+#: recursion limit (1000 by default) and the frames below it.
+_PARSE_DEPTH: Final = 512
+
+
 @attrs.frozen
 class _Bounds:
     """The limits decoded content is held to: the instance limits of the
-    schema's ``Limits`` (``max_input_depth``, ``max_input_bytes``)."""
+    schema's ``Limits`` (``max_input_bytes``, and ``max_input_depth`` up to
+    :data:`_PARSE_DEPTH`, the depth reported)."""
 
     depth: int
     size: int
@@ -238,7 +245,7 @@ def content_keywords(
     names in a message the patterns the engine was given spelled out as the
     schema writes them; decoded content is held to ``max_depth`` nesting and
     ``max_bytes`` bytes (the schema's instance limits)."""
-    bounds = _Bounds(max_depth, max_bytes)
+    bounds = _Bounds(min(max_depth, _PARSE_DEPTH), max_bytes)
     return {
         "contentEncoding": _ContentEncoding,
         "contentMediaType": functools.partial(_ContentMediaType, bounds),
