@@ -717,7 +717,7 @@ def _demo_provider(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None
     try:
         from .adapters.openai import OpenAIProvider
     except ImportError as exc:  # pragma: no cover - httpx ships with the cli extra
-        raise _UsageError(f"--provider openai needs httpx and httpx-sse ({exc})") from None
+        raise _UsageError(f"--provider openai needs httpx ({exc})") from None
     try:
         provider = OpenAIProvider(args.base_url, args.model, system=_SYSTEM_PROMPT)
     except Error as error:

@@ -895,3 +895,178 @@ async def test_nan_from_the_model_never_reaches_the_transcript(chat: ChatServer)
     events = await collect(provider, request())
     assert isinstance(events[-1], ResponseFailed)
     assert events[-1].error.details["reason"] == "malformed_stream"
+
+
+# -- hostile servers: the failure a server reports, bounded reads ------------------
+
+_MID_STREAM_ERROR = {"error": {"message": "context_length_exceeded: too many tokens"}}
+
+
+@pytest.mark.parametrize(
+    "stream",
+    [
+        Stream((_MID_STREAM_ERROR,), done=True, tail="hang"),  # [DONE], then silence
+        Stream((_MID_STREAM_ERROR,), done=False, tail="hang"),  # silence, no [DONE]
+        Stream((_MID_STREAM_ERROR,), done=False, drop=True),  # then the connection drops
+    ],
+    ids=["done-then-silent", "silent", "dropped"],
+)
+async def test_prv_07_an_error_reported_mid_stream_is_the_failure(
+    chat: ChatServer, stream: Stream
+) -> None:
+    """PRV-07: an error event mid-stream is the response's failure, with the
+    server's message: after it ``[DONE]`` ends the read at once, silence
+    costs ``tail_timeout`` (not the read timeout), and a dropped connection
+    does not replace it with a transport error."""
+    chat.add(stream)
+    provider = OpenAIProvider(chat.base_url, "m", timeout=30.0, tail_timeout=0.5)
+    start = trio.current_time()
+    events = await collect(provider, request())
+    assert trio.current_time() - start < 5.0
+    assert isinstance(events[-1], ResponseFailed)
+    error = events[-1].error
+    assert error.details["reason"] == "stream_error", error
+    assert error.details["provider_message"] == "context_length_exceeded: too many tokens"
+
+
+async def test_prv_13_an_event_that_never_ends_is_refused_as_it_grows(chat: ChatServer) -> None:
+    """PRV-13: a server sending one line that never ends (here 9 MiB, then
+    silence) is a malformed stream once the line passes 8 MiB: refused as
+    it grows, never held whole, not waited out."""
+    chat.add(Stream((), done=False, prefix=b"data: " + b"x" * (9 * 1024 * 1024), tail="hang"))
+    events = await collect(OpenAIProvider(chat.base_url, "m", timeout=30.0), request())
+    assert isinstance(events[-1], ResponseFailed)
+    assert events[-1].error.error_class is ErrorClass.EXECUTION_FAILURE
+    assert events[-1].error.message == "stream event is too large"
+
+
+async def test_prv_05_a_number_no_double_holds_stays_out_of_the_transcript(
+    chat: ChatServer,
+) -> None:
+    """PRV-05: tool arguments holding a number that overflows a double
+    (``1e999``, valid JSON Python reads as ``inf``) arrive as their text, as
+    NaN does (the gateway refuses them as a validation tool result); usage
+    holding one is a malformed stream, classed, never a raw exception."""
+    chat.add(tool_call_chunks(("c1", "add", '{"a": 1e999, "b": 1}')))
+    events = await collect(OpenAIProvider(chat.base_url, "m"), request())
+    [completed] = [e for e in events if isinstance(e, ToolCallCompleted)]
+    assert completed.arguments == '{"a": 1e999, "b": 1}'
+    chat.add(Stream(({"choices": [], "usage": {"total_tokens": 1e999}},)))
+    events = await collect(OpenAIProvider(chat.base_url, "m"), request())
+    assert isinstance(events[-1], ResponseFailed)
+    assert events[-1].error.details["reason"] == "malformed_stream"
+
+
+async def test_prv_a_delta_without_index_repeating_the_last_id_continues_that_call(
+    chat: ChatServer,
+) -> None:
+    """A tool-call delta without an index that repeats the last call's id
+    continues that call (as one naming nothing does): one call, whole."""
+    chat.add(
+        Stream(
+            (
+                {
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {
+                                "tool_calls": [
+                                    {
+                                        "id": "c1",
+                                        "type": "function",
+                                        "function": {"name": "add", "arguments": '{"a":'},
+                                    }
+                                ]
+                            },
+                        }
+                    ]
+                },
+                {
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {
+                                "tool_calls": [{"id": "c1", "function": {"arguments": " 1}"}}]
+                            },
+                        }
+                    ]
+                },
+                {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+            )
+        )
+    )
+    events = await collect(OpenAIProvider(chat.base_url, "m"), request())
+    completed = [e for e in events if isinstance(e, ToolCallCompleted)]
+    assert [(c.tool_call_id, c.name, c.arguments) for c in completed] == [("c1", "add", {"a": 1})]
+
+
+async def test_prv_argument_deltas_split_inside_a_surrogate_pair_are_unicode(
+    chat: ChatServer,
+) -> None:
+    """A server splitting tool arguments by UTF-16 units sends each half of
+    a surrogate pair in its own delta: every ``ToolCallArgumentsDelta`` is
+    still Unicode text (encodable as UTF-8), and they join to the arguments."""
+    halves = ('{"s": "\ud83d', '\ude00"}')  # each a lone surrogate once the chunk is read
+    chat.add(
+        Stream(
+            (
+                {
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {
+                                "tool_calls": [
+                                    {
+                                        "index": 0,
+                                        "id": "c1",
+                                        "type": "function",
+                                        "function": {"name": "add", "arguments": ""},
+                                    }
+                                ]
+                            },
+                        }
+                    ]
+                },
+                *(
+                    {
+                        "choices": [
+                            {
+                                "index": 0,
+                                "delta": {
+                                    "tool_calls": [{"index": 0, "function": {"arguments": half}}]
+                                },
+                            }
+                        ]
+                    }
+                    for half in halves
+                ),
+                {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+            )
+        )
+    )
+    events = await collect(OpenAIProvider(chat.base_url, "m"), request())
+    deltas = [e.delta for e in events if isinstance(e, ToolCallArgumentsDelta)]
+    for delta in deltas:
+        delta.encode("utf-8")  # no lone surrogate
+    [completed] = [e for e in events if isinstance(e, ToolCallCompleted)]
+    assert completed.arguments == {"s": "\U0001f600"}
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ('{"error": "model llama3 not found"}', "model llama3 not found"),
+        ('{"object": "error", "message": "bad model", "code": 404}', "bad model"),
+        ('{"detail": "Not Found"}', "Not Found"),
+    ],
+)
+async def test_http_error_bodies_of_other_servers_keep_their_message(
+    chat: ChatServer, body: str, message: str
+) -> None:
+    """The server's message of the JSON error shapes other OpenAI-compatible
+    servers use (a string ``error``, a top-level ``message``, FastAPI's
+    ``detail``) is kept, as the text of a non-JSON body is."""
+    chat.add(Status(404, body, raw=True))
+    events = await collect(OpenAIProvider(chat.base_url, "m"), request())
+    assert isinstance(events[-1], ResponseFailed)
+    assert events[-1].error.details["provider_message"] == message

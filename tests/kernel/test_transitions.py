@@ -762,6 +762,7 @@ def test_fence_refuses_a_non_increasing_incarnation(incarnation: Any) -> None:
 FORBIDDEN_MODULES = {"trio", "sqlite3", "socket", "time", "os", "threading", "asyncio"}
 PURE_STDLIB = {
     "__future__",
+    "re",
     "collections",
     "collections.abc",
     "typing",

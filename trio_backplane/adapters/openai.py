@@ -1,4 +1,4 @@
-"""An OpenAI-compatible chat-completions provider, streaming, on ``httpx`` and ``httpx-sse``.
+"""An OpenAI-compatible chat-completions provider, streaming, on ``httpx``.
 
 ``OpenAIProvider(base_url, model)`` implements the provider protocol:
 ``stream(request, context)`` posts ``/chat/completions`` with ``stream: true``
@@ -35,9 +35,12 @@ the server sends it, and one terminal :class:`ResponseCompleted` or
   a stream that ends before a finish reason or ``[DONE]`` are
   ``transient_transport`` (a retry is the host's call); 401/403 are
   ``forbidden``; any other 4xx is ``validation``; a chunk that is not a JSON
-  object (or nests too deep to parse), or a response that is not an event
-  stream, is ``execution_failure``
-  with ``details["reason"]`` ``"malformed_stream"``.
+  object (or nests too deep to parse, or holds a number no double holds), an
+  event larger than 8 MiB, or a response that is not an event stream, is
+  ``execution_failure`` with ``details["reason"]`` ``"malformed_stream"``.
+  An error reported mid-stream is the response's failure: the stream is
+  then read on (to ``[DONE]``, for ``tail_timeout`` at most) only to close
+  it cleanly.  An error response's body is read up to 64 KiB.
 * **The API key** is read from ``context["api_key"]`` (the trusted
   ``provider_context``) and sent only as the ``Authorization`` header: it is
   never logged, never part of an event, a request record or an error.
@@ -57,7 +60,6 @@ import trio
 
 try:
     import httpx
-    import httpx_sse
 except ModuleNotFoundError as _missing:  # pragma: no cover - depends on the install
     raise ModuleNotFoundError(
         "trio_backplane.adapters.openai needs the 'openai' extra"
@@ -94,6 +96,13 @@ _SURROGATE_ESCAPE: Final = re.compile(r"\\u[dD][89a-fA-F]")
 _LONE_SURROGATE: Final = re.compile("[\ud800-\udfff]")
 #: Events read (and ignored) after a malformed chunk before giving up.
 _DRAIN_LIMIT: Final = 1000
+#: The most one server-sent event may hold (characters of its data lines and
+#: of the line being read): a line that never ends cannot grow without bound.
+_MAX_EVENT: Final = 8 * 1024 * 1024
+#: The most of an error response's body read (the rest is not waited for).
+_MAX_ERROR_BODY: Final = 64 * 1024
+#: Where a line of an event stream ends: CRLF, LF or CR.
+_LINE_END: Final = re.compile(r"\r\n|\r|\n")
 
 
 class ToolAliases:
@@ -239,14 +248,32 @@ def transcript_messages(messages: Iterable[Any], aliases: ToolAliases) -> list[d
 
 
 class _Call:
-    __slots__ = ("arguments", "id", "index", "name", "started")
+    """One tool call assembled from its deltas: the argument fragments kept
+    as parts (joined once: appending to one str would copy it each time),
+    and streamed as Unicode text (a fragment may split a surrogate pair)."""
+
+    __slots__ = ("fragments", "id", "index", "name", "started", "streamed")
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.id = ""
         self.name = ""
-        self.arguments = ""
+        self.fragments: list[str] = []
+        self.streamed = _StreamedText()
         self.started = False
+
+    @property
+    def arguments(self) -> str:
+        return "".join(self.fragments)
+
+
+class _Calls(dict[int, _Call]):
+    """The calls of a response by index, and the indexes not started yet
+    (each new index starts the ones below it: never a scan of every call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unstarted: set[int] = set()
 
 
 class _Failed(Exception):
@@ -383,58 +410,63 @@ class OpenAIProvider:
         aliases: ToolAliases,
         request: ProviderRequest,
     ) -> AsyncGenerator[ProviderEvent, None]:
-        calls: dict[int, _Call] = {}
+        calls = _Calls()
         text = _StreamedText()
         thinking = _StreamedText()
         finished = done = False
         failure: Error | None = None
         lost: Error | None = None
         drained = 0
+        stream_headers = {**headers, "Accept": "text/event-stream", "Cache-Control": "no-store"}
         try:
-            async with httpx_sse.aconnect_sse(
-                client, "POST", self.url, json=body, headers=headers, timeout=self.timeout
-            ) as source:
-                response = source.response
+            async with client.stream(
+                "POST", self.url, json=body, headers=stream_headers, timeout=self.timeout
+            ) as response:
                 if response.status_code != 200:
-                    await response.aread()
-                    raise _Failed(_http_error(response))
+                    raise _Failed(_http_error(response.status_code, await _head(response)))
+                media_type = response.headers.get("content-type", "").partition(";")[0]
+                if media_type.strip().lower() != "text/event-stream":
+                    raise _Failed(_malformed("response is not an event stream", media_type[:100]))
                 # Event streams are UTF-8; one leading byte order mark is not
                 # part of the first field's name (the SSE specification).
                 response.encoding = "utf-8-sig"
-                # Read the body on after a bad chunk (up to _DRAIN_LIMIT
-                # events), so the stream closes cleanly; [DONE] ends it at
-                # once: what a server does after it cannot fail the response.
-                async with aclosing(source.aiter_sse()) as sses:
+                # Read the body on after a failure (up to _DRAIN_LIMIT events
+                # and tail_timeout), so the stream closes cleanly; [DONE] ends
+                # it at once: what a server does after it cannot change the
+                # response, nor its failure.
+                async with aclosing(_server_sent_events(response)) as sses:
                     tail_by = math.inf  # after a finish reason: when reading stops
                     while True:
                         with trio.CancelScope(deadline=tail_by) as tail:
                             try:
-                                sse = await anext(sses)
+                                kind, data = await anext(sses)
                             except StopAsyncIteration:
                                 break
-                        if tail.cancelled_caught:  # silent since the finish reason
+                        if tail.cancelled_caught:  # silent since the finish or failure
+                            break
+                        data = data.strip()
+                        if data == "[DONE]":
+                            done = True
                             break
                         if failure is not None:
                             drained += 1
                             if drained > _DRAIN_LIMIT:
                                 break
                             continue
-                        data = sse.data.strip()
-                        if sse.event == "error":  # an SSE error event, whatever its data
+                        if kind == "error":  # an SSE error event, whatever its data
                             failure = _stream_error(data)
+                        elif data:
+                            try:
+                                chunk = _chunk(data)
+                                events = self._chunk_events(
+                                    chunk, calls, text, thinking, aliases, request
+                                )
+                            except _Failed as failed:
+                                failure = failed.error
+                        if failure is not None:
+                            tail_by = min(tail_by, trio.current_time() + self.tail_timeout)
                             continue
-                        if data == "[DONE]":
-                            done = True
-                            break
                         if not data:
-                            continue
-                        try:
-                            chunk = _chunk(data)
-                            events = self._chunk_events(
-                                chunk, calls, text, thinking, aliases, request
-                            )
-                        except _Failed as failed:
-                            failure = failed.error
                             continue
                         for event in events:
                             yield event
@@ -449,16 +481,14 @@ class OpenAIProvider:
                             finished = True
                     if done:
                         await _abandon(sses)
-        except httpx_sse.SSEError as exc:
-            raise _Failed(_malformed("response is not an event stream", str(exc))) from None
         except httpx.TimeoutException as exc:
             lost = _transport("provider request timed out", exc, "timeout")
         except httpx.HTTPError as exc:
             lost = _transport("provider connection failed", exc, "connection")
-        if lost is not None and (failure is not None or not finished):
-            raise _Failed(lost)  # after a finish reason, what arrived is the response
-        if failure is not None:
+        if failure is not None:  # what the server said, not how the stream then ended
             raise _Failed(failure)
+        if lost is not None and not finished:
+            raise _Failed(lost)  # after a finish reason, what arrived is the response
         if not (done or finished):
             raise _Failed(
                 Error(
@@ -491,7 +521,7 @@ class OpenAIProvider:
     def _chunk_events(  # noqa: PLR0917
         self,
         chunk: Mapping[str, Any],
-        calls: dict[int, _Call],
+        calls: _Calls,
         text: _StreamedText,
         thinking: _StreamedText,
         aliases: ToolAliases,
@@ -534,7 +564,7 @@ class OpenAIProvider:
     def _tool_delta(
         self,
         raw: Any,
-        calls: dict[int, _Call],
+        calls: _Calls,
         aliases: ToolAliases,
         request: ProviderRequest,
     ) -> list[ProviderEvent]:
@@ -549,18 +579,27 @@ class OpenAIProvider:
                 raise _Failed(_malformed(f"tool call {field} must be a string", repr(value)))
         index = raw.get("index")
         if index is None:
-            # No index (some servers): a delta naming a call starts one, any
-            # other continues the last one.
-            index = len(calls) if call_id or name or not calls else max(calls)
+            # No index (some servers): a delta naming a new call starts one,
+            # any other (or one repeating the last call's id) continues it.
+            last = max(calls) if calls else None
+            if last is not None and (
+                not (call_id or name) or (call_id and call_id == calls[last].id)
+            ):
+                index = last
+            else:
+                index = len(calls)
         if type(index) is not int or index < 0:
             raise _Failed(_malformed("tool call index must be a non-negative int", repr(index)))
         events: list[ProviderEvent] = []
         call = calls.get(index)
         if call is None:
             # Calls stream one after the other: the ones before are named.
-            for earlier in sorted(i for i in calls if i < index and not calls[i].started):
-                events += self._start(calls[earlier], aliases, request)
+            earlier = sorted(i for i in calls.unstarted if i < index)
+            for i in earlier:
+                events += self._start(calls[i], aliases, request)
+            calls.unstarted.difference_update(earlier)
             call = calls[index] = _Call(index)
+            calls.unstarted.add(index)
         if call_id:
             if call.id and call.id != call_id:
                 raise _Failed(_malformed("tool call id changed at one index", f"index {index}"))
@@ -570,11 +609,14 @@ class OpenAIProvider:
                 raise _Failed(_malformed("tool call name continued after its arguments", name))
             call.name += _unicode(name)
         if fragment:
-            call.arguments += fragment
+            call.fragments.append(fragment)
+            piece = call.streamed.add(fragment)
             if call.started:
-                events.append(ToolCallArgumentsDelta(call.id, fragment, index))
+                if piece:
+                    events.append(ToolCallArgumentsDelta(call.id, piece, index))
             elif call.name:
                 events += self._start(call, aliases, request)
+                calls.unstarted.discard(index)
         return events
 
     @staticmethod
@@ -590,12 +632,13 @@ class OpenAIProvider:
         events: list[ProviderEvent] = [
             ToolCallStarted(call.id, aliases.name(call.name), call.index)
         ]
-        if call.arguments:
-            events.append(ToolCallArgumentsDelta(call.id, call.arguments, call.index))
+        streamed = call.streamed.so_far()
+        if streamed:
+            events.append(ToolCallArgumentsDelta(call.id, streamed, call.index))
         return events
 
 
-async def _abandon(sses: AsyncGenerator[Any, None]) -> None:
+async def _abandon(sses: AsyncIterator[Any]) -> None:
     """Stop reading ``sses`` without waiting on the network.
 
     Events already buffered are discarded and the first read that would wait
@@ -606,6 +649,54 @@ async def _abandon(sses: AsyncGenerator[Any, None]) -> None:
         scope.cancel()
         async for _ in sses:
             pass
+
+
+async def _server_sent_events(response: httpx.Response) -> AsyncGenerator[tuple[str, str], None]:
+    """``(event type, data)`` of each event of ``response``'s event stream, as
+    the SSE specification reads one: lines end at CRLF, LF or CR; a blank
+    line dispatches the event; ``:`` starts a comment; ``data`` lines join
+    with newlines; an event the stream ends in the middle of is dropped.
+    An event (or a line) past :data:`_MAX_EVENT` characters is a malformed
+    stream, refused as it grows: never held whole."""
+    event, size = "", 0
+    data: list[str] = []
+    line: list[str] = []
+    pending = 0  # characters of the line being read
+    after_cr = False  # the last piece ended in CR: a leading LF belongs to it
+    pieces = response.aiter_text()
+    async with aclosing(pieces):  # type: ignore[type-var]  # an async generator
+        async for received in pieces:
+            piece = received[1:] if after_cr and received.startswith("\n") else received
+            after_cr = piece.endswith("\r")
+            start = 0
+            for end in _LINE_END.finditer(piece):
+                line.append(piece[start : end.start()])
+                start = end.end()
+                text = "".join(line)
+                line, pending = [], 0
+                if not text:
+                    if data:
+                        yield event or "message", "\n".join(data)
+                    event, data, size = "", [], 0
+                    continue
+                field, colon, value = text.partition(":")
+                if not field:
+                    continue  # a comment
+                if colon and value.startswith(" "):
+                    value = value[1:]
+                if field == "data":
+                    data.append(value)
+                    size += len(value) + 1
+                elif field == "event":
+                    event = value
+            if start < len(piece):
+                line.append(piece[start:])
+                pending += len(piece) - start
+            if size + pending > _MAX_EVENT:
+                await _abandon(pieces)  # unwinds httpx's generators beneath, closes
+                raise _Failed(
+                    _malformed("stream event is too large", f"more than {_MAX_EVENT} characters")
+                )
 
 
 class _StreamedText:
@@ -634,6 +725,10 @@ class _StreamedText:
         if piece:
             self._parts.append(piece)
         return piece
+
+    def so_far(self) -> str:
+        """The text completed so far (a trailing high surrogate still waits)."""
+        return "".join(self._parts)
 
     def text(self) -> str:
         if self._high:
@@ -724,15 +819,38 @@ def _transport(message: str, exc: BaseException, reason: str) -> Error:
     )
 
 
-def _http_error(response: httpx.Response) -> Error:
-    status = response.status_code
-    provider_message = ""
+async def _head(response: httpx.Response) -> str:
+    """The first :data:`_MAX_ERROR_BODY` bytes of ``response``'s body as
+    text: an endless body is not waited for, nor held."""
+    parts: list[bytes] = []
+    size = 0
+    pieces = response.aiter_bytes()
+    async for piece in pieces:
+        parts.append(piece)
+        size += len(piece)
+        if size >= _MAX_ERROR_BODY:
+            await _abandon(pieces)
+            break
+    return b"".join(parts)[:_MAX_ERROR_BODY].decode("utf-8", "replace")
+
+
+def _http_error(status: int, text: str) -> Error:
+    """The error an HTTP status and its body's text make; the server's own
+    message from the JSON shapes servers use (``{"error": {"message"}}``,
+    ``{"error": "..."}``, ``{"message"}``, ``{"detail"}``), else the text."""
+    provider_message = text
     try:
-        payload = _loads(response.text)
-        if isinstance(payload, Mapping) and isinstance(payload.get("error"), Mapping):
-            provider_message = str(payload["error"].get("message", ""))
+        payload = _loads(text)
     except (ValueError, RecursionError):
-        provider_message = response.text
+        payload = None
+    if isinstance(payload, Mapping):
+        error = payload.get("error")
+        if isinstance(error, Mapping):
+            error = error.get("message")
+        for candidate in (error, payload.get("message"), payload.get("detail")):
+            if isinstance(candidate, str) and candidate:
+                provider_message = candidate
+                break
     details = {"status": status, "provider_message": provider_message}
     if status == 429 or status >= 500:
         return Error(ErrorClass.TRANSIENT_TRANSPORT, f"provider answered HTTP {status}", details)

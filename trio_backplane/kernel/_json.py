@@ -12,6 +12,7 @@ too deep still raises ``RecursionError``.  ``FrozenDict``/``FrozenList`` are
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Final
 
 from ._records import LayeredDict
@@ -54,11 +55,29 @@ def _not_a_number(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if value - value != 0.0:
+        raise ValueError(f"number {text[:40]} is too large for a double")
+    return value
+
+
+#: Text that may hold a number too large for a double (``1e999``, or 309
+#: digits and more): only then is each float parsed in Python, and checked.
+_MAYBE_HUGE: Final = re.compile(r"[eE]\+?0*[1-9][0-9]{2}|[0-9]{309}")
+_MAYBE_HUGE_BYTES: Final = re.compile(rb"[eE]\+?0*[1-9][0-9]{2}|[0-9]{309}")
+
+
 def loads(text: str | bytes) -> Any:
     """JSON text parsed strictly: ``NaN`` and ``Infinity``, which Python's
-    ``json`` accepts but JSON does not, raise ``ValueError`` like any other
-    text that is not JSON (so a value parsed here can always be committed)."""
-    return json.loads(text, parse_constant=_not_a_number)
+    ``json`` accepts but JSON does not, and numbers that overflow a double
+    (``1e999``, valid JSON that Python reads as ``inf``), raise
+    ``ValueError`` like any other text that is not JSON (so a value parsed
+    here can always be committed)."""
+    huge = _MAYBE_HUGE.search(text) if isinstance(text, str) else _MAYBE_HUGE_BYTES.search(text)
+    if huge is None:
+        return json.loads(text, parse_constant=_not_a_number)
+    return json.loads(text, parse_constant=_not_a_number, parse_float=_finite)
 
 
 def utf8_size(value: Any) -> int:
