@@ -10,7 +10,10 @@ Run as ``python raw_mcp_server.py``; the environment says what it sends:
   the call's ``result`` argument if it has one, else the arguments
   received as ``structuredContent``);
 * ``RAW_GARBAGE``: set to write one line of non-UTF-8 bytes before every
-  ``tools/call`` response.
+  ``tools/call`` response;
+* ``RAW_CALL_DELAY``: seconds to wait before answering a ``tools/call``;
+* ``RAW_CALL_LINE``: the whole ``tools/call`` response line, sent as it is
+  with ``"__ID__"`` replaced by the request's id.
 
 Every ``tools/call`` but one to ``calls`` is logged; a call to ``calls``
 returns that log (``structuredContent: {"calls": [[name, arguments], ...]}``),
@@ -22,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from typing import Any
 
 out = sys.stdout.buffer
@@ -30,6 +34,8 @@ TOOLS = json.loads(os.environ["RAW_TOOLS"]) if "RAW_TOOLS" in os.environ else DE
 PAGING = os.environ.get("RAW_PAGING")
 RESULT = os.environ.get("RAW_RESULT")
 GARBAGE = "RAW_GARBAGE" in os.environ
+CALL_DELAY = float(os.environ.get("RAW_CALL_DELAY", "0"))
+CALL_LINE = os.environ.get("RAW_CALL_LINE")
 calls: list[Any] = []
 
 
@@ -78,6 +84,12 @@ for line in sys.stdin.buffer:
     elif method == "tools/list":
         send(key, listing(message.get("params")))
     elif method == "tools/call":
-        send(key, call(message["params"]))
+        time.sleep(CALL_DELAY)
+        result = call(message["params"])  # logged
+        if CALL_LINE is not None and message["params"]["name"] != "calls":
+            out.write(CALL_LINE.replace('"__ID__"', json.dumps(key)).encode() + b"\n")
+            out.flush()
+            continue
+        send(key, result)
     else:
         send(key, {})

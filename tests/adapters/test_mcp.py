@@ -946,6 +946,64 @@ async def test_unparseable_response_fails_its_call_at_once() -> None:
     assert exc.value.details["method"] == "tools/list"
 
 
+async def test_no_call_timeout_means_no_limit_whatever_the_read_timeout() -> None:
+    """``call_timeout=None`` is no limit on a call: a call longer than the
+    connection's ``read_timeout`` (which bounds every request but calls)
+    completes, never cut as a timeout."""
+    async with raw_server({"RAW_CALL_DELAY": "1.5"}, call_timeout=None, read_timeout=0.5) as source:
+        with trio.fail_after(10):
+            result = await source.call_tool("plain", {"n": 1})
+        assert result.structured_content == {"arguments": {"n": 1}}
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"jsonrpc": "2.0", "id": "__ID__", "result": null}',
+        '{"jsonrpc": "2.0", "id": "__ID__", "result": []}',
+        '{"jsonrpc": "2.0", "id": "__ID__", "result": "done"}',
+        '{"jsonrpc": "2.0", "id": "__ID__", "error": "boom"}',
+        '{"jsonrpc": "2.0", "id": "__ID__", "error": {"message": "no code"}}',
+        '{"id": "__ID__", "result": {"content": []}}',
+        '{"jsonrpc": "2.0", "id": "__ID__", "result": {"n": ' + "9" * 5000 + "}}",
+    ],
+    ids=["null", "array", "str", "str-error", "no-code", "no-jsonrpc", "huge-int"],
+)
+async def test_a_response_the_sdk_refuses_fails_its_call_at_once(line: str) -> None:
+    """A response with the call's id that the SDK's JSON-RPC models refuse
+    (a result that is not an object, an error without a code, no
+    ``jsonrpc`` member, a number past Python's digit limit) fails the call
+    at once, ``malformed_result`` uncertain, never a wait for a response
+    that already came (nor, with a read timeout, a misclassified timeout)."""
+    async with raw_server({"RAW_CALL_LINE": line}, call_timeout=None) as source:
+        with trio.fail_after(10), pytest.raises(Error) as exc:
+            await source.call_tool("plain", {"n": 1})
+        assert exc.value.error_class is ErrorClass.MALFORMED_RESULT, exc.value
+        assert exc.value.details["reason"] == "unparseable_response"
+        assert exc.value.details["certainty"] == "uncertain"
+        with trio.fail_after(10):
+            assert await server_calls(source) == [["plain", {"n": 1}]]
+
+
+@pytest.mark.parametrize("read_timeout", ["5", float("nan"), 0, -1.0, True])
+async def test_a_bad_read_timeout_is_validation_before_anything_starts(read_timeout: Any) -> None:
+    """``read_timeout`` is checked like ``call_timeout``: ``validation``
+    before the server is started, never a transport failure to retry."""
+    for connect in (
+        lambda: connect_stdio(
+            sys.executable, ["-c", "raise SystemExit(3)"], read_timeout=read_timeout
+        ),
+        lambda: mcp_adapter.connect_streamable_http(
+            "http://127.0.0.1:9/mcp", read_timeout=read_timeout
+        ),
+    ):
+        with pytest.raises(Error) as exc:
+            async with connect():
+                pass  # pragma: no cover
+        assert exc.value.error_class is ErrorClass.VALIDATION
+        assert exc.value.details["argument"] == "read_timeout"
+
+
 async def test_host_timeout_on_a_failed_connection_is_too_slow(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

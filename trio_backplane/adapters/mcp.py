@@ -601,12 +601,7 @@ class McpToolSource:
         cache: ValidatorCache | None = None,
         call_timeout: float | None = None,
     ) -> None:
-        if call_timeout is not None and (
-            type(call_timeout) not in (int, float)
-            or not math.isfinite(call_timeout)
-            or call_timeout <= 0
-        ):
-            raise Error(ErrorClass.VALIDATION, "call_timeout must be a positive number or None")
+        _check_seconds("call_timeout", call_timeout)
         if session is not None:
             require_methods(session, "session", ("list_tools", "call_tool"))
         self.catalog = McpCatalog(
@@ -786,7 +781,10 @@ class McpToolSource:
         try:
             # send_request, not ClientSession.call_tool: the SDK's own output
             # validation must not replace the opt-in one of spec 003 (MCP-09/10).
-            raw = await _send_raw(session, request, mcp_types.CallToolResult, self.call_timeout)
+            # (no call_timeout: no limit, never the session's read_timeout,
+            # which the SDK applies to a request given none)
+            limit = self.call_timeout if self.call_timeout is not None else math.inf
+            raw = await _send_raw(session, request, mcp_types.CallToolResult, limit)
         except MCPError as exc:
             raise _mcp_error("tools/call", exc, tool=tool.name) from None
         except pydantic.ValidationError as exc:
@@ -882,15 +880,28 @@ class _RawDispatcher(JSONRPCDispatcher):
         await super()._dispatch(item, *args, **kwargs)
 
     def _fail_unparsed(self, error: pydantic.ValidationError) -> None:
-        found = next((e for e in error.errors() if isinstance(e.get("input"), str | bytes)), None)
-        if found is None:
+        """A response the SDK's models refuse: the line itself (JSON the SDK
+        cannot read) or the message read from it (a ``result`` that is not
+        an object, an ``error`` without a code, no ``jsonrpc`` member)."""
+        message: Any = None
+        found: Any = None
+        for entry in error.errors():
+            given = entry.get("input")
+            if isinstance(given, str | bytes):
+                try:  # Python's reader takes what the SDK's refused
+                    message = json.loads(given, parse_int=_small_int)
+                except (ValueError, RecursionError):
+                    continue  # not JSON at all: no response to match
+            elif isinstance(given, Mapping):
+                message = given
+            else:
+                continue
+            found = entry
+            if isinstance(message, Mapping) and ("result" in message or "error" in message):
+                break
+        if found is None or not isinstance(message, Mapping):
             return
-        line = found["input"]
-        try:
-            message = json.loads(line)  # Python's reader takes what the SDK's refused
-        except (ValueError, RecursionError):
-            return  # not JSON at all: no response to match
-        if not isinstance(message, dict) or not ("result" in message or "error" in message):
+        if not ("result" in message or "error" in message):
             return
         request_id = message.get("id")
         if type(request_id) not in (str, int):
@@ -900,6 +911,23 @@ class _RawDispatcher(JSONRPCDispatcher):
             code=mcp_types.PARSE_ERROR, message="unparseable response", data=data
         )
         self._resolve_pending(request_id, error_data)
+
+
+def _check_seconds(name: str, value: Any) -> None:
+    """``validation`` unless ``value`` is ``None`` or a positive finite number
+    of seconds: checked before anything starts, never a transport failure."""
+    if value is not None and (
+        type(value) not in (int, float) or not math.isfinite(value) or value <= 0
+    ):
+        raise Error(
+            ErrorClass.VALIDATION, f"{name} must be a positive number or None", {"argument": name}
+        )
+
+
+def _small_int(text: str) -> int:
+    """An int of a line the SDK refused, read only to find its id: one past
+    Python's digit limit is not the id, and reads as 0."""
+    return int(text) if len(text) <= 30 else 0
 
 
 def _raw_dispatch_supported() -> bool:
@@ -1437,6 +1465,7 @@ async def connect_stdio(
         )
     if cwd is not None:
         _check_text("cwd", cwd)
+    _check_seconds("read_timeout", read_timeout)
     source = McpToolSource(
         validate_arguments=validate_arguments,
         validate_structured_content=validate_structured_content,
@@ -1480,6 +1509,7 @@ async def connect_streamable_http(
     _check_text("url", url)
     if not url.startswith(("http://", "https://")):
         raise Error(ErrorClass.VALIDATION, "url must be an http(s) URL", {"argument": "url"})
+    _check_seconds("read_timeout", read_timeout)
 
     source = McpToolSource(
         validate_arguments=validate_arguments,
