@@ -36,6 +36,7 @@ from .support import (
     FaultyStore,
     Host,
     RecordingBackend,
+    conversation_with,
     make_tool,
     pending_of,
     run_with_host,
@@ -1149,3 +1150,177 @@ async def test_int_04_a_cancelled_resolve_leaves_the_interaction_open(
     assert outcomes == {"cancelled": True, "still_pending": True}
     assert log["answer"] == "second"
     assert finished.record.state == "completed"
+
+
+# -- second-order races (a probe's findings) --------------------------------------
+
+
+@pytest.mark.parametrize("nested_starts", ["during the wait", "before the wait"])
+async def test_int_18_a_nested_call_settles_during_a_long_wait_past_the_stored_deadline(
+    autojump_clock: MockClock, nested_starts: str
+) -> None:
+    """INT-06, INT-18: a tool asks a question at 0.5 s (run_timeout 20 s,
+    answered at 100 s) while a nested call of its own starts (at 30 s) or
+    settles (at 30 s) during the wait.  The wait has moved the run deadline
+    in memory; the commits of the nested call past the stored deadline first
+    move the stored one too: nothing is refused as too late, the question is
+    answered and the run completes."""
+    log: dict[str, Any] = {}
+
+    async def inner(operation: Any) -> ToolResult:
+        if nested_starts == "before the wait":
+            await trio.sleep(30.0)  # its budget is suspended by the wait
+        return ToolResult("inner done")
+
+    async def outer(operation: Any) -> ToolResult:
+        context = operation.context
+
+        async def nested() -> None:
+            if nested_starts == "during the wait":
+                await trio.sleep(30.0)
+            log["nested"] = (await context.nested_dispatch("inner", {})).content
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(nested)
+            await trio.sleep(0.5)
+            log["answer"] = await context.interact({"kind": "question"})
+        return ToolResult("outer done")
+
+    tools = [
+        make_tool("outer", RecordingBackend(outer), read_only=True),
+        make_tool("inner", RecordingBackend(inner), read_only=True),
+    ]
+    finished, _ = await run_with_host(
+        calls_then_done(("c1", "outer", {})),
+        tools,
+        lambda _event: (100.0, "yes"),
+        run_timeout=20.0,
+        effect_timeout=60.0,
+    )
+    assert finished.record.state == "completed", finished.snapshot.last_error
+    assert log == {"nested": "inner done", "answer": "yes"}
+    # the stored deadline moved by the whole wait (the answer came 100 s after
+    # the question), once: never twice for the steps it took
+    assert finished.record.deadline == pytest.approx(20.0 + 100.0)
+
+
+async def test_int_05_the_tool_gets_the_committed_answer_not_the_hosts_object(
+    autojump_clock: MockClock,
+) -> None:
+    """INT-05: ``interact`` returns the answer as committed, a copy of the
+    tool's own: a host that reuses (mutates) its answer object after
+    ``resolve`` returned changes nothing the tool acts on."""
+    seen: dict[str, Any] = {}
+
+    async def ask(operation: Any) -> ToolResult:
+        answer = await operation.context.interact({"kind": "question", "text": "branch?"})
+        seen["answer"] = answer
+        return ToolResult(f"deploying {answer['branch']}")
+
+    async def during(conversation: Conversation, host: Host) -> None:
+        await until(lambda: bool(host.requested))
+        answer = {"branch": "main"}
+        await conversation.resolve(host.requested[0][1], answer)
+        answer["branch"] = "prod-EVIL"
+
+    tool = make_tool("ask", RecordingBackend(ask), read_only=True)
+    finished, _ = await run_with_host(
+        calls_then_done(("c1", "ask", {})), [tool], never, during=during
+    )
+    assert seen["answer"] == {"branch": "main"}
+    stored = finished.record.context["conversation"]["resolved_interaction"]
+    assert thaw(stored["answer"]) == {"branch": "main"}
+
+
+async def test_int_11_interact_while_the_run_stops_is_refused_at_once(
+    autojump_clock: MockClock,
+) -> None:
+    """INT-11, CAN-18: a tool asking for a confirmation in its shielded
+    cleanup after ``cancel()`` is refused at once ("the run is stopping"), as
+    ``nested_dispatch`` is: no interaction is stored for a stopping run, and
+    the conversation block exits."""
+    seen: dict[str, Any] = {}
+
+    async def body(operation: Any) -> ToolResult:
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            with trio.CancelScope(shield=True):
+                try:
+                    await operation.context.interact({"kind": "confirm", "text": "roll back?"})
+                    seen["interact"] = "returned"
+                except Error as error:
+                    seen["interact"] = error.error_class
+            raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    tools = [make_tool("t", RecordingBackend(body), read_only=True)]
+    with trio.fail_after(600):
+        async with conversation_with(
+            calls_then_done(("c1", "t", {})), tools, cleanup_timeout=5.0
+        ) as (conversation, timeline):
+            await conversation.prompt("go")
+            await trio.sleep(1.0)
+            await conversation.cancel()
+            snapshot = await conversation.wait_settled()
+    assert seen["interact"] is ErrorClass.CANCELLED
+    assert snapshot.phase == "terminal"
+    stored = await timeline.load(RUN_ID)
+    assert stored is not None
+    assert pending_of(stored) is None
+
+
+async def test_int_10_a_cancelled_resolve_after_the_tool_gave_up_withdraws_it(
+    autojump_clock: MockClock,
+) -> None:
+    """INT-10, INT-07: a ``resolve`` queued behind a slow commit, while the
+    asking tool gives up on its own timeout, then cancelled by its caller
+    before it commits: the interaction is withdrawn (not left stored and
+    shown pending), and the stored deadline moved by the wait the tool had."""
+
+    def steering_commit(kind: str, record: RunRecord) -> bool:
+        return kind == "conversation_updated" and bool(record.context["conversation"]["steering"])
+
+    faulty = FaultyStore(None, Fault("delay", when=steering_commit, delay=3.0))
+    log: dict[str, Any] = {}
+    holder: list[Conversation] = []
+
+    async def ask(operation: Any) -> ToolResult:
+        with trio.move_on_after(9.5):
+            await operation.context.interact({"kind": "question"})
+        log["enforced"] = holder[0]._run_budget.deadline
+        await trio.sleep(5.0)
+        return ToolResult("gave up waiting")
+
+    async def during(conversation: Conversation, host: Host) -> None:
+        holder.append(conversation)
+        await until(lambda: bool(host.requested))
+        interaction = host.requested[0][1]
+        await trio.sleep(8.0)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(conversation.steer, "also this")
+            await until(lambda: bool(faulty.fired), 0.01)
+            with trio.move_on_after(2.5):
+                await conversation.resolve(interaction, "main")
+        await trio.sleep(1.0)
+        log["status pending"] = conversation.status().pending_interaction
+        log["stored deadline"] = conversation._record.deadline
+
+    tool = make_tool("ask", RecordingBackend(ask), read_only=True)
+    finished, _ = await run_with_host(
+        ScriptedProvider(
+            [
+                ScriptedProvider.tool_calls(("c1", "ask", {})),
+                ScriptedProvider.text("done"),
+                ScriptedProvider.text("done 2"),
+            ]
+        ),
+        [tool],
+        never,
+        store=faulty,
+        during=during,
+        run_timeout=60.0,
+    )
+    assert log["status pending"] is None
+    assert pending_of(finished.record) is None
+    assert log["stored deadline"] == pytest.approx(log["enforced"])

@@ -656,6 +656,19 @@ class Conversation:
             raise _Stop  # settled without a worker that ignored its cancellation
         record = self._record
         now = self._now()
+        pending = self._pending
+        if (
+            pending is not None
+            and pending.announced
+            and record.deadline is not None
+            and now > record.deadline
+        ):
+            # A commit during a human wait (a nested call's, say) past the
+            # stored deadline, which the wait has moved in memory but not yet
+            # in the store: the store's moves first (INT-06, INT-18).
+            moved = pending.moved_deadline(now)
+            if moved is not None and moved > record.deadline:
+                steps = (checkpoint_step(dict, {"execution_deadline": moved}), *steps)
         new, events, done = record, [], 0
         refusal: Error | _InputArrived | None = None
         for step in steps:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..errors import Error, ErrorClass
-from ..kernel import freeze
+from ..kernel import freeze, thaw
 
 if TYPE_CHECKING:
     from ._conversation import Conversation
@@ -31,7 +31,9 @@ class Pending:
         "announced",
         "answer",
         "answered_at",
+        "base_deadline",
         "delivered",
+        "ended_at",
         "interaction_id",
         "request",
         "resolving",
@@ -50,6 +52,17 @@ class Pending:
         self.answered_at: float | None = None
         self.answer: Any = None
         self.delivered = trio.Event()
+        #: the stored run deadline when the wait began: the wait moves it to
+        #: ``base_deadline + waited`` (in steps if commits need it meanwhile)
+        self.base_deadline: float | None = None
+        #: when the waiting effect stopped waiting (answered or not)
+        self.ended_at: float | None = None
+
+    def moved_deadline(self, until: float) -> float | None:
+        """The stored run deadline once the wait has lasted until ``until``."""
+        if self.base_deadline is None:
+            return None
+        return self.base_deadline + max(0.0, until - self.started)
 
 
 def _overlap() -> Error:
@@ -65,6 +78,11 @@ async def wait_for_human(c: Conversation, request: Any) -> tuple[Any, float]:
         raise Error(ErrorClass.VALIDATION, "an interaction request must be a mapping")
     if c._pending is not None:
         raise _overlap()
+    if c._stop_reason is not None:
+        # The run is stopping: nobody will answer (and resolve() refuses).
+        from ._conversation import _Stop
+
+        raise _Stop
     request = freeze(request, "interaction request")
     pending = Pending(c._new_id("interaction"), request, c._now())
     c._pending = pending
@@ -83,11 +101,18 @@ async def wait_for_human(c: Conversation, request: Any) -> tuple[Any, float]:
             c._suspend_deadlines()
             suspended = True
             pending.started = c._now()
+            pending.base_deadline = c._record.deadline
             pending.announced = True
             c._publish(
                 "interaction_requested",
                 {"interaction_id": pending.interaction_id, "request": request},
             )
+        else:
+            # A stop won while the request committed: never announced, never
+            # answered (the finally withdraws it).
+            from ._conversation import _Stop
+
+            raise _Stop
         await pending.delivered.wait()
         # A cancellation accepted after the answer was committed but before
         # this task ran again wins: the answer never reaches the effect (INT-11).
@@ -99,6 +124,7 @@ async def wait_for_human(c: Conversation, request: Any) -> tuple[Any, float]:
             c._pending = None
         if c._phase == "waiting_interaction":
             c._phase = "running"
+        pending.ended_at = c._now()
         if suspended:
             # The wait ended when ``resolve`` measured it (the stored deadline
             # moved by exactly that); the resolution commit after it counts
@@ -106,6 +132,7 @@ async def wait_for_human(c: Conversation, request: Any) -> tuple[Any, float]:
             ended = pending.answered_at
             if ended is not None:  # never before the wait began
                 ended = max(ended, pending.started)
+                pending.ended_at = ended
             c._resume_deadlines(at=ended)
         if stored and not pending.resolving and c._stop_reason is None:
             # Given up without an answer (the waiting effect was cut, or
@@ -121,9 +148,9 @@ async def _withdraw(c: Conversation, pending: Pending, suspended: bool) -> None:
     from ._conversation import _Stop, _StorageFailed
 
     extra: dict[str, Any] = {}
-    deadline = c._record.deadline
-    if suspended and deadline is not None:
-        extra["execution_deadline"] = deadline + max(0.0, c._now() - pending.started)
+    moved = pending.moved_deadline(pending.ended_at or c._now()) if suspended else None
+    if moved is not None:
+        extra["execution_deadline"] = moved
 
     def cleared(state: dict[str, Any]) -> dict[str, Any]:
         current = state.get("pending_interaction")
@@ -154,11 +181,10 @@ async def resolve(c: Conversation, interaction_id: Any, answer: Any) -> None:
     answered = freeze(answer, "interaction answer")  # JSON data only: it is committed
     pending.resolving = True
     pending.answered_at = c._now()
-    waited = pending.answered_at - pending.started
-    deadline = c._record.deadline
     extra: dict[str, Any] = {}
-    if deadline is not None:
-        extra["execution_deadline"] = deadline + waited
+    moved = pending.moved_deadline(pending.answered_at)
+    if moved is not None:
+        extra["execution_deadline"] = moved
     from ._conversation import _Stop, _StorageFailed
 
     try:
@@ -180,12 +206,16 @@ async def resolve(c: Conversation, interaction_id: Any, answer: Any) -> None:
     except BaseException:
         # Not committed (the caller was cancelled before the commit, or the
         # kernel refused it): the interaction is still open, and a retry of
-        # this resolve must find it (INT-04).
+        # this resolve must find it (INT-04) -- unless its effect stopped
+        # waiting meanwhile (it left the withdrawal to this answer): then it
+        # is withdrawn here, its deadline moved by the wait it had.
         pending.resolving = False
         pending.answered_at = None
+        if pending.ended_at is not None and c._stop_reason is None:
+            await _withdraw(c, pending, pending.announced)
         raise
     if c._stop_reason is not None:
         raise Error(ErrorClass.CANCELLED, "the run was cancelled")
-    pending.answer = answer
+    pending.answer = thaw(answered)  # the committed answer, the effect's own copy
     pending.delivered.set()
     c._publish("interaction_resolved", {"interaction_id": pending.interaction_id})
