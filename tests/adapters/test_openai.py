@@ -957,6 +957,14 @@ async def test_prv_05_a_number_no_double_holds_stays_out_of_the_transcript(
     assert events[-1].error.details["reason"] == "malformed_stream"
 
 
+def _call_chunk(**call: Any) -> dict[str, Any]:
+    """A chunk of one tool-call delta (``call`` as the server sends it)."""
+    return {"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}
+
+
+_CALLS_DONE = {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}
+
+
 async def test_prv_a_delta_without_index_repeating_the_last_id_continues_that_call(
     chat: ChatServer,
 ) -> None:
@@ -965,33 +973,11 @@ async def test_prv_a_delta_without_index_repeating_the_last_id_continues_that_ca
     chat.add(
         Stream(
             (
-                {
-                    "choices": [
-                        {
-                            "index": 0,
-                            "delta": {
-                                "tool_calls": [
-                                    {
-                                        "id": "c1",
-                                        "type": "function",
-                                        "function": {"name": "add", "arguments": '{"a":'},
-                                    }
-                                ]
-                            },
-                        }
-                    ]
-                },
-                {
-                    "choices": [
-                        {
-                            "index": 0,
-                            "delta": {
-                                "tool_calls": [{"id": "c1", "function": {"arguments": " 1}"}}]
-                            },
-                        }
-                    ]
-                },
-                {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+                _call_chunk(
+                    id="c1", type="function", function={"name": "add", "arguments": '{"a":'}
+                ),
+                _call_chunk(id="c1", function={"arguments": " 1}"}),
+                _CALLS_DONE,
             )
         )
     )
@@ -1007,40 +993,13 @@ async def test_prv_argument_deltas_split_inside_a_surrogate_pair_are_unicode(
     a surrogate pair in its own delta: every ``ToolCallArgumentsDelta`` is
     still Unicode text (encodable as UTF-8), and they join to the arguments."""
     halves = ('{"s": "\ud83d', '\ude00"}')  # each a lone surrogate once the chunk is read
+    first = {"name": "add", "arguments": ""}
     chat.add(
         Stream(
             (
-                {
-                    "choices": [
-                        {
-                            "index": 0,
-                            "delta": {
-                                "tool_calls": [
-                                    {
-                                        "index": 0,
-                                        "id": "c1",
-                                        "type": "function",
-                                        "function": {"name": "add", "arguments": ""},
-                                    }
-                                ]
-                            },
-                        }
-                    ]
-                },
-                *(
-                    {
-                        "choices": [
-                            {
-                                "index": 0,
-                                "delta": {
-                                    "tool_calls": [{"index": 0, "function": {"arguments": half}}]
-                                },
-                            }
-                        ]
-                    }
-                    for half in halves
-                ),
-                {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+                _call_chunk(index=0, id="c1", type="function", function=first),
+                *(_call_chunk(index=0, function={"arguments": half}) for half in halves),
+                _CALLS_DONE,
             )
         )
     )

@@ -1241,15 +1241,27 @@ async def test_can_10_the_deadline_passing_in_synchronous_code_is_a_deadline_sto
     assert snapshot.run.outcome["stop_reason"] == "deadline_exceeded"
 
 
-def _act(backend: Any) -> tuple[ToolRegistry, ScriptedProvider]:
+@asynccontextmanager
+async def _acting(backend: Any, store: Any, **options: Any) -> AsyncIterator[Conversation]:
+    """A conversation over ``store`` whose provider calls the tool ``act``
+    (``backend``) once, then answers."""
     from trio_backplane.tools import ToolDescriptor
 
     registry = ToolRegistry(
         [ToolDescriptor(name="act", schema={"type": "object"}, backend=backend)]
     )
-    return registry, ScriptedProvider(
+    provider = ScriptedProvider(
         [ScriptedProvider.tool_calls(("c1", "act", {})), ScriptedProvider.text("done")]
     )
+    async with open_conversation(
+        RUN_ID,
+        store=store,
+        provider=provider,
+        registry=registry,
+        authority=granted(registry),
+        **options,
+    ) as conversation:
+        yield conversation
 
 
 async def test_can_11_a_storage_failure_stays_when_the_worker_unwinds_past_the_deadline(
@@ -1268,13 +1280,9 @@ async def test_can_11_a_storage_failure_stays_when_the_worker_unwinds_past_the_d
             return ToolResult("ok")
 
     store = FaultyStore()
-    registry, provider = _act(Uninterruptible())
-    async with open_conversation(
-        RUN_ID,
-        store=store,
-        provider=provider,
-        registry=registry,
-        authority=granted(registry),
+    async with _acting(
+        Uninterruptible(),
+        store,
         run_timeout=10.0,
         effect_timeout=30.0,
     ) as conversation:
@@ -1312,13 +1320,9 @@ async def test_can_18_a_host_commit_in_flight_does_not_eat_the_settlement_window
             return ToolResult("late")
 
     store = FaultyStore()
-    registry, provider = _act(Stubborn())
-    async with open_conversation(
-        RUN_ID,
-        store=store,
-        provider=provider,
-        registry=registry,
-        authority=granted(registry),
+    async with _acting(
+        Stubborn(),
+        store,
         run_timeout=10.0,
         effect_timeout=60.0,
         cleanup_timeout=5.0,
@@ -1352,13 +1356,9 @@ async def test_can_10_a_deadline_noticed_after_the_whole_window_still_settles(
             return ToolResult("late")
 
     store = FaultyStore()
-    registry, provider = _act(Blocking())
-    async with open_conversation(
-        RUN_ID,
-        store=store,
-        provider=provider,
-        registry=registry,
-        authority=granted(registry),
+    async with _acting(
+        Blocking(),
+        store,
         run_timeout=3.0,
     ) as conversation:
         await conversation.prompt("hi")

@@ -8,3 +8,13 @@ importing one adapter never requires the other's dependencies.
 """
 
 __all__: list[str] = []
+
+
+def _missing_extra(adapter: str, missing: ModuleNotFoundError) -> ModuleNotFoundError:
+    """The error an adapter whose extra is not installed raises on import:
+    it names the extra to install, not only the module that is missing."""
+    return ModuleNotFoundError(
+        f"trio_backplane.adapters.{adapter} needs the {adapter!r} extra"
+        f" (pip install -e '.[{adapter}]' in a checkout): {missing}",
+        name=missing.name,
+    )

@@ -64,6 +64,8 @@ from typing import Any, Final, Literal, Protocol, TextIO, runtime_checkable
 import attrs
 import trio
 
+from . import _missing_extra
+
 try:
     import anyio
     import mcp.types as mcp_types
@@ -73,11 +75,7 @@ try:
     from mcp.shared.exceptions import MCPError
     from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 except ModuleNotFoundError as _missing:  # pragma: no cover - depends on the install
-    raise ModuleNotFoundError(
-        "trio_backplane.adapters.mcp needs the 'mcp' extra"
-        f" (pip install -e '.[mcp]' in a checkout): {_missing}",
-        name=_missing.name,
-    ) from _missing
+    raise _missing_extra("mcp", _missing) from _missing
 
 from ..errors import Error, ErrorClass, exception_leaves, require_methods
 from ..kernel import freeze, thaw

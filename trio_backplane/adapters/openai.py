@@ -58,14 +58,12 @@ from typing import Any, Final
 
 import trio
 
+from . import _missing_extra
+
 try:
     import httpx
 except ModuleNotFoundError as _missing:  # pragma: no cover - depends on the install
-    raise ModuleNotFoundError(
-        "trio_backplane.adapters.openai needs the 'openai' extra"
-        f" (pip install -e '.[openai]' in a checkout): {_missing}",
-        name=_missing.name,
-    ) from _missing
+    raise _missing_extra("openai", _missing) from _missing
 
 from ..errors import Error, ErrorClass
 from ..kernel import check_json, loads
