@@ -41,6 +41,8 @@ class Status:
     status: int
     body: Any = None
     raw: bool = False  # send ``body`` as plain text, not a JSON error object
+    #: announce a body twice as long as ``body``, send ``body``, then go silent
+    stall: bool = False
 
 
 def text_chunks(text: str, *, usage: dict[str, Any] | None = None) -> Stream:
@@ -127,9 +129,14 @@ class ChatServer:
                         kind = "application/json"
                     self.send_response(reply.status)
                     self.send_header("Content-Type", kind)
-                    self.send_header("Content-Length", str(len(payload)))
+                    length = 2 * len(payload) if reply.stall else len(payload)
+                    self.send_header("Content-Length", str(length))
                     self.end_headers()
                     self.wfile.write(payload)
+                    if reply.stall:
+                        self.wfile.flush()
+                        self.close_connection = True
+                        server._stopping.wait(30)
                     return
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")

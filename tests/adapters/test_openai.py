@@ -1029,3 +1029,43 @@ async def test_http_error_bodies_of_other_servers_keep_their_message(
     events = await collect(OpenAIProvider(chat.base_url, "m"), request())
     assert isinstance(events[-1], ResponseFailed)
     assert events[-1].error.details["provider_message"] == message
+
+
+async def test_prv_07_a_reported_error_wins_over_an_oversized_event_after_it(
+    chat: ChatServer,
+) -> None:
+    """PRV-07: an error reported mid-stream, then an event past the bound
+    while the stream is drained: the failure is the reported one (its class
+    and message), not the malformed event after it."""
+    chat.add(Stream((_MID_STREAM_ERROR, "x" * (9 * 1024 * 1024)), done=False, tail="hang"))
+    events = await collect(OpenAIProvider(chat.base_url, "m", tail_timeout=5.0), request())
+    assert isinstance(events[-1], ResponseFailed)
+    assert events[-1].error.error_class is ErrorClass.TRANSIENT_TRANSPORT
+    assert events[-1].error.details["provider_message"] == (
+        "context_length_exceeded: too many tokens"
+    )
+
+
+async def test_prv_13_many_tiny_data_lines_count_what_they_hold(chat: ChatServer) -> None:
+    """PRV-13: the event bound counts what each data line costs, not only
+    its characters: 200,000 one-character data lines in one event are
+    refused as too large, not held as 200,000 strings."""
+    chat.add(Stream(("x" + "\ndata:x" * 200_000,), done=False, tail="hang"))
+    events = await collect(OpenAIProvider(chat.base_url, "m", timeout=30.0), request())
+    assert isinstance(events[-1], ResponseFailed)
+    assert events[-1].error.message == "stream event is too large"
+
+
+async def test_an_error_status_whose_body_stalls_keeps_its_class(chat: ChatServer) -> None:
+    """An error response whose body stops half way (a server that announced
+    more than it sends) is classed by its status, with what arrived as the
+    message, after ``tail_timeout``: not a retryable read timeout."""
+    chat.add(Status(401, "invalid api key", stall=True))
+    provider = OpenAIProvider(chat.base_url, "m", timeout=30.0, tail_timeout=0.5)
+    start = trio.current_time()
+    events = await collect(provider, request())
+    assert trio.current_time() - start < 5.0
+    assert isinstance(events[-1], ResponseFailed)
+    error = events[-1].error
+    assert error.error_class is ErrorClass.FORBIDDEN, error
+    assert "invalid api key" in error.details["provider_message"]

@@ -197,3 +197,30 @@ def test_ker_11_integers_every_store_can_encode(shape: Any) -> None:
         assert info.value.error_class is ErrorClass.VALIDATION
         assert info.value.details["reason"] == "integer_too_large"
         assert info.value.message.startswith("interaction answer contains an integer")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "1e999",
+        "-1e999",
+        "1" + "0" * 210 + "e99",  # 1e309: a short exponent on a long number
+        "[" + "9" * 300 + "e9]",
+        '{"a": ' + "1" * 250 + ".5e60}",
+        "1" + "0" * 400 + ".5",
+    ],
+    ids=["1e999", "-1e999", "long-e99", "nines-e9", "fraction-e60", "400-digits"],
+)
+def test_ker_11_loads_refuses_numbers_no_double_holds(text: str) -> None:
+    """KER-11: ``kernel.loads`` refuses a number that overflows a double
+    (valid JSON that Python reads as ``inf``), however it is written, as it
+    refuses ``NaN``: a value it parses can always be committed.  The largest
+    doubles still parse."""
+    from trio_backplane.kernel import loads
+
+    with pytest.raises(ValueError, match="too large for a double"):
+        loads(text)
+    with pytest.raises(ValueError, match="too large for a double"):
+        loads(text.encode())
+    assert loads("1e308") == 1e308
+    assert loads("[1.7976931348623157e308]") == [1.7976931348623157e308]

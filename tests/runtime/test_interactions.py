@@ -1324,3 +1324,55 @@ async def test_int_10_a_cancelled_resolve_after_the_tool_gave_up_withdraws_it(
     assert log["status pending"] is None
     assert pending_of(finished.record) is None
     assert log["stored deadline"] == pytest.approx(log["enforced"])
+
+
+async def test_int_07_a_resolve_queued_behind_a_slow_commit_moves_the_deadline_by_the_wait(
+    autojump_clock: MockClock,
+) -> None:
+    """INT-07: a ``resolve`` queued 3 s behind a slow commit, past the stored
+    deadline: the stored deadline moves by the time waited up to the answer
+    (as the budgets resume), not by the time the answer's commit queued."""
+
+    def steering_commit(kind: str, record: RunRecord) -> bool:
+        return kind == "conversation_updated" and bool(record.context["conversation"]["steering"])
+
+    faulty = FaultyStore(None, Fault("delay", when=steering_commit, delay=3.0))
+    log: dict[str, Any] = {}
+    holder: list[Conversation] = []
+
+    async def ask(operation: Any) -> ToolResult:
+        log["before"] = holder[0]._record.deadline
+        await operation.context.interact({"kind": "question"})
+        log["enforced"] = holder[0]._run_budget.deadline
+        return ToolResult("ok")
+
+    async def during(conversation: Conversation, host: Host) -> None:
+        holder.append(conversation)
+        await until(lambda: bool(host.requested), 0.01)
+        asked_at, interaction = host.requested[0][0], host.requested[0][1]
+        await trio.sleep(18.0)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(conversation.steer, "also this")
+            await until(lambda: bool(faulty.fired), 0.01)
+            log["waited"] = trio.current_time() - asked_at
+            await conversation.resolve(interaction, "main")
+        log["stored"] = conversation._record.deadline
+
+    tool = make_tool("ask", RecordingBackend(ask), read_only=True)
+    await run_with_host(
+        ScriptedProvider(
+            [
+                ScriptedProvider.tool_calls(("c1", "ask", {})),
+                ScriptedProvider.text("done"),
+                ScriptedProvider.text("done 2"),
+            ]
+        ),
+        [tool],
+        never,
+        store=faulty,
+        during=during,
+        run_timeout=20.0,
+        effect_timeout=60.0,
+    )
+    assert log["stored"] == pytest.approx(log["before"] + log["waited"], abs=0.1)
+    assert log["stored"] == pytest.approx(log["enforced"], abs=0.1)

@@ -95,8 +95,10 @@ _LONE_SURROGATE: Final = re.compile("[\ud800-\udfff]")
 #: Events read (and ignored) after a malformed chunk before giving up.
 _DRAIN_LIMIT: Final = 1000
 #: The most one server-sent event may hold (characters of its data lines and
-#: of the line being read): a line that never ends cannot grow without bound.
+#: of the line being read, each part counted with what a str costs beside
+#: its text): a line that never ends cannot grow without bound.
 _MAX_EVENT: Final = 8 * 1024 * 1024
+_PART_COST: Final = 64
 #: The most of an error response's body read (the rest is not waited for).
 _MAX_ERROR_BODY: Final = 64 * 1024
 #: Where a line of an event stream ends: CRLF, LF or CR.
@@ -421,7 +423,8 @@ class OpenAIProvider:
                 "POST", self.url, json=body, headers=stream_headers, timeout=self.timeout
             ) as response:
                 if response.status_code != 200:
-                    raise _Failed(_http_error(response.status_code, await _head(response)))
+                    said = await _head(response, self.tail_timeout)
+                    raise _Failed(_http_error(response.status_code, said))
                 media_type = response.headers.get("content-type", "").partition(";")[0]
                 if media_type.strip().lower() != "text/event-stream":
                     raise _Failed(_malformed("response is not an event stream", media_type[:100]))
@@ -439,6 +442,9 @@ class OpenAIProvider:
                             try:
                                 kind, data = await anext(sses)
                             except StopAsyncIteration:
+                                break
+                            except _Failed as failed:  # an event past the bound
+                                failure = failure or failed.error  # a reported one wins
                                 break
                         if tail.cancelled_caught:  # silent since the finish or failure
                             break
@@ -684,12 +690,12 @@ async def _server_sent_events(response: httpx.Response) -> AsyncGenerator[tuple[
                     value = value[1:]
                 if field == "data":
                     data.append(value)
-                    size += len(value) + 1
+                    size += len(value) + _PART_COST
                 elif field == "event":
                     event = value
             if start < len(piece):
                 line.append(piece[start:])
-                pending += len(piece) - start
+                pending += len(piece) - start + _PART_COST
             if size + pending > _MAX_EVENT:
                 await _abandon(pieces)  # unwinds httpx's generators beneath, closes
                 raise _Failed(
@@ -817,18 +823,24 @@ def _transport(message: str, exc: BaseException, reason: str) -> Error:
     )
 
 
-async def _head(response: httpx.Response) -> str:
+async def _head(response: httpx.Response, patience: float) -> str:
     """The first :data:`_MAX_ERROR_BODY` bytes of ``response``'s body as
-    text: an endless body is not waited for, nor held."""
+    text, read for ``patience`` seconds at most: an endless body is not
+    held, one that stalls or breaks off is not waited for (the status
+    classes the response whatever its body does)."""
     parts: list[bytes] = []
     size = 0
     pieces = response.aiter_bytes()
-    async for piece in pieces:
-        parts.append(piece)
-        size += len(piece)
-        if size >= _MAX_ERROR_BODY:
-            await _abandon(pieces)
-            break
+    with trio.move_on_after(patience):
+        try:
+            async for piece in pieces:
+                parts.append(piece)
+                size += len(piece)
+                if size >= _MAX_ERROR_BODY:
+                    await _abandon(pieces)
+                    break
+        except httpx.HTTPError:
+            pass  # what arrived is the body
     return b"".join(parts)[:_MAX_ERROR_BODY].decode("utf-8", "replace")
 
 

@@ -12,7 +12,6 @@ too deep still raises ``RecursionError``.  ``FrozenDict``/``FrozenList`` are
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Final
 
 from ._records import LayeredDict
@@ -62,10 +61,9 @@ def _finite(text: str) -> float:
     return value
 
 
-#: Text that may hold a number too large for a double (``1e999``, or 309
-#: digits and more): only then is each float parsed in Python, and checked.
-_MAYBE_HUGE: Final = re.compile(r"[eE]\+?0*[1-9][0-9]{2}|[0-9]{309}")
-_MAYBE_HUGE_BYTES: Final = re.compile(rb"[eE]\+?0*[1-9][0-9]{2}|[0-9]{309}")
+#: One decoder for every parse: each float literal is checked as it is read
+#: (a Python call per float, no scan of the text).
+_decode: Final = json.JSONDecoder(parse_constant=_not_a_number, parse_float=_finite).decode
 
 
 def loads(text: str | bytes) -> Any:
@@ -74,10 +72,9 @@ def loads(text: str | bytes) -> Any:
     (``1e999``, valid JSON that Python reads as ``inf``), raise
     ``ValueError`` like any other text that is not JSON (so a value parsed
     here can always be committed)."""
-    huge = _MAYBE_HUGE.search(text) if isinstance(text, str) else _MAYBE_HUGE_BYTES.search(text)
-    if huge is None:
-        return json.loads(text, parse_constant=_not_a_number)
-    return json.loads(text, parse_constant=_not_a_number, parse_float=_finite)
+    if not isinstance(text, str):
+        text = text.decode(json.detect_encoding(text), "surrogatepass")
+    return _decode(text)
 
 
 def utf8_size(value: Any) -> int:

@@ -666,7 +666,9 @@ class Conversation:
             # A commit during a human wait (a nested call's, say) past the
             # stored deadline, which the wait has moved in memory but not yet
             # in the store: the store's moves first (INT-06, INT-18).
-            moved = pending.moved_deadline(now)
+            # (a wait an answer ended is measured up to that answer)
+            ended = now if pending.answered_at is None else min(now, pending.answered_at)
+            moved = pending.moved_deadline(ended)
             if moved is not None and moved > record.deadline:
                 steps = (checkpoint_step(dict, {"execution_deadline": moved}), *steps)
         new, events, done = record, [], 0
