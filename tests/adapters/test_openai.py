@@ -902,6 +902,17 @@ async def test_nan_from_the_model_never_reaches_the_transcript(chat: ChatServer)
 _MID_STREAM_ERROR = {"error": {"message": "context_length_exceeded: too many tokens"}}
 
 
+async def _failed_within_seconds(chat: ChatServer) -> Error:
+    """The error of an attempt (read timeout 30 s, tail_timeout 0.5 s) that
+    must end in seconds, not at a read timeout."""
+    provider = OpenAIProvider(chat.base_url, "m", timeout=30.0, tail_timeout=0.5)
+    start = trio.current_time()
+    events = await collect(provider, request())
+    assert trio.current_time() - start < 5.0
+    assert isinstance(events[-1], ResponseFailed)
+    return events[-1].error
+
+
 @pytest.mark.parametrize(
     "stream",
     [
@@ -919,12 +930,7 @@ async def test_prv_07_an_error_reported_mid_stream_is_the_failure(
     costs ``tail_timeout`` (not the read timeout), and a dropped connection
     does not replace it with a transport error."""
     chat.add(stream)
-    provider = OpenAIProvider(chat.base_url, "m", timeout=30.0, tail_timeout=0.5)
-    start = trio.current_time()
-    events = await collect(provider, request())
-    assert trio.current_time() - start < 5.0
-    assert isinstance(events[-1], ResponseFailed)
-    error = events[-1].error
+    error = await _failed_within_seconds(chat)
     assert error.details["reason"] == "stream_error", error
     assert error.details["provider_message"] == "context_length_exceeded: too many tokens"
 
@@ -1061,11 +1067,6 @@ async def test_an_error_status_whose_body_stalls_keeps_its_class(chat: ChatServe
     more than it sends) is classed by its status, with what arrived as the
     message, after ``tail_timeout``: not a retryable read timeout."""
     chat.add(Status(401, "invalid api key", stall=True))
-    provider = OpenAIProvider(chat.base_url, "m", timeout=30.0, tail_timeout=0.5)
-    start = trio.current_time()
-    events = await collect(provider, request())
-    assert trio.current_time() - start < 5.0
-    assert isinstance(events[-1], ResponseFailed)
-    error = events[-1].error
+    error = await _failed_within_seconds(chat)
     assert error.error_class is ErrorClass.FORBIDDEN, error
     assert "invalid api key" in error.details["provider_message"]

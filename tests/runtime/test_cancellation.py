@@ -30,6 +30,7 @@ from .support import (
     Fault,
     FaultyStore,
     ProbeBackend,
+    conversation_with,
     drained,
     granted,
     probe_tools,
@@ -1247,20 +1248,11 @@ async def _acting(backend: Any, store: Any, **options: Any) -> AsyncIterator[Con
     (``backend``) once, then answers."""
     from trio_backplane.tools import ToolDescriptor
 
-    registry = ToolRegistry(
-        [ToolDescriptor(name="act", schema={"type": "object"}, backend=backend)]
-    )
+    tool = ToolDescriptor(name="act", schema={"type": "object"}, backend=backend)
     provider = ScriptedProvider(
         [ScriptedProvider.tool_calls(("c1", "act", {})), ScriptedProvider.text("done")]
     )
-    async with open_conversation(
-        RUN_ID,
-        store=store,
-        provider=provider,
-        registry=registry,
-        authority=granted(registry),
-        **options,
-    ) as conversation:
+    async with conversation_with(provider, [tool], store=store, **options) as (conversation, _):
         yield conversation
 
 

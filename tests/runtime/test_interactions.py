@@ -1155,6 +1155,28 @@ async def test_int_04_a_cancelled_resolve_leaves_the_interaction_open(
 # -- second-order races (a probe's findings) --------------------------------------
 
 
+def _slow_steering_store() -> FaultyStore:
+    """A store whose commits of queued steering take 3 s (the coordinator is
+    held meanwhile)."""
+
+    def steering_commit(kind: str, record: RunRecord) -> bool:
+        return kind == "conversation_updated" and bool(record.context["conversation"]["steering"])
+
+    return FaultyStore(None, Fault("delay", when=steering_commit, delay=3.0))
+
+
+def _ask_then_two_answers() -> ScriptedProvider:
+    """One call to ``ask``, then an answer for the turn and one for the
+    steering's turn."""
+    return ScriptedProvider(
+        [
+            ScriptedProvider.tool_calls(("c1", "ask", {})),
+            ScriptedProvider.text("done"),
+            ScriptedProvider.text("done 2"),
+        ]
+    )
+
+
 @pytest.mark.parametrize("nested_starts", ["during the wait", "before the wait"])
 async def test_int_18_a_nested_call_settles_during_a_long_wait_past_the_stored_deadline(
     autojump_clock: MockClock, nested_starts: str
@@ -1278,10 +1300,7 @@ async def test_int_10_a_cancelled_resolve_after_the_tool_gave_up_withdraws_it(
     before it commits: the interaction is withdrawn (not left stored and
     shown pending), and the stored deadline moved by the wait the tool had."""
 
-    def steering_commit(kind: str, record: RunRecord) -> bool:
-        return kind == "conversation_updated" and bool(record.context["conversation"]["steering"])
-
-    faulty = FaultyStore(None, Fault("delay", when=steering_commit, delay=3.0))
+    faulty = _slow_steering_store()
     log: dict[str, Any] = {}
     holder: list[Conversation] = []
 
@@ -1308,13 +1327,7 @@ async def test_int_10_a_cancelled_resolve_after_the_tool_gave_up_withdraws_it(
 
     tool = make_tool("ask", RecordingBackend(ask), read_only=True)
     finished, _ = await run_with_host(
-        ScriptedProvider(
-            [
-                ScriptedProvider.tool_calls(("c1", "ask", {})),
-                ScriptedProvider.text("done"),
-                ScriptedProvider.text("done 2"),
-            ]
-        ),
+        _ask_then_two_answers(),
         [tool],
         never,
         store=faulty,
@@ -1333,10 +1346,7 @@ async def test_int_07_a_resolve_queued_behind_a_slow_commit_moves_the_deadline_b
     deadline: the stored deadline moves by the time waited up to the answer
     (as the budgets resume), not by the time the answer's commit queued."""
 
-    def steering_commit(kind: str, record: RunRecord) -> bool:
-        return kind == "conversation_updated" and bool(record.context["conversation"]["steering"])
-
-    faulty = FaultyStore(None, Fault("delay", when=steering_commit, delay=3.0))
+    faulty = _slow_steering_store()
     log: dict[str, Any] = {}
     holder: list[Conversation] = []
 
@@ -1360,13 +1370,7 @@ async def test_int_07_a_resolve_queued_behind_a_slow_commit_moves_the_deadline_b
 
     tool = make_tool("ask", RecordingBackend(ask), read_only=True)
     await run_with_host(
-        ScriptedProvider(
-            [
-                ScriptedProvider.tool_calls(("c1", "ask", {})),
-                ScriptedProvider.text("done"),
-                ScriptedProvider.text("done 2"),
-            ]
-        ),
+        _ask_then_two_answers(),
         [tool],
         never,
         store=faulty,
