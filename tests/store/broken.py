@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -324,11 +324,10 @@ def _leaves(value: Any, change: Any) -> Any:
 
 
 class _LossyStore(FileStore):
-    """Broken: what it writes loses something (:meth:`_lose`, per leaf)."""
+    """Broken: what it writes loses something: each subclass names what
+    ``_lose`` does to a leaf (it has no default: a lossless one is FileStore)."""
 
-    @staticmethod
-    def _lose(value: Any) -> Any:
-        raise NotImplementedError
+    _lose: Callable[[Any], Any]
 
     def _write(self, data: dict[str, Any]) -> None:
         super()._write(_leaves(data, self._lose))
