@@ -30,7 +30,6 @@ from .support import (
     Fault,
     FaultyStore,
     ProbeBackend,
-    conversation_with,
     drained,
     granted,
     probe_tools,
@@ -1242,20 +1241,6 @@ async def test_can_10_the_deadline_passing_in_synchronous_code_is_a_deadline_sto
     assert snapshot.run.outcome["stop_reason"] == "deadline_exceeded"
 
 
-@asynccontextmanager
-async def _acting(backend: Any, store: Any, **options: Any) -> AsyncIterator[Conversation]:
-    """A conversation over ``store`` whose provider calls the tool ``act``
-    (``backend``) once, then answers."""
-    from trio_backplane.tools import ToolDescriptor
-
-    tool = ToolDescriptor(name="act", schema={"type": "object"}, backend=backend)
-    provider = ScriptedProvider(
-        [ScriptedProvider.tool_calls(("c1", "act", {})), ScriptedProvider.text("done")]
-    )
-    async with conversation_with(provider, [tool], store=store, **options) as (conversation, _):
-        yield conversation
-
-
 async def test_can_11_a_storage_failure_stays_when_the_worker_unwinds_past_the_deadline(
     autojump_clock: MockClock,
 ) -> None:
@@ -1263,17 +1248,9 @@ async def test_can_11_a_storage_failure_stays_when_the_worker_unwinds_past_the_d
     tool finishes work it cannot interrupt; the worker unwinds after the run
     deadline.  The run stays storage_failed (never moved back to
     cancelling), and cancel() is refused as on any inactive run."""
-    from trio_backplane.tools import ToolResult
-
-    class Uninterruptible:
-        async def execute(self, operation: Any) -> ToolResult:
-            with trio.CancelScope(shield=True):
-                await trio.sleep(12.0 - trio.current_time())  # past the deadline (10)
-            return ToolResult("ok")
-
     store = FaultyStore()
-    async with _acting(
-        Uninterruptible(),
+    async with _one_act_call(
+        _Stubborn(12.0),  # returns at 12, past the deadline (10)
         store,
         run_timeout=10.0,
         effect_timeout=30.0,
@@ -1303,17 +1280,9 @@ async def test_can_18_a_host_commit_in_flight_does_not_eat_the_settlement_window
     store is in flight.  The watchdog waits for that commit, not for a whole
     commit_timeout, and the settlement commits in what is left of its window:
     unknown_outcome, never storage_failed."""
-    from trio_backplane.tools import ToolResult
-
-    class Stubborn:
-        async def execute(self, operation: Any) -> ToolResult:
-            with trio.CancelScope(shield=True):
-                await trio.sleep(100.0)
-            return ToolResult("late")
-
     store = FaultyStore()
-    async with _acting(
-        Stubborn(),
+    async with _one_act_call(
+        _Stubborn(100.0),
         store,
         run_timeout=10.0,
         effect_timeout=60.0,
@@ -1348,7 +1317,7 @@ async def test_can_10_a_deadline_noticed_after_the_whole_window_still_settles(
             return ToolResult("late")
 
     store = FaultyStore()
-    async with _acting(
+    async with _one_act_call(
         Blocking(),
         store,
         run_timeout=3.0,
