@@ -8,6 +8,7 @@ time to catch it (NEST-05).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
@@ -507,3 +508,197 @@ async def test_can_17_a_nested_commit_outliving_commit_timeout_is_storage_failed
     assert error.error_class is ErrorClass.STORAGE_FAILED
     assert finished.snapshot.phase == "storage_failed"
     assert inner.calls == 0
+
+
+async def test_nest_09_a_mutating_nested_call_cut_by_its_caller_stops_the_run(
+    autojump_clock: MockClock,
+) -> None:
+    """NEST-09: a mutating nested call that its calling tool cuts with its own
+    scope (``move_on_after``) after dispatch stays unresolved and stops the
+    run ``unknown_outcome`` at once: the stop cancels the caller, no later
+    nested effect starts, and its claim of success is never committed."""
+    log: list[Any] = []
+
+    async def slow(operation: Any) -> ToolResult:
+        await trio.sleep(5)
+        return ToolResult("inner")
+
+    inner = RecordingBackend(slow)
+
+    async def outer(operation: Any) -> ToolResult:
+        with trio.move_on_after(1):
+            await operation.context.nested_dispatch("inner", {"n": 1})
+        try:
+            log.append(await operation.context.nested_dispatch("inner", {"n": 2}))
+        except Error as error:
+            log.append(error)
+        return ToolResult("outer claims success")
+
+    tools = [make_tool("outer", RecordingBackend(outer)), make_tool("inner", inner)]
+    finished, _ = await run_with_host(
+        calls_then_done(("c1", "outer", {})), tools, effect_timeout=60.0
+    )
+    assert inner.calls == 1
+    assert log == []  # the stop cancelled the caller before its second call
+    assert finished.record.state == "unknown_outcome"
+    assert finished.tool_messages() == []
+    nested = [v for v in finished.record.intents.values() if v.get("tool_name") == "inner"]
+    assert [v["status"] for v in nested] == ["uncertain"]
+    assert finished.snapshot.last_error.error_class is ErrorClass.UNKNOWN_OUTCOME
+
+
+async def test_nest_05_a_read_only_nested_call_cut_by_its_caller_is_an_error_result(
+    autojump_clock: MockClock,
+) -> None:
+    """NEST-05: a read-only nested call its caller cuts after dispatch did
+    nothing lasting: it is settled as a ``cancelled`` error result and the
+    run goes on to complete."""
+
+    async def slow(operation: Any) -> ToolResult:
+        await trio.sleep(5)
+        return ToolResult("inner")
+
+    async def outer(operation: Any) -> ToolResult:
+        with trio.move_on_after(1):
+            await operation.context.nested_dispatch("inner", {})
+        return ToolResult("outer gave up on it")
+
+    tools = [
+        make_tool("outer", RecordingBackend(outer)),
+        make_tool("inner", RecordingBackend(slow), read_only=True),
+    ]
+    finished, _ = await run_with_host(calls_then_done(("c1", "outer", {})), tools)
+    assert finished.record.state == "completed"
+    [(invocation, nested)] = [
+        (k.removeprefix("tool:"), v)
+        for k, v in finished.record.intents.items()
+        if v.get("tool_name") == "inner"
+    ]
+    assert nested["status"] == "consumed"
+    result = finished.record.tool_results[invocation]
+    assert result["is_error"] is True
+    assert result["error"]["class"] == "cancelled"
+
+
+async def test_nest_04_a_nested_intent_cut_while_it_commits_is_withdrawn(
+    autojump_clock: MockClock,
+) -> None:
+    """NEST-04, CAN-04: the caller's own scope firing while the nested call's
+    intent commits never dispatches it; the committed intent is settled as
+    not dispatched and the run completes (no kernel refusal, no cancelled
+    run nobody asked for)."""
+
+    def nested_intent(kind: str, record: RunRecord) -> bool:
+        return kind == "tool_invoked" and any(
+            v.get("tool_name") == "inner" for v in record.intents.values()
+        )
+
+    store = FaultyStore(None, Fault("delay", when=nested_intent, delay=3.0))
+    inner = RecordingBackend(ToolResult("inner"))
+
+    async def outer(operation: Any) -> ToolResult:
+        with trio.move_on_after(1):
+            await operation.context.nested_dispatch("inner", {})
+        return ToolResult("outer handled the slow nested call")
+
+    tools = [
+        make_tool("outer", RecordingBackend(outer), read_only=True),
+        make_tool("inner", inner, read_only=True),
+    ]
+    finished, _ = await run_with_host(calls_then_done(("c1", "outer", {})), tools, store=store)
+    assert inner.calls == 0
+    assert finished.record.state == "completed"
+    [(invocation, nested)] = [
+        (k.removeprefix("tool:"), v)
+        for k, v in finished.record.intents.items()
+        if v.get("tool_name") == "inner"
+    ]
+    assert nested["status"] == "consumed"
+    error = finished.record.tool_results[invocation]["error"]
+    assert error["details"]["certainty"] == "not_dispatched"
+
+
+async def test_nest_05_no_nested_call_starts_after_its_caller_deadline(
+    autojump_clock: MockClock,
+) -> None:
+    """NEST-05, CAN-10: a caller that shields itself past its own effect
+    deadline and then dispatches a nested call gets ``timeout``: no intent,
+    no work unit, no backend call."""
+    seen: list[Any] = []
+    inner = RecordingBackend(ToolResult("done"))
+
+    async def outer(operation: Any) -> ToolResult:
+        try:
+            await trio.sleep(100)
+        except trio.Cancelled:
+            with trio.CancelScope(shield=True):
+                try:
+                    await operation.context.nested_dispatch("inner", {})
+                except Error as error:
+                    seen.append(error)
+            raise
+        return ToolResult("outer")
+
+    tools = [
+        make_tool("outer", RecordingBackend(outer), read_only=True),
+        make_tool("inner", inner),
+    ]
+    finished, _ = await run_with_host(
+        calls_then_done(("c1", "outer", {})), tools, effect_timeout=10.0
+    )
+    assert inner.calls == 0
+    [error] = seen
+    assert error.error_class is ErrorClass.TIMEOUT
+    assert not [v for v in finished.record.intents.values() if v.get("tool_name") == "inner"]
+    assert finished.record.budget.used == 2  # the provider attempt and the outer tool
+
+
+async def test_int_11_a_nested_interaction_in_a_host_task_ends_when_the_run_stops(
+    autojump_clock: MockClock,
+) -> None:
+    """INT-11, INT-17: a nested call running in a task of the host's, waiting
+    in ``interact``, stops waiting when the run is cancelled (classed
+    ``cancelled``), instead of waiting for an answer that cannot come."""
+    ended: list[Any] = []
+
+    async def asks(operation: Any) -> ToolResult:
+        try:
+            await operation.context.interact({"question": "?"})
+        except Error as error:
+            ended.append((trio.current_time(), error))
+            raise
+        return ToolResult("answered")
+
+    async with trio.open_nursery() as host_tasks:
+
+        async def outer(operation: Any) -> ToolResult:
+            async def in_the_background() -> None:
+                with contextlib.suppress(Error):
+                    await operation.context.nested_dispatch("asks", {})
+
+            host_tasks.start_soon(in_the_background)
+            await trio.sleep(1_000)
+            return ToolResult("outer done")
+
+        async def cancel_later(conversation: Conversation, host: Host) -> None:
+            await until(lambda: bool(host.requested))
+            await trio.sleep(1)
+            await conversation.cancel()
+
+        tools = [
+            make_tool("outer", RecordingBackend(outer), read_only=True),
+            make_tool("asks", RecordingBackend(asks), read_only=True),
+        ]
+        finished, _ = await run_with_host(
+            calls_then_done(("c1", "outer", {})),
+            tools,
+            lambda event: None,  # nobody answers
+            during=cancel_later,
+            effect_timeout=3_000.0,
+        )
+        settled_at = trio.current_time()
+        host_tasks.cancel_scope.deadline = settled_at + 100  # a hang fails, never waits
+    [(at, error)] = ended
+    assert error.error_class is ErrorClass.CANCELLED
+    assert at <= settled_at
+    assert finished.snapshot.pending_interaction is None

@@ -805,8 +805,11 @@ class Conversation:
 
     def _request_stop(self, reason: str) -> None:
         pending = self._pending
-        if pending is not None and not pending.resolving:
-            self._pending = None  # a resolve after cancel() returned is not_found (INT-13)
+        if pending is not None:
+            if not pending.resolving:
+                self._pending = None  # a resolve after cancel() returned is not_found (INT-13)
+            if pending.waiter is not None:
+                pending.waiter.cancel()  # no answer comes now, wherever the effect waits
         self._catalog.discard()  # a cancelled or uncertain producer discards (PUB-09)
         if self._stop_reason is None:
             self._stop_reason = reason

@@ -38,6 +38,7 @@ class Pending:
         "request",
         "resolving",
         "started",
+        "waiter",
     )
 
     def __init__(self, interaction_id: str, request: Any, started: float) -> None:
@@ -57,6 +58,10 @@ class Pending:
         self.base_deadline: float | None = None
         #: when the waiting effect stopped waiting (answered or not)
         self.ended_at: float | None = None
+        #: the scope the effect waits for the answer in: a stop of the run
+        #: cancels it, wherever the effect's task runs (a nested call in a
+        #: host's task is out of the worker's reach)
+        self.waiter: trio.CancelScope | None = None
 
     def moved_deadline(self, until: float) -> float | None:
         """The stored run deadline once the wait has lasted until ``until``."""
@@ -113,7 +118,15 @@ async def wait_for_human(c: Conversation, request: Any) -> tuple[Any, float]:
             from ._conversation import _Stop
 
             raise _Stop
-        await pending.delivered.wait()
+        with trio.CancelScope() as pending.waiter:
+            await pending.delivered.wait()
+        if pending.waiter.cancelled_caught:
+            # The run stopped: nobody will answer.  In the worker, its own
+            # cancellation is what the effect sees (INT-11).
+            await trio.lowlevel.checkpoint_if_cancelled()
+            from ._conversation import _Stop
+
+            raise _Stop
         # A cancellation accepted after the answer was committed but before
         # this task ran again wins: the answer never reaches the effect (INT-11).
         await trio.lowlevel.checkpoint_if_cancelled()

@@ -168,6 +168,17 @@ class ToolContext:
             self._nested_busy = False
 
 
+def _require_time_left(c: Conversation, descriptor: ToolDescriptor) -> None:
+    """Raise ``timeout`` when the innermost executing effect (a nested call's
+    caller) has no time left."""
+    if c._effects and c._effects[-1].remaining() <= 0:
+        raise Error(
+            ErrorClass.TIMEOUT,
+            "the calling tool's deadline has passed",
+            {"tool": descriptor.name, "certainty": "not_dispatched"},
+        )
+
+
 def _stopping() -> Error:
     """What a backend sees from a call into a run that is stopping or settled."""
     return Error(ErrorClass.CANCELLED, "the run is stopping")
@@ -550,12 +561,15 @@ class TurnLoop:
         return record
 
     async def _uncertain(self, error: Error) -> None:
+        self._stop_uncertain(error)
+        raise _Stop
+
+    def _stop_uncertain(self, error: Error) -> None:
         if self.c._phase not in ("recovery_required", "storage_failed"):
             # A takeover or a storage failure that caused this keeps its own
             # error: it is what the host must act on (CAN-17, CAN-19).
             self.c._last_error = error
         self.c._request_stop("uncertain")
-        raise _Stop
 
     # -- the provider -------------------------------------------------------------
 
@@ -1053,7 +1067,7 @@ class TurnLoop:
         # Settled only once its result is committed: a result (a rejection
         # included) returned after cancel() never commits, so the effect stays
         # unsettled evidence and the run ends unknown_outcome (TOOL-22).
-        del c._unsettled_dispatch[invocation_id]
+        c._unsettled_dispatch.pop(invocation_id, None)  # (a nested call withdrawn: never in it)
         c._catalog.producer_settled(invocation_id, success=not normalized.get("is_error"))
 
     async def _nested(self, outer: ToolContext, tool_name: str, arguments: Any) -> ToolResult:
@@ -1078,17 +1092,60 @@ class TurnLoop:
         outer_call = outer_record.active_tools.get(outer._invocation_id, {})
         call_id = f"{outer_call.get('tool_call_id', outer._invocation_id)}/nested"
         turn_id = str(outer_call.get("turn_id", ""))
+        # No effect starts once its caller's deadline has passed (CAN-10): a
+        # caller shielding itself past it gets a timeout, no intent, no work.
+        _require_time_left(c, descriptor)
         try:
             record = await self._effect_commit(
                 "tool_invoked", _intent(descriptor, None, turn_id, bundle.authority)
             )
         except _TurnFailed as failed:
             raise failed.error from None  # (a _Stop: classed by nested_dispatch)
+        except trio.Cancelled:
+            # Cut by the calling tool's own scope once its intent may have
+            # committed: never dispatched, so withdrawn (a stop of the run
+            # settles its intents itself).
+            added = [i for i in c._record.active_tools if i not in outer_record.active_tools]
+            for invocation_id in added:
+                await self._withdraw_nested(invocation_id, descriptor, "cancelled by its caller")
+            raise
         invocation_id = max(record.active_tools, key=_invocation_number)
+        try:
+            _require_time_left(c, descriptor)  # the intent's commit took the rest
+        except Error as late:
+            await self._withdraw_nested(invocation_id, descriptor, late.message)
+            raise
         operation = self._operation(descriptor, record, invocation_id, call_id, turn_id, arguments)
         if c._hub.active:
             c._publish("tool_started", {"invocation": _started(operation)})
-        result, timed_out = await self._execute(descriptor, operation)
+        try:
+            result, timed_out = await self._execute(descriptor, operation)
+        except trio.Cancelled:
+            if c._stop_reason is None:
+                # Cut by the calling tool's own scope, not by a stop of the
+                # run, after dispatch: a read-only call did nothing lasting
+                # (settled as an error, NEST-05); a mutating one stays
+                # unresolved and stops the run, whatever the caller does next
+                # (NEST-09).
+                if descriptor.read_only:
+                    cut = Error(
+                        ErrorClass.CANCELLED,
+                        "nested tool cancelled by its caller",
+                        {"tool": descriptor.name, "certainty": "no_effect"},
+                    )
+                    with trio.CancelScope(shield=True):
+                        await self._complete(invocation_id, _error_result(cut))
+                else:
+                    c._unsettled_dispatch[invocation_id] = "nested tool cancelled by its caller"
+                    self._stop_uncertain(
+                        Error(
+                            ErrorClass.UNKNOWN_OUTCOME,
+                            "nested tool cancelled by its caller after dispatch;"
+                            " its effect is unknown",
+                            {"tool": descriptor.name},
+                        )
+                    )
+            raise
         if timed_out and descriptor.read_only:
             # A read-only nested timeout did nothing lasting: settle it as an
             # error and let the outer tool decide (NEST-05).
@@ -1119,6 +1176,22 @@ class TurnLoop:
             structured_content=thaw(normalized.get("structured_content")),
             is_error=bool(normalized.get("is_error")),
         )
+
+    async def _withdraw_nested(
+        self, invocation_id: str, descriptor: ToolDescriptor, reason: str
+    ) -> None:
+        """Settle a nested intent that was committed and never dispatched as
+        an error result, shielded (its caller may be cancelled): the work
+        unit stays spent, the backend never ran."""
+        if self.c._stop_reason is not None:
+            return  # the run's settlement withdraws it
+        error = Error(
+            ErrorClass.CANCELLED,
+            f"nested tool not dispatched: {reason}",
+            {"tool": descriptor.name, "certainty": "not_dispatched"},
+        )
+        with trio.CancelScope(shield=True):
+            await self._complete(invocation_id, _error_result(error))
 
     async def _uncertain_result(
         self, result: Any, descriptor: ToolDescriptor, invocation_id: str
