@@ -2036,3 +2036,129 @@ def test_sch_30_a_limit_inside_content_is_never_a_pass(sub: Any, text: str, reas
         with pytest.raises(Error) as exc:
             validate(schema, {"p": text}, content_assertion=True)
         assert refused(exc, ErrorClass.EXECUTION_FAILURE)["reason"] == reason
+
+
+_CYCLE_BEHIND_A_DECOY: dict[str, Any] = {
+    "type": "object",
+    "properties": {"amount": {"$ref": "#/$defs/amount"}},
+    "required": ["amount"],
+    "$defs": {
+        "amount": {"$ref": "#/$defs/amount"},  # consumes no input: SCH-50
+        "decoy": {"$defs": {"amount": {"type": "integer", "maximum": 100}}},
+    },
+}
+
+
+@pytest.mark.parametrize("ident", ["", "#", "/", "json-schema:///", "JSON-SCHEMA:///"])
+@pytest.mark.parametrize("local_only", [False, True])
+def test_sch_50_a_subschema_claiming_the_root_uri_is_refused(ident: str, local_only: bool) -> None:
+    """SCH-50, SCH-33: a subschema whose ``$id`` resolves to the root's own
+    URI (a root without ``$id`` is ``json-schema:///``) would have the checks
+    follow the root's references into it while the engine follows them in
+    the root, hiding a reference cycle (every instance was accepted): the
+    identifier is refused as declared twice, with default options and
+    with local references only (the MCP setting)."""
+    schema = copy.deepcopy(_CYCLE_BEHIND_A_DECOY)
+    schema["$defs"]["decoy"]["$id"] = ident
+    options = {"allow_external_refs": False} if local_only else {}
+    cache_clear()
+    with pytest.raises(Error) as exc:
+        validate(schema, {"amount": "not a number at all"}, **options)
+    assert refused(exc, ErrorClass.VALIDATION)["reason"] == "duplicate_identifier"
+
+
+def test_sch_48_sch_50_draft_07_ignores_an_id_beside_ref() -> None:
+    """SCH-48, SCH-50: in draft-07 every sibling of ``$ref`` is ignored,
+    ``$id`` too, so the reference resolves against the enclosing base: a
+    self-reference there is a cycle (refused), not a reference into the
+    ``$id``'s resource that held a harmless schema."""
+    schema = {
+        "$schema": D07,
+        "properties": {
+            "count": {
+                "$id": "https://x.test/count",
+                "$ref": "#/properties/count",
+                "properties": {"count": {"type": "integer"}},
+            }
+        },
+    }
+    with pytest.raises(Error) as exc:
+        compile(
+            schema,
+            dialects=frozenset({"2020-12", "draft-07"}),
+            limits=Limits.mcp(),
+            allow_external_refs=False,
+        )
+    assert refused(exc, ErrorClass.VALIDATION)["reason"] == "ref_cycle"
+
+
+@pytest.mark.parametrize(
+    "spelling", ["HTTPS://A.TEST/amount", "https://a.test:443/amount", "https://a.test/%61mount"]
+)
+@pytest.mark.parametrize("source", ["registry", "loader"])
+def test_sch_50_sch_17_a_respelt_id_cannot_stand_in_for_a_registry_uri(
+    spelling: str, source: str
+) -> None:
+    """SCH-50, SCH-17: URIs are compared as the engine compares them (scheme
+    and host in any case, default port or none, percent-encoding of
+    unreserved characters decoded): an embedded resource spelling a registry
+    URI differently is the resource the engine takes, so its cycle is found
+    (it hid behind the registry entry: every instance was accepted)."""
+    uri = "https://a.test/amount"
+    schema = {
+        "type": "object",
+        "properties": {"amount": {"$ref": uri}},
+        "$defs": {"decoy": {"$id": spelling, "$ref": uri}},
+    }
+    target = {"type": "integer"}
+    options: dict[str, Any] = (
+        {"schema_registry": {uri: target}}
+        if source == "registry"
+        else {"schema_loader": lambda _: target}
+    )
+    cache_clear()
+    with pytest.raises(Error) as exc:
+        compile(schema, **options).validate({"amount": "definitely not an integer"})
+    assert refused(exc, ErrorClass.VALIDATION)["reason"] in {"ref_cycle", "duplicate_identifier"}
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "http://json-schema.org/draft-04/schema#",
+        "http://json-schema.org/draft-06/schema#",
+        "https://json-schema.org/draft/2019-09/schema",
+        "https://json-schema.org/draft-07/schema#",
+        "HTTPS://JSON-SCHEMA.ORG/draft/2020-12/schema",
+    ],
+)
+def test_sch_02_no_custom_meta_schema_under_a_json_schema_org_uri(uri: str) -> None:
+    """SCH-02: a registry meta-schema at a URI the engine knows as another
+    draft would be evaluated as that draft (``prefixItems``,
+    ``dependentRequired`` ignored), whatever its own ``$schema`` says: any
+    json-schema.org URI but the two supported ones is refused as a dialect."""
+    vocab = "https://json-schema.org/draft/2020-12/vocab/"
+    meta = {
+        "$schema": D2020,
+        "$vocabulary": {vocab + "core": True, vocab + "applicator": True},
+    }
+    schema = {"$schema": uri, "dependentRequired": {"a": ["b"]}}
+    with pytest.raises(Error) as exc:
+        compile(schema, schema_registry={uri: meta})
+    assert exc.value.error_class is ErrorClass.UNSUPPORTED_CAPABILITY
+
+
+def test_sch_46_a_registry_naming_one_resource_twice_is_refused() -> None:
+    """SCH-46, SCH-17: a registry listing one URI with and without ``#`` (or
+    spelt twice as the engine compares URIs) is ambiguous: its meaning would
+    hang on insertion order while its fingerprint sorts the keys, so two
+    callers could share one cached verdict for two meanings.  Refused."""
+    schema = {"$ref": "https://r.test/x"}
+    for registry in (
+        {"https://r.test/x": {"type": "string"}, "https://r.test/x#": {"type": "integer"}},
+        {"https://r.test/x": {"type": "string"}, "HTTPS://r.test/x": {"type": "integer"}},
+    ):
+        cache_clear()
+        with pytest.raises(Error) as exc:
+            compile(schema, schema_registry=registry)
+        assert refused(exc, ErrorClass.VALIDATION)["reason"] == "duplicate_identifier"

@@ -819,8 +819,7 @@ def check_bounds(
         allow_external_refs,
         bounds_only=True,
     )
-    number = result.add_document(schema, DEFAULT_BASE, role="schema")
-    result.resources.setdefault(DEFAULT_BASE, (number, ()))
+    result.add_document(schema, DEFAULT_BASE, role="schema")
     result.resolve_references()  # local targets outside subschema positions
     result.check_fanout()
     result.check_annotation_fanout()

@@ -204,6 +204,7 @@ class Preflight:
         "_limits",
         "_loader",
         "_registry",
+        "_resource_keys",
         "allow_external_refs",
         "anchors",
         "annotating",
@@ -246,15 +247,16 @@ class Preflight:
         self.bounds_only = bounds_only
         self._limits = limits
         self._dialects = dialects
-        self._registry = (
-            None
-            if registry is None
-            else {_uri.split_fragment(str(k))[0]: v for k, v in registry.items()}
-        )
+        self._registry = None if registry is None else _registry_by_identity(registry)
         self._loader = loader
         self.allow_external_refs = allow_external_refs
         self.docs: list[Any] = []
         self.resources: dict[str, Location] = {}
+        #: resource roots by ``_identity_key``: references are looked up the
+        #: way the engine looks them up (a differently spelled URI finds the
+        #: resource the engine finds, never another one)
+        self._resource_keys: dict[str, Location] = {}
+        #: anchors, by the ``_identity_key`` of ``<resource URI>#<name>``
         self.anchors: dict[str, Location] = {}
         #: every resource URI and anchor declared, by ``_identity_key``
         self._declared: dict[str, Location] = {}
@@ -318,8 +320,22 @@ class Preflight:
             raise invalid(f"schema is not JSON data: {detail}", reason="not_json", **where)
         number = len(self.docs)
         self.docs.append(doc)
+        # The document is the resource at ``base`` whatever ``$id`` it
+        # declares: no schema inside it may claim that URI too (a decoy
+        # ``"$id": ""`` would take the root's references for itself).
+        self._add_resource(base, (number, ()), ())
         self._walk(number, doc, base)
         return number
+
+    def _add_resource(self, uri: str, loc: Location, path: Path) -> None:
+        """Declare ``uri`` (no fragment) as the resource rooted at ``loc``."""
+        self._declare(uri, loc, path)
+        self.resources.setdefault(uri, loc)
+        self._resource_keys.setdefault(_identity_key(uri), loc)
+
+    def resource(self, uri: str) -> Location | None:
+        """The resource root the engine finds at ``uri`` (no fragment)."""
+        return self._resource_keys.get(_identity_key(uri))
 
     def _walk(  # noqa: PLR0917 - one walk for documents and hidden reference targets
         self,
@@ -367,19 +383,20 @@ class Preflight:
                         self.root_dialect = dialect
             first = False
             ident = node.get("$id")
-            if type(ident) is str:
+            if type(ident) is str and not (dialect == "draft-07" and "$ref" in node):
+                # (draft-07 ignores every sibling of ``$ref``, ``$id`` too:
+                # its reference resolves against the enclosing base)
                 if dialect == "draft-07" and ident.startswith("#"):
                     self._declare(base + ident, loc, path)
-                    self.anchors[base + ident] = loc
+                    self.anchors[_identity_key(base + ident)] = loc
                 else:
                     base = _uri.split_fragment(_uri.resolve(base, ident))[0]
-                    self._declare(base, loc, path)
-                    self.resources.setdefault(base, loc)
+                    self._add_resource(base, loc, path)
             for key in ("$anchor", "$dynamicAnchor"):
                 name = node.get(key)
                 if type(name) is str:
                     self._declare(f"{base}#{name}", loc, path)
-                    self.anchors.setdefault(f"{base}#{name}", loc)
+                    self.anchors.setdefault(_identity_key(f"{base}#{name}"), loc)
                     if key == "$dynamicAnchor":
                         self.dynamic_anchors.setdefault(name, []).append(loc)
             self.bases[loc] = base
@@ -489,6 +506,14 @@ class Preflight:
                 schema=declared,
                 path=_pointer(path),
             )
+        if _identity_key(uri).startswith(_SPEC_HOSTS):
+            # Any other json-schema.org URI names a draft the engine knows
+            # (draft-04, 2019-09, ...) or a misspelt one: a registry entry
+            # under it would be evaluated as that draft, never as the
+            # 2020-12 meta-schema it declares (SCH-02).
+            raise unsupported(
+                "unsupported JSON Schema dialect", schema=declared, path=_pointer(path)
+            )
         meta = self._custom_metaschema(declared)
         if meta is None:
             raise unsupported(
@@ -529,8 +554,8 @@ class Preflight:
                     # asserts format too, as a supporting implementation must.
                     self.format_assertion_vocabulary = True
         self.metaschemas[uri] = meta
-        if uri not in self.resources:
-            self.resources[uri] = (self.add_document(meta, uri, role="metaschema"), ())
+        if self.resource(uri) is None:
+            self.add_document(meta, uri, role="metaschema")
         self.external[uri] = meta
         return meta
 
@@ -551,11 +576,12 @@ class Preflight:
     def _fetch(self, uri: str, reference: str) -> Any:
         """An external resource from the registry or the loader, never the network."""
         if self._registry is not None:
-            if uri not in self._registry:
+            key = _identity_key(uri)
+            if key not in self._registry:
                 raise invalid(
                     "external schema reference is not in schema_registry", reference=reference
                 )
-            return self._registry[uri]
+            return self._registry[key]
         if self._loader is None:
             raise invalid(
                 "external schema reference requires an explicit loader", reference=reference
@@ -606,7 +632,7 @@ class Preflight:
     def _resolve(self, loc: Location, ref: str) -> Location | None:
         absolute = _uri.resolve(self.bases[loc], ref)
         resource, fragment = _uri.split_fragment(absolute)
-        root = self.resources.get(resource)
+        root = self.resource(resource)
         if root is None:
             if resource in BUNDLED_2020_12 or (
                 "draft-07" in self._dialects and resource == DRAFT_07
@@ -617,13 +643,12 @@ class Preflight:
             loaded = self._fetch(resource, ref)
             number = self.add_document(loaded, resource, role="reference")
             root = (number, ())
-            self.resources.setdefault(resource, root)
             self.external[resource] = loaded
         if fragment == "":
             return root
         if fragment.startswith("/"):
             return self._follow_pointer(root, fragment, ref)
-        target = self.anchors.get(f"{resource}#{fragment}")
+        target = self.anchors.get(_identity_key(f"{resource}#{fragment}"))
         if target is None:
             raise invalid("schema reference does not resolve", reference=ref, reason="unresolved")
         return target
@@ -1082,20 +1107,60 @@ class Preflight:
 _DEFAULT_PORTS: Final = {"http": ":80", "https": ":443", "ws": ":80", "wss": ":443"}
 
 
+_SPEC_HOSTS: Final = ("http://json-schema.org/", "https://json-schema.org/")
+_PERCENT: Final = re.compile(r"%([0-9A-Fa-f]{2})")
+_UNRESERVED: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+
+
+def _percent(match: re.Match[str]) -> str:
+    char = chr(int(match.group(1), 16))
+    return char if char in _UNRESERVED else f"%{match.group(1).upper()}"
+
+
 def _identity_key(identifier: str) -> str:
-    """``identifier`` as the engine tells identifiers apart: the scheme and
-    host lower-cased, a default port dropped (the path and fragment kept)."""
+    """``identifier`` as the engine tells identifiers apart, or coarser (two
+    identifiers the engine tells apart may share a key: then they are
+    refused as one declared twice, never confused): the scheme and host
+    lower-cased, a default port dropped, an empty path made ``/``, and
+    percent-encoding normalized (RFC 3986 6.2.2: unreserved characters
+    decoded, hexadecimal digits upper-cased)."""
+    if "%" in identifier:
+        identifier = _PERCENT.sub(_percent, identifier)
     scheme, sep, rest = identifier.partition("://")
     if not sep:
         scheme, colon, rest = identifier.partition(":")
         return f"{scheme.lower()}{colon}{rest}" if colon else identifier
     scheme = scheme.lower()
     authority, slash, tail = rest.partition("/")
+    if not slash:  # "https://a.test#x": the authority ends at the fragment
+        authority, hash_, fragment = authority.partition("#")
+        tail = f"{hash_}{fragment}"
     authority = authority.lower()
     port = _DEFAULT_PORTS.get(scheme)
     if port is not None and authority.endswith(port):
         authority = authority[: -len(port)]
-    return f"{scheme}://{authority}{slash}{tail}"
+    return f"{scheme}://{authority}/{tail}"
+
+
+def _registry_by_identity(registry: Mapping[str, Any]) -> dict[str, Any]:
+    """``schema_registry`` keyed as the engine looks its URIs up (fragment
+    dropped, ``_identity_key``); two URIs that become one are ambiguous (the
+    engine would take one, preflight perhaps the other, and the cache key
+    tell them apart by spelling): refused."""
+    keyed: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for uri, schema in registry.items():
+        key = _identity_key(_uri.split_fragment(str(uri))[0])
+        if key in keyed:
+            raise invalid(
+                "schema_registry lists one resource under two URIs",
+                reason="duplicate_identifier",
+                identifier=str(uri),
+                other=spelled[key],
+            )
+        keyed[key] = schema
+        spelled[key] = str(uri)
+    return keyed
 
 
 def _at(doc: Any, path: Path) -> Any:
@@ -1192,8 +1257,7 @@ def preflight(
         allow_external_refs,
         content_assertion=content_assertion,
     )
-    number = result.add_document(schema, DEFAULT_BASE, role="schema")
-    result.resources.setdefault(DEFAULT_BASE, (number, ()))
+    result.add_document(schema, DEFAULT_BASE, role="schema")
     result.resolve_references()
     result.check_cycles()
     result.check_fanout()
