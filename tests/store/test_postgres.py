@@ -1348,3 +1348,87 @@ async def test_sto_09_a_list_slot_holding_the_placeholder_text_is_refused(
                 )
                 await _raises(ErrorClass.VALIDATION, _commit(store, record, new, events))
                 assert await store.load(record.run_id) == record
+
+
+async def test_sto_05_a_commit_no_store_can_hold_is_refused_alone_in_its_group(
+    pg_dsn: str, pg_store_factory: StoreFactory, pg_schema: str
+) -> None:
+    """STO-05, STO-01: a commit refused before anything is sent (a key
+    holding NUL, ``validation``) fails alone: the commits grouped with it in
+    one transaction land (it failed them all with its own ``validation``)."""
+    store = pg_store_factory()
+    plug = await _running(store, "plug")
+    good = [await _running(store, f"good{i}") for i in range(2)]
+    bad = await _running(store, "bad")
+    new, events = _step(bad, "conversation_updated", conversation=_messages(1))
+    poisoned = attrs.evolve(new, tool_results={"invocation\x00": {"content": []}})
+    results: list[Any] = []
+
+    async def rest() -> None:
+        results.extend(
+            await _race(
+                functools.partial(_commit, store, bad, poisoned, events),
+                *(
+                    functools.partial(
+                        _advance, store, record, "conversation_updated", conversation=_messages(1)
+                    )
+                    for record in good
+                ),
+            )
+        )
+
+    async with _RowLock(pg_dsn, pg_schema, plug.run_id) as lock, trio.open_nursery() as nursery:
+        nursery.start_soon(
+            functools.partial(
+                _advance, store, plug, "conversation_updated", conversation=_messages(1)
+            )
+        )
+        await lock.wait_for_waiters(1)
+        nursery.start_soon(rest)
+        with trio.fail_after(15):
+            while len(store._group.queue) < 3:
+                await trio.sleep(0.01)
+        await lock.release()
+    assert isinstance(results[0], Error)
+    assert results[0].error_class is ErrorClass.VALIDATION
+    assert all(isinstance(r, RunRecord) for r in results[1:]), results
+    for record in results[1:]:
+        assert await store.load(record.run_id) == record
+    assert await store.load(bad.run_id) == bad
+
+
+async def test_sto_06_the_server_bounds_what_a_cut_or_vanished_host_holds(
+    pg_dsn: str, pg_store_factory: StoreFactory, pg_schema: str
+) -> None:
+    """STO-06: a session of the store has ``lock_timeout`` and
+    ``idle_in_transaction_session_timeout`` of ``operation_timeout`` and
+    server-side keepalives: a commit cut while it waits for a row lock
+    leaves no session of the store waiting on the server past
+    ``operation_timeout`` (it waited on, holding the locks it took, until
+    the lock was released)."""
+    store = pg_store_factory(operation_timeout=1.0)
+    record = await _running(store)
+
+    def settings(conn: Any) -> Any:
+        return conn.execute(
+            "SELECT current_setting('lock_timeout'),"
+            " current_setting('idle_in_transaction_session_timeout'),"
+            " current_setting('tcp_keepalives_idle')"
+        ).fetchone()
+
+    assert await store._run(settings) == ("1s", "1s", "10")
+    new, events = _step(record, "conversation_updated", conversation=_messages(2))
+    async with _RowLock(pg_dsn, pg_schema, record.run_id) as lock:
+        error = await _raises(ErrorClass.STORAGE_FAILED, _commit(store, record, new, events))
+        assert "cut at its deadline" in error.message
+        await trio.sleep(1.0)  # the server's own lock_timeout, past the cut
+        waiting = await _sql(
+            pg_dsn,
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND query LIKE %s",
+            (f'%"{pg_schema}"%',),
+        )
+        assert waiting == [(0,)]
+        await lock.release()
+    await _commit(store, record, new, events)
+    assert await store.load(record.run_id) == new

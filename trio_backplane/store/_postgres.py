@@ -63,7 +63,20 @@ connection is discarded (a commit whose ``COMMIT`` may have been sent is
 then uncertain, as any lost acknowledgement is).  New connections get
 ``connect_timeout`` and TCP keepalives unless the DSN sets them; an idle
 connection unused for a second is pinged before it is handed out, so one
-dropped by a server restart is replaced rather than failing a call.
+dropped by a server restart is replaced rather than failing a call.  The
+server's side is bounded too: it notices a shut socket only when it next
+writes, so a session cut while waiting for a row lock would wait on
+(holding the locks it took), and one whose client was partitioned away
+would hold its transaction open until TCP gives up (two hours by default).
+Every session therefore has ``lock_timeout`` and
+``idle_in_transaction_session_timeout`` of ``operation_timeout``, and
+server-side TCP keepalives of 10 s, every 5 s, 3 times: a cut lock wait
+ends within ``operation_timeout``, and a host that went away is noticed
+within about 25 s.  (PostgreSQL 15 does not arm the idle-in-transaction
+timer after a pipeline, which the fast path ends with: there the
+keepalives bound it.  A cancel request would end a lock wait sooner, but
+libpq's blocks holding Python's lock until the server answers, which a
+partitioned server never does.)
 
 Errors: an ``Error`` from the decision passes through; a serialization
 failure, deadlock or unique violation is ``resource_conflict``; any other
@@ -255,6 +268,15 @@ class PostgresStore:
         self._psycopg = _import_psycopg()
         self._dsn = dsn
         self._operation_timeout = float(operation_timeout)
+        ms = math.ceil(self._operation_timeout * 1000)
+        self._session_settings = (
+            "SET extra_float_digits = 3;"
+            f" SET lock_timeout = {ms};"
+            f" SET idle_in_transaction_session_timeout = {ms};"
+            " SET tcp_keepalives_idle = 10;"
+            " SET tcp_keepalives_interval = 5;"
+            " SET tcp_keepalives_count = 3"
+        )
         self._ping_after = _PING_AFTER_S
         try:
             given = self._psycopg.conninfo.conninfo_to_dict(dsn)
@@ -451,8 +473,11 @@ class PostgresStore:
         if flight is not None:
             flight.attach(conn)
         # Event times are double precision read back as text: every digit,
-        # whatever the server's, role's or database's default says.
-        conn.execute("SET extra_float_digits = 3")
+        # whatever the server's, role's or database's default says.  And the
+        # server bounds its side as the watchdog bounds ours (see the module
+        # docstring): a session whose client was cut or partitioned away
+        # releases its row locks.
+        conn.execute(self._session_settings)
         conn.commit()
         if not self._rendered:
             self._render(conn)
@@ -903,18 +928,26 @@ class PostgresStore:
         every job of the group when any compare-and-set matched no row or an
         event sequence was taken (rolled back: nothing of it was written)."""
         alone: list[Job] = []
-        group: list[tuple[Job, Entry, RunRecord, list[dict[str, Any]], int]] = []
+        group: list[tuple[Job, Entry, RunRecord, Any, int]] = []
         for job in jobs:
             try:
                 decided = self._decided(job)
+                if decided is None:
+                    alone.append(job)
+                    continue
+                cached, prepared, last = decided
+                record = prepared.record
+                # Encoded here, job by job: a record no store can hold (a NUL
+                # in a key, ...) is refused alone, never with its batch.
+                encoded = (
+                    *diff(cached, record),
+                    head_text(record),
+                    [encode_part(data["payload"]) for data in prepared.events],
+                )
             except Error as exc:
                 job.error = exc  # decided against: nothing to send
                 continue
-            if decided is None:
-                alone.append(job)
-                continue
-            cached, prepared, last = decided
-            group.append((job, cached, prepared.record, prepared.events, last))
+            group.append((job, cached, record, (prepared.events, *encoded), last))
         if len(group) < 2:
             return alone + [item[0] for item in group]
         runs: list[list[Any]] = [[] for _ in range(7)]
@@ -922,9 +955,8 @@ class PostgresStore:
         gone: list[list[Any]] = [[] for _ in range(3)]
         events: list[list[Any]] = [[] for _ in range(5)]
         written: list[tuple[Job, tuple[Entry, int, int, int | None]]] = []
-        for job, cached, record, new_events, last in group:
-            entry, upserts, deletes = diff(cached, record)
-            head = head_text(record)
+        for job, cached, record, encoded, last in group:
+            new_events, entry, upserts, deletes, head, payloads = encoded
             old = cached.record
             row = (record.run_id, record.incarnation, record.revision, record.state, head)
             for column, value in zip(runs, (*row, old.incarnation, old.revision), strict=True):
@@ -935,14 +967,10 @@ class PostgresStore:
             for part, key in deletes:
                 for column, item in zip(gone, (record.run_id, part, key), strict=True):
                     column.append(item)
-            for sequence, data in enumerate(new_events, last + 1):
-                event = (
-                    record.run_id,
-                    sequence,
-                    data["type"],
-                    data["occurred_at"],
-                    encode_part(data["payload"]),
-                )
+            for sequence, (data, payload) in enumerate(
+                zip(new_events, payloads, strict=True), last + 1
+            ):
+                event = (record.run_id, sequence, data["type"], data["occurred_at"], payload)
                 for column, item in zip(events, event, strict=True):
                     column.append(item)
             size = len(head) + sum(len(r[2]) for r in upserts)
