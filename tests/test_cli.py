@@ -945,3 +945,119 @@ def test_tool_names_are_printed_as_text_never_as_markup_or_escapes(
     assert "\x07" not in text
     if command == "schema":
         assert "x]0;pwned[2J" in text
+
+
+def test_demo_interrupted_or_with_its_output_gone_exits_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    """CAN-18, from the command line: Ctrl-C during the demo exits 130 with
+    one line (the run cancelled), a reader closing the output exits 141, and
+    an ``--events`` file that cannot be written (a full disk) exits 2 with
+    one line once the run is over: never a traceback (each escaped wrapped in
+    the conversation's exception group, exit 1)."""
+    import signal
+    import time
+
+    command = [sys.executable, "-m", "trio_backplane.cli", "demo", "--approve", "yes"]
+    interrupted = subprocess.Popen(
+        [*command, "--db", str(tmp_path / "a.sqlite3"), "--pace", "0.2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert interrupted.stdout is not None
+    interrupted.stdout.readline()  # started: the run is under way
+    time.sleep(0.5)
+    interrupted.send_signal(signal.SIGINT)
+    _, err = interrupted.communicate(timeout=60)
+    assert interrupted.returncode == 130, err
+    assert b"interrupted; the run was cancelled" in err
+    assert b"Traceback" not in err
+
+    done = _closed_stdout("demo", "--db", str(tmp_path / "b.sqlite3"), "--approve", "yes")
+    assert (done.returncode, done.stderr) == (141, b"")
+
+    if not os.path.exists("/dev/full"):  # Linux's: a device whose every write fails
+        return
+    full = _cli(
+        "demo", "--db", str(tmp_path / "c.sqlite3"), "--approve", "yes", "--pace", "0",
+        "--events", "/dev/full",
+    )  # fmt: skip
+    assert full.returncode == 2, full.stderr
+    assert "cannot write --events" in full.stderr
+    assert "Traceback" not in full.stderr
+    assert "run completed" in full.stdout  # the log failing stops no run
+
+
+def test_runs_commands_that_read_change_nothing_in_the_store(
+    demo_store: tuple[Path, str, str], tmp_path: Path
+) -> None:
+    """STO-12, read-only commands: ``runs list|show|recover`` on a store an
+    older trio_backplane wrote (layout 1) or one in rollback-journal mode
+    leave the file byte for byte as it was: no layout upgrade (older hosts
+    would refuse the file from then on), no switch to WAL.  ``--fence``
+    writes, and brings the file to this code's layout first."""
+    import shutil
+    import sqlite3
+
+    db, approved, _ = demo_store
+    for name, change in (
+        ("layout1", "UPDATE meta SET value = '1' WHERE key = 'layout_version'"),
+        ("rollback", "PRAGMA journal_mode = DELETE"),
+    ):
+        copy = tmp_path / f"{name}.sqlite3"
+        shutil.copy(db, copy)
+        conn = sqlite3.connect(copy, isolation_level=None)
+        conn.execute(change)
+        conn.execute("PRAGMA journal_mode = DELETE")  # the file alone holds it all
+        conn.close()
+        before = copy.read_bytes()
+        for argv in (("list",), ("show", approved), ("recover", approved)):
+            status, text = run("runs", argv[0], str(copy), *argv[1:])
+            assert status == 0, (name, argv, text)
+            assert copy.read_bytes() == before, (name, argv)
+    status, text = run("runs", "recover", str(tmp_path / "layout1.sqlite3"), approved, "--fence")
+    assert status == 0, text
+    conn = sqlite3.connect(tmp_path / "layout1.sqlite3")
+    assert conn.execute("SELECT value FROM meta WHERE key = 'layout_version'").fetchone() == ("2",)
+    conn.close()
+
+
+def test_names_holding_a_lone_surrogate_are_printed_escaped(tmp_path: Path) -> None:
+    """A tools file may hold a tool name or a property key with a lone
+    surrogate (JSON allows ``\\ud800``): each tool is reported, the name
+    escaped, and the others are not lost to an encoding error."""
+    tools = tmp_path / "tools.json"
+    tools.write_text(
+        '[{"name": "a\\ud800b", "inputSchema": {"type": "object"}},'
+        ' {"name": "ok", "inputSchema": {"type": "object", "properties": {"\\ud800": {}}}}]'
+    )
+    done = _cli("schema", "check", str(tools))
+    assert done.returncode == 0, done.stderr
+    assert "a\\ud800b" in done.stdout
+    assert "2 tools: 1 accepted, 1 rejected" in done.stdout
+    assert "Traceback" not in done.stderr
+
+
+def test_runs_show_prints_messages_of_any_shape(tmp_path: Path) -> None:
+    """A conversation state is the host's own mapping: a tool message whose
+    result is text, a message whose content is a number or a mapping are
+    shown as they are, never a traceback."""
+    db = tmp_path / "runs.sqlite3"
+    messages = [
+        {"role": "tool", "name": "t", "result": "plain text result"},
+        {"role": "assistant", "content": 42},
+        {"role": "assistant", "content": {"note": "a mapping"}},
+        {"role": "tool", "name": "u", "result": {"is_error": True, "error": {"details": "x"}}},
+    ]
+
+    async def odd() -> None:
+        async with SQLiteStore(db) as store:
+            await store.create(
+                RunRecord.new("odd", context={"conversation": {"messages": messages}})
+            )
+
+    trio.run(odd)
+    status, text = run("runs", "show", str(db), "odd")
+    assert status == 0, text
+    for shown in ("plain text result", "42", "a mapping"):
+        assert shown in text

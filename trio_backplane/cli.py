@@ -253,8 +253,12 @@ Segment = str | tuple[str, str]
 
 
 def _clean(text: Any) -> str:
-    """Printable text: control characters (terminal escapes included) dropped."""
-    return _CONTROL.sub("", str(text))
+    """Printable text: control characters (terminal escapes included)
+    dropped, a lone surrogate (which no output encodes) escaped."""
+    cleaned = _CONTROL.sub("", str(text))
+    if not cleaned.isascii():
+        cleaned = cleaned.encode("utf-8", "backslashreplace").decode("utf-8")
+    return cleaned
 
 
 def _short(value: Any, limit: int = 160) -> str:
@@ -446,8 +450,10 @@ def store_path(url: str) -> str:
     return url
 
 
-def open_store(url: str, *, must_exist: bool = True) -> Any:
-    """The store a URL names (not yet connected): ``SQLiteStore`` or ``PostgresStore``."""
+def open_store(url: str, *, must_exist: bool = True, writing: bool = False) -> Any:
+    """The store a URL names (not yet connected): ``SQLiteStore`` or
+    ``PostgresStore``.  One that must exist, opened only to read, changes
+    nothing where it is (no tables, no layout upgrade, no journal switch)."""
     from .store import PostgresStore, SQLiteStore
 
     if url.startswith(("postgresql://", "postgres://")):
@@ -470,7 +476,7 @@ def open_store(url: str, *, must_exist: bool = True) -> Any:
         raise _UsageError(f"no SQLite store at {path!r}{hint}")
     if must_exist:
         _check_store_file(path)
-    return SQLiteStore(path)
+    return SQLiteStore(path, create_tables=writing or not must_exist)
 
 
 def _check_store_file(path: str) -> None:
@@ -537,6 +543,9 @@ class _EventView:
         self.text: list[str] = []
         self.thinking: list[str] = []
         self.answers: list[str] = []
+        #: why the ``--events`` log stopped (a full disk, ...): it is
+        #: reported once the run is over, which it does not stop
+        self.log_error: OSError | None = None
 
     def _flush(self) -> None:
         if self.thinking:
@@ -550,8 +559,11 @@ class _EventView:
         async with events:
             async for event in events:
                 if self.log is not None:
-                    self.log.write(_event_json(event) + "\n")
-                    self.log.flush()
+                    try:
+                        self.log.write(_event_json(event) + "\n")
+                        self.log.flush()
+                    except OSError as exc:
+                        self.log_error, self.log = exc, None
                 await self.show(event)
         self.out.stop()
         self._flush()
@@ -679,7 +691,8 @@ def _error_text(error: Any) -> str:
     if not isinstance(error, Mapping):
         return _short(error) if error else ""
     text = f"{error.get('class')}: {error.get('message')}"
-    reason = (error.get("details") or {}).get("reason")
+    details = error.get("details")
+    reason = details.get("reason") if isinstance(details, Mapping) else None
     return _short(f"{text} ({reason})" if reason else text, 300)
 
 
@@ -770,7 +783,8 @@ def _demo(args: argparse.Namespace, out: TextIO) -> int:
         return 130
     finally:
         if log is not None:
-            log.close()
+            with contextlib.suppress(OSError):  # a write that failed was reported
+                log.close()
 
 
 async def _demo_run(
@@ -823,9 +837,14 @@ async def _demo_run(
             snapshot = await conversation.wait_settled()
     except (Error, BaseExceptionGroup) as exc:
         # The conversation opens inside the nursery: its refusal (a --db
-        # that is no store, say) arrives wrapped in a group.
+        # that is no store, say) arrives wrapped in a group, and so do
+        # Ctrl-C and a reader closing our output: those go on bare, to the
+        # handlers of _demo and main.
         error = _only_error(exc)
         if error is None:
+            bare = _leaf(exc, (KeyboardInterrupt, BrokenPipeError))
+            if bare is not None:
+                raise bare from None
             raise
         out.stop()
         print(f"backplane: demo failed: {_reason(error)}", file=sys.stderr)
@@ -833,7 +852,25 @@ async def _demo_run(
     finally:
         out.stop()
     _final_status(out, snapshot, db, run_id)
+    if view.log_error is not None:
+        print(f"backplane: cannot write --events: {view.log_error}", file=sys.stderr)
+        return EXIT_USAGE
     return EXIT_OK if snapshot.run.state == "completed" else EXIT_REJECTED
+
+
+def _leaf(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
+    """The first exception of one of ``kinds`` in ``exc`` or its groups."""
+    if isinstance(exc, kinds):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for kind in kinds:  # in the order of ``kinds``: Ctrl-C first
+            found, _ = exc.split(kind)
+            if found is not None:
+                first: BaseException = found
+                while isinstance(first, BaseExceptionGroup):
+                    first = first.exceptions[0]
+                return first
+    return None
 
 
 def _only_error(exc: BaseException) -> Error | None:
@@ -882,7 +919,8 @@ def _final_status(out: _Out, snapshot: Any, db: str, run_id: str) -> None:
 def _runs(args: argparse.Namespace, out: TextIO) -> int:
     try:
         _check_run_id(getattr(args, "run_id", None))
-        store = open_store(args.store)
+        fencing = args.runs_command == "recover" and args.fence
+        store = open_store(args.store, writing=fencing)
     except _UsageError as exc:
         print(_hide_dsn_secret(f"backplane: {exc}", args.store), file=sys.stderr)
         return EXIT_USAGE
@@ -967,18 +1005,23 @@ def _transcript_rows(messages: Sequence[Any]) -> list[tuple[str, str]]:
             continue
         role = str(message.get("role", "?"))
         if role == "tool":
-            result = message.get("result") or {}
-            if result.get("is_error"):
+            result = message.get("result")
+            if not isinstance(result, Mapping):  # a host's own shape: shown as it is
+                text = _short(result, 200)
+            elif result.get("is_error"):
                 text = "✗ " + (_error_text(result.get("error")) or _short(result.get("content")))
             else:
                 text = "✓ " + _short(result.get("content"), 200)
-            rows.append((f"tool {message.get('name')}", text))
+            rows.append((f"tool {_clean(message.get('name'))}", text))
             continue
         content = message.get("content")
         if isinstance(content, str):
             rows.append((role, _short(content, 400)))
             continue
-        for block in content or ():
+        if not isinstance(content, list | tuple):
+            rows.append((role, _short(content)))
+            continue
+        for block in content:
             if isinstance(block, Mapping) and block.get("type") == "tool_call":
                 rows.append((role, f"→ {block.get('name')} {_short(block.get('arguments'))}"))
             elif isinstance(block, Mapping) and "text" in block:

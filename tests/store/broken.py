@@ -13,9 +13,10 @@ promise, and the suite must fail on each:
 * ``TornFailureStore``: a failed commit leaves the record written without
   its events (a torn write).
 
-and subtler ones: a create that overwrites, sequences, identities, filters
-and pages of ``list_runs``, and data that does not come back exactly (text,
-numbers, times).
+and subtler ones: a create that overwrites, sequences, identities (run
+ids matched ignoring case or cut short), filters, pages and stale
+incarnations of ``list_runs``, and data that does not come back exactly
+(text, numbers, times).
 """
 
 from __future__ import annotations
@@ -414,6 +415,36 @@ class FirstPageStore(FileStore):
         return (await super().list_runs(states=states))[:20]
 
 
+class CaseInsensitiveIdsStore(FileStore):
+    """Broken: run ids are matched ignoring case (a ``NOCASE`` collation, a
+    case-insensitive file system): a run never created loads another's."""
+
+    async def load(self, run_id: str) -> RunRecord | None:
+        for stored in self._read()["runs"]:
+            if stored.casefold() == run_id.casefold():
+                return await super().load(stored)
+        return await super().load(run_id)
+
+
+class TruncatedIdsStore(FileStore):
+    """Broken: run ids are kept to their first 64 characters (a
+    ``VARCHAR(64)`` key): two long ids sharing them are one run."""
+
+    async def create(self, record: RunRecord) -> Receipt:
+        if any(stored[:64] == record.run_id[:64] for stored in self._read()["runs"]):
+            raise Error(ErrorClass.RESOURCE_CONFLICT, "run already exists")
+        return await super().create(record)
+
+
+class CreationIncarnationListedStore(FileStore):
+    """Broken: ``list_runs`` reports the incarnation a run was created with,
+    never a fence's."""
+
+    async def list_runs(self, *, states: Collection[str] | None = None) -> list[RunSummary]:
+        listed = await super().list_runs(states=states)
+        return [attrs.evolve(summary, incarnation=1) for summary in listed]
+
+
 BROKEN_STORES: tuple[type[FileStore], ...] = (
     AckWithoutPersistStore,
     NoFenceStore,
@@ -434,4 +465,7 @@ BROKEN_STORES: tuple[type[FileStore], ...] = (
     SingleFloatsStore,
     WholeSecondEventsStore,
     FirstPageStore,
+    CaseInsensitiveIdsStore,
+    TruncatedIdsStore,
+    CreationIncarnationListedStore,
 )

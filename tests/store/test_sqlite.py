@@ -1044,3 +1044,48 @@ async def test_sto_a_run_id_holding_nul_is_validation_on_every_store(tmp_path: P
                 with pytest.raises(Error) as exc:
                     await call()
                 assert exc.value.error_class is ErrorClass.VALIDATION
+
+
+async def test_sto_a_store_that_creates_no_tables_changes_nothing_it_reads(
+    tmp_path: Path,
+) -> None:
+    """``create_tables=False`` (what an inspector uses): no file, no tables
+    are created where there is no store (``not_found``, reason
+    ``not_a_store``); a store written by an older trio_backplane (layout 1)
+    is read as it is, never upgraded (older hosts would refuse it from then
+    on), and a write to it is refused (``unsupported_capability``)."""
+    missing = tmp_path / "missing.db"
+    for path in (missing, tmp_path / "empty.db"):
+        if path.name == "empty.db":
+            path.write_bytes(b"")
+        async with SQLiteStore(path, create_tables=False) as store:
+            with pytest.raises(Error) as exc:
+                await store.load("r")
+            assert exc.value.error_class is ErrorClass.NOT_FOUND
+            assert exc.value.details["reason"] == "not_a_store"
+    assert not missing.exists()
+    assert (tmp_path / "empty.db").read_bytes() == b""
+
+    db = tmp_path / "old.db"
+    record = RunRecord.new("r")
+    async with SQLiteStore(db) as store:
+        await store.create(record)
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("UPDATE meta SET value = '1' WHERE key = 'layout_version'")
+    conn.close()
+    async with SQLiteStore(db, create_tables=False) as store:
+        assert await store.load("r") == record
+        new, events = transition(record, Command("admit", at=1.0, input={"state": "running"}))
+        with pytest.raises(Error) as exc:
+            await store.commit("r", incarnation=1, expected_revision=0, record=new, events=events)
+        assert exc.value.error_class is ErrorClass.UNSUPPORTED_CAPABILITY
+        for write in (store.create(RunRecord.new("s")), store.fence("r", incarnation=2)):
+            with pytest.raises(Error) as exc:
+                await write
+            assert exc.value.error_class is ErrorClass.UNSUPPORTED_CAPABILITY
+    conn = sqlite3.connect(db)
+    assert conn.execute("SELECT value FROM meta WHERE key = 'layout_version'").fetchone() == ("1",)
+    conn.close()
+    with pytest.raises(Error) as exc:
+        SQLiteStore(db, create_tables=1)  # type: ignore[arg-type]
+    assert exc.value.error_class is ErrorClass.VALIDATION

@@ -100,6 +100,7 @@ import queue
 import sqlite3
 import threading
 import time
+import urllib.parse
 import weakref
 from collections.abc import Callable, Collection, Iterator, Sequence
 from functools import partial
@@ -350,6 +351,26 @@ def _laid_out(conn: sqlite3.Connection, path: str) -> bool:
     return int(row[0]) == LAYOUT_VERSION
 
 
+def _layout_of(conn: sqlite3.Connection, path: str) -> int:
+    """The layout version of a file not at this code's: ``not_found`` when
+    it holds none (no store there)."""
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'layout_version'").fetchone()
+    except sqlite3.OperationalError:
+        row = None  # no tables
+    if row is None:
+        raise _not_a_store(path)
+    return int(row[0])  # _laid_out checked it is a version this code reads
+
+
+def _not_a_store(path: str) -> Error:
+    return Error(
+        ErrorClass.NOT_FOUND,
+        "no trio_backplane store there (create_tables=False creates none)",
+        {"path": path, "reason": "not_a_store"},
+    )
+
+
 def _no_abort(_: Any) -> trio.lowlevel.Abort:
     return trio.lowlevel.Abort.FAILED  # submitted: the outcome is waited out
 
@@ -468,11 +489,24 @@ class SQLiteStore:
     ``stats`` counts, for diagnostics and tests: ``commits`` (acknowledged),
     ``batches`` (shared transactions), ``part_rows`` (part rows upserted or
     deleted), ``last_part_rows`` (by the last committed batch).
+
+    With ``create_tables=False`` the store changes nothing in the file until
+    it writes a run: it creates no file, no tables (where they are missing,
+    every call fails with ``not_found``), switches no journal mode and
+    upgrades no older layout (it reads it as it is, and refuses to write to
+    it with ``unsupported_capability``): an inspector reading a store with a
+    newer trio_backplane never locks older hosts out of it.
     """
 
     durable = True
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, create_tables: bool = True) -> None:
+        if type(create_tables) is not bool:
+            raise Error(ErrorClass.VALIDATION, "create_tables must be a bool")
+        self._create_tables = create_tables
+        #: the layout of a file opened without ``create_tables``, if older
+        #: than this code's (read as it is, never written)
+        self._older_layout: int | None = None
         if not isinstance(path, str | os.PathLike) or isinstance(path, bytes):
             raise Error(
                 ErrorClass.VALIDATION,
@@ -686,29 +720,52 @@ class SQLiteStore:
         # for a database held in memory, no file.
         in_memory = self._path == ":memory:"
         self._file = self._path if in_memory else os.path.abspath(self._path)
-        conn = sqlite3.connect(
-            self._file,
-            timeout=_BUSY_TIMEOUT_S,
-            isolation_level=None,
-            check_same_thread=False,
-        )
+        create = self._create_tables or in_memory
+        try:
+            conn = sqlite3.connect(
+                self._file
+                if create
+                else "file:" + urllib.parse.quote(os.fsencode(self._file)) + "?mode=rw",
+                timeout=_BUSY_TIMEOUT_S,
+                isolation_level=None,
+                check_same_thread=False,
+                uri=not create,
+            )
+        except sqlite3.OperationalError:
+            if create or os.path.exists(self._file):
+                raise
+            raise _not_a_store(self._path) from None
         try:
             self._busy_ms = int(_BUSY_TIMEOUT_S * 1000)
             conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
             _check_ours(conn, self._path)  # before anything changes the file
-            _check_wal(_journal_wal(conn))
+            if create:
+                _check_wal(_journal_wal(conn))
             conn.execute("PRAGMA synchronous = FULL")
             conn.execute("PRAGMA foreign_keys = ON")
             if not in_memory:
                 st = os.stat(self._file)
                 self._identity = (st.st_dev, st.st_ino)
             if not _laid_out(conn, self._path):
-                self._lay_out(conn)
+                if create:
+                    self._lay_out(conn)
+                else:
+                    self._older_layout = _layout_of(conn, self._path)
         except BaseException:
             conn.close()
             raise
         self._conn = conn
         return conn
+
+    def _check_writable(self) -> None:
+        """Refuse a write to a file this store reads at an older layout."""
+        if self._older_layout is not None:
+            raise Error(
+                ErrorClass.UNSUPPORTED_CAPABILITY,
+                "store holds an older layout: open it with create_tables=True to write"
+                " (which upgrades it, and older trio_backplane then refuses it)",
+                {"path": self._path, "layout_version": self._older_layout},
+            )
 
     def _lay_out(self, conn: sqlite3.Connection) -> None:
         """Create the tables, or bring an older layout up to date (under the
@@ -957,6 +1014,7 @@ class SQLiteStore:
         staged: list[tuple[_Job, _Written]] = []
         try:
             conn = self._connect()
+            self._check_writable()
             self._begin_by(conn, max(job.deadline for job in jobs))
             rest = jobs
             if len(jobs) > 1:
@@ -1103,6 +1161,7 @@ class SQLiteStore:
         head = head_fields(record)
 
         def write(conn: sqlite3.Connection) -> Receipt:
+            self._check_writable()
             with _transaction(conn):
                 exists = conn.execute(
                     "SELECT 1 FROM runs WHERE run_id = ?", (record.run_id,)
@@ -1136,6 +1195,7 @@ class SQLiteStore:
         at = time.time()
 
         def write(conn: sqlite3.Connection) -> Receipt:
+            self._check_writable()
             with _transaction(conn):
                 stored = self._stored(conn, run_id)
                 if stored is None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import sys
+import unicodedata
 import uuid
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -33,6 +34,7 @@ import trio
 
 from ..errors import Error, ErrorClass
 from ..kernel import (
+    MAX_RUN_ID,
     Command,
     RunEvent,
     RunRecord,
@@ -403,6 +405,11 @@ class StoreConformance:
             assert fenced is not None
             assert fenced.incarnation == old.incarnation + 1
             assert fenced.revision == old.revision + 1
+            [summary] = [s for s in await store.list_runs() if s.run_id == run.run_id]
+            assert (summary.incarnation, summary.revision) == (
+                fenced.incarnation,
+                fenced.revision,
+            ), f"list_runs after a fence says {summary}"
             # The old executor, at its own revision ...
             stale, stale_events = transition(old, Command("provider_completed", at=50.0))
             with _expect_error(ErrorClass.RESOURCE_CONFLICT):
@@ -868,6 +875,29 @@ class StoreConformance:
                 await store.fence(missing, incarnation=2)
             assert await store.load(missing) is None
             assert missing not in {s.run_id for s in await store.list_runs()}
+            # Run ids are told apart exactly: by case, by Unicode form, by a
+            # trailing space, and by every one of their MAX_RUN_ID characters.
+            named = f"Identity-{uuid.uuid4().hex[:8]}-caf\u00e9"
+            await store.create(RunRecord.new(named))
+            for twin in (
+                named.lower(),
+                named.upper(),
+                named + " ",
+                unicodedata.normalize("NFD", named),
+            ):
+                assert await store.load(twin) is None, f"{twin!r} loads {named!r}'s run"
+            prefix = f"long-{uuid.uuid4().hex}-" + "p" * 200
+            long_ids = [prefix + c * (MAX_RUN_ID - len(prefix)) for c in "ab"]
+            for run_id in long_ids:
+                await store.create(RunRecord.new(run_id))
+            for run_id in long_ids:
+                loaded = await store.load(run_id)
+                assert loaded is not None, f"a run id of {MAX_RUN_ID} characters is missing"
+                assert loaded.run_id == run_id, (
+                    f"a run id of {MAX_RUN_ID} characters loads {loaded.run_id!r}"
+                )
+            listed = {s.run_id for s in await store.list_runs()}
+            assert {named, *long_ids} <= listed
 
         await self._check(body)
 
