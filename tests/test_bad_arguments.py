@@ -416,3 +416,47 @@ async def test_ker_11_postgres_refuses_a_lone_surrogate_freeze_never_saw(
     pg_store_factory: StoreFactory,
 ) -> None:
     await _refuses_hand_built_frozen_text(pg_store_factory())
+
+
+async def test_numbers_too_large_for_a_float_are_classed() -> None:
+    """Every timeout option refuses an int too large for a float
+    (``10**400``) with ``validation``, and an approval takes it as the
+    finite time it is: each raised a raw ``OverflowError`` (``math.isfinite``
+    of it)."""
+    from trio_backplane.adapters.mcp import McpToolSource
+    from trio_backplane.adapters.openai import OpenAIProvider
+    from trio_backplane.tools import Approval, ApprovalDecision, decide_approval
+
+    huge = 10**400
+    store = tb.MemoryStore()
+    provider = tb.ScriptedProvider([tb.ScriptedProvider.text("never")])
+    for option in ("run_timeout", "effect_timeout", "commit_timeout", "cleanup_timeout"):
+        with pytest.raises(Error) as raised:
+            async with tb.open_conversation("r", store=store, provider=provider, **{option: huge}):
+                pytest.fail("opened")  # pragma: no cover
+        assert raised.value.error_class is ErrorClass.VALIDATION, option
+    for option in ("timeout", "tail_timeout"):
+        with pytest.raises(Error) as raised:
+            OpenAIProvider("http://127.0.0.1:1/v1", "m", **{option: huge})
+        assert raised.value.error_class is ErrorClass.VALIDATION, option
+    with pytest.raises(Error) as raised:
+        McpToolSource(call_timeout=huge)
+    assert raised.value.error_class is ErrorClass.VALIDATION
+    with pytest.raises(Error) as raised:
+        tb.PostgresStore("postgresql://127.0.0.1:1/x", operation_timeout=huge)
+    assert raised.value.error_class is ErrorClass.VALIDATION
+    bound = {
+        "approval_id": "a",
+        "run_id": "r",
+        "incarnation": 1,
+        "tool_name": "t",
+        "tool_revision": 1,
+        "arguments_digest": "0" * 64,
+    }
+    assert Approval(**bound, expires_at=huge).expires_at == huge
+    approval = Approval(**bound, expires_at=2**60)
+    decision = ApprovalDecision(**bound, decision="approved", resolver_id="host")
+    with pytest.raises(Error) as raised:
+        decide_approval(approval, decision, now=huge)
+    assert raised.value.error_class is ErrorClass.VALIDATION
+    assert decide_approval(approval, decision, now=2**59) == "approved"

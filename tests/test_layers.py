@@ -11,18 +11,21 @@ import trio_backplane
 
 PACKAGE = Path(trio_backplane.__file__).parent
 
-PURE = {"errors", "schema", "tools", "kernel"}
+#: ``_numbers``, like ``errors``, is a leaf every part may use (the checks
+#: of a number an option takes).
+PURE = {"errors", "_numbers", "schema", "tools", "kernel"}
 #: What each part may import from the rest of the package ("Nothing below
 #: imports from above"): the pure layer, then store, then runtime and
 #: recovery, then the edge.
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
-    "schema": {"errors"},
-    "tools": {"errors", "schema"},  # tools may import schema, never the reverse
-    "kernel": {"errors"},  # only errors and its own records
-    "store": {"errors", "kernel"},  # kernel records and errors only
-    "runtime": {"errors", "kernel", "schema", "tools", "store"},
-    "recovery": {"errors", "kernel", "store"},
+    "_numbers": set(),
+    "schema": {"errors", "_numbers"},
+    "tools": {"errors", "_numbers", "schema"},  # tools may import schema, never the reverse
+    "kernel": {"errors", "_numbers"},  # only errors and its own records
+    "store": {"errors", "_numbers", "kernel"},  # kernel records and errors only
+    "runtime": {"errors", "_numbers", "kernel", "schema", "tools", "store"},
+    "recovery": {"errors", "_numbers", "kernel", "store"},
     "adapters": PURE | {"store", "runtime", "recovery"},
     "testing": PURE | {"store", "runtime", "recovery"},
     "demo": PURE | {"store", "runtime", "recovery", "testing", "adapters"},

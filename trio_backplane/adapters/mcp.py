@@ -64,6 +64,7 @@ from typing import Any, Final, Literal, Protocol, TextIO, runtime_checkable
 import attrs
 import trio
 
+from .._numbers import is_seconds
 from . import _missing_extra
 
 try:
@@ -914,9 +915,7 @@ class _RawDispatcher(JSONRPCDispatcher):
 def _check_seconds(name: str, value: Any) -> None:
     """``validation`` unless ``value`` is ``None`` or a positive finite number
     of seconds: checked before anything starts, never a transport failure."""
-    if value is not None and (
-        type(value) not in (int, float) or not math.isfinite(value) or value <= 0
-    ):
+    if value is not None and not is_seconds(value):
         raise Error(
             ErrorClass.VALIDATION, f"{name} must be a positive number or None", {"argument": name}
         )

@@ -58,6 +58,7 @@ from typing import Any, Final
 
 import trio
 
+from .._numbers import is_seconds
 from . import _missing_extra
 
 try:
@@ -311,7 +312,7 @@ class OpenAIProvider:
         if not isinstance(model, str) or not model:
             raise Error(ErrorClass.VALIDATION, "model must be a non-empty str")
         for name, seconds in (("timeout", timeout), ("tail_timeout", tail_timeout)):
-            if type(seconds) not in (int, float) or not math.isfinite(seconds) or seconds <= 0:
+            if not is_seconds(seconds):
                 raise Error(ErrorClass.VALIDATION, f"{name} must be a positive number")
         if system is not None and type(system) is not str:
             raise Error(ErrorClass.VALIDATION, "system must be a str or None")

@@ -22,6 +22,7 @@ from typing import Any, Final
 import attrs
 import trio
 
+from .._numbers import is_seconds
 from ..errors import Error, ErrorClass, exception_leaves, require_methods
 from ..kernel import (
     TERMINAL_STATES,
@@ -119,12 +120,7 @@ class _StorageFailed(Exception):
 
 
 def _check_timeout(name: str, value: Any) -> float:
-    if (
-        type(value) not in (int, float)
-        or not math.isfinite(value)
-        or value <= 0
-        or value > MAX_TIMEOUT
-    ):
+    if not is_seconds(value, MAX_TIMEOUT):
         raise Error(
             ErrorClass.VALIDATION,
             f"{name} must be a finite positive timeout",

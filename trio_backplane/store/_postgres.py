@@ -103,6 +103,7 @@ from typing import Any, Final, TypeVar
 import outcome
 import trio
 
+from .._numbers import is_seconds
 from ..errors import Error, ErrorClass
 from ..kernel import RunEvent, RunRecord, encode_event
 from ..kernel import fence as kernel_fence
@@ -252,11 +253,7 @@ class PostgresStore:
             raise Error(ErrorClass.VALIDATION, "create_tables must be a bool")
         if type(max_connections) is not int or max_connections < 1:
             raise Error(ErrorClass.VALIDATION, "max_connections must be a positive int")
-        if (
-            type(operation_timeout) not in (int, float)
-            or not math.isfinite(operation_timeout)
-            or operation_timeout <= 0
-        ):
+        if not is_seconds(operation_timeout):
             raise Error(ErrorClass.VALIDATION, "operation_timeout must be a positive number")
         if schema is not None and (not _SCHEMA_NAME.fullmatch(schema) or schema.startswith("pg_")):
             raise Error(

@@ -11,6 +11,7 @@ from typing import Any, Final
 import attrs
 import rfc8785
 
+from .._numbers import is_finite
 from ..errors import Error, ErrorClass
 from ._names import check_name_validator
 
@@ -118,7 +119,7 @@ def _digest(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
 
 
 def _number(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if type(value) not in (int, float) or not math.isfinite(value):
+    if not is_finite(value):
         raise _invalid(f"{attribute.name} must be a finite number", field=attribute.name)
 
 
@@ -170,7 +171,7 @@ def decide_approval(approval: Approval, decision: ApprovalDecision, *, now: floa
     """
     if not isinstance(approval, Approval) or not isinstance(decision, ApprovalDecision):
         raise _invalid("decide_approval needs an Approval and an ApprovalDecision")
-    if type(now) not in (int, float) or not math.isfinite(now):
+    if not is_finite(now):
         raise _invalid("now must be a finite number")
     if decision.decision not in DECISIONS:
         raise _invalid('decision must be "approved" or "denied"', reason="invalid_decision")
