@@ -8,6 +8,7 @@ Every test runs on ``MemoryStore`` (usually behind the ``FaultyStore`` or
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -1650,3 +1651,64 @@ async def test_conv_13_steering_arriving_during_the_stop_hook_continues_the_turn
         e for e in published if e.type == "prompt_consumed" and e.payload["mode"] == "steering"
     ]
     assert consumed.payload["message"]["content"] == "also this"
+
+
+async def test_can_14_a_stored_conversation_state_of_any_shape_opens_for_inspection() -> None:
+    """CAN-14: a stored run whose conversation state holds something else
+    than lists where the runtime keeps them (any mapping the kernel took)
+    opens ``recovery_required``, and ``status()`` shows the record as stored
+    with those lists empty: it raised a raw ``TypeError``."""
+    from trio_backplane.kernel import Command, transition
+
+    store = MemoryStore()
+    record = RunRecord.new("odd")
+    await store.create(record)
+    for kind, data in (
+        ("admit", {"state": "running"}),
+        ("conversation_updated", {"conversation": {"messages": 5, "steering": 3, "usage": 7}}),
+    ):
+        new, events = transition(record, Command(kind, at=1.0, input=data))
+        await store.commit(
+            "odd", incarnation=1, expected_revision=record.revision, record=new, events=events
+        )
+        record = new
+    provider = ScriptedProvider([])
+    async with open_conversation("odd", store=store, provider=provider, run=record) as c:
+        snapshot = c.status()
+        assert snapshot.phase == "recovery_required"
+        assert snapshot.run == record
+        assert (snapshot.messages, snapshot.steering, snapshot.usage) == ((), (), ())
+    assert provider.requests == []
+
+
+async def test_conv_messages_are_checked_before_the_store_is_called() -> None:
+    """API: ``messages=`` is checked before any store call: a message that
+    fails when read is ``validation`` (it escaped raw), and an id of the
+    runtime's shape with more digits than Python converts is a host's own id
+    (it failed the open after the run was created, and the stored run could
+    never be opened again)."""
+
+    class Unreadable(Mapping[str, Any]):
+        def __getitem__(self, key: str) -> Any:
+            raise RuntimeError("unreadable")
+
+        def __iter__(self) -> Iterator[str]:
+            return iter(["role"])
+
+        def __len__(self) -> int:
+            return 1
+
+    store = MemoryStore()
+    provider = ScriptedProvider([ScriptedProvider.text("done")])
+    with pytest.raises(Error) as raised:
+        async with open_conversation("r", store=store, provider=provider, messages=[Unreadable()]):
+            pytest.fail("opened")  # pragma: no cover
+    assert raised.value.error_class is ErrorClass.VALIDATION
+    assert await store.load("r") is None
+    huge = {"role": "user", "content": "hi", "id": "msg-1-" + "9" * 5000}
+    async with open_conversation("r", store=store, provider=provider, messages=[huge]) as c:
+        await c.prompt("go")
+        snapshot = await c.wait_settled()
+    assert snapshot.run.state == "completed"
+    ids = [m["id"] for m in snapshot.messages if "id" in m]
+    assert len(set(ids)) == len(ids)

@@ -129,7 +129,10 @@ def _check_timeout(name: str, value: Any) -> float:
     return float(value)
 
 
-_OUR_ID: Final = re.compile(r"[a-z_]+-([0-9]+)-([0-9]+)")
+#: ``<kind>-<incarnation>-<n>``, numbers as this runtime writes them (an id
+#: with longer ones, a host's own, is no id of ours: never converted, so
+#: never past Python's int digit limit)
+_OUR_ID: Final = re.compile(r"[a-z_]+-([0-9]{1,18})-([0-9]{1,18})")
 
 
 def _first_id(record: RunRecord) -> int:
@@ -140,13 +143,21 @@ def _first_id(record: RunRecord) -> int:
     state = record.conversation or {}
     highest = 0
     prefix = f"-{record.incarnation}-"
-    for message in state.get("messages", ()):
+    for message in _listed(state, "messages"):
         ident = message.get("id") if isinstance(message, Mapping) else None
         if type(ident) is str and prefix in ident:
             found = _OUR_ID.fullmatch(ident)
             if found and int(found[1]) == record.incarnation:
                 highest = max(highest, int(found[2]))
     return highest + 1
+
+
+def _listed(state: Mapping[str, Any], key: str) -> tuple[Any, ...]:
+    """The list ``state`` holds at ``key``: a stored conversation state is
+    any mapping the kernel took, so a restored one may hold something else
+    there, read as no items (the record itself is shown as stored)."""
+    items = state.get(key)
+    return tuple(items) if isinstance(items, list | tuple) else ()
 
 
 def _check_user_message(message: Any) -> Any:
@@ -231,6 +242,9 @@ def _check_messages(messages: Any) -> list[Any] | None:
             "messages must be a list of transcript messages",
             {"type": type(messages).__name__},
         )
+    # frozen first: a message that fails when read is classed, as the
+    # context is (the context then takes these frozen copies as they are)
+    messages = freeze(list(messages), "messages")
     for index, message in enumerate(messages):
         if not isinstance(message, Mapping) or type(message.get("role")) is not str:
             raise Error(
@@ -373,11 +387,11 @@ class Conversation:
         return Snapshot(
             phase=self._phase,
             run=self._record,
-            messages=tuple(conversation.get("messages", ())),
-            steering=tuple(conversation.get("steering", ())),
-            follow_up=tuple(conversation.get("follow_up", ())),
+            messages=_listed(conversation, "messages"),
+            steering=_listed(conversation, "steering"),
+            follow_up=_listed(conversation, "follow_up"),
             queue_status=conversation.get("queue_status", "active"),
-            usage=tuple(conversation.get("usage", ())),
+            usage=_listed(conversation, "usage"),
             turn_id=conversation.get("turn_id"),
             pending_interaction=conversation.get("pending_interaction"),
             last_error=self._last_error,
