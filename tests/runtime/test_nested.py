@@ -657,14 +657,15 @@ async def test_int_11_a_nested_interaction_in_a_host_task_ends_when_the_run_stop
     autojump_clock: MockClock,
 ) -> None:
     """INT-11, INT-17: a nested call running in a task of the host's, waiting
-    in ``interact``, stops waiting when the run is cancelled (classed
-    ``cancelled``), instead of waiting for an answer that cannot come."""
+    in ``interact``, stops waiting when the run is cancelled (its effect
+    scope is cancelled: ``trio.Cancelled``), instead of waiting for an
+    answer that cannot come."""
     ended: list[Any] = []
 
     async def asks(operation: Any) -> ToolResult:
         try:
             await operation.context.interact({"question": "?"})
-        except Error as error:
+        except BaseException as error:
             ended.append((trio.current_time(), error))
             raise
         return ToolResult("answered")
@@ -699,6 +700,100 @@ async def test_int_11_a_nested_interaction_in_a_host_task_ends_when_the_run_stop
         settled_at = trio.current_time()
         host_tasks.cancel_scope.deadline = settled_at + 100  # a hang fails, never waits
     [(at, error)] = ended
-    assert error.error_class is ErrorClass.CANCELLED
+    assert isinstance(error, trio.Cancelled)
     assert at <= settled_at
     assert finished.snapshot.pending_interaction is None
+
+
+@pytest.mark.parametrize("read_only", [True, False])
+async def test_nest_04_a_nested_result_cut_before_it_commits_is_committed(
+    autojump_clock: MockClock, read_only: bool
+) -> None:
+    """NEST-04: a nested backend that returned, whose caller's own scope
+    fires just as its result is to commit, has that known result committed:
+    the run completes (it left the intent unsettled under the caller's
+    success, and the run ended by the kernel's refusal)."""
+
+    class FinishesItsWork:
+        calls = 0
+
+        async def execute(self, operation: Any) -> ToolResult:
+            FinishesItsWork.calls += 1
+            with trio.CancelScope(shield=True):  # finishes the write it began
+                await trio.sleep(2)
+            return ToolResult("inner done")
+
+    async def outer(operation: Any) -> ToolResult:
+        with trio.move_on_after(1):
+            await operation.context.nested_dispatch("inner", {})
+        return ToolResult("outer done")
+
+    tools = [
+        make_tool("outer", RecordingBackend(outer)),
+        make_tool("inner", FinishesItsWork(), read_only=read_only),
+    ]
+    finished, _ = await run_with_host(
+        calls_then_done(("c1", "outer", {})), tools, effect_timeout=60.0
+    )
+    assert FinishesItsWork.calls == 1
+    assert finished.record.state == "completed", finished.snapshot.last_error
+    nested = {
+        k: v["status"] for k, v in finished.record.intents.items() if v.get("tool_name") == "inner"
+    }
+    assert list(nested.values()) == ["consumed"]
+    [(key, _)] = nested.items()
+    assert finished.record.tool_results[key.removeprefix("tool:")]["content"] == "inner done"
+
+
+async def test_can_03_a_stop_ends_a_nested_call_running_in_a_host_task(
+    autojump_clock: MockClock,
+) -> None:
+    """CAN-03, NEST-01: ``cancel()`` ends every executing effect, a nested
+    backend running in a task of the host's too (out of the worker's reach,
+    it ran on after the run settled); its caller gets ``cancelled`` and the
+    run settles ``unknown_outcome`` with it uncertain."""
+    ended: list[Any] = []
+
+    async def inner(operation: Any) -> ToolResult:
+        try:
+            await trio.sleep(1_000)
+        finally:
+            ended.append(trio.current_time())
+        return ToolResult("never")  # pragma: no cover
+
+    async with trio.open_nursery() as host_tasks:
+        seen: list[Any] = []
+
+        async def outer(operation: Any) -> ToolResult:
+            async def in_the_background() -> None:
+                try:
+                    await operation.context.nested_dispatch("inner", {})
+                except Error as error:
+                    seen.append(error)
+
+            host_tasks.start_soon(in_the_background)
+            await trio.sleep(1_000)
+            return ToolResult("outer done")  # pragma: no cover
+
+        async def cancel_later(conversation: Conversation, host: Host) -> None:
+            await trio.sleep(5)
+            await conversation.cancel()
+
+        tools = [
+            make_tool("outer", RecordingBackend(outer), read_only=True),
+            make_tool("inner", RecordingBackend(inner)),
+        ]
+        finished, _ = await run_with_host(
+            calls_then_done(("c1", "outer", {})),
+            tools,
+            during=cancel_later,
+            effect_timeout=3_000.0,
+        )
+        settled_at = trio.current_time()
+    assert ended == [5.0]
+    assert settled_at == 5.0
+    [error] = seen
+    assert error.error_class is ErrorClass.CANCELLED
+    assert finished.record.state == "unknown_outcome"
+    nested = [v for v in finished.record.intents.values() if v.get("tool_name") == "inner"]
+    assert [v["status"] for v in nested] == ["uncertain"]

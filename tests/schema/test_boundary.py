@@ -2162,3 +2162,34 @@ def test_sch_46_a_registry_naming_one_resource_twice_is_refused() -> None:
         with pytest.raises(Error) as exc:
             compile(schema, schema_registry=registry)
         assert refused(exc, ErrorClass.VALIDATION)["reason"] == "duplicate_identifier"
+
+
+def test_sch_48_sch_50_a_draft_07_anchor_beside_ref_is_still_an_anchor() -> None:
+    """SCH-48, SCH-50: draft-07 ignores a base-changing ``$id`` beside
+    ``$ref``, but an anchor (``"$id": "#foo"``) there is still one to the
+    engine: a second ``#foo`` is refused as declared twice (the engine took
+    the one beside ``$ref``, a cycle, while the checks read the other), and
+    a lone one beside ``$ref`` resolves."""
+    dialects = frozenset({"2020-12", "draft-07"})
+    schema = {
+        "$schema": D07,
+        "properties": {"amount": {"$ref": "#foo"}},
+        "definitions": {
+            "b": {"$id": "#foo", "type": "integer", "maximum": 100},
+            "z": {"$id": "#foo", "$ref": "#foo"},
+        },
+    }
+    with pytest.raises(Error) as exc:
+        compile(schema, dialects=dialects)
+    assert refused(exc, ErrorClass.VALIDATION)["reason"] == "duplicate_identifier"
+    lone = {
+        "$schema": D07,
+        "properties": {"x": {"$ref": "#foo"}},
+        "definitions": {
+            "s": {"$id": "#foo", "$ref": "#/definitions/str"},
+            "str": {"type": "string"},
+        },
+    }
+    compiled = compile(lone, dialects=dialects)
+    assert compiled.errors({"x": "text"}) == []
+    assert compiled.errors({"x": 1}) != []

@@ -1417,6 +1417,10 @@ async def test_sto_06_the_server_bounds_what_a_cut_or_vanished_host_holds(
         ).fetchone()
 
     assert await store._run(settings) == ("1s", "1s", "10")
+    # PostgreSQL takes these in ms up to 2**31 - 1: a longer operation_timeout
+    # is held to that, never a failure of every call
+    month = pg_store_factory(operation_timeout=30 * 86400.0)
+    assert (await month._run(settings))[:2] == ("2147483647ms", "2147483647ms")
     new, events = _step(record, "conversation_updated", conversation=_messages(2))
     async with _RowLock(pg_dsn, pg_schema, record.run_id) as lock:
         error = await _raises(ErrorClass.STORAGE_FAILED, _commit(store, record, new, events))

@@ -343,6 +343,8 @@ class Conversation:
         self._catalog = CatalogState(bundle, options.schema_admission)
         self._pending: Pending | None = None
         self._effects: list[DeadlineBudget] = []  # armed effect budgets, outermost first
+        #: a scope per executing effect, cancelled when the run stops
+        self._effect_stops: set[trio.CancelScope] = set()
         self._executing: list[str] = []  # executing invocation ids, outermost first
         self._provider_context = provider_context
         self._hooks = hooks
@@ -820,6 +822,8 @@ class Conversation:
                 self._pending = None  # a resolve after cancel() returned is not_found (INT-13)
             if pending.waiter is not None:
                 pending.waiter.cancel()  # no answer comes now, wherever the effect waits
+        for scope in self._effect_stops:
+            scope.cancel()  # every executing effect ends, wherever its task runs
         self._catalog.discard()  # a cancelled or uncertain producer discards (PUB-09)
         if self._stop_reason is None:
             self._stop_reason = reason

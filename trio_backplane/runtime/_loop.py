@@ -989,9 +989,16 @@ class TurnLoop:
         budget = DeadlineBudget("effect", seconds, c._now)
         c._effects.append(budget)
         c._executing.append(invocation_id)
+        # A stop of the run cancels this scope, wherever the task runs (a
+        # nested call in a host's task is out of the worker's reach); in the
+        # worker, the worker's own cancellation goes on past it.
+        stop = trio.CancelScope()
+        c._effect_stops.add(stop)
+        if c._stop_reason is not None:
+            stop.cancel()
         result: Any = None
         try:
-            with budget.arm():
+            with stop, budget.arm():
                 try:
                     result = await descriptor.backend.execute(operation)
                 except Error as error:
@@ -1016,8 +1023,11 @@ class TurnLoop:
                     raise cancelled from None
         finally:
             operation.context._end()
+            c._effect_stops.discard(stop)
             c._effects.remove(budget)
             c._executing.remove(invocation_id)
+        if stop.cancelled_caught:
+            raise _Stop  # the run stopped: the outcome stays unsettled
         return result, budget.timed_out()
 
     async def _dispatch(  # noqa: PLR0917 - one call's whole identity
@@ -1051,14 +1061,21 @@ class TurnLoop:
         await self._complete(invocation_id, normalized)
         await self._tool_message(call_id, descriptor.name, normalized, carry=carry)
 
-    async def _complete(self, invocation_id: str, normalized: Mapping[str, Any]) -> None:
-        """Commit a settled result (before any transcript projection, TOOL-08)."""
+    async def _complete(
+        self, invocation_id: str, normalized: Mapping[str, Any], *, unless_stopped: bool = False
+    ) -> None:
+        """Commit a settled result (before any transcript projection, TOOL-08);
+        ``unless_stopped``: not once the run stops, however long the commit
+        waits for the coordinator (``_Stop`` then)."""
         c = self.c
+        step = command_step(
+            "tool_completed", freeze({"invocation_id": invocation_id, "result": normalized})
+        )
         try:
-            await c._commit(
-                "tool_completed", freeze({"invocation_id": invocation_id, "result": normalized})
-            )
+            await c._commit_steps((step,), as_input=unless_stopped)
         except Error as error:
+            if unless_stopped and c._stop_reason is not None:
+                raise _Stop from None  # refused: the run stopped meanwhile
             if error.error_class is ErrorClass.TIMEOUT:
                 c._unsettled_dispatch[invocation_id] = "result not committed before the deadline"
                 c._request_stop("deadline_exceeded")
@@ -1133,8 +1150,7 @@ class TurnLoop:
                         "nested tool cancelled by its caller",
                         {"tool": descriptor.name, "certainty": "no_effect"},
                     )
-                    with trio.CancelScope(shield=True):
-                        await self._complete(invocation_id, _error_result(cut))
+                    await self._complete_cut(invocation_id, _error_result(cut))
                 else:
                     c._unsettled_dispatch[invocation_id] = "nested tool cancelled by its caller"
                     self._stop_uncertain(
@@ -1154,7 +1170,7 @@ class TurnLoop:
                 "nested tool outlived its deadline",
                 {"tool": descriptor.name, "certainty": "no_effect"},
             )
-            await self._complete(invocation_id, _error_result(error))
+            await self._complete_nested(invocation_id, _error_result(error))
             raise error
         if timed_out:
             result = Error(ErrorClass.TIMEOUT, "nested tool outlived its deadline")
@@ -1170,7 +1186,7 @@ class TurnLoop:
                     {"tool": descriptor.name},
                 ) from None
         normalized = self._normalize(result)
-        await self._complete(invocation_id, normalized)
+        await self._complete_nested(invocation_id, normalized)
         return ToolResult(  # plain data for the outer tool, as a backend returns it
             content=thaw(normalized["content"]),
             structured_content=thaw(normalized.get("structured_content")),
@@ -1181,17 +1197,33 @@ class TurnLoop:
         self, invocation_id: str, descriptor: ToolDescriptor, reason: str
     ) -> None:
         """Settle a nested intent that was committed and never dispatched as
-        an error result, shielded (its caller may be cancelled): the work
-        unit stays spent, the backend never ran."""
-        if self.c._stop_reason is not None:
-            return  # the run's settlement withdraws it
+        an error result (its caller may be cancelled): the work unit stays
+        spent, the backend never ran."""
         error = Error(
             ErrorClass.CANCELLED,
             f"nested tool not dispatched: {reason}",
             {"tool": descriptor.name, "certainty": "not_dispatched"},
         )
+        await self._complete_cut(invocation_id, _error_result(error))
+
+    async def _complete_nested(self, invocation_id: str, normalized: Mapping[str, Any]) -> None:
+        """Commit a nested call's settled result; its caller's own scope
+        cutting the commit does not leave a known result unsettled."""
+        try:
+            await self._complete(invocation_id, normalized)
+        except trio.Cancelled:
+            await self._complete_cut(invocation_id, normalized)
+            raise
+
+    async def _complete_cut(self, invocation_id: str, normalized: Mapping[str, Any]) -> None:
+        """Commit a nested call's result while its caller's scope is cut:
+        shielded, and never once the run stops (a result after cancel() is
+        never committed, TOOL-22: the run's settlement then holds the call
+        unsettled, or withdraws one never dispatched)."""
+        if self.c._stop_reason is not None:
+            return
         with trio.CancelScope(shield=True):
-            await self._complete(invocation_id, _error_result(error))
+            await self._complete(invocation_id, normalized, unless_stopped=True)
 
     async def _uncertain_result(
         self, result: Any, descriptor: ToolDescriptor, invocation_id: str

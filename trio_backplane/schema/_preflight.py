@@ -383,13 +383,15 @@ class Preflight:
                         self.root_dialect = dialect
             first = False
             ident = node.get("$id")
-            if type(ident) is str and not (dialect == "draft-07" and "$ref" in node):
-                # (draft-07 ignores every sibling of ``$ref``, ``$id`` too:
-                # its reference resolves against the enclosing base)
+            if type(ident) is str:
                 if dialect == "draft-07" and ident.startswith("#"):
+                    # an anchor: the engine keeps it beside ``$ref`` too
                     self._declare(base + ident, loc, path)
                     self.anchors[_identity_key(base + ident)] = loc
-                else:
+                elif not (dialect == "draft-07" and "$ref" in node):
+                    # (draft-07 ignores a base-changing ``$id`` beside
+                    # ``$ref``: that reference resolves against the
+                    # enclosing base)
                     base = _uri.split_fragment(_uri.resolve(base, ident))[0]
                     self._add_resource(base, loc, path)
             for key in ("$anchor", "$dynamicAnchor"):

@@ -265,7 +265,8 @@ class PostgresStore:
         self._psycopg = _import_psycopg()
         self._dsn = dsn
         self._operation_timeout = float(operation_timeout)
-        ms = math.ceil(self._operation_timeout * 1000)
+        # (PostgreSQL takes at most 2**31 - 1 ms, about 24.8 days)
+        ms = min(math.ceil(self._operation_timeout * 1000), 2**31 - 1)
         self._session_settings = (
             "SET extra_float_digits = 3;"
             f" SET lock_timeout = {ms};"
@@ -474,8 +475,12 @@ class PostgresStore:
         # server bounds its side as the watchdog bounds ours (see the module
         # docstring): a session whose client was cut or partitioned away
         # releases its row locks.
-        conn.execute(self._session_settings)
-        conn.commit()
+        try:
+            conn.execute(self._session_settings)
+            conn.commit()
+        except BaseException:
+            conn.close()  # never left open, never pooled
+            raise
         if not self._rendered:
             self._render(conn)
         return conn
