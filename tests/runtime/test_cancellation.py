@@ -20,9 +20,9 @@ from trio.testing import MockClock
 
 from trio_backplane import Error, ErrorClass
 from trio_backplane.kernel import TERMINAL_STATES, RunRecord, thaw
-from trio_backplane.runtime import Conversation, Event, open_conversation
+from trio_backplane.runtime import Conversation, Event, ResponseCompleted, open_conversation
 from trio_backplane.testing import Hang, ScriptedProvider, Sleep
-from trio_backplane.tools import ToolRegistry
+from trio_backplane.tools import ToolRegistry, ToolResult
 
 from .support import (
     RUN_ID,
@@ -32,7 +32,9 @@ from .support import (
     ProbeBackend,
     drained,
     granted,
+    make_tool,
     probe_tools,
+    run_with_host,
     task_tree_size,
 )
 
@@ -424,6 +426,63 @@ async def test_ker_10_provider_outliving_effect_timeout_is_uncertain(
     assert snapshot.last_error.error_class is ErrorClass.TIMEOUT
     assert snapshot.last_error.details["certainty"] == "uncertain"
     assert (await h.stored()).state == "unknown_outcome"
+
+
+@pytest.mark.parametrize("read_only", [True, False])
+async def test_ker_10_a_tool_that_ignores_its_cut_and_returns_late_is_uncertain(
+    autojump_clock: MockClock, read_only: bool
+) -> None:
+    """KER-10: a backend that ignores the cancellation of effect_timeout (a
+    blocking call in a thread, say) and returns a result well after it has
+    outlived effect_timeout all the same: its late result is never
+    committed, the run ends unknown_outcome with the intent uncertain, and
+    the provider is not asked again (the late result was taken, the run
+    completed)."""
+
+    class Late:  # returns with no checkpoint after its shield: the cut never lands
+        async def execute(self, operation: Any) -> Any:
+            with trio.CancelScope(shield=True):
+                await trio.sleep(60)
+            return ToolResult("late result")
+
+    provider = S([S.tool_calls(("c1", "slow", {})), S.text("never")])
+    tools = [make_tool("slow", Late(), read_only=read_only)]
+    finished, _ = await run_with_host(provider, tools, effect_timeout=5.0)
+    assert finished.record.state == "unknown_outcome"
+    error = finished.snapshot.last_error
+    assert error is not None
+    assert error.error_class is ErrorClass.TIMEOUT
+    assert error.details["certainty"] == "uncertain"
+    assert finished.tool_messages() == []
+    assert [v["status"] for k, v in finished.record.intents.items() if k.startswith("tool:")] == [
+        "uncertain"
+    ]
+    assert len(provider.requests) == 1
+
+
+async def test_ker_10_a_provider_answering_past_effect_timeout_is_uncertain(
+    autojump_clock: MockClock,
+) -> None:
+    """KER-10: a provider stream that ignores its cut and sends its terminal
+    event past effect_timeout has outlived it: the response is not taken
+    (the run completed on it), the run ends unknown_outcome."""
+
+    class Late:  # its terminal event follows its shield with no checkpoint
+        def stream(self, request: Any, context: Any) -> Any:
+            async def events() -> AsyncIterator[Any]:
+                with trio.CancelScope(shield=True):
+                    await trio.sleep(60)
+                yield ResponseCompleted({"role": "assistant", "content": "late answer"})
+
+            return events()
+
+    finished, _ = await run_with_host(Late(), [], effect_timeout=5.0)
+    assert finished.record.state == "unknown_outcome"
+    error = finished.snapshot.last_error
+    assert error is not None
+    assert error.error_class is ErrorClass.TIMEOUT
+    assert error.details["certainty"] == "uncertain"
+    assert [m["role"] for m in finished.messages] == ["user"]
 
 
 # -- CAN-09 ----------------------------------------------------------------------------

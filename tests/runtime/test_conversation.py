@@ -841,6 +841,14 @@ async def _hang(*_: Any) -> Any:
     await trio.sleep_forever()
 
 
+async def _late(message: Any, context: HookContext) -> Any:
+    """A hook that ignores its cancellation (a blocking call in a thread,
+    say) and answers well past effect_timeout: timed out all the same."""
+    with trio.CancelScope(shield=True):
+        await trio.sleep(60)
+    return message if context.mode != "stop" else "stop"
+
+
 async def _assistant(message: Any, context: HookContext) -> Any:
     return {"role": "assistant", "content": "not a user message"}
 
@@ -892,6 +900,7 @@ async def test_conv_07_a_prompt_hook_cannot_change_a_message_id(autojump_clock: 
     ("hook", "error_class", "message", "after"),
     [
         (_hang, ErrorClass.TIMEOUT, "prompt hook timed out", 2.0),
+        (_late, ErrorClass.TIMEOUT, "prompt hook timed out", 60.0),
         (_assistant, ErrorClass.VALIDATION, "prompt hook must return a user message", 0.0),
         (_host_bug, ErrorClass.EXECUTION_FAILURE, "prompt hook failed", 0.0),
         (_not_async, ErrorClass.EXECUTION_FAILURE, "prompt hook failed", 0.0),
@@ -902,6 +911,7 @@ async def test_conv_07_a_prompt_hook_cannot_change_a_message_id(autojump_clock: 
     ],
     ids=[
         "hangs",
+        "answers-late",
         "returns-an-assistant-message",
         "raises-ValueError",
         "not-async",
@@ -914,8 +924,9 @@ async def test_conv_07_a_prompt_hook_cannot_change_a_message_id(autojump_clock: 
 async def test_conv_18_prompt_hook_timeout_or_bad_result_is_a_rejection(
     autojump_clock: Any, hook: Any, error_class: ErrorClass, message: str, after: float
 ) -> None:
-    """CONV-18: a prompt hook bounded by effect_timeout that hangs, or that
-    returns something other than a user message, rejects the prompt as a
+    """CONV-18: a prompt hook bounded by effect_timeout that hangs, answers
+    past it (ignoring its cancellation), or returns something other than a
+    user message, rejects the prompt as a
     raised hook Error would: prompt raises a classed error, prompt_rejected
     names it, the turn fails and no provider attempt is made."""
     provider = ScriptedProvider([text("never")])
@@ -950,16 +961,18 @@ async def _empty_continue(outcome: Any, context: HookContext) -> Any:
     ("hook", "error_class", "message"),
     [
         (_hang, ErrorClass.TIMEOUT, "stop hook timed out"),
+        (_late, ErrorClass.TIMEOUT, "stop hook timed out"),
         (_refuse, ErrorClass.FORBIDDEN, "policy says no"),
         (_empty_continue, ErrorClass.VALIDATION, "prompt must not be empty"),
         (_host_bug, ErrorClass.EXECUTION_FAILURE, "stop hook failed"),
     ],
-    ids=["hangs", "raises", "continues-with-nothing", "raises-ValueError"],
+    ids=["hangs", "answers-late", "raises", "continues-with-nothing", "raises-ValueError"],
 )
 async def test_conv_20_stop_hook_failures_fail_the_turn_classed(
     autojump_clock: Any, hook: Any, error_class: ErrorClass, message: str
 ) -> None:
-    """CONV-20: a stop hook that hangs past effect_timeout, raises an Error, or
+    """CONV-20: a stop hook that hangs past effect_timeout (or answers past
+    it, ignoring its cancellation), raises an Error, or
     continues with empty content fails the turn with that classed error; the
     response it judged stays in the transcript and nothing more is asked."""
     provider = ScriptedProvider([text("a1"), text("never")])

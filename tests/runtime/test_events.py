@@ -33,8 +33,10 @@ from trio_backplane.runtime import (
     ToolCallCompleted,
     ToolCallStarted,
     Usage,
+    open_conversation,
 )
 from trio_backplane.runtime._types import TRANSIENT_EVENTS
+from trio_backplane.store import MemoryStore
 from trio_backplane.testing import Hang, ScriptedProvider, Sleep
 from trio_backplane.tools import ToolResult
 
@@ -1027,3 +1029,29 @@ async def test_evt_payloads_are_read_only_for_every_subscriber(autojump_clock: A
             edit()
     seen = next(e for e in theirs if e.type == "tool_started").payload["invocation"]
     assert (seen["tool_name"], seen["arguments"]) == ("deploy", {"env": "staging"})
+
+
+async def test_evt_a_subscription_ends_once_the_run_has_said_its_last_word(
+    autojump_clock: Any,
+) -> None:
+    """EVT, CONV-29: after the terminal event a subscriber's channel ends
+    (it drains what it holds, then ``async for`` stops), and one made after
+    the run ended, or on a stored run that is only inspected, ends at once:
+    a subscriber looping over its channel inside the block waited for ever."""
+    store = MemoryStore()
+    provider = ScriptedProvider([ScriptedProvider.text("done")])
+    async with open_conversation("r", store=store, provider=provider) as conversation:
+        early = conversation.subscribe()
+        await conversation.prompt("hi")
+        await conversation.wait_settled()
+        with trio.fail_after(1):
+            seen = [event.type async for event in early]
+            late = [event.type async for event in conversation.subscribe()]
+    assert seen[-1] == "run_completed"
+    assert late == []
+    stored = await store.load("r")
+    assert stored is not None
+    provider = ScriptedProvider([])
+    async with open_conversation("r", store=store, provider=provider, run=stored) as inspected:
+        with trio.fail_after(1):
+            assert [event async for event in inspected.subscribe()] == []

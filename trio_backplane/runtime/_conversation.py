@@ -353,6 +353,8 @@ class Conversation:
         self._phase = phase
         self._nursery = nursery
         self._hub = Hub(self._dropped_event)
+        if phase in _INACTIVE_PHASES:
+            self._hub.finish()  # a stored run, only inspected: no event will come
         self._commit_lock = trio.Lock()
         self._last_error: Error | None = None
         self._resource_cleanup = ResourceCleanup()
@@ -780,12 +782,14 @@ class Conversation:
         refusal: Error | None = None
         result: Any = None
         try:
-            with trio.fail_after(self._options.effect_timeout):
+            # (cancel_called, not a TooSlowError: a hook that ignores its
+            # cancellation and returns late has timed out too, API.md)
+            with trio.move_on_after(self._options.effect_timeout) as bound:
                 result = await hook(dict(message), context)
+            if bound.cancel_called:
+                refusal = Error(ErrorClass.TIMEOUT, "prompt hook timed out")
         except Error as exc:
             refusal = exc
-        except trio.TooSlowError:
-            refusal = Error(ErrorClass.TIMEOUT, "prompt hook timed out")
         except Exception as exc:  # a bug in the host's hook: reported, classed, contained
             refusal = Error(
                 ErrorClass.EXECUTION_FAILURE,

@@ -85,11 +85,15 @@ class DeadlineBudget:
         return self._generation
 
     def timed_out(self, generation: int | None = None) -> bool:
-        """Whether the scope was cancelled by this budget's deadline (in
-        ``generation``, when given: an older generation's verdict is ignored)."""
+        """Whether this budget's deadline passed while it was armed (in
+        ``generation``, when given: an older generation's verdict is
+        ignored)."""
         scope = self._scope
         if scope is None or self._suspended:
             return False
         if generation is not None and generation != self._generation:
             return False
-        return scope.cancelled_caught and self._now() >= scope.deadline
+        # Its deadline cancelled the scope: what it bounds either gave way
+        # (caught), or ignored the cancellation and ended late, which is a
+        # timeout all the same (KER-10).
+        return scope.cancel_called and self._now() >= scope.deadline

@@ -500,12 +500,12 @@ class TurnLoop:
             return True
         context = HookContext(c.run_id, c._record.incarnation, turn_id, "stop")
         try:
-            with trio.fail_after(c._options.effect_timeout):
+            # (a hook that ignores its cancellation and returns late has
+            # timed out too, API.md)
+            with trio.move_on_after(c._options.effect_timeout) as bound:
                 result = await hook({"turn_id": turn_id, "message": thaw(message)}, context)
         except Error as error:
             raise _TurnFailed(error) from None
-        except trio.TooSlowError:
-            raise _TurnFailed(Error(ErrorClass.TIMEOUT, "stop hook timed out")) from None
         except Exception as exc:  # a bug in the host's hook: the turn fails, classed
             raise _TurnFailed(
                 Error(
@@ -514,6 +514,8 @@ class TurnLoop:
                     {"cause": f"{type(exc).__name__}: {exc}"[:500]},
                 )
             ) from None
+        if bound.cancel_called:
+            raise _TurnFailed(Error(ErrorClass.TIMEOUT, "stop hook timed out"))
         if type(result) is str and result == "stop":  # never a host object's __eq__
             return True
         if isinstance(result, Continue):
@@ -608,6 +610,7 @@ class TurnLoop:
         failure: Error | None = None
         accounting = _Accounting(c._options.provider_output_limit)
         terminal = False  # a terminal event ended the response (PRV-03)
+        late = False  # ... after effect_timeout (a stream that ignored its cut)
         with budget.arm() as scope:
             try:
                 stream = _async_iterator(c._provider.stream(request, c._provider_context))
@@ -621,15 +624,16 @@ class TurnLoop:
                                 {"type": type(event).__name__},
                             )
                             break
-                        if isinstance(event, ResponseCompleted):
+                        if isinstance(event, ResponseCompleted | ResponseFailed):
                             terminal = True
+                            late = scope.cancel_called and c._now() >= scope.deadline
+                        if isinstance(event, ResponseCompleted):
                             message = event.message
                             self._account_message(accounting, message)
                             if event.usage is not None:
                                 usage.append(thaw(event.usage))
                             break
                         if isinstance(event, ResponseFailed):
-                            terminal = True
                             failure = _provider_error(event.error)
                             break
                         self._forward(event, accounting, usage, completed)
@@ -670,8 +674,10 @@ class TurnLoop:
                 )
         stopping = c._stop_reason is not None or c._now() >= c._run_budget.deadline
         # A close cut by effect_timeout after the terminal event leaves the
-        # response as it arrived; a stop still interrupts it.
-        if budget.timed_out() and (stopping or not terminal):
+        # response as it arrived; a stop still interrupts it.  A terminal
+        # event arriving past effect_timeout (the stream ignored its cut) is
+        # a timeout all the same (KER-10).
+        if (budget.timed_out() and (stopping or not terminal)) or late:
             if stopping:
                 # Cut while closing by the cleanup budget of a stop (a cancel,
                 # or the run deadline that passed meanwhile), not by

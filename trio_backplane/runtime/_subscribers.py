@@ -49,8 +49,12 @@ class Hub:
         return bool(self._subscribers) and not self._finished
 
     def finish(self) -> None:
-        """The run's last word was said: publish nothing more."""
+        """The run's last word was said: publish nothing more, and end every
+        subscription (each drains what its channel holds, then ends; one
+        made from now on is ended at once), so a subscriber looping over its
+        channel never waits for an event that cannot come."""
         self._finished = True
+        self.close()
 
     def subscribe(self, buffer: int) -> trio.MemoryReceiveChannel[Event]:
         send, receive = trio.open_memory_channel[Event](math.inf)
