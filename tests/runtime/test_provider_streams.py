@@ -25,6 +25,7 @@ from trio_backplane.runtime import (
     ToolCallCompleted,
     ToolCallStarted,
     Usage,
+    open_conversation,
 )
 from trio_backplane.store import MemoryStore
 from trio_backplane.testing import Raise, ScriptedProvider
@@ -907,3 +908,169 @@ async def test_prv_04_response_failed_without_a_classed_error(
         "provider failed without a classed error",
     )
     assert failure["details"] == {"type": type(error).__name__}
+
+
+# -- streams that misbehave --------------------------------------------------------------
+
+
+class _Stream:
+    """A provider whose ``stream`` returns what ``make(request)`` builds."""
+
+    def __init__(self, make: Any) -> None:
+        self.make = make
+
+    def stream(self, request: Any, context: Any) -> Any:
+        return self.make(request)
+
+
+@pytest.mark.parametrize("cut", ["cancel", "effect_timeout"])
+async def test_can_03_a_stream_whose_own_nursery_fails_when_cut_leaves_the_block_quietly(
+    autojump_clock: MockClock, cut: str
+) -> None:
+    """CAN-03, KER-10, CAN-18: a stream running a helper task in its own
+    nursery (as HTTP clients do), which raises while being cancelled, gives
+    a group of the cancellation and that error: the run settles
+    ``unknown_outcome`` and leaving the block raises nothing (the group
+    escaped as ``execution_failure``)."""
+
+    async def events(request: Any) -> Any:
+        async def reader() -> None:
+            try:
+                await trio.sleep_forever()
+            finally:
+                raise ConnectionResetError("peer went away")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader)
+            await trio.sleep_forever()
+        yield ResponseCompleted(assistant("never"))  # pragma: no cover
+
+    store = MemoryStore()
+    async with open_conversation(
+        RUN_ID, store=store, provider=_Stream(events), effect_timeout=5.0
+    ) as conversation:
+        await conversation.prompt("hi")
+        if cut == "cancel":
+            await trio.sleep(1)
+            await conversation.cancel()
+        snapshot = await conversation.wait_settled()
+    assert snapshot.run.state == "unknown_outcome"
+
+
+@pytest.mark.parametrize("field", ["id", "name"])
+async def test_prv_05_a_streamed_tool_call_that_cannot_be_committed_fails_the_turn(
+    autojump_clock: MockClock, field: str
+) -> None:
+    """PRV-05: a streamed tool call whose id or name holds a lone surrogate
+    (a naive adapter of a server's ``"\\ud800"``) fails the attempt and the
+    turn with ``validation``; it never escapes the conversation."""
+    call = {"id": "c1", "name": "t", field: "a\ud800b"}
+
+    async def events(request: Any) -> Any:
+        yield ToolCallCompleted(call["id"], call["name"], {})
+        yield ResponseCompleted(assistant([]))
+
+    tool = make_tool("t", RecordingBackend(ToolResult("ok")))
+    finished = await run_to_settled(_Stream(events), [tool])
+    assert finished.record.state == "failed"
+    assert turn_error(finished)["class"] == "validation"
+
+
+async def test_prv_03_the_iterator_of_an_iterable_stream_is_the_one_closed(
+    autojump_clock: MockClock,
+) -> None:
+    """PRV-03, CAN-18: a stream that is an async iterable (an SDK's response
+    object, whose ``__aiter__`` makes an iterator) has that iterator closed
+    once its terminal event arrived, and the iterable's own ``aclose`` run:
+    the iterator's cleanup ran late, from the garbage collector."""
+    closed: list[str] = []
+
+    class Response:
+        def __aiter__(self) -> Any:
+            return self.events()
+
+        async def events(self) -> Any:
+            try:
+                yield ResponseCompleted(assistant("hi"))
+                yield ResponseCompleted(assistant("never"))  # pragma: no cover
+            finally:
+                closed.append("iterator")
+
+        async def aclose(self) -> None:
+            closed.append("response")
+
+    finished = await run_to_settled(_Stream(lambda request: Response()))
+    assert finished.record.state == "completed"
+    assert closed == ["iterator", "response"]
+
+
+async def test_prv_18_a_credential_quoted_by_a_provider_failure_is_never_stored(
+    autojump_clock: MockClock,
+) -> None:
+    """PRV-18: a provider failure quoting a credential of its
+    ``provider_context`` (an HTTP error echoing ``?key=...``), raised or
+    reported, is committed and published with the credential redacted."""
+
+    async def raises(request: Any) -> Any:
+        raise ConnectionError(f"GET https://api.test/v1?key={PROVIDER_CANARY} failed")
+        yield  # pragma: no cover
+
+    async def reports(request: Any) -> Any:
+        yield ResponseFailed(
+            Error(ErrorClass.TRANSIENT_TRANSPORT, "refused", {"url": f"?key={PROVIDER_CANARY}"})
+        )
+
+    for events in (raises, reports):
+        store = MemoryStore()
+        finished = await run_to_settled(
+            _Stream(events), store=store, provider_context={"api_key": PROVIDER_CANARY}
+        )
+        assert finished.record.state == "failed"
+        assert "[redacted]" in str(turn_error(finished))
+        await assert_no_canary(store, RUN_ID, [PROVIDER_CANARY], events=finished.events)
+
+
+async def test_prv_05_prv_13_the_terminal_message_checked_is_the_one_committed(
+    autojump_clock: MockClock,
+) -> None:
+    """PRV-05, PRV-13: the terminal message is copied when it arrives and
+    the copy is checked and committed: a mapping whose ``get`` disagrees with
+    its items no longer passes a ``user`` message, 1000 bytes long, past a
+    10-byte output limit."""
+
+    class TwoFaced(dict[str, Any]):
+        def get(self, key: str, default: Any = None) -> Any:
+            return {"role": "assistant", "content": ""}.get(key, dict.get(self, key, default))
+
+    async def events(request: Any) -> Any:
+        yield ResponseCompleted(TwoFaced(role="user", content="x" * 1000))
+
+    finished = await run_to_settled(_Stream(events), provider_output_limit=10)
+    assert finished.record.state == "failed"
+    assert [m["role"] for m in finished.messages] == ["user"]
+    assert len(finished.messages[0]["content"]) < 1000
+
+
+async def test_prv_05_failures_of_the_terminal_event_are_classed_as_what_they_are(
+    autojump_clock: MockClock,
+) -> None:
+    """PRV-05: a terminal event without a message is a message that is not
+    an assistant's (not a stream "without terminal event"); a streamed
+    tool call whose arguments are not JSON data is ``validation`` (it was
+    ``execution_failure``, "provider stream failed")."""
+
+    async def no_message(request: Any) -> Any:
+        yield ResponseCompleted(None)  # type: ignore[arg-type]
+
+    async def not_json(request: Any) -> Any:
+        yield ToolCallCompleted("c1", "t", {"x": math.nan})
+        yield ResponseCompleted(assistant([]))
+
+    finished = await run_to_settled(_Stream(no_message))
+    assert turn_error(finished)["message"] == "provider message role must be assistant"
+    finished = await run_to_settled(_Stream(not_json))
+    error = turn_error(finished)
+    assert (error["class"], error["message"]) == (
+        "validation",
+        "provider tool call is not JSON data",
+    )

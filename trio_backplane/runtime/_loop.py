@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 import trio
@@ -16,6 +16,7 @@ from ..kernel import (
     FrozenList,
     RunRecord,
     appended,
+    dumps,
     freeze,
     loads,
     thaw,
@@ -612,8 +613,10 @@ class TurnLoop:
         terminal = False  # a terminal event ended the response (PRV-03)
         late = False  # ... after effect_timeout (a stream that ignored its cut)
         with budget.arm() as scope:
+            source: Any = None
             try:
-                stream = _async_iterator(c._provider.stream(request, c._provider_context))
+                source = c._provider.stream(request, c._provider_context)
+                stream = _async_iterator(source)
                 interrupted = False
                 try:
                     async for event in stream:
@@ -628,7 +631,14 @@ class TurnLoop:
                             terminal = True
                             late = scope.cancel_called and c._now() >= scope.deadline
                         if isinstance(event, ResponseCompleted):
-                            message = event.message
+                            # copied first: what is checked and counted is
+                            # what is committed, whatever the provider's own
+                            # object does afterwards
+                            try:
+                                message = freeze(event.message, "provider response")
+                            except Error as error:
+                                failure = _not_json("response", error)
+                                break
                             self._account_message(accounting, message)
                             if event.usage is not None:
                                 usage.append(thaw(event.usage))
@@ -641,8 +651,10 @@ class TurnLoop:
                     interrupted = True  # by a cut or the stream's failure: that is the outcome
                     raise
                 finally:
-                    aclose = getattr(stream, "aclose", None)
-                    if aclose is not None:
+                    closers = [getattr(stream, "aclose", None)]
+                    if source is not stream:  # an iterable: its iterator, then itself
+                        closers.append(getattr(source, "aclose", None))
+                    if any(closers):
                         # Closing is shielded from the run's cancellation and
                         # still bounded by the attempt's own deadline: the
                         # budget's scope shields, no scope of its own.  Once
@@ -651,7 +663,9 @@ class TurnLoop:
                         c._closing = scope
                         c._bound_closing()
                         try:
-                            await aclose()
+                            for aclose in closers:
+                                if aclose is not None:
+                                    await aclose()
                         except Exception:
                             # After the terminal event the response is what it
                             # said; closing the stream cannot change it (an
@@ -672,6 +686,15 @@ class TurnLoop:
                     "provider stream failed",
                     {"cause": f"{type(exc).__name__}: {exc}"[:500]},
                 )
+            except BaseExceptionGroup as group:  # the stream's own nursery, cut
+                cut = _only_the_cut(group)
+                if cut is group:
+                    raise
+                raise cut from None
+        if failure is not None:
+            # what the provider said of its failure is committed and
+            # published: never a credential it was given (PRV-18)
+            failure = _redacted(failure, c._provider_context)
         stopping = c._stop_reason is not None or c._now() >= c._run_budget.deadline
         # A close cut by effect_timeout after the terminal event leaves the
         # response as it arrived; a stop still interrupts it.  A terminal
@@ -692,7 +715,7 @@ class TurnLoop:
                     {"certainty": "uncertain", "effect": f"provider:{attempt_id}"},
                 )
             )
-        if failure is None and message is None:
+        if failure is None and not terminal:
             failure = Error(ErrorClass.VALIDATION, "provider ended without terminal event")
         if failure is None and (
             not isinstance(message, Mapping) or message.get("role") != "assistant"
@@ -791,7 +814,15 @@ class TurnLoop:
                 {"delta": event.delta, "index": event.index, "tool_call_id": event.tool_call_id},
             )
         elif isinstance(event, ToolCallCompleted):
-            accounting.add(("tool", event.tool_call_id), snapshot=utf8_size(event.arguments))
+            try:
+                size = utf8_size(event.arguments)
+            except (TypeError, ValueError, RecursionError) as exc:  # sizes of what is not JSON
+                raise Error(
+                    ErrorClass.VALIDATION,
+                    "provider tool call is not JSON data",
+                    {"cause": f"{type(exc).__name__}: {exc}"[:300]},
+                ) from None
+            accounting.add(("tool", event.tool_call_id), snapshot=size)
             call = {"id": event.tool_call_id, "name": event.name, "arguments": event.arguments}
             completed.append(call)
             c._publish("tool_call_completed", {"tool_call": call})
@@ -1014,19 +1045,10 @@ class TurnLoop:
                 except Exception as exc:
                     result = exc
                 except BaseExceptionGroup as group:
-                    # The backend's own nursery, cancelled with the rest of the
-                    # run: the cancellation goes on alone (its scope takes it);
-                    # the backend's other errors are moot, its effect being
-                    # interrupted (uncertain).  KeyboardInterrupt and
-                    # SystemExit inside propagate as is.
-                    if any(
-                        not isinstance(leaf, Exception | trio.Cancelled)
-                        for leaf in exception_leaves(group)
-                    ):
+                    cut = _only_the_cut(group)
+                    if cut is group:
                         raise
-                    cancelled, _ = group.split(trio.Cancelled)
-                    assert cancelled is not None  # else it is an ExceptionGroup: above
-                    raise cancelled from None
+                    raise cut from None
         finally:
             operation.context._end()
             c._effect_stops.discard(stop)
@@ -1322,6 +1344,19 @@ class TurnLoop:
         await self._flush(before, step)
 
 
+def _only_the_cut(group: BaseExceptionGroup[Any]) -> BaseException:
+    """What a backend's or a provider stream's own nursery raised when the
+    effect was cut: its cancellation alone, which its scope takes (the
+    effect's other errors are moot, it was interrupted: uncertain); the
+    group itself when it holds a ``KeyboardInterrupt``, ``SystemExit`` or
+    another ``BaseException``, which propagate as they are."""
+    if any(not isinstance(leaf, Exception | trio.Cancelled) for leaf in exception_leaves(group)):
+        return group
+    cancelled, _ = group.split(trio.Cancelled)
+    assert cancelled is not None  # else it is an ExceptionGroup, an Exception
+    return cancelled
+
+
 def _provider_error(error: Any) -> Error:
     """The classed error a ``ResponseFailed`` carries (a provider that put
     something else there failed all the same, classed)."""
@@ -1341,7 +1376,8 @@ def _not_json(what: str, error: Error) -> Error:
 
 
 def _malformed_call(calls: list[dict[str, Any]]) -> Error | None:
-    """A tool call without a str id and name cannot be run nor committed."""
+    """A tool call without a str id and name (Unicode text: a streamed call
+    was never frozen) cannot be run nor committed."""
     for call in calls:
         if type(call["id"]) is not str or not call["id"] or type(call["name"]) is not str:
             return Error(
@@ -1349,11 +1385,61 @@ def _malformed_call(calls: list[dict[str, Any]]) -> Error | None:
                 "provider tool call needs a str id and name",
                 {"id": repr(call["id"])[:100], "name": repr(call["name"])[:100]},
             )
+        try:
+            freeze((call["id"], call["name"]), "provider tool call")
+        except Error as error:
+            return _not_json("tool call", error)
     return None
 
 
+def _redacted(error: Error, context: Any) -> Error:
+    """``error`` with every text of ``context`` (a provider's credentials)
+    that its message or details quote replaced by ``[redacted]``."""
+    secrets = sorted(
+        {text for text in _texts(context) if len(text) >= _SECRET_MIN}, key=len, reverse=True
+    )
+    if not secrets:
+        return error
+    plain = error.to_dict()
+    quoted = dumps(plain)
+    if not any(secret in quoted for secret in secrets):
+        return error
+
+    def scrub(value: Any) -> Any:
+        if isinstance(value, str):
+            for secret in secrets:
+                value = value.replace(secret, "[redacted]")
+            return value
+        if isinstance(value, dict):
+            return {scrub(k): scrub(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [scrub(v) for v in value]
+        return value
+
+    return Error(error.error_class, scrub(plain["message"]), scrub(plain["details"]))
+
+
+#: The shortest text of a provider context treated as a credential.
+_SECRET_MIN: Final = 6
+
+
+def _texts(value: Any, depth: int = 0) -> Iterator[str]:
+    """Every str in ``value`` (a provider context), keys included."""
+    if isinstance(value, str):
+        yield value
+    elif depth < 32 and isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _texts(key, depth + 1)
+            yield from _texts(item, depth + 1)
+    elif depth < 32 and isinstance(value, list | tuple):
+        for item in value:
+            yield from _texts(item, depth + 1)
+
+
 def _async_iterator(stream: Any) -> Any:
-    """What ``provider.stream`` returned, if it is an async iterator."""
+    """The iterator of what ``provider.stream`` returned (an async iterator
+    is its own; an async iterable, an SDK's response object say, gives one):
+    what is iterated is what is closed."""
     if not hasattr(stream, "__aiter__"):
         if inspect.iscoroutine(stream):
             stream.close()  # an ``async def`` that returns: never awaited
@@ -1362,7 +1448,7 @@ def _async_iterator(stream: Any) -> Any:
             "provider stream must be an async iterator",
             {"type": type(stream).__name__},
         )
-    return stream
+    return aiter(stream)
 
 
 def _intent(
