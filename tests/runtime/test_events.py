@@ -1055,3 +1055,36 @@ async def test_evt_a_subscription_ends_once_the_run_has_said_its_last_word(
     async with open_conversation("r", store=store, provider=provider, run=stored) as inspected:
         with trio.fail_after(1):
             assert [event async for event in inspected.subscribe()] == []
+
+
+async def test_can_19_a_subscription_ends_when_another_host_takes_the_run_over(
+    tmp_path: Any,
+) -> None:
+    """CAN-19, CONV-29: a takeover (another host fenced the run) leaves the
+    conversation ``recovery_required`` with nothing more to say: its
+    subscriptions end (a subscriber loop waited for ever)."""
+    from trio_backplane.store import SQLiteStore
+
+    release = trio.Event()
+
+    class Waits:
+        def stream(self, request: Any, context: Any) -> Any:
+            async def events() -> Any:
+                await release.wait()
+                yield ResponseCompleted({"role": "assistant", "content": "done"})
+
+            return events()
+
+    async with (
+        SQLiteStore(tmp_path / "runs.db") as store,
+        open_conversation("r", store=store, provider=Waits()) as conversation,
+    ):
+        channel = conversation.subscribe()
+        await conversation.prompt("hi")
+        await store.fence("r", incarnation=2)
+        release.set()
+        snapshot = await conversation.wait_settled()
+        assert snapshot.phase == "recovery_required"
+        with trio.fail_after(5):
+            seen = [event.type async for event in channel]
+    assert "run_completed" not in seen

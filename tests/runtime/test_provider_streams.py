@@ -1074,3 +1074,87 @@ async def test_prv_05_failures_of_the_terminal_event_are_classed_as_what_they_ar
         "validation",
         "provider tool call is not JSON data",
     )
+
+
+async def test_prv_18_tool_10_credentials_are_redacted_however_they_are_quoted(
+    autojump_clock: MockClock,
+) -> None:
+    """PRV-18, TOOL-10: a credential that JSON escapes (a PEM key with its
+    newlines, a quote, a backslash), one cut short by the bound on a quoted
+    cause, and a tool's ``backend_context`` token quoted by its refusal are
+    all redacted from what is committed and published."""
+    pem = f"-----BEGIN PRIVATE KEY-----\nMIIE{PROVIDER_CANARY}\n-----END PRIVATE KEY-----"
+    for secret, text in (
+        (pem, f"handshake failed for key {pem}"),
+        ('pa"ss\\w0rd-' + PROVIDER_CANARY, 'auth "pa\\"ss" failed'),
+        (PROVIDER_CANARY, "x" * 480 + f" key={PROVIDER_CANARY} rejected"),
+    ):
+
+        async def raises(request: Any, text: str = text, secret: str = secret) -> Any:
+            raise ConnectionError(text if secret in text else f"{text} {secret}")
+            yield  # pragma: no cover
+
+        store = MemoryStore()
+        finished = await run_to_settled(
+            _Stream(raises), store=store, provider_context={"credential": secret}
+        )
+        assert finished.record.state == "failed"
+        await assert_no_canary(store, RUN_ID, [PROVIDER_CANARY], events=finished.events)
+
+    async def refuses(operation: Any) -> Any:
+        raise Error(
+            ErrorClass.FORBIDDEN, f"token {BACKEND_CANARY} refused", {"token": BACKEND_CANARY}
+        )
+
+    tool = make_tool(
+        "t", RecordingBackend(refuses), read_only=True, backend_context={"token": BACKEND_CANARY}
+    )
+    store = MemoryStore()
+    finished = await run_to_settled(
+        SP([SP.tool_calls(("c1", "t", {"q": "x"})), SP.text("done")]), [tool], store=store
+    )
+    assert finished.record.state == "completed"
+    await assert_no_canary(store, RUN_ID, [BACKEND_CANARY], events=finished.events)
+
+
+async def test_prv_03_every_part_of_a_stream_is_closed_whatever_fails(
+    autojump_clock: MockClock,
+) -> None:
+    """PRV-03: the iterable a provider returned is closed when its
+    ``__aiter__`` is an ``async def`` (no iterator: the attempt fails,
+    classed) and when its iterator's ``aclose`` fails (each closer runs)."""
+    closed: list[str] = []
+
+    class AsyncAiter:
+        async def __aiter__(self) -> Any:  # a mistake: __aiter__ must not be async
+            return self  # pragma: no cover
+
+        async def aclose(self) -> None:
+            closed.append("async-aiter")
+
+    class FailingIteratorClose:
+        def __aiter__(self) -> Any:
+            return self
+
+        async def __anext__(self) -> Any:
+            return ResponseCompleted(assistant("hi"))
+
+        async def aclose(self) -> None:
+            raise OSError("already closed")
+
+    class Wrapper:
+        def __init__(self) -> None:
+            self.inner = FailingIteratorClose()
+
+        def __aiter__(self) -> Any:
+            return self.inner
+
+        async def aclose(self) -> None:
+            closed.append("wrapper")
+
+    finished = await run_to_settled(_Stream(lambda request: AsyncAiter()))
+    assert finished.record.state == "failed"
+    assert turn_error(finished)["message"] == "provider stream must be an async iterator"
+    finished = await run_to_settled(_Stream(lambda request: Wrapper()))
+    assert finished.record.state == "completed"
+    assert closed == ["async-aiter", "wrapper"]

@@ -48,6 +48,7 @@ from ._catalog import CatalogState
 from ._deadline import DeadlineBudget
 from ._interactions import Pending
 from ._interactions import resolve as resolve_interaction
+from ._redact import secrets_of
 from ._subscribers import Hub
 from ._types import Event, HookContext, ResourceCleanup, Snapshot
 
@@ -347,6 +348,8 @@ class Conversation:
         self._effect_stops: set[trio.CancelScope] = set()
         self._executing: list[str] = []  # executing invocation ids, outermost first
         self._provider_context = provider_context
+        #: what a provider failure must never quote of it (PRV-18)
+        self._provider_secrets = secrets_of(provider_context)
         self._hooks = hooks
         self._options = options
         self._record = record
@@ -754,6 +757,7 @@ class Conversation:
         if error.error_class is ErrorClass.RESOURCE_CONFLICT:
             self._phase = "recovery_required"  # a newer incarnation owns the run (CAN-19)
             self._last_error = error
+            self._hub.finish()  # no event will come: nothing is ours to say any more
         else:
             if error.error_class is not ErrorClass.STORAGE_FAILED:
                 error = Error(ErrorClass.STORAGE_FAILED, error.message, error.details)
@@ -1052,6 +1056,7 @@ class Conversation:
                             "the run did not settle within cleanup_timeout",
                             {"recovery_required": True},
                         )
+                        self._hub.finish()  # no event will come
                     return
             if self._record.state in TERMINAL_STATES:
                 self._phase = "terminal"

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -16,7 +16,6 @@ from ..kernel import (
     FrozenList,
     RunRecord,
     appended,
-    dumps,
     freeze,
     loads,
     thaw,
@@ -62,6 +61,7 @@ from ._provider import (
     ToolCallStarted,
     Usage,
 )
+from ._redact import redacted, scrub, secrets_of
 from ._types import Continue, HookContext
 
 if TYPE_CHECKING:
@@ -614,11 +614,12 @@ class TurnLoop:
         late = False  # ... after effect_timeout (a stream that ignored its cut)
         with budget.arm() as scope:
             source: Any = None
+            stream: Any = None
             try:
                 source = c._provider.stream(request, c._provider_context)
-                stream = _async_iterator(source)
                 interrupted = False
                 try:
+                    stream = _async_iterator(source)
                     async for event in stream:
                         if not isinstance(event, PROVIDER_EVENTS):
                             failure = Error(
@@ -651,10 +652,16 @@ class TurnLoop:
                     interrupted = True  # by a cut or the stream's failure: that is the outcome
                     raise
                 finally:
-                    closers = [getattr(stream, "aclose", None)]
-                    if source is not stream:  # an iterable: its iterator, then itself
-                        closers.append(getattr(source, "aclose", None))
-                    if any(closers):
+                    # the iterator, then the iterable it came from (one object
+                    # when the stream is its own iterator)
+                    closers = [
+                        close
+                        for close in dict.fromkeys(
+                            getattr(part, "aclose", None) for part in (stream, source)
+                        )
+                        if close is not None
+                    ]
+                    if closers:
                         # Closing is shielded from the run's cancellation and
                         # still bounded by the attempt's own deadline: the
                         # budget's scope shields, no scope of its own.  Once
@@ -663,9 +670,7 @@ class TurnLoop:
                         c._closing = scope
                         c._bound_closing()
                         try:
-                            for aclose in closers:
-                                if aclose is not None:
-                                    await aclose()
+                            await _close_all(closers)
                         except Exception:
                             # After the terminal event the response is what it
                             # said; closing the stream cannot change it (an
@@ -681,10 +686,9 @@ class TurnLoop:
             except trio.Cancelled:
                 raise
             except Exception as exc:
+                cause = scrub(f"{type(exc).__name__}: {exc}", c._provider_secrets)
                 failure = Error(
-                    ErrorClass.EXECUTION_FAILURE,
-                    "provider stream failed",
-                    {"cause": f"{type(exc).__name__}: {exc}"[:500]},
+                    ErrorClass.EXECUTION_FAILURE, "provider stream failed", {"cause": cause[:500]}
                 )
             except BaseExceptionGroup as group:  # the stream's own nursery, cut
                 cut = _only_the_cut(group)
@@ -694,7 +698,7 @@ class TurnLoop:
         if failure is not None:
             # what the provider said of its failure is committed and
             # published: never a credential it was given (PRV-18)
-            failure = _redacted(failure, c._provider_context)
+            failure = redacted(failure, c._provider_secrets)
         stopping = c._stop_reason is not None or c._now() >= c._run_budget.deadline
         # A close cut by effect_timeout after the terminal event leaves the
         # response as it arrived; a stop still interrupts it.  A terminal
@@ -1085,7 +1089,7 @@ class TurnLoop:
         verdict = settlement(result, descriptor, operation)
         if verdict == "uncertain":
             await self._uncertain_result(result, descriptor, invocation_id)
-        normalized = self._normalize(result)
+        normalized = self._normalize(result, descriptor)
         await self._complete(invocation_id, normalized)
         await self._tool_message(call_id, descriptor.name, normalized, carry=carry)
 
@@ -1213,7 +1217,7 @@ class TurnLoop:
                     "nested tool outcome is unknown",
                     {"tool": descriptor.name},
                 ) from None
-        normalized = self._normalize(result)
+        normalized = self._normalize(result, descriptor)
         await self._complete_nested(invocation_id, normalized)
         return ToolResult(  # plain data for the outer tool, as a backend returns it
             content=thaw(normalized["content"]),
@@ -1256,7 +1260,9 @@ class TurnLoop:
     async def _uncertain_result(
         self, result: Any, descriptor: ToolDescriptor, invocation_id: str
     ) -> None:
-        """Stop the run as unknown_outcome for an uncertain tool outcome (rule 4)."""
+        """Stop the run as unknown_outcome for an uncertain tool outcome (rule 4);
+        what it quotes of the tool's ``backend_context`` is redacted (TOOL-10)."""
+        secrets = secrets_of(descriptor.backend_context)
         if isinstance(result, Rejection):
             reason = Error(
                 ErrorClass.UNKNOWN_OUTCOME,
@@ -1267,13 +1273,14 @@ class TurnLoop:
             reason = Error(
                 ErrorClass.UNKNOWN_OUTCOME,
                 "tool failed after dispatch; its effect is unknown",
-                {"tool": descriptor.name, "cause": result.to_dict()},
+                {"tool": descriptor.name, "cause": redacted(result, secrets).to_dict()},
             )
         elif isinstance(result, BaseException):
+            cause = scrub(f"{type(result).__name__}: {result}", secrets)
             reason = Error(
                 ErrorClass.UNKNOWN_OUTCOME,
                 "tool crashed after dispatch",
-                {"tool": descriptor.name, "cause": f"{type(result).__name__}: {result}"[:500]},
+                {"tool": descriptor.name, "cause": cause[:500]},
             )
         else:
             reason = Error(
@@ -1284,9 +1291,11 @@ class TurnLoop:
         self.c._unsettled_dispatch[invocation_id] = reason.message
         await self._uncertain(reason)
 
-    def _normalize(self, result: Any) -> Mapping[str, Any]:
+    def _normalize(self, result: Any, descriptor: ToolDescriptor) -> Mapping[str, Any]:
         """The result as committed and projected: frozen once, here, so the
-        result command, the tool message and its event share it unwalked."""
+        result command, the tool message and its event share it unwalked.
+        A refusal quoting the tool's ``backend_context`` has it redacted
+        (TOOL-10); what a result says is the backend's own output."""
         if isinstance(result, ToolResult):
             try:
                 normalized: Mapping[str, Any] = freeze(result.to_dict(), "tool result")
@@ -1305,6 +1314,7 @@ class TurnLoop:
             return normalized
         error = result.error if isinstance(result, Rejection) else result
         assert isinstance(error, Error)
+        error = redacted(error, secrets_of(descriptor.backend_context))
         # A refusal's message and details are the backend's output too (TOOL-12).
         refused = _error_result(error)
         size = utf8_size(refused)
@@ -1392,63 +1402,33 @@ def _malformed_call(calls: list[dict[str, Any]]) -> Error | None:
     return None
 
 
-def _redacted(error: Error, context: Any) -> Error:
-    """``error`` with every text of ``context`` (a provider's credentials)
-    that its message or details quote replaced by ``[redacted]``."""
-    secrets = sorted(
-        {text for text in _texts(context) if len(text) >= _SECRET_MIN}, key=len, reverse=True
-    )
-    if not secrets:
-        return error
-    plain = error.to_dict()
-    quoted = dumps(plain)
-    if not any(secret in quoted for secret in secrets):
-        return error
-
-    def scrub(value: Any) -> Any:
-        if isinstance(value, str):
-            for secret in secrets:
-                value = value.replace(secret, "[redacted]")
-            return value
-        if isinstance(value, dict):
-            return {scrub(k): scrub(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [scrub(v) for v in value]
-        return value
-
-    return Error(error.error_class, scrub(plain["message"]), scrub(plain["details"]))
-
-
-#: The shortest text of a provider context treated as a credential.
-_SECRET_MIN: Final = 6
-
-
-def _texts(value: Any, depth: int = 0) -> Iterator[str]:
-    """Every str in ``value`` (a provider context), keys included."""
-    if isinstance(value, str):
-        yield value
-    elif depth < 32 and isinstance(value, Mapping):
-        for key, item in value.items():
-            yield from _texts(key, depth + 1)
-            yield from _texts(item, depth + 1)
-    elif depth < 32 and isinstance(value, list | tuple):
-        for item in value:
-            yield from _texts(item, depth + 1)
-
-
 def _async_iterator(stream: Any) -> Any:
     """The iterator of what ``provider.stream`` returned (an async iterator
     is its own; an async iterable, an SDK's response object say, gives one):
     what is iterated is what is closed."""
-    if not hasattr(stream, "__aiter__"):
-        if inspect.iscoroutine(stream):
-            stream.close()  # an ``async def`` that returns: never awaited
+    iterator = stream.__aiter__() if hasattr(stream, "__aiter__") else stream
+    if not hasattr(iterator, "__anext__"):
+        if inspect.iscoroutine(iterator):
+            iterator.close()  # an ``async def`` (stream or __aiter__): never awaited
         raise Error(
             ErrorClass.EXECUTION_FAILURE,
             "provider stream must be an async iterator",
             {"type": type(stream).__name__},
         )
-    return aiter(stream)
+    return iterator
+
+
+async def _close_all(closers: list[Any]) -> None:
+    """Await every one of ``closers``, each even when one before failed;
+    then raise the first failure."""
+    failure: Exception | None = None
+    for aclose in closers:
+        try:
+            await aclose()
+        except Exception as exc:
+            failure = failure or exc
+    if failure is not None:
+        raise failure
 
 
 def _intent(
