@@ -279,19 +279,31 @@ async def test_nest_08_input_during_a_failed_attempt_is_kept(autojump_clock: Moc
     assert finished.record.state == "completed"
 
 
-async def test_nest_01_nested_call_left_running_settles_the_run_uncertain(
-    autojump_clock: MockClock,
+@pytest.mark.parametrize("read_only", [True, False])
+async def test_nest_01_a_nested_call_left_running_ends_with_its_caller(
+    autojump_clock: MockClock, read_only: bool
 ) -> None:
-    """NEST-01, CAN-07: a tool that returns while a nested call it started
-    (in a task of the host's) still runs leaves an effect the run cannot
-    finish over: the run settles ``unknown_outcome`` with that nested effect
-    uncertain, and the kernel's refusal to finish never escapes the host's
-    ``async with``."""
+    """NEST-01, TOOL-01, NEST-05, NEST-09: a tool that returns while a nested
+    call it started (in a task of the host's) still runs ends that call with
+    it, and the call is settled before the batch goes on (the next call ran
+    beside it, its deadline cut to half of the stray call's): a read-only
+    one as a ``cancelled`` error result, and the run completes; a mutating
+    one stays unresolved, and the run ends ``unknown_outcome`` before the
+    next call.  The host's task gets ``resource_conflict``."""
     leaked: list[Any] = []
+    spans: list[tuple[str, float, float]] = []
 
     async def inner(operation: Any) -> ToolResult:
-        await trio.sleep(3)
-        return ToolResult("inner done")
+        start = trio.current_time()
+        try:
+            await trio.sleep(3)
+        finally:
+            spans.append(("inner", start, trio.current_time()))
+        return ToolResult("inner done")  # pragma: no cover
+
+    async def after(operation: Any) -> ToolResult:
+        spans.append(("after", trio.current_time(), trio.current_effective_deadline()))
+        return ToolResult("after done")
 
     async with trio.open_nursery() as host_tasks:
 
@@ -308,13 +320,27 @@ async def test_nest_01_nested_call_left_running_settles_the_run_uncertain(
 
         tools = [
             make_tool("outer", RecordingBackend(outer), read_only=True),
-            make_tool("inner", RecordingBackend(inner), read_only=True),
+            make_tool("inner", RecordingBackend(inner), read_only=read_only),
+            make_tool("after", RecordingBackend(after), read_only=True),
         ]
-        provider = SP([SP.tool_calls(("c1", "outer", {})), SP.text("x"), SP.text("y")])
-        finished, _ = await run_with_host(provider, tools)
-    assert finished.record.state == "unknown_outcome"
-    assert finished.types().count("run_cancelled") + finished.types().count("run_failed") == 1
-    assert [type(item) for item in leaked] == [Error]
+        provider = SP(
+            [SP.tool_calls(("c1", "outer", {}), ("c2", "after", {})), SP.text("x"), SP.text("y")]
+        )
+        finished, _ = await run_with_host(provider, tools, effect_timeout=30.0)
+    [error] = leaked
+    assert isinstance(error, Error)
+    assert error.error_class is ErrorClass.RESOURCE_CONFLICT
+    assert spans[0] == ("inner", 0.0, 0.5)
+    nested = [v for v in finished.record.intents.values() if v.get("tool_name") == "inner"]
+    if read_only:
+        assert finished.record.state == "completed"
+        assert [v["status"] for v in nested] == ["consumed"]
+        assert spans[1] == ("after", 0.5, 30.5)  # after the nested call, its own deadline
+    else:
+        assert finished.record.state == "unknown_outcome"
+        assert [v["status"] for v in nested] == ["uncertain"]
+        assert len(spans) == 1  # the next call never started
+    assert finished.types().count("run_cancelled") + finished.types().count("run_completed") == 1
 
 
 async def test_can_19_takeover_seen_by_a_nested_call_keeps_the_conflict(

@@ -33,6 +33,8 @@ from trio_backplane.tools import (
 
 from .support import (
     RUN_ID,
+    Fault,
+    FaultyStore,
     Finished,
     RecordingBackend,
     TimelineStore,
@@ -1094,3 +1096,39 @@ async def test_tool_27_emit_from_a_worker_thread_is_refused() -> None:
     ] * 2
     assert snapshot.run.state == "completed"
     assert seen.count("tool_update") == 1
+
+
+@pytest.mark.parametrize("last", [True, False])
+async def test_tool_25_a_result_committed_as_cancel_arrives_keeps_its_tool_message(
+    autojump_clock: MockClock, last: bool
+) -> None:
+    """TOOL-25, CAN-07: ``cancel()`` while a result's commit is in flight:
+    the result commits, the run ends ``cancelled`` with nothing unsettled,
+    and the transcript answers the call with its tool message (it kept an
+    assistant call with no answer, which a run continued from it shows the
+    model as unanswered), whether the message was to commit alone or with
+    the next intent."""
+    store = FaultyStore(None, Fault("delay", kind="tool_completed", delay=1.0))
+    backend = RecordingBackend(ToolResult("wrote 5 bytes"))
+    registry = ToolRegistry([make_tool("write", backend)])
+    calls = [("c1", "write", {})] if last else [("c1", "write", {}), ("c2", "write", {})]
+    provider = ScriptedProvider([ScriptedProvider.tool_calls(*calls), ScriptedProvider.text("x")])
+    async with open_conversation(
+        RUN_ID, store=store, provider=provider, registry=registry, authority=granted(registry)
+    ) as conversation:
+
+        async def cancel_during_the_result_commit() -> None:
+            await store.reached("tool_completed").wait()
+            await conversation.cancel()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cancel_during_the_result_commit)
+            await conversation.prompt("write it")
+            snapshot = await conversation.wait_settled()
+    record = await store.load(RUN_ID)
+    assert record is not None
+    assert record.state == "cancelled"
+    assert backend.calls == 1
+    answered = [m["tool_call_id"] for m in snapshot.messages if m["role"] == "tool"]
+    assert answered == ["c1"]
+    assert thaw(record.tool_results)[next(iter(record.tool_results))]["content"] == "wrote 5 bytes"

@@ -80,6 +80,8 @@ class ToolContext:
         "_live",
         "_loop",
         "_nested_busy",
+        "_nested_ended",
+        "_nested_stop",
         "_tool",
         "_waiting",
     )
@@ -95,6 +97,10 @@ class ToolContext:
         self._nested_busy = False
         #: the scope of an ``interact`` waiting now: the effect's end cuts it
         self._waiting: trio.CancelScope | None = None
+        #: the stop scope of the nested call executing now, and when the
+        #: nested call (started from here) ended
+        self._nested_stop: trio.CancelScope | None = None
+        self._nested_ended = trio.Event()
 
     def _end(self) -> None:
         self._live = False
@@ -102,6 +108,8 @@ class ToolContext:
             # An interaction the effect left waiting (in a task that outlived
             # it) is bound to the effect: it ends with it, and is withdrawn.
             self._waiting.cancel()
+        if self._nested_stop is not None:
+            self._nested_stop.cancel()  # so is a nested call it left running
 
     def emit(self, update: Mapping[str, Any]) -> None:
         """Forward ``update`` to subscribers as a transient ``tool_update`` (TOOL-27)."""
@@ -159,6 +167,7 @@ class ToolContext:
         if tool_name == self._tool:
             raise Error(ErrorClass.RESOURCE_CONFLICT, "a tool cannot invoke itself")
         self._nested_busy = True
+        self._nested_ended = trio.Event()
         try:
             return await self._loop._nested(self, tool_name, arguments)
         except _StorageFailed as failed:  # the nested intent or result commit failed (CAN-17)
@@ -167,6 +176,7 @@ class ToolContext:
             raise _stopping() from None  # settled meanwhile: classed for the backend
         finally:
             self._nested_busy = False
+            self._nested_ended.set()
 
 
 def _require_time_left(c: Conversation, descriptor: ToolDescriptor) -> None:
@@ -204,6 +214,10 @@ class ToolOperation:
     effective_authority: Any
     backend_context: Any
     context: ToolContext
+
+
+class _CallerEnded(Exception):
+    """Internal: a nested call was cut because its caller's execution ended."""
 
 
 class _TurnFailed(Exception):
@@ -308,11 +322,31 @@ class TurnLoop:
         self._carry = None
         return pending
 
-    async def _flush(self, *steps: Step | None) -> None:
-        """Commit the decided ``steps`` (and the carried one) now."""
+    async def _flush(self, *steps: Step | None, projection: bool = False) -> None:
+        """Commit the decided ``steps`` (and the carried one) now;
+        ``projection``: they are all projections of committed results."""
         pending = self._pending(*steps)
         if pending:
-            await self.c._commit_steps(pending)
+            if projection:
+                await self._commit_projection(pending)
+            else:
+                await self.c._commit_steps(pending)
+
+    async def _commit_projection(self, pending: list[Step]) -> None:
+        """Commit tool messages, the projections of results already
+        committed: a stop of the run does not undo a result, so when it cuts
+        their commit before it starts, they are committed shielded (bounded
+        by commit_timeout all the same): the transcript answers every call
+        whose result is stored (TOOL-25), and a run continued from it never
+        sees a completed call as unanswered."""
+        c = self.c
+        try:
+            await c._commit_steps(pending)
+        except trio.Cancelled:
+            if c._stop_reason is not None:
+                with trio.CancelScope(shield=True):
+                    await c._commit_steps(pending)
+            raise
 
     # -- turns ----------------------------------------------------------------
 
@@ -546,7 +580,9 @@ class TurnLoop:
         c = self.c
         pending = self._pending(before)
         if c._stop_reason is not None:
-            if pending:
+            if pending and before is None:  # the carried projection
+                await self._commit_projection(pending)
+            elif pending:
                 await c._commit_steps(pending)
             raise _Stop
         try:
@@ -1013,7 +1049,10 @@ class TurnLoop:
         )
 
     async def _execute(
-        self, descriptor: ToolDescriptor, operation: ToolOperation
+        self,
+        descriptor: ToolDescriptor,
+        operation: ToolOperation,
+        caller: ToolContext | None = None,
     ) -> tuple[Any, bool]:
         """Run the backend under its own effect budget: ``(outcome, timed out)``.
         Its context expires when execution ends, before settlement (NEST-01).
@@ -1037,6 +1076,8 @@ class TurnLoop:
         c._effect_stops.add(stop)
         if c._stop_reason is not None:
             stop.cancel()
+        if caller is not None:
+            caller._nested_stop = stop  # the caller's end ends it too
         result: Any = None
         try:
             with stop, budget.arm():
@@ -1058,9 +1099,35 @@ class TurnLoop:
             c._effect_stops.discard(stop)
             c._effects.remove(budget)
             c._executing.remove(invocation_id)
+            if caller is not None:
+                caller._nested_stop = None
         if stop.cancelled_caught:
-            raise _Stop  # the run stopped: the outcome stays unsettled
+            if c._stop_reason is not None:
+                raise _Stop  # the run stopped: the outcome stays unsettled
+            raise _CallerEnded  # a nested call its caller left running
+        await self._nested_left_running(operation.context)
         return result, budget.timed_out()
+
+    async def _nested_left_running(self, context: ToolContext) -> None:
+        """A nested call the tool left running (in a host's task) ended with
+        it (``_end``): it is settled before this call is, and before the
+        batch goes on (TOOL-01).  One that outlives its cancellation too is
+        out of reach: the run stops ``unknown_outcome``."""
+        if not context._nested_busy:
+            return
+        c = self.c
+        with trio.CancelScope(shield=True) as bound:
+            bound.deadline = trio.current_time() + c._options.cleanup_timeout
+            await context._nested_ended.wait()
+        if context._nested_busy:
+            self._stop_uncertain(
+                Error(
+                    ErrorClass.UNKNOWN_OUTCOME,
+                    "a nested call outlived its caller and its cancellation",
+                    {"tool": context._tool},
+                )
+            )
+            raise _Stop
 
     async def _dispatch(  # noqa: PLR0917 - one call's whole identity
         self,
@@ -1168,8 +1235,8 @@ class TurnLoop:
         if c._hub.active:
             c._publish("tool_started", {"invocation": _started(operation)})
         try:
-            result, timed_out = await self._execute(descriptor, operation)
-        except trio.Cancelled:
+            result, timed_out = await self._execute(descriptor, operation, caller=outer)
+        except (trio.Cancelled, _CallerEnded) as interrupted:
             if c._stop_reason is None:
                 # Cut by the calling tool's own scope, not by a stop of the
                 # run, after dispatch: a read-only call did nothing lasting
@@ -1193,6 +1260,12 @@ class TurnLoop:
                             {"tool": descriptor.name},
                         )
                     )
+            if isinstance(interrupted, _CallerEnded):
+                raise Error(
+                    ErrorClass.RESOURCE_CONFLICT,
+                    "the calling tool's execution ended",
+                    {"tool": descriptor.name},
+                ) from None
             raise
         if timed_out and descriptor.read_only:
             # A read-only nested timeout did nothing lasting: settle it as an
@@ -1351,7 +1424,7 @@ class TurnLoop:
         if carry and before is None:
             self._carry = step
             return
-        await self._flush(before, step)
+        await self._flush(before, step, projection=before is None)
 
 
 def _only_the_cut(group: BaseExceptionGroup[Any]) -> BaseException:
