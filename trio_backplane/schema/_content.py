@@ -49,16 +49,32 @@ _noted = threading.local()
 
 
 def clear_content_failure() -> None:
-    """Forget a failure a content keyword noted on this thread (before a validation)."""
+    """Forget a failure a content keyword noted on this thread (before a
+    validation), and the verdicts it remembered."""
     _noted.message = None
+    _noted.verdicts = {}
 
 
 def take_content_failure() -> str | Error | None:
     """The failure a content keyword noted on this thread, if any (a regex
-    failure's message, or a limit's ``Error``); clears it."""
+    failure's message, or a limit's ``Error``); clears it, and the verdicts
+    remembered (they hold decoded text: kept no longer than one pass)."""
     message: str | Error | None = getattr(_noted, "message", None)
     _noted.message = None
+    _noted.verdicts = {}
     return message
+
+
+def _verdicts() -> dict[tuple[int, str], str | None]:
+    """The verdicts of ``contentSchema`` keywords in this pass of the engine,
+    by (keyword, text): one keyword judging the same text again (each
+    branch of an ``anyOf`` around a recursive ``contentSchema`` re-enters
+    every level below) answers at once, so a pass costs what the distinct
+    texts do, never a power of the nesting."""
+    verdicts: dict[tuple[int, str], str | None] | None = getattr(_noted, "verdicts", None)
+    if verdicts is None:
+        verdicts = _noted.verdicts = {}
+    return verdicts
 
 
 def _note_limit(error: Error) -> None:
@@ -142,7 +158,9 @@ class _Bounds:
 def _parsed(parent: dict[str, Any], instance: str, bounds: _Bounds) -> Any:
     data = _decoded(parent, instance)  # no larger than the arguments holding it
     try:
-        value = json.loads(data.decode("utf-8"), parse_constant=_refuse_constant)
+        value = json.loads(
+            data.decode("utf-8"), parse_constant=_refuse_constant, parse_float=_finite_float
+        )
     except RecursionError as exc:
         _note_limit(bounds.too_deep())
         raise ValueError("content is not valid JSON") from exc
@@ -160,6 +178,23 @@ def _parsed(parent: dict[str, Any], instance: str, bounds: _Bounds) -> Any:
         elif reason == "integer_too_large":
             _note_limit(_too_many_digits())
         raise ValueError("content is not JSON data within the input limits")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    """A JSON number as a float; one a double cannot hold (``1e400``: valid
+    JSON) cannot be compared faithfully: a noted failure, never a mismatch
+    ``not`` would turn into a pass."""
+    value = float(text)
+    if value - value != 0.0:
+        _note_limit(
+            Error(
+                ErrorClass.EXECUTION_FAILURE,
+                "number is too large to compare faithfully",
+                {"reason": "number_too_large", "role": "content"},
+            )
+        )
+        raise ValueError("number out of range")
     return value
 
 
@@ -220,19 +255,33 @@ class _ContentSchema:
     def validate(self, instance: Any) -> None:
         if self.validator is None or type(instance) is not str:
             return
-        value = _parsed(self.parent, instance, self.bounds)
-        validator = self.validator()
-        if validator.is_valid(value):
-            return
-        errors = list(validator.iter_errors(value))
+        verdicts = _verdicts()
+        key = (id(self), instance)
+        if key in verdicts:
+            verdict = verdicts[key]
+        else:
+            verdict = verdicts[key] = self._judge(instance)
+        if verdict is not None:
+            raise ValueError(verdict)
+
+    def _judge(self, instance: str) -> str | None:
+        """Why ``instance`` does not match (``None`` when it does): one pass
+        of the engine over the decoded value."""
+        try:
+            value = _parsed(self.parent, instance, self.bounds)
+        except ValueError as exc:
+            return str(exc)
+        errors = list(self.validator().iter_errors(value))  # type: ignore[misc]
+        if not errors:
+            return None
         message = regex_failure(errors)
         if message is not None:
             _noted.message = message
-            raise ValueError("contentSchema exceeded the regex work limit")
-        first = errors[0].message if errors else "invalid"
+            return "contentSchema exceeded the regex work limit"
+        first = errors[0].message
         if self.written is not None:
             first = self.written(first)
-        raise ValueError(f"content does not match contentSchema: {first}"[:500])
+        return f"content does not match contentSchema: {first}"[:500]
 
 
 def content_keywords(

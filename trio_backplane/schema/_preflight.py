@@ -376,11 +376,19 @@ class Preflight:
             declared = node.get("$schema")
             if type(declared) is str:
                 if self.bounds_only:
-                    dialect = _bounds_dialect(declared)
+                    named = _bounds_dialect(declared)
                 else:
-                    dialect = self._dialect(declared, path)
-                    if first:
-                        self.root_dialect = dialect
+                    named = self._dialect(declared, path)  # refused unless supported
+                # ``$schema`` takes effect at a resource's root only (the
+                # document's, or one with a base-changing ``$id``): elsewhere
+                # the engine evaluates the node in the enclosing dialect, and
+                # so must the checks (or a ``$ref`` beside an ``$id`` would
+                # resolve one way here and another there).
+                ident = node.get("$id")
+                if first or (type(ident) is str and not ident.startswith("#")):
+                    dialect = named
+                if first and not self.bounds_only:
+                    self.root_dialect = dialect
             first = False
             ident = node.get("$id")
             if type(ident) is str:
@@ -422,7 +430,6 @@ class Preflight:
             # children, pushed in reverse so the walk is in document order
             children: list[tuple[Any, Path, str, str, int]] = []
             edges: list[Location] = []
-            draft07 = dialect == "draft-07"
             for key in _MAP_2020:
                 value = node.get(key)
                 if type(value) is dict:
@@ -441,13 +448,15 @@ class Preflight:
                         children.append((sub, child, base, dialect, depth + 1))
                         if key in _IN_PLACE:
                             edges.append((number, child))
-            for key in _ONE_07 if draft07 else _ONE_2020:
+            # Both dialects' positions, whichever this node is in: one the
+            # engine does not evaluate is only counted (fail closed), one it
+            # does is never missed.
+            for key in _ONE_07:
                 if key in node:
                     value = node[key]
                     if key == "items" and type(value) is list:
-                        if draft07:
-                            for i, sub in enumerate(value):
-                                children.append((sub, (*path, key, i), base, dialect, depth + 1))
+                        for i, sub in enumerate(value):
+                            children.append((sub, (*path, key, i), base, dialect, depth + 1))
                         continue
                     child = (*path, key)
                     children.append((value, child, base, dialect, depth + 1))
@@ -558,6 +567,19 @@ class Preflight:
         self.metaschemas[uri] = meta
         if self.resource(uri) is None:
             self.add_document(meta, uri, role="metaschema")
+        if type(vocabulary) is dict and any(
+            vocabulary.get(vocab) is False for vocab in KNOWN_VOCABULARIES
+        ):
+            # A vocabulary we support listed as optional (false) is applied
+            # all the same (2020-12 core 8.1.2): the engine, which would
+            # switch it off, is given the meta-schema with it required.
+            meta = {
+                **meta,
+                "$vocabulary": {
+                    vocab: True if vocab in KNOWN_VOCABULARIES else required
+                    for vocab, required in vocabulary.items()
+                },
+            }
         self.external[uri] = meta
         return meta
 
