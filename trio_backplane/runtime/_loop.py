@@ -100,7 +100,7 @@ class ToolContext:
         #: the stop scope of the nested call executing now, and when the
         #: nested call (started from here) ended
         self._nested_stop: trio.CancelScope | None = None
-        self._nested_ended = trio.Event()
+        self._nested_ended: trio.Event | None = None
 
     def _end(self) -> None:
         self._live = False
@@ -666,7 +666,7 @@ class TurnLoop:
                             break
                         if isinstance(event, ResponseCompleted | ResponseFailed):
                             terminal = True
-                            late = scope.cancel_called and c._now() >= scope.deadline
+                            late = c._now() >= scope.deadline
                         if isinstance(event, ResponseCompleted):
                             # copied first: what is checked and counted is
                             # what is committed, whatever the provider's own
@@ -690,13 +690,10 @@ class TurnLoop:
                 finally:
                     # the iterator, then the iterable it came from (one object
                     # when the stream is its own iterator)
-                    closers = [
-                        close
-                        for close in dict.fromkeys(
-                            getattr(part, "aclose", None) for part in (stream, source)
-                        )
-                        if close is not None
-                    ]
+                    closers = [getattr(stream, "aclose", None)]
+                    if source is not stream:
+                        closers.append(getattr(source, "aclose", None))
+                    closers = [close for close in closers if close is not None]
                     if closers:
                         # Closing is shielded from the run's cancellation and
                         # still bounded by the attempt's own deadline: the
@@ -761,12 +758,6 @@ class TurnLoop:
             not isinstance(message, Mapping) or message.get("role") != "assistant"
         ):
             failure = Error(ErrorClass.VALIDATION, "provider message role must be assistant")
-        if failure is None:
-            assert message is not None
-            try:  # frozen once, here: the commit takes it as it is
-                message = freeze(message, "provider response")
-            except Error as error:
-                failure = _not_json("response", error)
         if usage:
             try:  # frozen once, here: appending them then costs no walk
                 usage[:] = freeze(usage, "provider usage")
@@ -1069,18 +1060,19 @@ class TurnLoop:
         budget = DeadlineBudget("effect", seconds, c._now)
         c._effects.append(budget)
         c._executing.append(invocation_id)
-        # A stop of the run cancels this scope, wherever the task runs (a
-        # nested call in a host's task is out of the worker's reach); in the
-        # worker, the worker's own cancellation goes on past it.
-        stop = trio.CancelScope()
-        c._effect_stops.add(stop)
-        if c._stop_reason is not None:
-            stop.cancel()
-        if caller is not None:
-            caller._nested_stop = stop  # the caller's end ends it too
         result: Any = None
         try:
-            with stop, budget.arm():
+            with budget.arm() as scope:
+                # A stop of the run cancels the effect's scope, wherever its
+                # task runs (a nested call in a host's task is out of the
+                # worker's reach; in the worker, the worker's own
+                # cancellation goes on past it): a cancellation before the
+                # deadline, which the budget never counts as a timeout.
+                c._effect_stops.add(scope)
+                if c._stop_reason is not None:
+                    scope.cancel()
+                if caller is not None:
+                    caller._nested_stop = scope  # the caller's end ends it too
                 try:
                     result = await descriptor.backend.execute(operation)
                 except Error as error:
@@ -1096,17 +1088,18 @@ class TurnLoop:
                     raise cut from None
         finally:
             operation.context._end()
-            c._effect_stops.discard(stop)
+            c._effect_stops.discard(scope)
             c._effects.remove(budget)
             c._executing.remove(invocation_id)
             if caller is not None:
                 caller._nested_stop = None
-        if stop.cancelled_caught:
+        timed_out = budget.timed_out()
+        if scope.cancelled_caught and not timed_out:
             if c._stop_reason is not None:
                 raise _Stop  # the run stopped: the outcome stays unsettled
             raise _CallerEnded  # a nested call its caller left running
         await self._nested_left_running(operation.context)
-        return result, budget.timed_out()
+        return result, timed_out
 
     async def _nested_left_running(self, context: ToolContext) -> None:
         """A nested call the tool left running (in a host's task) ended with
@@ -1116,9 +1109,11 @@ class TurnLoop:
         if not context._nested_busy:
             return
         c = self.c
+        ended = context._nested_ended
+        assert ended is not None  # set when the nested call began
         with trio.CancelScope(shield=True) as bound:
             bound.deadline = trio.current_time() + c._options.cleanup_timeout
-            await context._nested_ended.wait()
+            await ended.wait()
         if context._nested_busy:
             self._stop_uncertain(
                 Error(
@@ -1468,10 +1463,11 @@ def _malformed_call(calls: list[dict[str, Any]]) -> Error | None:
                 "provider tool call needs a str id and name",
                 {"id": repr(call["id"])[:100], "name": repr(call["name"])[:100]},
             )
-        try:
-            freeze((call["id"], call["name"]), "provider tool call")
-        except Error as error:
-            return _not_json("tool call", error)
+        if not (call["id"].isascii() and call["name"].isascii()):
+            try:
+                freeze((call["id"], call["name"]), "provider tool call")
+            except Error as error:
+                return _not_json("tool call", error)
     return None
 
 
@@ -1494,6 +1490,9 @@ def _async_iterator(stream: Any) -> Any:
 async def _close_all(closers: list[Any]) -> None:
     """Await every one of ``closers``, each even when one before failed;
     then raise the first failure."""
+    if len(closers) == 1:  # a stream that is its own iterator: the common case
+        await closers[0]()
+        return
     failure: Exception | None = None
     for aclose in closers:
         try:
