@@ -52,6 +52,27 @@ def outer_calling(name: str, seen: list[Any], arguments: Any = None) -> Any:
     return run
 
 
+def intents_of(record: RunRecord, tool: str) -> list[tuple[str, Any]]:
+    """``(invocation id, intent)`` of every invocation of ``tool``."""
+    return [
+        (key.removeprefix("tool:"), intent)
+        for key, intent in record.intents.items()
+        if intent.get("tool_name") == tool
+    ]
+
+
+def cutting(name: str, after: float = 1.0) -> Any:
+    """An outer tool that gives its nested call to ``name`` ``after``
+    seconds (its own ``move_on_after``), then returns a success."""
+
+    async def run(operation: Any) -> ToolResult:
+        with trio.move_on_after(after):
+            await operation.context.nested_dispatch(name, {})
+        return ToolResult("outer done")
+
+    return run
+
+
 async def until(predicate: Any, step: float = 0.5) -> None:
     while not predicate():
         await trio.sleep(step)
@@ -584,22 +605,13 @@ async def test_nest_05_a_read_only_nested_call_cut_by_its_caller_is_an_error_res
         await trio.sleep(5)
         return ToolResult("inner")
 
-    async def outer(operation: Any) -> ToolResult:
-        with trio.move_on_after(1):
-            await operation.context.nested_dispatch("inner", {})
-        return ToolResult("outer gave up on it")
-
     tools = [
-        make_tool("outer", RecordingBackend(outer)),
+        make_tool("outer", RecordingBackend(cutting("inner"))),
         make_tool("inner", RecordingBackend(slow), read_only=True),
     ]
     finished, _ = await run_with_host(calls_then_done(("c1", "outer", {})), tools)
     assert finished.record.state == "completed"
-    [(invocation, nested)] = [
-        (k.removeprefix("tool:"), v)
-        for k, v in finished.record.intents.items()
-        if v.get("tool_name") == "inner"
-    ]
+    [(invocation, nested)] = intents_of(finished.record, "inner")
     assert nested["status"] == "consumed"
     result = finished.record.tool_results[invocation]
     assert result["is_error"] is True
@@ -622,23 +634,14 @@ async def test_nest_04_a_nested_intent_cut_while_it_commits_is_withdrawn(
     store = FaultyStore(None, Fault("delay", when=nested_intent, delay=3.0))
     inner = RecordingBackend(ToolResult("inner"))
 
-    async def outer(operation: Any) -> ToolResult:
-        with trio.move_on_after(1):
-            await operation.context.nested_dispatch("inner", {})
-        return ToolResult("outer handled the slow nested call")
-
     tools = [
-        make_tool("outer", RecordingBackend(outer), read_only=True),
+        make_tool("outer", RecordingBackend(cutting("inner")), read_only=True),
         make_tool("inner", inner, read_only=True),
     ]
     finished, _ = await run_with_host(calls_then_done(("c1", "outer", {})), tools, store=store)
     assert inner.calls == 0
     assert finished.record.state == "completed"
-    [(invocation, nested)] = [
-        (k.removeprefix("tool:"), v)
-        for k, v in finished.record.intents.items()
-        if v.get("tool_name") == "inner"
-    ]
+    [(invocation, nested)] = intents_of(finished.record, "inner")
     assert nested["status"] == "consumed"
     error = finished.record.tool_results[invocation]["error"]
     assert error["details"]["certainty"] == "not_dispatched"
@@ -749,13 +752,8 @@ async def test_nest_04_a_nested_result_cut_before_it_commits_is_committed(
                 await trio.sleep(2)
             return ToolResult("inner done")
 
-    async def outer(operation: Any) -> ToolResult:
-        with trio.move_on_after(1):
-            await operation.context.nested_dispatch("inner", {})
-        return ToolResult("outer done")
-
     tools = [
-        make_tool("outer", RecordingBackend(outer)),
+        make_tool("outer", RecordingBackend(cutting("inner"))),
         make_tool("inner", FinishesItsWork(), read_only=read_only),
     ]
     finished, _ = await run_with_host(

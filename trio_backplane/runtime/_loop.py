@@ -848,11 +848,7 @@ class TurnLoop:
             try:
                 size = utf8_size(event.arguments)
             except (TypeError, ValueError, RecursionError) as exc:  # sizes of what is not JSON
-                raise Error(
-                    ErrorClass.VALIDATION,
-                    "provider tool call is not JSON data",
-                    {"cause": f"{type(exc).__name__}: {exc}"[:300]},
-                ) from None
+                raise _unsized("tool call", exc) from None
             accounting.add(("tool", event.tool_call_id), snapshot=size)
             call = {"id": event.tool_call_id, "name": event.name, "arguments": event.arguments}
             completed.append(call)
@@ -867,11 +863,7 @@ class TurnLoop:
         try:
             self._account_content(accounting, message)
         except (TypeError, ValueError, RecursionError) as exc:  # sizes of what is not JSON
-            raise Error(
-                ErrorClass.VALIDATION,
-                "provider response is not JSON data",
-                {"cause": f"{type(exc).__name__}: {exc}"[:300]},
-            ) from None
+            raise _unsized("response", exc) from None
 
     def _account_content(self, accounting: _Accounting, message: Mapping[str, Any]) -> None:
         content = message.get("content")
@@ -1444,6 +1436,15 @@ def _provider_error(error: Any) -> Error:
         ErrorClass.EXECUTION_FAILURE,
         "provider failed without a classed error",
         {"type": type(error).__name__},
+    )
+
+
+def _unsized(what: str, exc: BaseException) -> Error:
+    """A provider ``what`` whose size could not be taken: not JSON data."""
+    return Error(
+        ErrorClass.VALIDATION,
+        f"provider {what} is not JSON data",
+        {"cause": f"{type(exc).__name__}: {exc}"[:300]},
     )
 
 
