@@ -821,3 +821,95 @@ async def test_can_03_a_stop_ends_a_nested_call_running_in_a_host_task(
     assert finished.record.state == "unknown_outcome"
     nested = [v for v in finished.record.intents.values() if v.get("tool_name") == "inner"]
     assert [v["status"] for v in nested] == ["uncertain"]
+
+
+async def test_nest_01_a_caller_ending_while_the_nested_intent_commits_withdraws_it(
+    autojump_clock: MockClock,
+) -> None:
+    """NEST-01, TOOL-01: a caller whose execution ends while its nested
+    call's intent is still committing (a slow store) never has that call
+    dispatched: the intent is settled as not dispatched, the host's task
+    gets ``resource_conflict``, and the run completes (the backend ran
+    unbounded, after its caller, with a full effect deadline)."""
+
+    def nested_intent(kind: str, record: RunRecord) -> bool:
+        return kind == "tool_invoked" and any(
+            v.get("tool_name") == "inner" for v in record.intents.values()
+        )
+
+    store = FaultyStore(None, Fault("delay", when=nested_intent, delay=3.0))
+    inner = RecordingBackend(ToolResult("inner"))
+    seen: list[Any] = []
+    async with trio.open_nursery() as host_tasks:
+
+        async def outer(operation: Any) -> ToolResult:
+            async def in_the_background() -> None:
+                try:
+                    seen.append(await operation.context.nested_dispatch("inner", {}))
+                except Error as error:
+                    seen.append(error)
+
+            host_tasks.start_soon(in_the_background)
+            await trio.sleep(0.5)
+            return ToolResult("outer done")
+
+        tools = [
+            make_tool("outer", RecordingBackend(outer), read_only=True),
+            make_tool("inner", inner, read_only=True),
+        ]
+        finished, _ = await run_with_host(calls_then_done(("c1", "outer", {})), tools, store=store)
+    assert inner.calls == 0
+    [error] = seen
+    assert isinstance(error, Error)
+    assert error.error_class is ErrorClass.RESOURCE_CONFLICT
+    assert finished.record.state == "completed"
+    [(invocation, nested)] = intents_of(finished.record, "inner")
+    assert nested["status"] == "consumed"
+    assert finished.record.tool_results[invocation]["error"]["details"]["certainty"] == (
+        "not_dispatched"
+    )
+
+
+async def test_tool_22_a_stop_is_a_stop_however_long_the_effect_cleans_up(
+    autojump_clock: MockClock,
+) -> None:
+    """TOOL-22, CAN-07: ``cancel()`` before a nested call's deadline, whose
+    backend cleans up (shielded) past that deadline, is a stop, not a
+    timeout: no result is committed after ``cancel()`` (a timeout error
+    result was) and the call stays unsettled."""
+    seen: list[Any] = []
+
+    async def inner(operation: Any) -> ToolResult:
+        try:
+            await trio.sleep(100)
+        except trio.Cancelled:
+            with trio.CancelScope(shield=True):
+                await trio.sleep(2)  # cleaning up past its deadline
+            raise
+        return ToolResult("never")  # pragma: no cover
+
+    async def outer(operation: Any) -> ToolResult:
+        with trio.CancelScope(shield=True):  # only the effect's own scope takes the stop
+            try:
+                seen.append(await operation.context.nested_dispatch("inner", {}))
+            except Error as error:
+                seen.append(error)
+        return ToolResult("outer done")
+
+    async def cancel_soon(conversation: Conversation, host: Host) -> None:
+        await trio.sleep(1)
+        await conversation.cancel()
+
+    tools = [
+        make_tool("outer", RecordingBackend(outer), read_only=True),
+        make_tool("inner", RecordingBackend(inner), read_only=True),
+    ]
+    finished, _ = await run_with_host(
+        calls_then_done(("c1", "outer", {})), tools, during=cancel_soon, effect_timeout=4.0
+    )
+    [error] = seen
+    assert isinstance(error, Error)
+    assert error.error_class is ErrorClass.CANCELLED
+    [(invocation, nested)] = intents_of(finished.record, "inner")
+    assert invocation not in finished.record.tool_results
+    assert nested["status"] == "uncertain"

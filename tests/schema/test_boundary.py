@@ -2195,13 +2195,13 @@ def test_sch_48_sch_50_a_draft_07_anchor_beside_ref_is_still_an_anchor() -> None
     assert compiled.errors({"x": 1}) != []
 
 
-def test_sch_48_sch_50_a_nested_schema_keyword_without_id_changes_no_dialect() -> None:
-    """SCH-48, SCH-50, SCH-40: ``$schema`` takes effect at a resource's root
-    only: a draft-07 document's subschema declaring 2020-12 without ``$id``
-    is evaluated by the engine as draft-07 (array ``items``,
-    ``additionalItems``), and the checks walk it so: a cycle there is
-    refused (it compiled, every instance accepted), and a remote reference
-    in ``additionalItems`` is found by ``check_bounds``."""
+def test_sch_48_sch_50_both_dialects_positions_are_walked_under_a_nested_schema_keyword() -> None:
+    """SCH-48, SCH-50, SCH-40: a draft-07 document's subschema declaring
+    2020-12 without ``$id`` is evaluated by the engine with draft-07 keyword
+    positions too (array ``items``, ``additionalItems``): the checks walk
+    both dialects' positions, so a cycle there is refused (it compiled,
+    every instance accepted), and a remote reference in ``additionalItems``
+    is found by ``check_bounds``."""
     nested = {
         "$schema": D2020,
         "items": [{"$ref": "#/properties/p/items/0"}],
@@ -2315,3 +2315,37 @@ def test_sch_30_content_with_a_number_no_double_holds_is_a_noted_failure() -> No
     with pytest.raises(Error) as exc:
         validate(schema, {"d": "1e400"}, content_assertion=True)
     assert refused(exc, ErrorClass.EXECUTION_FAILURE)["reason"] == "number_too_large"
+
+
+def test_sch_48_sch_50_a_nested_schema_keyword_is_applied_where_it_appears() -> None:
+    """SCH-48, SCH-50, SCH-33: the engine applies a nested ``$schema``
+    without ``$id`` (2020-12 inside draft-07): an ``$id`` beside ``$ref``
+    below it is honoured, so the checks follow the same references: a cycle
+    there is refused (it compiled, every instance accepted) and a fan-out
+    there is refused (validation ran for minutes), under the MCP options."""
+    mcp: dict[str, Any] = {
+        "dialects": frozenset({"2020-12", "draft-07"}),
+        "limits": Limits.mcp(),
+        "allow_external_refs": False,
+    }
+    cycle = {
+        "$id": "http://x.test/m",
+        "$ref": "#/definitions/z",
+        "definitions": {"z": {"$ref": "#"}},
+    }
+    schema = {
+        "$schema": D07,
+        "definitions": {"z": {"type": "string"}},
+        "properties": {"p": {"$schema": D2020, "properties": {"q": cycle}}},
+    }
+    with pytest.raises(Error) as exc:
+        compile(schema, **mcp)
+    assert refused(exc, ErrorClass.VALIDATION)["reason"] == "ref_cycle"
+    defs: dict[str, Any] = {"d0": {"type": "integer"}}
+    for i in range(1, 41):
+        defs[f"d{i}"] = {"allOf": [{"$ref": f"#/definitions/d{i - 1}"}] * 2}
+    fan = {"$id": "http://x.test/f", "$ref": "#/definitions/d40", "definitions": defs}
+    schema = {"$schema": D07, "properties": {"p": {"$schema": D2020, "properties": {"q": fan}}}}
+    with pytest.raises(Error) as exc:
+        compile(schema, **mcp)
+    assert refused(exc, ErrorClass.EXECUTION_FAILURE)["reason"] == "ref_fanout"

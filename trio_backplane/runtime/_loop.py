@@ -1058,13 +1058,14 @@ class TurnLoop:
                 # A stop of the run cancels the effect's scope, wherever its
                 # task runs (a nested call in a host's task is out of the
                 # worker's reach; in the worker, the worker's own
-                # cancellation goes on past it): a cancellation before the
-                # deadline, which the budget never counts as a timeout.
+                # cancellation goes on past it).
                 c._effect_stops.add(scope)
                 if c._stop_reason is not None:
                     scope.cancel()
                 if caller is not None:
                     caller._nested_stop = scope  # the caller's end ends it too
+                    if not caller._live:
+                        scope.cancel()  # ... which came already
                 try:
                     result = await descriptor.backend.execute(operation)
                 except Error as error:
@@ -1085,13 +1086,14 @@ class TurnLoop:
             c._executing.remove(invocation_id)
             if caller is not None:
                 caller._nested_stop = None
-        timed_out = budget.timed_out()
-        if scope.cancelled_caught and not timed_out:
-            if c._stop_reason is not None:
-                raise _Stop  # the run stopped: the outcome stays unsettled
+        if c._stop_reason is not None:
+            # The run stopped while it executed: its outcome stays unsettled,
+            # whatever it returned or however long it took (TOOL-22).
+            raise _Stop
+        if scope.cancelled_caught and caller is not None and not caller._live:
             raise _CallerEnded  # a nested call its caller left running
         await self._nested_left_running(operation.context)
-        return result, timed_out
+        return result, budget.timed_out()
 
     async def _nested_left_running(self, context: ToolContext) -> None:
         """A nested call the tool left running (in a host's task) ended with
@@ -1213,6 +1215,13 @@ class TurnLoop:
                 await self._withdraw_nested(invocation_id, descriptor, "cancelled by its caller")
             raise
         invocation_id = max(record.active_tools, key=_invocation_number)
+        if not outer._live:  # its caller's execution ended while the intent committed
+            await self._withdraw_nested(invocation_id, descriptor, "its caller's execution ended")
+            raise Error(
+                ErrorClass.RESOURCE_CONFLICT,
+                "the calling tool's execution ended",
+                {"tool": descriptor.name},
+            )
         try:
             _require_time_left(c, descriptor)  # the intent's commit took the rest
         except Error as late:

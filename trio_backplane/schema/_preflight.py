@@ -379,14 +379,10 @@ class Preflight:
                     named = _bounds_dialect(declared)
                 else:
                     named = self._dialect(declared, path)  # refused unless supported
-                # ``$schema`` takes effect at a resource's root only (the
-                # document's, or one with a base-changing ``$id``): elsewhere
-                # the engine evaluates the node in the enclosing dialect, and
-                # so must the checks (or a ``$ref`` beside an ``$id`` would
-                # resolve one way here and another there).
-                ident = node.get("$id")
-                if first or (type(ident) is str and not ident.startswith("#")):
-                    dialect = named
+                # The engine applies ``$schema`` wherever it appears (a
+                # resource's root or not), so the checks do: the keyword
+                # positions of both dialects are walked anyway (below).
+                dialect = named
                 if first and not self.bounds_only:
                     self.root_dialect = dialect
             first = False
