@@ -1380,3 +1380,49 @@ async def test_int_07_a_resolve_queued_behind_a_slow_commit_moves_the_deadline_b
     )
     assert log["stored"] == pytest.approx(log["before"] + log["waited"], abs=0.1)
     assert log["stored"] == pytest.approx(log["enforced"], abs=0.1)
+
+
+async def test_int_17_an_interaction_left_waiting_is_withdrawn_before_the_next_call(
+    autojump_clock: MockClock,
+) -> None:
+    """INT-17, INT-01: an interaction a tool left waiting in a host's task
+    ends with the tool and is withdrawn before the batch goes on: the next
+    call's approval is asked for (it was refused as "stale or overlapping
+    interaction", its backend never called)."""
+    seen: list[Any] = []
+    gated = RecordingBackend(ToolResult("gated ran"))
+    async with trio.open_nursery() as host_tasks:
+
+        async def asks(operation: Any) -> ToolResult:
+            async def in_the_background() -> None:
+                try:
+                    seen.append(await operation.context.interact({"question": "?"}))
+                except Error as error:  # the effect ended while it waited (INT-17)
+                    seen.append(error)
+
+            host_tasks.start_soon(in_the_background)
+            await trio.sleep(1)  # the request is committed and announced
+            return ToolResult("asked")
+
+        def policy(event: Event) -> tuple[float, Any] | None:
+            if event.payload["request"].get("kind") == "permission":
+                return (0.5, "approved")
+            return None  # the question is never answered
+
+        tools = [
+            make_tool("asks", RecordingBackend(asks), read_only=True),
+            make_tool("gated", gated, requires_approval=True),
+        ]
+        provider = ScriptedProvider(
+            [
+                ScriptedProvider.tool_calls(("c1", "asks", {}), ("c2", "gated", {})),
+                ScriptedProvider.text("done"),
+            ]
+        )
+        finished, host = await run_with_host(provider, tools, policy, effect_timeout=60.0)
+    assert gated.calls == 1
+    kinds = [e.payload["request"].get("kind", "question") for e in host.of("interaction_requested")]
+    assert kinds == ["question", "permission"]
+    assert finished.record.state == "completed"
+    [error] = seen
+    assert error.error_class is ErrorClass.RESOURCE_CONFLICT

@@ -913,3 +913,58 @@ async def test_tool_22_a_stop_is_a_stop_however_long_the_effect_cleans_up(
     [(invocation, nested)] = intents_of(finished.record, "inner")
     assert invocation not in finished.record.tool_results
     assert nested["status"] == "uncertain"
+
+
+async def test_nest_07_a_nested_call_in_a_host_task_commits_nothing_after_cancel(
+    autojump_clock: MockClock,
+) -> None:
+    """NEST-07, TOOL-22: a nested call made from a host's task (which a stop
+    does not cancel) whose intent queued behind a slow commit commits
+    nothing once ``cancel()`` is accepted: its intent was stored after the
+    cancel, then settled uncertain though never dispatched."""
+
+    def steering_commit(kind: str, record: RunRecord) -> bool:
+        return kind == "conversation_updated" and bool(record.context["conversation"]["steering"])
+
+    store = FaultyStore(None, Fault("delay", when=steering_commit, delay=3.0))
+    inner = RecordingBackend(ToolResult("inner done"))
+    seen: list[Any] = []
+    cancelled_after: list[int] = []
+    async with trio.open_nursery() as host_tasks:
+
+        async def outer(operation: Any) -> ToolResult:
+            async def in_the_background() -> None:
+                try:
+                    seen.append(await operation.context.nested_dispatch("inner", {}))
+                except Error as error:
+                    seen.append(error)
+
+            await trio.sleep(1.5)  # the steering commit is in flight (t=1..4)
+            host_tasks.start_soon(in_the_background)
+            await trio.sleep(1_000)
+            return ToolResult("outer")  # pragma: no cover
+
+        async def during(conversation: Conversation, host: Host) -> None:
+            await trio.sleep(1)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(conversation.steer, "slow steering")
+                await trio.sleep(2)
+                await conversation.cancel()
+                cancelled_after.append(len(store.attempts))
+
+        tools = [
+            make_tool("outer", RecordingBackend(outer), read_only=True),
+            make_tool("inner", inner),
+        ]
+        finished, _ = await run_with_host(
+            calls_then_done(("c1", "outer", {})),
+            tools,
+            store=store,
+            during=during,
+            effect_timeout=3_000.0,
+        )
+    after = [kind for _, kind, _ in store.attempts[cancelled_after[0] :]]
+    assert "tool_invoked" not in after
+    assert inner.calls == 0
+    assert [type(item) for item in seen] == [Error]
+    assert not intents_of(finished.record, "inner")

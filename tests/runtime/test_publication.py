@@ -9,6 +9,7 @@ the next ``ScriptedProvider.requests[i]`` shows what was published.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
@@ -885,3 +886,108 @@ async def test_pub_06_pub_09_a_cancel_at_the_publication_boundary_never_half_pub
         assert receipts == []
         assert finished.snapshot.catalog_revision == 1
     assert finished.record.state in ("cancelled", "unknown_outcome")
+
+
+async def test_pub_09_a_producer_cut_by_the_run_deadline_discards_its_staging(
+    autojump_clock: MockClock,
+) -> None:
+    """PUB-09: a producer still running when the run deadline passes
+    discards its staging as a cancelled one does: no receipt says "staged"
+    on the ended run (the deadline's own stop left it pending)."""
+
+    async def discover(operation: Any) -> Any:
+        operation.context.stage_catalog(publication("p2", new_catalog()))
+        await trio.sleep_forever()
+
+    finished, _ = await run_with_host(
+        SP([SP.tool_calls(("c1", "discover", {})), SP.text("done")]),
+        base_tools(discover),
+        run_timeout=10.0,
+        effect_timeout=30.0,
+    )
+    assert finished.record.state in ("timed_out", "unknown_outcome")
+    assert all(receipt.status != "staged" for receipt in finished.snapshot.receipts)
+
+
+async def test_pub_18_a_nested_call_whose_caller_ended_stages_nothing(
+    autojump_clock: MockClock,
+) -> None:
+    """PUB-18: a nested call still running (in a host's task) after its
+    caller ended, the caller failing, cannot stage: the caller's failure
+    discards dependent staging, and one staged after it would have
+    published (the outer call had left the producers)."""
+    seen: list[Any] = []
+
+    async def finisher(operation: Any) -> ToolResult:
+        with trio.CancelScope(shield=True):  # finishes what it began
+            await trio.sleep(2)
+        try:
+            operation.context.stage_catalog(publication("p2", new_catalog()))
+        except Error as error:
+            seen.append(error)
+        return ToolResult("staged")
+
+    async with trio.open_nursery() as host_tasks:
+
+        async def discover(operation: Any) -> ToolResult:
+            async def in_the_background() -> None:
+                with contextlib.suppress(Error):
+                    await operation.context.nested_dispatch("inner", {})
+
+            host_tasks.start_soon(in_the_background)
+            await trio.sleep(1)
+            return ToolResult("failed", is_error=True)
+
+        provider = SP([SP.tool_calls(("c1", "discover", {})), SP.text("done")])
+        tools = [
+            *base_tools(discover),
+            make_tool("inner", RecordingBackend(finisher), read_only=True),
+        ]
+        finished, _ = await run_with_host(provider, tools, effect_timeout=30.0)
+    [error] = seen
+    assert error.error_class is ErrorClass.RESOURCE_CONFLICT
+    assert finished.snapshot.receipts == ()
+    assert all("found" not in names(request) for request in provider.requests)
+
+
+async def test_pub_13_a_publication_of_tools_that_fail_when_read_is_refused_classed(
+    autojump_clock: MockClock,
+) -> None:
+    """PUB-13: a publication whose tool's backend or schema fails when read
+    is refused classed, and the producer goes on (a raw exception crashed
+    it, and the run ended unknown_outcome)."""
+
+    class UnreadableBackend:
+        @property
+        def execute(self) -> Any:
+            raise RuntimeError("unreadable")
+
+    class UnreadableSchema(dict[str, Any]):
+        def __contains__(self, key: object) -> bool:
+            raise RuntimeError("unreadable")
+
+        def get(self, key: str, default: Any = None) -> Any:
+            raise RuntimeError("unreadable")
+
+    refused: list[Error] = []
+
+    async def discover(operation: Any) -> ToolResult:
+        for extra in (
+            make_tool("found", UnreadableBackend(), read_only=True),
+            make_tool("found", RecordingBackend(), schema=UnreadableSchema(), read_only=True),
+        ):
+            catalog = [make_tool("discover", RecordingBackend(), read_only=True), extra]
+            try:
+                operation.context.stage_catalog(publication("p2", catalog))
+            except Error as error:
+                refused.append(error)
+        return ToolResult("done")
+
+    finished, _ = await run_with_host(
+        SP([SP.tool_calls(("c1", "discover", {})), SP.text("done")]), base_tools(discover)
+    )
+    assert [e.error_class for e in refused] == [
+        ErrorClass.UNSUPPORTED_CAPABILITY,
+        ErrorClass.VALIDATION,
+    ]
+    assert finished.record.state == "completed"

@@ -515,7 +515,11 @@ class Conversation:
         enclose it, or for every executing invocation (innermost last).  A
         nested call the producer made is not among them: its failure is the
         producer's to handle (NEST-05), not a reason to discard (PUB-18)."""
-        if not self._executing or self._stop_reason is not None:
+        if (
+            not self._executing
+            or self._stop_reason is not None
+            or self._phase in _INACTIVE_PHASES  # storage_failed: nothing can publish
+        ):
             raise Error(ErrorClass.RESOURCE_CONFLICT, "staging requires an executing tool")
         producers = list(self._executing)
         if producer in producers:
@@ -961,6 +965,7 @@ class Conversation:
                 self._stop_reason = "deadline_exceeded"
                 self._note_stop_due("deadline_exceeded")
                 self._phase = "cancelling"
+                self._catalog.discard()  # a timed-out producer discards (PUB-09)
         finally:
             self._worker = None
             self._worker_running = False

@@ -75,6 +75,7 @@ class ToolContext:
     once that effect has ended (TOOL-27, INT-17, NEST-01, PUB-12)."""
 
     __slots__ = (
+        "_caller",
         "_conversation",
         "_invocation_id",
         "_live",
@@ -84,6 +85,7 @@ class ToolContext:
         "_nested_stop",
         "_tool",
         "_waiting",
+        "_waiting_ended",
     )
 
     def __init__(
@@ -101,6 +103,19 @@ class ToolContext:
         #: nested call (started from here) ended
         self._nested_stop: trio.CancelScope | None = None
         self._nested_ended: trio.Event | None = None
+        #: when the ``interact`` waiting now ended (its withdrawal included)
+        self._waiting_ended: trio.Event | None = None
+        #: the context of the tool that made this nested call, if any
+        self._caller: ToolContext | None = None
+
+    def _executing(self) -> bool:
+        """Whether this effect and every one enclosing it still execute."""
+        context: ToolContext | None = self
+        while context is not None:
+            if not context._live:
+                return False
+            context = context._caller
+        return True
 
     def _end(self) -> None:
         self._live = False
@@ -133,6 +148,7 @@ class ToolContext:
             # (an overlapping call, refused below, must not unbind the one
             # already waiting: it restores it)
             previous, self._waiting = self._waiting, scope
+            ended, self._waiting_ended = self._waiting_ended, trio.Event()
             try:
                 answer, _ = await wait_for_human(self._conversation, request)
             except _StorageFailed as failed:
@@ -141,6 +157,8 @@ class ToolContext:
                 raise _stopping() from None  # settled meanwhile: classed for the backend
             finally:
                 self._waiting = previous
+                self._waiting_ended.set()
+                self._waiting_ended = ended
             return answer
         # the effect ended while this waited (INT-17)
         raise Error(ErrorClass.RESOURCE_CONFLICT, "stale or overlapping interaction")
@@ -154,7 +172,7 @@ class ToolContext:
     def stage_catalog(self, publication: Any) -> PublicationReceipt:
         """Stage a catalog produced by this tool (synchronous, PUB-02)."""
         self._conversation._require_own_run()
-        if not self._live:
+        if not self._executing():  # (a nested call whose caller ended stages nothing)
             raise Error(ErrorClass.RESOURCE_CONFLICT, "staging requires an executing tool")
         return self._conversation._stage(publication, self._invocation_id)
 
@@ -572,11 +590,18 @@ class TurnLoop:
     # -- effects: commits that start them ---------------------------------------
 
     async def _effect_commit(
-        self, kind: str, data: Mapping[str, Any], before: Step | None = None
+        self,
+        kind: str,
+        data: Mapping[str, Any],
+        before: Step | None = None,
+        *,
+        unless_stopped: bool = False,
     ) -> RunRecord:
         """Commit the intent of an effect, in one write with the decided steps
         (``before``, the carried one) that precede it; a kernel refusal fails
-        the turn, an expired deadline stops the run (KER-08)."""
+        the turn, an expired deadline stops the run (KER-08).
+        ``unless_stopped``: never once the run stops, however long the commit
+        waits for the coordinator (NEST-07; ``_Stop`` then)."""
         c = self.c
         pending = self._pending(before)
         if c._stop_reason is not None:
@@ -586,8 +611,12 @@ class TurnLoop:
                 await c._commit_steps(pending)
             raise _Stop
         try:
-            record = await c._commit_steps((*pending, command_step(kind, data)))
+            record = await c._commit_steps(
+                (*pending, command_step(kind, data)), as_input=unless_stopped
+            )
         except Error as error:
+            if unless_stopped and c._stop_reason is not None:
+                raise _Stop from None  # refused: the run stopped meanwhile
             if error.error_class is ErrorClass.TIMEOUT:
                 c._request_stop("deadline_exceeded")
                 raise _Stop from None
@@ -1096,18 +1125,21 @@ class TurnLoop:
         return result, budget.timed_out()
 
     async def _nested_left_running(self, context: ToolContext) -> None:
-        """A nested call the tool left running (in a host's task) ended with
-        it (``_end``): it is settled before this call is, and before the
-        batch goes on (TOOL-01).  One that outlives its cancellation too is
-        out of reach: the run stops ``unknown_outcome``."""
-        if not context._nested_busy:
-            return
+        """A nested call or an interaction the tool left running (in a
+        host's task) ended with it (``_end``): each is over before this call
+        is settled, and before the batch goes on (TOOL-01; an interaction
+        left pending would refuse the next call's approval).  A nested call
+        that outlives its cancellation too is out of reach: the run stops
+        ``unknown_outcome``."""
         c = self.c
-        ended = context._nested_ended
-        assert ended is not None  # set when the nested call began
-        with trio.CancelScope(shield=True) as bound:
-            bound.deadline = trio.current_time() + c._options.cleanup_timeout
-            await ended.wait()
+        for busy, ended in (
+            (context._waiting is not None, context._waiting_ended),
+            (context._nested_busy, context._nested_ended),
+        ):
+            if busy and ended is not None:
+                with trio.CancelScope(shield=True) as bound:
+                    bound.deadline = trio.current_time() + c._options.cleanup_timeout
+                    await ended.wait()
         if context._nested_busy:
             self._stop_uncertain(
                 Error(
@@ -1202,7 +1234,9 @@ class TurnLoop:
         _require_time_left(c, descriptor)
         try:
             record = await self._effect_commit(
-                "tool_invoked", _intent(descriptor, None, turn_id, bundle.authority)
+                "tool_invoked",
+                _intent(descriptor, None, turn_id, bundle.authority),
+                unless_stopped=True,  # its task may be a host's, never cancelled by a stop
             )
         except _TurnFailed as failed:
             raise failed.error from None  # (a _Stop: classed by nested_dispatch)
@@ -1228,6 +1262,7 @@ class TurnLoop:
             await self._withdraw_nested(invocation_id, descriptor, late.message)
             raise
         operation = self._operation(descriptor, record, invocation_id, call_id, turn_id, arguments)
+        operation.context._caller = outer
         if c._hub.active:
             c._publish("tool_started", {"invocation": _started(operation)})
         try:
@@ -1308,10 +1343,12 @@ class TurnLoop:
         await self._complete_cut(invocation_id, _error_result(error))
 
     async def _complete_nested(self, invocation_id: str, normalized: Mapping[str, Any]) -> None:
-        """Commit a nested call's settled result; its caller's own scope
-        cutting the commit does not leave a known result unsettled."""
+        """Commit a nested call's settled result, never once the run stops
+        (its task may be a host's, which a stop does not cancel: TOOL-22);
+        its caller's own scope cutting the commit does not leave a known
+        result unsettled."""
         try:
-            await self._complete(invocation_id, normalized)
+            await self._complete(invocation_id, normalized, unless_stopped=True)
         except trio.Cancelled:
             await self._complete_cut(invocation_id, normalized)
             raise

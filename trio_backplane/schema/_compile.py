@@ -455,11 +455,17 @@ def _check_root(schema: Any, root: Root) -> None:
         raise invalid(
             "tool schema must be a mapping", reason="invalid_schema", type=type(schema).__name__
         )
-    if "type" in schema and schema["type"] not in ("object", ["object"]):
+    try:
+        declared = schema.get("type", "object")
+    except Exception as exc:  # a mapping that fails when read
+        raise invalid(
+            "schema could not be read as JSON data", reason="not_json", cause=_cause(exc)
+        ) from exc
+    if declared not in ("object", ["object"]):
         raise unsupported(
             "tool schema root type must be object",
             reason="root_not_object",
-            type=schema["type"] if isinstance(schema["type"], str | list) else None,
+            type=declared if isinstance(declared, str | list) else None,
         )
 
 

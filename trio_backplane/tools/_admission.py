@@ -35,8 +35,12 @@ def check_mode(mode: Any) -> Mode:
 
 
 def has_awaitable_execute(backend: Any) -> bool:
-    """Whether ``backend.execute`` is a coroutine function (awaitable when called)."""
-    execute = getattr(backend, "execute", None)
+    """Whether ``backend.execute`` is a coroutine function (awaitable when
+    called); a backend whose ``execute`` fails when read has none."""
+    try:
+        execute = getattr(backend, "execute", None)
+    except Exception:
+        return False
     if execute is None or not callable(execute):
         return False
     if inspect.iscoroutinefunction(execute):
