@@ -1121,7 +1121,9 @@ class TurnLoop:
             raise _Stop
         if scope.cancelled_caught and caller is not None and not caller._live:
             raise _CallerEnded  # a nested call its caller left running
-        await self._nested_left_running(operation.context)
+        context = operation.context
+        if context._nested_busy or context._waiting is not None:
+            await self._nested_left_running(context)
         return result, budget.timed_out()
 
     async def _nested_left_running(self, context: ToolContext) -> None:
