@@ -61,6 +61,25 @@ def intents_of(record: RunRecord, tool: str) -> list[tuple[str, Any]]:
     ]
 
 
+def leaving(host_tasks: trio.Nursery, name: str, log: list[Any], after: float) -> Any:
+    """An outer tool that starts its nested call to ``name`` in a task of
+    the host's (``log`` gets its result or error) and returns ``after``
+    seconds later, leaving it running."""
+
+    async def run(operation: Any) -> ToolResult:
+        async def in_the_background() -> None:
+            try:
+                log.append(await operation.context.nested_dispatch(name, {}))
+            except Error as error:
+                log.append(error)
+
+        host_tasks.start_soon(in_the_background)
+        await trio.sleep(after)
+        return ToolResult("outer done")
+
+    return run
+
+
 def cutting(name: str, after: float = 1.0) -> Any:
     """An outer tool that gives its nested call to ``name`` ``after``
     seconds (its own ``move_on_after``), then returns a success."""
@@ -327,17 +346,7 @@ async def test_nest_01_a_nested_call_left_running_ends_with_its_caller(
         return ToolResult("after done")
 
     async with trio.open_nursery() as host_tasks:
-
-        async def outer(operation: Any) -> ToolResult:
-            async def in_the_background() -> None:
-                try:
-                    leaked.append(await operation.context.nested_dispatch("inner", {}))
-                except Error as error:
-                    leaked.append(error)
-
-            host_tasks.start_soon(in_the_background)
-            await trio.sleep(0.5)
-            return ToolResult("outer done")
+        outer = leaving(host_tasks, "inner", leaked, after=0.5)
 
         tools = [
             make_tool("outer", RecordingBackend(outer), read_only=True),
@@ -841,17 +850,7 @@ async def test_nest_01_a_caller_ending_while_the_nested_intent_commits_withdraws
     inner = RecordingBackend(ToolResult("inner"))
     seen: list[Any] = []
     async with trio.open_nursery() as host_tasks:
-
-        async def outer(operation: Any) -> ToolResult:
-            async def in_the_background() -> None:
-                try:
-                    seen.append(await operation.context.nested_dispatch("inner", {}))
-                except Error as error:
-                    seen.append(error)
-
-            host_tasks.start_soon(in_the_background)
-            await trio.sleep(0.5)
-            return ToolResult("outer done")
+        outer = leaving(host_tasks, "inner", seen, after=0.5)
 
         tools = [
             make_tool("outer", RecordingBackend(outer), read_only=True),
