@@ -1426,3 +1426,56 @@ async def test_int_17_an_interaction_left_waiting_is_withdrawn_before_the_next_c
     assert finished.record.state == "completed"
     [error] = seen
     assert error.error_class is ErrorClass.RESOURCE_CONFLICT
+
+
+async def test_int_17_two_interactions_of_one_tool_may_end_in_any_order(
+    autojump_clock: MockClock,
+) -> None:
+    """INT-17, INT-05: a tool gives up one interaction (its own scope) while
+    its withdrawal commits slowly, and asks another meanwhile: the second
+    one's committed answer reaches the tool (the first ending first broke
+    the second's bookkeeping: a raw AttributeError, the run unknown_outcome)."""
+
+    def withdrawal(kind: str, record: RunRecord) -> bool:
+        state = record.context["conversation"]
+        return (
+            kind == "conversation_updated"
+            and state.get("pending_interaction") is None
+            and state.get("resolved_interaction") is None
+        )
+
+    store = FaultyStore(None)
+    seen: dict[str, Any] = {}
+
+    async def asks_twice(operation: Any) -> ToolResult:
+        store.add(Fault("delay", when=withdrawal, delay=2.0))  # the first one's withdrawal
+
+        async def first() -> None:
+            with trio.move_on_after(1):
+                await operation.context.interact({"question": "A"})
+            seen["first"] = "given up"
+
+        async def second() -> None:
+            await trio.sleep(1.5)
+            seen["second"] = await operation.context.interact({"question": "B"})
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first)
+            nursery.start_soon(second)
+        return ToolResult("asked")
+
+    def policy(event: Event) -> tuple[float, Any] | None:
+        return (0.5, "B-answer") if event.payload["request"]["question"] == "B" else None
+
+    tools = [make_tool("asks", RecordingBackend(asks_twice), read_only=True)]
+    finished, _ = await run_with_host(
+        ScriptedProvider(
+            [ScriptedProvider.tool_calls(("c1", "asks", {})), ScriptedProvider.text("done")]
+        ),
+        tools,
+        policy,
+        store=store,
+        effect_timeout=60.0,
+    )
+    assert seen == {"first": "given up", "second": "B-answer"}
+    assert finished.record.state == "completed"

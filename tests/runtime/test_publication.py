@@ -969,12 +969,30 @@ async def test_pub_13_a_publication_of_tools_that_fail_when_read_is_refused_clas
         def get(self, key: str, default: Any = None) -> Any:
             raise RuntimeError("unreadable")
 
+    class UnreadableCallable:  # an ``execute`` whose every attribute read fails
+        def __getattr__(self, name: str) -> Any:
+            raise RuntimeError("unreadable")
+
+        def __call__(self, operation: Any) -> Any:
+            return None  # pragma: no cover
+
+    class CallableBackend:
+        execute = UnreadableCallable()
+
+    class NoEquality:  # a ``type`` value whose comparison fails
+        def __eq__(self, other: object) -> bool:
+            raise RuntimeError("unreadable")
+
+        __hash__ = object.__hash__
+
     refused: list[Error] = []
 
     async def discover(operation: Any) -> ToolResult:
         for extra in (
             make_tool("found", UnreadableBackend(), read_only=True),
             make_tool("found", RecordingBackend(), schema=UnreadableSchema(), read_only=True),
+            make_tool("found", CallableBackend(), read_only=True),
+            make_tool("found", RecordingBackend(), schema={"type": NoEquality()}, read_only=True),
         ):
             catalog = [make_tool("discover", RecordingBackend(), read_only=True), extra]
             try:
@@ -989,5 +1007,7 @@ async def test_pub_13_a_publication_of_tools_that_fail_when_read_is_refused_clas
     assert [e.error_class for e in refused] == [
         ErrorClass.UNSUPPORTED_CAPABILITY,
         ErrorClass.VALIDATION,
+        ErrorClass.UNSUPPORTED_CAPABILITY,
+        ErrorClass.UNSUPPORTED_CAPABILITY,
     ]
     assert finished.record.state == "completed"

@@ -85,7 +85,7 @@ class ToolContext:
         "_nested_stop",
         "_tool",
         "_waiting",
-        "_waiting_ended",
+        "_waits",
     )
 
     def __init__(
@@ -103,8 +103,9 @@ class ToolContext:
         #: nested call (started from here) ended
         self._nested_stop: trio.CancelScope | None = None
         self._nested_ended: trio.Event | None = None
-        #: when the ``interact`` waiting now ended (its withdrawal included)
-        self._waiting_ended: trio.Event | None = None
+        #: one event per ``interact`` still running, set when it has ended
+        #: (its withdrawal included): calls may end in any order
+        self._waits: set[trio.Event] | None = None
         #: the context of the tool that made this nested call, if any
         self._caller: ToolContext | None = None
 
@@ -148,7 +149,10 @@ class ToolContext:
             # (an overlapping call, refused below, must not unbind the one
             # already waiting: it restores it)
             previous, self._waiting = self._waiting, scope
-            ended, self._waiting_ended = self._waiting_ended, trio.Event()
+            ended = trio.Event()
+            if self._waits is None:
+                self._waits = set()
+            self._waits.add(ended)
             try:
                 answer, _ = await wait_for_human(self._conversation, request)
             except _StorageFailed as failed:
@@ -157,8 +161,8 @@ class ToolContext:
                 raise _stopping() from None  # settled meanwhile: classed for the backend
             finally:
                 self._waiting = previous
-                self._waiting_ended.set()
-                self._waiting_ended = ended
+                ended.set()
+                self._waits.discard(ended)
             return answer
         # the effect ended while this waited (INT-17)
         raise Error(ErrorClass.RESOURCE_CONFLICT, "stale or overlapping interaction")
@@ -1122,7 +1126,7 @@ class TurnLoop:
         if scope.cancelled_caught and caller is not None and not caller._live:
             raise _CallerEnded  # a nested call its caller left running
         context = operation.context
-        if context._nested_busy or context._waiting is not None:
+        if context._nested_busy or context._waits:
             await self._nested_left_running(context)
         return result, budget.timed_out()
 
@@ -1134,14 +1138,13 @@ class TurnLoop:
         that outlives its cancellation too is out of reach: the run stops
         ``unknown_outcome``."""
         c = self.c
-        for busy, ended in (
-            (context._waiting is not None, context._waiting_ended),
-            (context._nested_busy, context._nested_ended),
-        ):
-            if busy and ended is not None:
-                with trio.CancelScope(shield=True) as bound:
-                    bound.deadline = trio.current_time() + c._options.cleanup_timeout
-                    await ended.wait()
+        running = list(context._waits or ())
+        if context._nested_busy and context._nested_ended is not None:
+            running.append(context._nested_ended)
+        with trio.CancelScope(shield=True) as bound:  # one bound for them all
+            bound.deadline = trio.current_time() + c._options.cleanup_timeout
+            for ended in running:
+                await ended.wait()
         if context._nested_busy:
             self._stop_uncertain(
                 Error(

@@ -461,7 +461,13 @@ def _check_root(schema: Any, root: Root) -> None:
         raise invalid(
             "schema could not be read as JSON data", reason="not_json", cause=_cause(exc)
         ) from exc
-    if declared not in ("object", ["object"]):
+    # (compared only as plain data: a value of another type is not "object",
+    # whatever its own __eq__ says)
+    listed = isinstance(declared, list | tuple) and len(declared) == 1
+    if not (
+        (type(declared) is str and declared == "object")
+        or (listed and type(declared[0]) is str and declared[0] == "object")
+    ):
         raise unsupported(
             "tool schema root type must be object",
             reason="root_not_object",

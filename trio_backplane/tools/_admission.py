@@ -39,13 +39,13 @@ def has_awaitable_execute(backend: Any) -> bool:
     called); a backend whose ``execute`` fails when read has none."""
     try:
         execute = getattr(backend, "execute", None)
-    except Exception:
+        if execute is None or not callable(execute):
+            return False
+        if inspect.iscoroutinefunction(execute):
+            return True
+        return inspect.iscoroutinefunction(getattr(execute, "__call__", None))  # noqa: B004
+    except Exception:  # its parts fail when read
         return False
-    if execute is None or not callable(execute):
-        return False
-    if inspect.iscoroutinefunction(execute):
-        return True
-    return inspect.iscoroutinefunction(getattr(execute, "__call__", None))  # noqa: B004
 
 
 def _tools(value: Iterable[ProviderTool]) -> tuple[ProviderTool, ...]:
