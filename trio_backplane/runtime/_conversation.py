@@ -828,6 +828,20 @@ class Conversation:
     # -- stop and settlement ------------------------------------------------------
 
     def _request_stop(self, reason: str) -> None:
+        self._stopping(reason)
+        self._bound_closing()
+        self._stop_requested.set()
+        self._watch_poke.set()
+        if self._worker is not None:
+            self._worker.cancel()
+        if not self._worker_running and not self._settled.is_set():
+            self._nursery.start_soon(self._settle)
+
+    def _stopping(self, reason: str) -> None:
+        """What a stop does to the conversation's state, whoever notices it
+        (``_request_stop``, or the worker unwinding past the run deadline):
+        no interaction is answered any more, every executing effect ends,
+        the staging is discarded, and the first reason is the run's."""
         pending = self._pending
         if pending is not None:
             if not pending.resolving:
@@ -842,13 +856,6 @@ class Conversation:
             self._note_stop_due(reason)
             if self._phase not in _INACTIVE_PHASES:
                 self._phase = "cancelling"
-        self._bound_closing()
-        self._stop_requested.set()
-        self._watch_poke.set()
-        if self._worker is not None:
-            self._worker.cancel()
-        if not self._worker_running and not self._settled.is_set():
-            self._nursery.start_soon(self._settle)
 
     def _bound_closing(self) -> None:
         """A stream closing when the run stops, or past the run deadline,
@@ -962,10 +969,7 @@ class Conversation:
             ):
                 # (a storage failure or a takeover while the worker unwound
                 # past the deadline stays what the run is: CAN-11, CAN-19)
-                self._stop_reason = "deadline_exceeded"
-                self._note_stop_due("deadline_exceeded")
-                self._phase = "cancelling"
-                self._catalog.discard()  # a timed-out producer discards (PUB-09)
+                self._stopping("deadline_exceeded")
         finally:
             self._worker = None
             self._worker_running = False

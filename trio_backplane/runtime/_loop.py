@@ -242,6 +242,15 @@ class _CallerEnded(Exception):
     """Internal: a nested call was cut because its caller's execution ended."""
 
 
+def _caller_ended(descriptor: ToolDescriptor) -> Error:
+    """What a nested call's host task gets once its caller's execution ended."""
+    return Error(
+        ErrorClass.RESOURCE_CONFLICT,
+        "the calling tool's execution ended",
+        {"tool": descriptor.name},
+    )
+
+
 class _TurnFailed(Exception):
     def __init__(self, error: Error) -> None:
         super().__init__(error.message)
@@ -1095,10 +1104,8 @@ class TurnLoop:
                 c._effect_stops.add(scope)
                 if c._stop_reason is not None:
                     scope.cancel()
-                if caller is not None:
+                if caller is not None:  # (live: checked after the intent committed)
                     caller._nested_stop = scope  # the caller's end ends it too
-                    if not caller._live:
-                        scope.cancel()  # ... which came already
                 try:
                     result = await descriptor.backend.execute(operation)
                 except Error as error:
@@ -1256,11 +1263,7 @@ class TurnLoop:
         invocation_id = max(record.active_tools, key=_invocation_number)
         if not outer._live:  # its caller's execution ended while the intent committed
             await self._withdraw_nested(invocation_id, descriptor, "its caller's execution ended")
-            raise Error(
-                ErrorClass.RESOURCE_CONFLICT,
-                "the calling tool's execution ended",
-                {"tool": descriptor.name},
-            )
+            raise _caller_ended(descriptor)
         try:
             _require_time_left(c, descriptor)  # the intent's commit took the rest
         except Error as late:
@@ -1297,11 +1300,7 @@ class TurnLoop:
                         )
                     )
             if isinstance(interrupted, _CallerEnded):
-                raise Error(
-                    ErrorClass.RESOURCE_CONFLICT,
-                    "the calling tool's execution ended",
-                    {"tool": descriptor.name},
-                ) from None
+                raise _caller_ended(descriptor) from None
             raise
         if timed_out and descriptor.read_only:
             # A read-only nested timeout did nothing lasting: settle it as an
