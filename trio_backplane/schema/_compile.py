@@ -695,7 +695,9 @@ class _ContentSchemas:
             if location not in result.walked or _node(doc, node_path) != value:
                 continue
             base = result.bases[(number, location[1][:-1])]
-            start = result.resources[base][1]
+            root = result.resource(base)
+            assert root is not None  # every base walked is a resource's
+            start = root[1]
             pointer = _pointer(node_path[len(start) :])
             ref = f"{base}#{quote(pointer, safe=_FRAGMENT_SAFE)}"
             if ref not in found:

@@ -204,7 +204,6 @@ class Preflight:
         "_limits",
         "_loader",
         "_registry",
-        "_resource_keys",
         "allow_external_refs",
         "anchors",
         "annotating",
@@ -251,11 +250,10 @@ class Preflight:
         self._loader = loader
         self.allow_external_refs = allow_external_refs
         self.docs: list[Any] = []
+        #: resource roots, by the ``_identity_key`` of their URI: references
+        #: are looked up the way the engine looks them up (a differently
+        #: spelled URI finds the resource the engine finds, never another)
         self.resources: dict[str, Location] = {}
-        #: resource roots by ``_identity_key``: references are looked up the
-        #: way the engine looks them up (a differently spelled URI finds the
-        #: resource the engine finds, never another one)
-        self._resource_keys: dict[str, Location] = {}
         #: anchors, by the ``_identity_key`` of ``<resource URI>#<name>``
         self.anchors: dict[str, Location] = {}
         #: every resource URI and anchor declared, by ``_identity_key``
@@ -330,12 +328,11 @@ class Preflight:
     def _add_resource(self, uri: str, loc: Location, path: Path) -> None:
         """Declare ``uri`` (no fragment) as the resource rooted at ``loc``."""
         self._declare(uri, loc, path)
-        self.resources.setdefault(uri, loc)
-        self._resource_keys.setdefault(_identity_key(uri), loc)
+        self.resources.setdefault(_identity_key(uri), loc)
 
     def resource(self, uri: str) -> Location | None:
         """The resource root the engine finds at ``uri`` (no fragment)."""
-        return self._resource_keys.get(_identity_key(uri))
+        return self.resources.get(_identity_key(uri))
 
     def _walk(  # noqa: PLR0917 - one walk for documents and hidden reference targets
         self,
