@@ -80,6 +80,20 @@ def leaving(host_tasks: trio.Nursery, name: str, log: list[Any], after: float) -
     return run
 
 
+def cancelling(after: float, *, once_asked: bool = False) -> Any:
+    """A ``during`` for ``run_with_host`` that cancels the run ``after``
+    seconds (counted from the host's first interaction request when
+    ``once_asked``)."""
+
+    async def during(conversation: Conversation, host: Host) -> None:
+        if once_asked:
+            await until(lambda: bool(host.requested))
+        await trio.sleep(after)
+        await conversation.cancel()
+
+    return during
+
+
 def cutting(name: str, after: float = 1.0) -> Any:
     """An outer tool that gives its nested call to ``name`` ``after``
     seconds (its own ``move_on_after``), then returns a success."""
@@ -719,11 +733,6 @@ async def test_int_11_a_nested_interaction_in_a_host_task_ends_when_the_run_stop
             await trio.sleep(1_000)
             return ToolResult("outer done")
 
-        async def cancel_later(conversation: Conversation, host: Host) -> None:
-            await until(lambda: bool(host.requested))
-            await trio.sleep(1)
-            await conversation.cancel()
-
         tools = [
             make_tool("outer", RecordingBackend(outer), read_only=True),
             make_tool("asks", RecordingBackend(asks), read_only=True),
@@ -732,7 +741,7 @@ async def test_int_11_a_nested_interaction_in_a_host_task_ends_when_the_run_stop
             calls_then_done(("c1", "outer", {})),
             tools,
             lambda event: None,  # nobody answers
-            during=cancel_later,
+            during=cancelling(1, once_asked=True),
             effect_timeout=3_000.0,
         )
         settled_at = trio.current_time()
@@ -808,10 +817,6 @@ async def test_can_03_a_stop_ends_a_nested_call_running_in_a_host_task(
             await trio.sleep(1_000)
             return ToolResult("outer done")  # pragma: no cover
 
-        async def cancel_later(conversation: Conversation, host: Host) -> None:
-            await trio.sleep(5)
-            await conversation.cancel()
-
         tools = [
             make_tool("outer", RecordingBackend(outer), read_only=True),
             make_tool("inner", RecordingBackend(inner)),
@@ -819,7 +824,7 @@ async def test_can_03_a_stop_ends_a_nested_call_running_in_a_host_task(
         finished, _ = await run_with_host(
             calls_then_done(("c1", "outer", {})),
             tools,
-            during=cancel_later,
+            during=cancelling(5),
             effect_timeout=3_000.0,
         )
         settled_at = trio.current_time()
@@ -895,16 +900,12 @@ async def test_tool_22_a_stop_is_a_stop_however_long_the_effect_cleans_up(
                 seen.append(error)
         return ToolResult("outer done")
 
-    async def cancel_soon(conversation: Conversation, host: Host) -> None:
-        await trio.sleep(1)
-        await conversation.cancel()
-
     tools = [
         make_tool("outer", RecordingBackend(outer), read_only=True),
         make_tool("inner", RecordingBackend(inner), read_only=True),
     ]
     finished, _ = await run_with_host(
-        calls_then_done(("c1", "outer", {})), tools, during=cancel_soon, effect_timeout=4.0
+        calls_then_done(("c1", "outer", {})), tools, during=cancelling(1), effect_timeout=4.0
     )
     [error] = seen
     assert isinstance(error, Error)
