@@ -1,4 +1,5 @@
-"""Shared test configuration: hypothesis profiles and paths to ../shared."""
+"""Test configuration: hypothesis profiles and the paths of the data the tests read
+(all inside the repository)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,8 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = Path(os.environ.get("TRIO_BACKPLANE_SHARED", REPO.parent / "shared"))
-FIXTURES = SHARED / "fixtures"
-BENCH = SHARED / "bench"
+FIXTURES = REPO / "tests" / "fixtures"
+WORKLOADS = REPO / "benchmarks" / "workloads"
 
 # Growing record maps are derived as ``LayeredDict`` from 64 entries on, in
 # production.  The suite lowers the thresholds so every test with more than a

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import trio_backplane as tb
-from trio_backplane import Error, ErrorClass
+from trio_backplane import Error, ErrorClass, kernel, schema, testing
 from trio_backplane.kernel import FrozenDict
 
 if TYPE_CHECKING:
@@ -33,22 +33,24 @@ class Backend:
 
 SYNC_ENTRY_POINTS: dict[str, Callable[[Any], Any]] = {
     "ToolRegistry(descriptors)": tb.ToolRegistry,
-    "RunRecord.new(context=)": lambda w: tb.RunRecord.new("r", context=w),
-    "transition(record)": lambda w: tb.transition(w, tb.Command("admit", 0.0)),
-    "transition(Command(kind))": lambda w: tb.transition(tb.RunRecord.new("r"), tb.Command(w, 0.0)),
+    "RunRecord.new(context=)": lambda w: kernel.RunRecord.new("r", context=w),
+    "transition(record)": lambda w: kernel.transition(w, kernel.Command("admit", 0.0)),
+    "transition(Command(kind))": lambda w: kernel.transition(
+        kernel.RunRecord.new("r"), kernel.Command(w, 0.0)
+    ),
     "SQLiteStore(path)": tb.SQLiteStore,
-    "ScriptedProvider(responses)": tb.ScriptedProvider,
-    "ScriptedProvider([response])": lambda w: tb.ScriptedProvider([w]),
-    "compile(schema)": tb.compile,
+    "ScriptedProvider(responses)": testing.ScriptedProvider,
+    "ScriptedProvider([response])": lambda w: testing.ScriptedProvider([w]),
+    "compile(schema)": schema.compile,
     "ToolDescriptor(name)": lambda w: tb.ToolDescriptor(w, SCHEMA, Backend()),
     "Authority(grants)": lambda w: tb.Authority(grants=w),
-    "Command(at)": lambda w: tb.Command("admit", w),
+    "Command(at)": lambda w: kernel.Command("admit", w),
     "Authority.for_registry(registry)": lambda w: tb.Authority.for_registry(
         w, caller="c", run_id="r"
     ),
-    "check_bounds(limits=)": lambda w: tb.check_bounds(SCHEMA, limits=w),
-    "encode_record(record)": tb.encode_record,
-    "decode_event(data)": tb.decode_event,
+    "check_bounds(limits=)": lambda w: schema.check_bounds(SCHEMA, limits=w),
+    "encode_record(record)": kernel.encode_record,
+    "decode_event(data)": kernel.decode_event,
 }
 #: Values of the wrong kind an entry point takes on purpose.
 ACCEPTED: dict[str, tuple[Any, ...]] = {
@@ -101,8 +103,8 @@ STORE_WRONG: dict[str, list[Any]] = {
         "run.admit",
         (event for event in ()),
         iter(()),
-        [tb.RunEvent(type="run.x\ud800", occurred_at=0.0, payload={})],
-        [tb.RunEvent(type=5, occurred_at=0.0, payload={})],  # type: ignore[arg-type]
+        [kernel.RunEvent(type="run.x\ud800", occurred_at=0.0, payload={})],
+        [kernel.RunEvent(type=5, occurred_at=0.0, payload={})],  # type: ignore[arg-type]
     ],
     "after": [None, -1, 1.5, math.nan, "1", [], True],
     "incarnation": [None, 0, -1, 1.5, "1", [], True],
@@ -116,9 +118,9 @@ async def _store_calls(store: Any) -> None:
     """Every store method with each wrong argument: ``validation`` (or, for
     ``MemoryStore.fence``, its ``unsupported_capability``), nothing changed,
     and the store still works afterwards."""
-    record = tb.RunRecord.new("good-run")
+    record = kernel.RunRecord.new("good-run")
     await store.create(record)
-    admitted, events = tb.transition(record, tb.Command("admit", 0.0, {"state": "running"}))
+    admitted, events = kernel.transition(record, kernel.Command("admit", 0.0, {"state": "running"}))
 
     def commit(**given: Any) -> Awaitable[Any]:
         arguments: dict[str, Any] = {
@@ -197,7 +199,7 @@ async def test_open_conversation_checks_what_it_is_given(argument: str) -> None:
     before calling the store or the provider."""
     for wrong in [5, "x", object(), [], ("a",)]:
         store = tb.MemoryStore()
-        provider = tb.ScriptedProvider([tb.ScriptedProvider.text("never")])
+        provider = testing.ScriptedProvider([testing.ScriptedProvider.text("never")])
         given: dict[str, Any] = {"store": store, "provider": provider, argument: wrong}
         with pytest.raises(Error) as raised:
             async with tb.open_conversation("run-1", **given):
@@ -374,8 +376,11 @@ async def test_a_backend_error_with_unencodable_details_is_committed() -> None:
             return tb.reject(operation, Error(ErrorClass.FORBIDDEN, "no", {"client": object()}))
 
     registry = tb.ToolRegistry([tb.ToolDescriptor("t", SCHEMA, Refuses(), read_only=True)])
-    provider = tb.ScriptedProvider(
-        [tb.ScriptedProvider.tool_calls(("c1", "t", {})), tb.ScriptedProvider.text("done")]
+    provider = testing.ScriptedProvider(
+        [
+            testing.ScriptedProvider.tool_calls(("c1", "t", {})),
+            testing.ScriptedProvider.text("done"),
+        ]
     )
     with trio.fail_after(30):
         async with tb.open_conversation(
@@ -393,7 +398,7 @@ async def test_a_backend_error_with_unencodable_details_is_committed() -> None:
 
 
 async def _refuses_hand_built_frozen_text(store: Any) -> None:
-    record = tb.RunRecord.new("hand-built", context={"x": FrozenDict({"name": "caf\udce9"})})
+    record = kernel.RunRecord.new("hand-built", context={"x": FrozenDict({"name": "caf\udce9"})})
     with pytest.raises(Error) as raised:
         await store.create(record)
     assert raised.value.error_class is ErrorClass.VALIDATION
@@ -429,7 +434,7 @@ async def test_numbers_too_large_for_a_float_are_classed() -> None:
 
     huge = 10**400
     store = tb.MemoryStore()
-    provider = tb.ScriptedProvider([tb.ScriptedProvider.text("never")])
+    provider = testing.ScriptedProvider([testing.ScriptedProvider.text("never")])
     for option in ("run_timeout", "effect_timeout", "commit_timeout", "cleanup_timeout"):
         with pytest.raises(Error) as raised:
             async with tb.open_conversation("r", store=store, provider=provider, **{option: huge}):

@@ -13,24 +13,29 @@ PACKAGE = Path(trio_backplane.__file__).parent
 
 #: ``_numbers``, like ``errors``, is a leaf every part may use (the checks
 #: of a number an option takes).
-PURE = {"errors", "_numbers", "schema", "tools", "kernel"}
+#: ``_public`` (module paths, constructors only the library calls) serves
+#: every namespace the same way.
+PURE = {"errors", "_numbers", "_public", "schema", "tools", "kernel"}
 #: What each part may import from the rest of the package ("Nothing below
 #: imports from above"): the pure layer, then store, then runtime and
 #: recovery, then the edge.
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "_numbers": set(),
-    "schema": {"errors", "_numbers"},
-    "tools": {"errors", "_numbers", "schema"},  # tools may import schema, never the reverse
-    "kernel": {"errors", "_numbers"},  # only errors and its own records
-    "store": {"errors", "_numbers", "kernel"},  # kernel records and errors only
-    "runtime": {"errors", "_numbers", "kernel", "schema", "tools", "store"},
-    "recovery": {"errors", "_numbers", "kernel", "store"},
+    "_public": set(),
+    "_version": set(),
+    "schema": {"errors", "_numbers", "_public"},
+    "tools": {"errors", "_numbers", "_public", "schema"},  # tools may import schema, not reverse
+    "kernel": {"errors", "_numbers", "_public"},  # only errors and its own records
+    "store": {"errors", "_numbers", "_public", "kernel"},  # kernel records and errors only
+    "runtime": {"errors", "_numbers", "_public", "kernel", "schema", "tools", "store"},
+    "recovery": {"errors", "_numbers", "_public", "kernel", "store"},
     "adapters": PURE | {"store", "runtime", "recovery"},
     "testing": PURE | {"store", "runtime", "recovery"},
     "demo": PURE | {"store", "runtime", "recovery", "testing", "adapters"},
-    "cli": PURE | {"store", "runtime", "recovery", "testing", "adapters", "demo", "__init__"},
-    "__init__": PURE | {"store", "runtime", "recovery", "testing"},
+    "cli": PURE
+    | {"store", "runtime", "recovery", "testing", "adapters", "demo", "__init__", "_version"},
+    "__init__": PURE | {"store", "runtime", "recovery", "testing", "_version"},
 }
 
 

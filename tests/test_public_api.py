@@ -1,153 +1,258 @@
-"""The public surface: API.md's names, importable where it says and from
-``trio_backplane`` itself ("Everything public is importable from
-``trio_backplane``")."""
+"""The public surface, pinned: a change to it is a deliberate act.
+
+The top level exports what a host application uses; everything else public
+lives in its sub-namespace.  Each name's ``__module__`` is the path a user
+imports it from, classes not meant for subclassing are ``@final``, and the
+reference documentation (``docs/reference/``) documents exactly these names.
+"""
 
 from __future__ import annotations
 
+import builtins
+import enum
 import importlib
 import inspect
 import re
+import warnings
 from pathlib import Path
+from typing import Any
 
+import attrs
 import pytest
 
 import trio_backplane
 
-from .conftest import SHARED
+from .conftest import REPO
 
-API = SHARED / "API.md"
-SUBPACKAGES = ("errors", "schema", "tools", "kernel", "store", "recovery", "runtime", "testing")
+TOP_LEVEL = [
+    "AdmittedBundle", "Authority", "CatalogUpdate", "Continue", "Conversation", "Error",
+    "ErrorClass", "Event", "HookContext", "Hooks", "Limits", "MemoryStore", "PostgresStore",
+    "Provider", "ProviderEvent", "ProviderRequest", "ProviderTool", "Publication",
+    "PublicationReceipt", "Rejected", "Rejection", "ResourceCleanup", "ResponseCompleted",
+    "ResponseFailed", "SQLiteStore", "SchemaOptions", "Snapshot", "Store", "TextDelta",
+    "ThinkingDelta", "ToolCallArgumentsDelta", "ToolCallCompleted", "ToolCallStarted",
+    "ToolContext", "ToolDescriptor", "ToolOperation", "ToolRegistry", "ToolResult", "Usage",
+    "admit_batch", "open_conversation", "reject",
+]  # fmt: skip
+
+#: every public sub-namespace and its ``__all__``
+NAMESPACES: dict[str, list[str]] = {
+    "trio_backplane.errors": ["Error", "ErrorClass"],
+    "trio_backplane.schema": [
+        "CACHE_SIZE", "DIALECTS", "MAX_ERROR_ENTRIES", "REGEX_BACKTRACK_LIMIT", "CompiledSchema",
+        "Limits", "SchemaLoader", "SchemaOptions", "cache_clear", "cache_info", "check_bounds",
+        "compile", "compile_output", "compile_with", "validate", "validate_output",
+        "validate_schema",
+    ],
+    "trio_backplane.tools": [
+        "DECISIONS", "DUPLICATE_NAMES", "IDENTITY_FIELDS", "MAX_NAME_LENGTH", "MODES",
+        "RECEIPT_STATUSES", "AdmittedBundle", "Approval", "ApprovalDecision", "Authority",
+        "CatalogUpdate", "Invocation", "InvocationLike", "ProviderTool", "Publication",
+        "PublicationReceipt", "Rejected", "Rejection", "ToolDescriptor", "ToolRegistry",
+        "ToolResult", "admit_batch", "arguments_digest", "authorize", "check_name",
+        "decide_approval", "has_awaitable_execute", "is_mcp_name", "reject", "settlement",
+        "verify_rejection",
+    ],
+    "trio_backplane.kernel": [
+        "ACTIVE_STATES", "COMMANDS", "MAX_INT", "MAX_RUN_ID", "RUN_STATES", "SCHEMA_VERSION",
+        "TERMINAL_STATES", "Budget", "Command", "FrozenDict", "FrozenList", "LayeredDict",
+        "RunEvent", "RunRecord", "appended", "assoc", "changed_keys", "check_json",
+        "check_run_id", "cleanup_requirements", "decode_event", "decode_record", "dissoc",
+        "dumps", "loads", "encode_event", "encode_record", "evolve_record", "fence", "freeze",
+        "is_time", "reserve", "thaw", "transition", "utf8_size",
+    ],
+    "trio_backplane.store": [
+        "MemoryStore", "PostgresStore", "PreparedCommit", "Receipt", "RunSummary",
+        "SQLiteStore", "Store", "check_commit", "prepare_commit", "prepare_create",
+        "verify_receipt",
+    ],
+    "trio_backplane.recovery": [
+        "CRASH_WINDOWS", "DISPATCH_STATES", "EFFECT_CLASSES", "CrashReport", "EffectReport",
+        "RecoveryHarness", "RecoveryReport", "recover",
+    ],
+    "trio_backplane.runtime": [
+        "Continue", "Conversation", "DeadlineBudget", "Event", "HookContext", "Hooks",
+        "Provider", "ProviderEvent", "ProviderRequest", "ResourceCleanup", "ResponseCompleted",
+        "ResponseFailed", "Snapshot", "TextDelta", "ThinkingDelta", "ToolCallArgumentsDelta",
+        "ToolCallCompleted", "ToolCallStarted", "ToolContext", "ToolOperation", "Usage",
+        "open_conversation",
+    ],
+    "trio_backplane.testing": [
+        "STO_11_CHECKS", "Hang", "Raise", "ScriptedProvider", "Sleep", "StoreConformance",
+    ],
+    "trio_backplane.adapters.mcp": [
+        "CACHE_SIZE", "MCP_SCHEMA_OPTIONS", "BoundaryValidator", "McpCatalog", "McpRefreshTool",
+        "McpTool", "McpToolBackend", "McpToolSource", "SchemaValidator", "ValidatorCache",
+        "connect_stdio", "connect_streamable_http", "tool_fingerprint",
+    ],
+    "trio_backplane.adapters.openai": [
+        "OPENAI_NAME", "OpenAIProvider", "ToolAliases", "transcript_messages",
+    ],
+}  # fmt: skip
+
+#: the public classes made to be subclassed (besides protocols and enums)
+OPEN_CLASSES = {"Error", "ScriptedProvider", "StoreConformance"}
 
 
-def _api_names() -> list[tuple[str, str]]:
-    """``(module, name)`` for each name a code block of API.md declares at
-    the start of a line (a class, function or constant), in the module its
-    section names (``trio_backplane`` when it names none).  Lines that call
-    a method on a value (``attrs.evolve(...)``, ``operation.context...``)
-    declare nothing, nor does a host's example subclass."""
-    text = API.read_text()
-    found: list[tuple[str, str]] = []
-    for section in re.split(r"^## ", text, flags=re.M)[1:]:
-        heading = section.splitlines()[0]
-        named = re.search(r"\(`(trio_backplane[\w.]*)`\)", heading)
-        module = named.group(1) if named else "trio_backplane"
-        for block in re.findall(r"```python\n(.*?)```", section, re.S):
-            for raw in block.splitlines():
-                if re.match(r"class \w+\(trio_backplane\.", raw):
-                    continue  # a host's subclass, shown as an example
-                line = re.sub(r"^(class |async with |async def |def |await )", "", raw)
-                match = re.match(r"([A-Za-z_]\w*)(\(| *=| *:|$)", line)
-                if match and not line.startswith(("from ", "import ")):
-                    found.append((module, match.group(1)))
+def _public_objects() -> list[tuple[str, Any]]:
+    """``(public path, object)`` for every public name: the top level's, then
+    each sub-namespace's names the top level does not export."""
+    found = [(f"trio_backplane.{name}", getattr(trio_backplane, name)) for name in TOP_LEVEL]
+    for module_name, names in NAMESPACES.items():
+        module = importlib.import_module(module_name)
+        found += [
+            (f"{module_name}.{name}", getattr(module, name))
+            for name in names
+            if name not in TOP_LEVEL
+        ]
     return found
 
 
-def test_api_md_declares_names() -> None:
-    """The parser finds API.md's declarations (a guard against a silent no-op)."""
-    names = {name for _, name in _api_names()}
-    assert {"open_conversation", "RunRecord", "SQLiteStore", "Error", "compile"} <= names
-    assert len(names) > 40
+def test_top_level_surface_is_pinned() -> None:
+    assert sorted(trio_backplane.__all__) == sorted(TOP_LEVEL)
+    assert len(trio_backplane.__all__) == len(set(trio_backplane.__all__))
+    public = {
+        name
+        for name, value in vars(trio_backplane).items()
+        if not name.startswith("_") and not inspect.ismodule(value)
+    }
+    assert public == set(TOP_LEVEL)
 
 
-@pytest.mark.parametrize(("module", "name"), sorted(set(_api_names())))
-def test_api_md_name_is_importable_from_its_module_and_the_package(module: str, name: str) -> None:
-    """Each name of API.md imports from the module its section names and from
-    ``trio_backplane``, as the same object."""
-    owner = importlib.import_module(module)
-    assert hasattr(owner, name), f"{module}.{name} is missing"
-    assert getattr(trio_backplane, name, None) is getattr(owner, name), (
-        f"trio_backplane.{name} is missing or differs from {module}.{name}"
-    )
-
-
-@pytest.mark.parametrize("subpackage", SUBPACKAGES)
-def test_every_public_name_is_importable_from_the_package(subpackage: str) -> None:
-    """Every name in a subpackage's ``__all__`` is ``trio_backplane``'s too,
-    the same object, and listed in ``trio_backplane.__all__``."""
-    module = importlib.import_module(f"trio_backplane.{subpackage}")
+@pytest.mark.parametrize("module_name", sorted(NAMESPACES))
+def test_sub_namespace_surface_is_pinned(module_name: str) -> None:
+    module = importlib.import_module(module_name)
+    assert sorted(module.__all__) == sorted(NAMESPACES[module_name])
     for name in module.__all__:
-        assert getattr(trio_backplane, name, None) is getattr(module, name), name
-        assert name in trio_backplane.__all__, name
+        assert hasattr(module, name), f"{module_name}.{name} is missing"
 
 
-def test_package_all_names_only_what_it_has() -> None:
-    for name in trio_backplane.__all__:
-        assert hasattr(trio_backplane, name), name
+def test_star_import_shadows_no_builtin() -> None:
+    namespace: dict[str, Any] = {}
+    exec("from trio_backplane import *", namespace)
+    exported = {name for name in namespace if name != "__builtins__"}
+    assert exported == set(TOP_LEVEL)
+    assert exported.isdisjoint(dir(builtins))
+
+
+@pytest.mark.parametrize(("path", "obj"), _public_objects(), ids=lambda v: str(v)[:60])
+def test_module_is_the_public_path(path: str, obj: Any) -> None:
+    """A public class or function names the module a user imports it from,
+    and that module gives back the same object under its name."""
+    if not (inspect.isclass(obj) or inspect.isfunction(obj)):
+        return  # a constant or a type alias: it has no module of its own
+    assert obj.__module__ == path.rsplit(".", 1)[0], path
+    assert getattr(importlib.import_module(obj.__module__), obj.__qualname__) is obj
+
+
+def test_every_top_level_name_is_its_sub_namespace_s_object() -> None:
+    homes = {n: m for m, names in NAMESPACES.items() for n in names if "adapters" not in m}
+    for name in TOP_LEVEL:
+        home = importlib.import_module(homes[name])
+        assert getattr(home, name) is getattr(trio_backplane, name), name
+
+
+def _public_classes() -> list[tuple[str, type]]:
+    return [(path, obj) for path, obj in _public_objects() if inspect.isclass(obj)]
+
+
+@pytest.mark.parametrize(("path", "cls"), _public_classes(), ids=lambda v: str(v)[:60])
+def test_classes_not_made_for_subclassing_are_final(path: str, cls: type) -> None:
+    if cls.__name__ in OPEN_CLASSES or getattr(cls, "_is_protocol", False):
+        assert not getattr(cls, "__final__", False), path
+        return
+    if issubclass(cls, enum.Enum):
+        return  # an enum with members cannot be subclassed at all
+    assert getattr(cls, "__final__", False), f"{path} is not @final"
+
+
+def test_conversation_cannot_be_constructed_directly() -> None:
+    with pytest.raises(TypeError, match="open_conversation"):
+        trio_backplane.Conversation()
+    with pytest.raises(TypeError, match="no public constructor"):
+        trio_backplane.Conversation(run_id="x")
+
+
+def test_moved_names_still_resolve_with_a_deprecation_warning() -> None:
+    """Names that left the top level resolve from it with a DeprecationWarning
+    naming their home; a name that never existed is an AttributeError."""
+    from trio_backplane import kernel, schema, testing
+
+    with pytest.warns(DeprecationWarning, match=r"trio_backplane\.kernel"):
+        assert trio_backplane.RunRecord is kernel.RunRecord
+    with pytest.warns(DeprecationWarning, match=r"trio_backplane\.schema"):
+        assert trio_backplane.compile is schema.compile
+    with pytest.warns(DeprecationWarning, match=r"trio_backplane\.testing"):
+        assert trio_backplane.ScriptedProvider is testing.ScriptedProvider
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(AttributeError, match="no_such_name"):
+            trio_backplane.no_such_name  # noqa: B018
 
 
 def test_py_typed_ships() -> None:
     assert (Path(trio_backplane.__file__).parent / "py.typed").is_file()
 
 
-def _api_signatures() -> list[tuple[str, list[str]]]:
-    """``(name, parameter names)`` of every ``Name(...)`` API.md shows for a
-    public callable, on one line or several (``open_conversation(...)``)."""
-    text = API.read_text()
-    found: list[tuple[str, list[str]]] = []
-    nested = r"(?:[^()]|\((?:[^()]|\([^()]*\))*\))*"  # parentheses two levels deep
-    call = re.compile(rf"^(?:async with |await )?([A-Za-z_]\w*)\(({nested})\)", re.M)
-    for block in re.findall(r"```python\n(.*?)```", text, re.S):
-        for match in call.finditer(block):
-            name, params = match.group(1), match.group(2)
-            if not callable(getattr(trio_backplane, name, None)):
-                continue
-            names = []
-            for param in re.split(r",(?![^\[(]*[\])])", re.sub(r"#[^\n]*", "", params)):
-                head = param.split("=")[0].split(":")[0].strip().lstrip("*")
-                if re.fullmatch(r"[A-Za-z_]\w*", head):
-                    names.append(head)
-            found.append((name, names))
-    return found
+def test_error_classes_are_pinned() -> None:
+    assert {member.name: member.value for member in trio_backplane.ErrorClass} == {
+        "VALIDATION": "validation",
+        "FORBIDDEN": "forbidden",
+        "APPROVAL_REQUIRED": "approval_required",
+        "NOT_FOUND": "not_found",
+        "TIMEOUT": "timeout",
+        "CANCELLED": "cancelled",
+        "TRANSIENT_TRANSPORT": "transient_transport",
+        "RESOURCE_CONFLICT": "resource_conflict",
+        "EXECUTION_FAILURE": "execution_failure",
+        "MALFORMED_RESULT": "malformed_result",
+        "BUDGET_EXCEEDED": "budget_exceeded",
+        "UNSUPPORTED_CAPABILITY": "unsupported_capability",
+        "UNKNOWN_OUTCOME": "unknown_outcome",
+        "OVERLOADED": "overloaded",
+        "STORAGE_FAILED": "storage_failed",
+    }
 
 
-def test_api_md_shows_signatures() -> None:
-    shown = dict(_api_signatures())
-    assert "open_conversation" in shown
-    assert {"run_id", "store", "provider", "cleanup_timeout"} <= set(shown["open_conversation"])
-
-
-@pytest.mark.parametrize(("name", "params"), _api_signatures())
-def test_api_md_signature_parameters_exist(name: str, params: list[str]) -> None:
-    """Every parameter API.md shows for a public callable is one of its
-    parameters (hosts pass them by name)."""
-    signature = inspect.signature(getattr(trio_backplane, name))
-    missing = [p for p in params if p not in signature.parameters]
-    assert not missing, f"{name}{signature} lacks {missing}"
-
-
-def test_error_classes_are_api_md_s() -> None:
-    """``ErrorClass`` has exactly API.md's members, with its values."""
-    text = API.read_text()
-    block = text[text.index("class ErrorClass") : text.index("class Error(Exception)")]
-    shown = dict(re.findall(r'^\s+([A-Z_]+) = "([a-z_]+)"', block, re.M))
-    assert len(shown) > 10
-    assert {member.name: member.value for member in trio_backplane.ErrorClass} == shown
-
-
-@pytest.mark.parametrize("store_class", ["MemoryStore", "SQLiteStore", "PostgresStore"])
-def test_stores_have_api_md_s_protocol(store_class: str) -> None:
-    """Each store has the ``Store`` protocol's coroutine methods with the
-    parameters API.md shows, in its order (hosts pass them by name)."""
-    text = API.read_text()
-    protocol = text[text.index("class Store(Protocol):") : text.index("MemoryStore()")]
-    methods = re.findall(r"async def (\w+)\(self(?:, )?([^()]*)\)", protocol)
-    assert [name for name, _ in methods] == [
-        "create", "load", "commit", "fence", "list_runs", "events"
+def test_open_conversation_parameters_are_pinned() -> None:
+    """Hosts pass every option by name: renaming one breaks them."""
+    signature = inspect.signature(trio_backplane.open_conversation)
+    assert list(signature.parameters) == [
+        "run_id", "store", "provider", "registry", "authority", "tools", "provider_context",
+        "hooks", "context", "incarnation", "work", "run_timeout", "effect_timeout",
+        "commit_timeout", "cleanup_timeout", "output_limit", "provider_output_limit",
+        "schema_admission", "run", "messages",
     ]  # fmt: skip
+    kinds = [p.kind for p in signature.parameters.values()]
+    assert kinds[0] is inspect.Parameter.POSITIONAL_OR_KEYWORD
+    assert set(kinds[1:]) == {inspect.Parameter.KEYWORD_ONLY}
+
+
+STORE_METHODS = {
+    "create": ["record"],
+    "load": ["run_id"],
+    "commit": ["run_id", "incarnation", "expected_revision", "record", "events"],
+    "fence": ["run_id", "incarnation"],
+    "list_runs": ["states"],
+    "events": ["run_id", "after"],
+}
+
+
+@pytest.mark.parametrize("store_class", ["Store", "MemoryStore", "SQLiteStore", "PostgresStore"])
+def test_stores_share_the_pinned_protocol(store_class: str) -> None:
+    """STO-03: each store has the protocol's coroutine methods, with its
+    parameters in its order (hosts pass them by name)."""
     cls = getattr(trio_backplane, store_class)
-    for name, params in methods:
-        shown = [p.split("=")[0].strip() for p in params.split(",") if p.strip() not in ("", "*")]
+    for name, params in STORE_METHODS.items():
         method = getattr(cls, name)
         assert inspect.iscoroutinefunction(method), f"{store_class}.{name} is not async"
-        assert [p for p in inspect.signature(method).parameters if p != "self"] == shown
+        assert [p for p in inspect.signature(method).parameters if p != "self"] == params
 
 
-def test_effect_identities_carry_api_md_s_fields() -> None:
-    """A tool operation (TOOL-05) and a provider request (PRV-01) carry the
-    fields API.md lists; an operation's context and a conversation have its
+def test_effect_identities_carry_their_fields() -> None:
+    """A tool operation (TOOL-05) and a provider request (PRV-01) carry their
+    identity fields; an operation's context and a conversation have their
     methods."""
-    import attrs
-
     operation = {
         "run_id", "incarnation", "step_id", "attempt_id", "invocation_id", "tool_call_id",
         "turn_id", "tool_name", "tool_revision", "catalog_revision", "arguments", "caller",
@@ -166,3 +271,24 @@ def test_effect_identities_carry_api_md_s_fields() -> None:
         "subscribe", "wait_settled",
     ):  # fmt: skip
         assert callable(getattr(trio_backplane.Conversation, name, None)), name
+
+
+# -- the project's own reference -------------------------------------------------------
+
+REFERENCE = REPO / "docs" / "reference"
+_DIRECTIVE = re.compile(r"^\.\. auto(?:class|function|data|exception|attribute)::\s+(\S+)", re.M)
+
+
+def _documented() -> list[str]:
+    return [
+        path
+        for page in sorted(REFERENCE.glob("*.rst"))
+        for path in _DIRECTIVE.findall(page.read_text(encoding="utf-8"))
+    ]
+
+
+def test_reference_documents_exactly_the_public_surface() -> None:
+    """The API reference has one entry per public name, at its public path."""
+    documented = _documented()
+    assert len(documented) == len(set(documented)), "a name is documented twice"
+    assert set(documented) == {path for path, _ in _public_objects()}

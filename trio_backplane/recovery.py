@@ -39,7 +39,7 @@ incarnation.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, final
 
 import attrs
 
@@ -68,6 +68,7 @@ _RESUMABLE: Final = frozenset({"read_only", "idempotent"})
 _OUTSTANDING: Final = frozenset({"started", "uncertain"})
 
 
+@final
 @attrs.frozen
 class EffectReport:
     """One outstanding effect (execution intent) and what may be done with it."""
@@ -84,6 +85,7 @@ class EffectReport:
     discardable: bool = False
 
 
+@final
 @attrs.frozen
 class RecoveryReport:
     """``recover``'s classification of one run.
@@ -179,6 +181,7 @@ def recover(record: RunRecord, *, incarnation: int) -> RecoveryReport:
     )
 
 
+@final
 @attrs.frozen
 class CrashReport:
     """What a crash in ``window`` left behind.
@@ -197,6 +200,7 @@ class CrashReport:
     record: RunRecord | None = None
 
 
+@final
 class RecoveryHarness:
     """Simulate crashes against a store and classify what they leave behind."""
 

@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import BENCH
+from tests.conftest import WORKLOADS
 from trio_backplane.schema import _speedups
 from trio_backplane.schema._instance import check_python, encoded_size
 
-_SCHEMAS = BENCH / "schemas.json"
+_SCHEMAS = WORKLOADS / "schemas.json"
 
 _LIMIT = 10**4300
 
@@ -227,11 +226,6 @@ def test_shared_dag_is_refused_after_max_bytes() -> None:
 
 
 def _bench_instances() -> list[tuple[str, Any]]:
-    if not _SCHEMAS.is_file():
-        reason = f"shared bench schemas not found beside the checkout: {_SCHEMAS}"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
     workloads = json.loads(_SCHEMAS.read_text(encoding="utf-8"))
     return [
         (f"{name}/{kind}", workloads[name][kind])

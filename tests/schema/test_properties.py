@@ -37,7 +37,7 @@ import pytest
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
-from tests.conftest import BENCH, FIXTURES
+from tests.conftest import FIXTURES, WORKLOADS
 from trio_backplane.errors import Error, ErrorClass
 from trio_backplane.schema import (
     cache_clear,
@@ -861,7 +861,7 @@ def _fixture_schemas() -> dict[str, Any]:
         stem = name.removesuffix(".json")
         for record in json.loads((FIXTURES / name).read_text(encoding="utf-8")):
             out[f"{stem}::{record['name']}"] = record["inputSchema"]
-    bench = json.loads((BENCH / "schemas.json").read_text(encoding="utf-8"))
+    bench = json.loads((WORKLOADS / "schemas.json").read_text(encoding="utf-8"))
     for key in ("tool", "big_defs"):
         out[f"bench::{key}"] = bench[key]["schema"]
     return out

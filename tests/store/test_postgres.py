@@ -1423,9 +1423,13 @@ async def test_sto_06_the_server_bounds_what_a_cut_or_vanished_host_holds(
     assert (await month._run(settings))[:2] == ("2147483647ms", "2147483647ms")
     new, events = _step(record, "conversation_updated", conversation=_messages(2))
     async with _RowLock(pg_dsn, pg_schema, record.run_id) as lock:
-        error = await _raises(ErrorClass.STORAGE_FAILED, _commit(store, record, new, events))
+        # The caller's deadline (0.3 s) cuts the commit well before the
+        # server's lock_timeout (1 s) would end its wait: the order of the two
+        # is never a race.  The server's session is left waiting on the lock.
+        with trio.move_on_after(0.3):
+            error = await _raises(ErrorClass.STORAGE_FAILED, _commit(store, record, new, events))
         assert "cut at its deadline" in error.message
-        await trio.sleep(1.0)  # the server's own lock_timeout, past the cut
+        await trio.sleep(1.5)  # past the server's own lock_timeout
         waiting = await _sql(
             pg_dsn,
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"

@@ -59,7 +59,7 @@ import math
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
-from typing import Any, Final, Literal, Protocol, TextIO, runtime_checkable
+from typing import Any, Final, Literal, Protocol, TextIO, final, runtime_checkable
 
 import attrs
 import trio
@@ -164,6 +164,7 @@ class SchemaValidator(Protocol):
     def validate(self, compiled: Any, data: Any) -> None: ...
 
 
+@final
 @attrs.frozen
 class BoundaryValidator:
     """The default validator: trio_backplane's own schema boundary."""
@@ -206,6 +207,7 @@ class _Built:
     stage: Literal["bounds", "build"] | None = None
 
 
+@final
 class ValidatorCache:
     """Built validators and refusals by ``(tool fingerprint, validator key, role)``.
 
@@ -287,6 +289,7 @@ def tool_fingerprint(definition: Mapping[str, Any]) -> str | None:
 # -- the catalog: the pure core --------------------------------------------------
 
 
+@final
 @attrs.frozen(eq=False)
 class McpTool:
     """A listed server tool: its definition as the server gave it and what was built."""
@@ -316,6 +319,7 @@ def _unsafe(name: str, role: Role, built: _Built) -> tuple[Error, Error]:
     return raised, kept
 
 
+@final
 class McpCatalog:
     """The tools one MCP server listed, checked: no I/O, no Trio.
 
@@ -580,6 +584,7 @@ def _validator_crash(exc: BaseException) -> Error:
 # -- the source: one SDK session -------------------------------------------------
 
 
+@final
 class McpToolSource:
     """One MCP server's tools over one SDK ``ClientSession``.
 
@@ -1115,6 +1120,7 @@ def _transport_error(method: str, exc: BaseException, *, tool: str | None) -> Er
     return Error(ErrorClass.TRANSIENT_TRANSPORT, "MCP connection failed", details)
 
 
+@final
 @attrs.frozen(eq=False)
 class McpToolBackend:
     """The tool backend of one listed MCP tool (``async execute(operation)``).
@@ -1173,6 +1179,7 @@ def _names(names: Iterable[str]) -> str:
     return ", ".join(sorted(names)) or "none"
 
 
+@final
 class McpRefreshTool:
     """The backend of :meth:`McpToolSource.refresh_tool`; :attr:`descriptor` is its tool.
 

@@ -54,7 +54,7 @@ import math
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from contextlib import aclosing
-from typing import Any, Final
+from typing import Any, Final, final
 
 import trio
 
@@ -106,6 +106,7 @@ _MAX_ERROR_BODY: Final = 64 * 1024
 _LINE_END: Final = re.compile(r"\r\n|\r|\n")
 
 
+@final
 class ToolAliases:
     """A reversible map between real tool names and provider-safe aliases.
 
@@ -283,6 +284,7 @@ class _Failed(Exception):
         self.error = error
 
 
+@final
 class OpenAIProvider:
     """A streaming chat-completions provider for any OpenAI-compatible endpoint.
 

@@ -4,6 +4,7 @@ Sans-I/O (like h11): no Trio, no clock, no store.  ``transition(record,
 command)`` returns the next record and its events or raises ``Error``.
 """
 
+from .._public import fixup_module_metadata
 from ._codec import decode_event, decode_record, encode_event, encode_record
 from ._json import dumps, loads, utf8_size
 from ._records import (
@@ -71,3 +72,6 @@ __all__ = [
     "transition",
     "utf8_size",
 ]
+
+fixup_module_metadata(__name__, globals())
+del fixup_module_metadata

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any, Final
+from typing import Any, Final, final
 
 import attrs
 
@@ -47,6 +47,7 @@ RUN_STATES: Final = ACTIVE_STATES | {"cancelling"} | TERMINAL_STATES
 INTENT_STATUSES: Final = frozenset({"started", "consumed", "cancelled", "uncertain"})
 
 
+@final
 class FrozenDict(dict[str, Any]):
     """A ``dict`` that refuses mutation: the mapping type of committed records.
 
@@ -85,6 +86,7 @@ def _frozen_dict(data: dict[str, Any]) -> FrozenDict:
     return FrozenDict(data)
 
 
+@final
 class FrozenList(list[Any]):
     """A ``list`` that refuses mutation: the array type of committed records.
 
@@ -116,6 +118,7 @@ class FrozenList(list[Any]):
 _MISSING: Final = object()
 
 
+@final
 class LayeredDict(Mapping[str, Any]):
     """A read-only mapping that grows without copying its entries.
 
@@ -525,6 +528,7 @@ def _quota(instance: Any, attribute: Any, value: Any) -> None:
         )
 
 
+@final
 @attrs.frozen
 class Budget:
     """A finite work quota; every provider attempt and tool invocation reserves
@@ -609,6 +613,7 @@ def _optional_mapping(value: Any) -> Mapping[str, Any] | None:
     return None if value is None else _frozen_mapping(value)
 
 
+@final
 @attrs.frozen
 class RunRecord:
     """One run, as committed: JSON data only (KER-11), frozen all the way down.
@@ -808,6 +813,7 @@ def _at(instance: Any, attribute: Any, value: Any) -> None:
         )
 
 
+@final
 @attrs.frozen
 class Command:
     """A request to change a run: ``kind``, the time ``at`` (the caller's clock;
@@ -818,6 +824,7 @@ class Command:
     input: Mapping[str, Any] = attrs.field(default=None, converter=_input)
 
 
+@final
 @attrs.frozen
 class RunEvent:
     """``"run.<command>"`` with ``{"state", "input"}``; the store assigns ``sequence``."""

@@ -562,7 +562,7 @@ def _event_input(command: Command) -> FrozenDict:
 
 def transition(record: RunRecord, command: Command) -> tuple[RunRecord, list[RunEvent]]:
     """Apply ``command`` to ``record``: a new record (revision + 1) and one event."""
-    if type(record) is not RunRecord and not isinstance(record, RunRecord):
+    if type(record) is not RunRecord:
         raise Error(ErrorClass.VALIDATION, "transition needs a RunRecord")
     if not isinstance(command, Command):
         raise Error(ErrorClass.VALIDATION, "transition needs a Command")

@@ -1,5 +1,6 @@
 """The Conversation engine on Trio: the only layer that knows about Trio."""
 
+from .._public import fixup_module_metadata
 from ._conversation import Conversation, open_conversation
 from ._deadline import DeadlineBudget
 from ._loop import ToolContext, ToolOperation
@@ -42,3 +43,6 @@ __all__ = [
     "Usage",
     "open_conversation",
 ]
+
+fixup_module_metadata(__name__, globals())
+del fixup_module_metadata

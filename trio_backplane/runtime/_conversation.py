@@ -17,12 +17,13 @@ import math
 import re
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Final
+from typing import Any, Final, final
 
 import attrs
 import trio
 
 from .._numbers import is_seconds
+from .._public import NoPublicConstructor
 from ..errors import Error, ErrorClass, exception_leaves, require_methods
 from ..kernel import (
     TERMINAL_STATES,
@@ -316,8 +317,10 @@ def _options(
     )
 
 
-class Conversation:
-    """A live conversation: use it only inside ``open_conversation``."""
+@final
+class Conversation(metaclass=NoPublicConstructor):
+    """A live conversation: ``open_conversation`` makes one, and it is valid
+    only inside that block."""
 
     def __init__(
         self,
@@ -1219,7 +1222,7 @@ async def open_conversation(
     body_error: BaseException | None = None
     try:
         async with trio.open_nursery() as nursery:
-            conversation = Conversation(
+            conversation = Conversation._create(
                 run_id=run_id,
                 store=store,
                 provider=provider,

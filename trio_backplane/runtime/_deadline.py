@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import final
 
 import trio
 
 __all__ = ["DeadlineBudget"]
 
 
+@final
 class DeadlineBudget:
     """``seconds`` of time, spent only while armed and not suspended."""
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, final
 
 import attrs
 import trio
@@ -70,6 +70,7 @@ if TYPE_CHECKING:
 __all__ = ["ToolContext", "ToolOperation", "TurnLoop"]
 
 
+@final
 class ToolContext:
     """Callables bound to one executing effect; each raises ``resource_conflict``
     once that effect has ended (TOOL-27, INT-17, NEST-01, PUB-12)."""
@@ -217,6 +218,7 @@ def _stopping() -> Error:
     return Error(ErrorClass.CANCELLED, "the run is stopping")
 
 
+@final
 @attrs.frozen
 class ToolOperation:
     """What a backend's ``execute`` receives (TOOL-05)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, final
 
 import attrs
 
@@ -25,18 +25,21 @@ __all__ = [
 ]
 
 
+@final
 @attrs.frozen
 class TextDelta:
     text: str
     index: int = 0
 
 
+@final
 @attrs.frozen
 class ThinkingDelta:
     text: str
     index: int = 0
 
 
+@final
 @attrs.frozen
 class ToolCallStarted:
     tool_call_id: str
@@ -44,6 +47,7 @@ class ToolCallStarted:
     index: int = 0
 
 
+@final
 @attrs.frozen
 class ToolCallArgumentsDelta:
     tool_call_id: str
@@ -51,6 +55,7 @@ class ToolCallArgumentsDelta:
     index: int = 0
 
 
+@final
 @attrs.frozen
 class ToolCallCompleted:
     tool_call_id: str
@@ -58,6 +63,7 @@ class ToolCallCompleted:
     arguments: Any
 
 
+@final
 @attrs.frozen
 class Usage:
     """Provider usage, a mapping kept verbatim (PRV-16)."""
@@ -65,6 +71,7 @@ class Usage:
     usage: Mapping[str, Any]
 
 
+@final
 @attrs.frozen
 class ResponseCompleted:
     """The terminal event: ``message`` is ``{"role": "assistant", "content": ...}``;
@@ -74,6 +81,7 @@ class ResponseCompleted:
     usage: Mapping[str, Any] | None = None
 
 
+@final
 @attrs.frozen
 class ResponseFailed:
     error: Error
@@ -101,6 +109,7 @@ PROVIDER_EVENTS = (
 )
 
 
+@final
 @attrs.frozen
 class ProviderRequest:
     """What a provider attempt is asked (PRV-01); no trusted context inside."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, final
 
 import attrs
 
@@ -48,6 +48,7 @@ TRANSIENT_EVENTS = frozenset(
 )
 
 
+@final
 @attrs.frozen
 class Event:
     """One subscriber event (the EVT section of BEHAVIOURS.md)."""
@@ -61,12 +62,14 @@ class Event:
     attempt_id: str | None = None
 
 
+@final
 @attrs.frozen
 class ResourceCleanup:
     status: Literal["not_requested", "confirmed", "uncertain"] = "not_requested"
     evidence: tuple[Any, ...] = ()
 
 
+@final
 @attrs.frozen
 class Snapshot:
     """The last committed state of a conversation (CONV-23)."""
@@ -86,6 +89,7 @@ class Snapshot:
     resource_cleanup: ResourceCleanup
 
 
+@final
 @attrs.frozen
 class Continue:
     """A stop hook's synthetic continuation: ``message`` is prompt content."""
@@ -93,6 +97,7 @@ class Continue:
     message: Any
 
 
+@final
 @attrs.frozen
 class HookContext:
     run_id: str

@@ -6,6 +6,7 @@ registries and loaders (never an implicit fetch), fail-closed limits,
 classed errors and a fingerprint-keyed compiled cache.
 """
 
+from .._public import fixup_module_metadata
 from ._compile import (
     CACHE_SIZE,
     MAX_ERROR_ENTRIES,
@@ -42,3 +43,6 @@ __all__ = [
     "validate_output",
     "validate_schema",
 ]
+
+fixup_module_metadata(__name__, globals())
+del fixup_module_metadata

@@ -7,7 +7,7 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Mapping
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, final
 from urllib.parse import quote
 
 import attrs
@@ -87,6 +87,7 @@ def _regex_work_limit(message: str) -> Error:
     )
 
 
+@final
 @attrs.frozen(eq=False)
 class CompiledSchema:
     """A schema that passed preflight, built once for repeated validation.

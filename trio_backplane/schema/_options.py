@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, final
 
 import attrs
 
@@ -47,6 +47,7 @@ def _positive_int(instance: Any, attribute: attrs.Attribute[int], value: Any) ->
         )
 
 
+@final
 @attrs.frozen
 class Limits:
     """Fail-closed bounds on schemas and instances (BEHAVIOURS.md, SCH).
@@ -131,6 +132,7 @@ def _check_limits(instance: Any, attribute: Any, value: Any) -> None:
         raise Error(ErrorClass.VALIDATION, "limits must be a Limits or None")
 
 
+@final
 @attrs.frozen
 class SchemaOptions:
     """``compile()``'s keywords as one frozen record (``SchemaOptions()`` = defaults).

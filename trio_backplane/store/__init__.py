@@ -1,5 +1,6 @@
 """Durable records behind one small protocol: memory, SQLite, PostgreSQL."""
 
+from .._public import fixup_module_metadata
 from ._memory import MemoryStore
 from ._postgres import PostgresStore
 from ._protocol import (
@@ -27,3 +28,6 @@ __all__ = [
     "prepare_create",
     "verify_receipt",
 ]
+
+fixup_module_metadata(__name__, globals())
+del fixup_module_metadata

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from typing import final
 
 from ..errors import Error, ErrorClass
 from ..kernel import RunEvent, RunRecord
@@ -18,6 +19,7 @@ from ._protocol import (
 __all__ = ["MemoryStore"]
 
 
+@final
 class MemoryStore:
     """Runs in a dict.  Same compare-and-set as the durable stores; ``fence``
     raises ``unsupported_capability`` "durable store required" (STO-07).

@@ -98,7 +98,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Sequence
 from functools import partial
 from types import TracebackType
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, final
 
 import outcome
 import trio
@@ -224,6 +224,7 @@ class _Job(Job):
     deadline: float
 
 
+@final
 class PostgresStore:
     """Run records in PostgreSQL, shared by many hosts.
 

@@ -8,7 +8,7 @@ decides only whether this writer may still write it.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, final, runtime_checkable
 
 import attrs
 
@@ -40,6 +40,7 @@ __all__ = [
 ]
 
 
+@final
 @attrs.frozen
 class Receipt:
     """What a store acknowledges: the run, its incarnation and the revision now stored."""
@@ -49,6 +50,7 @@ class Receipt:
     revision: int
 
 
+@final
 @attrs.frozen
 class RunSummary:
     run_id: str
@@ -172,6 +174,7 @@ def verify_receipt(receipt: Receipt, *, run_id: str, expected_revision: int) -> 
     return receipt
 
 
+@final
 @attrs.frozen
 class PreparedCommit:
     """A decided commit: the record to store and its events, encoded.
@@ -254,7 +257,7 @@ def check_commit(
             {"stored": stored.revision, "expected": expected_revision},
         )
     for event in events:
-        if type(event) is not RunEvent and not isinstance(event, RunEvent):
+        if type(event) is not RunEvent:
             raise Error(ErrorClass.VALIDATION, "a store commits RunEvent values")
         if not is_time(event.occurred_at):
             raise Error(

@@ -104,7 +104,7 @@ import urllib.parse
 import weakref
 from collections.abc import Callable, Collection, Iterator, Sequence
 from functools import partial
-from typing import Any, Final, Literal, TypeVar
+from typing import Any, Final, Literal, TypeVar, final
 
 import outcome
 import trio
@@ -482,6 +482,7 @@ def _storage_failed(
     return error
 
 
+@final
 class SQLiteStore:
     """Runs in one SQLite file: WAL, ``synchronous=FULL``, atomic compare-and-set
     and fence, group commit.  See the module docstring for the design.

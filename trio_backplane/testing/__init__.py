@@ -4,7 +4,11 @@
 ``class TestMyStore(StoreConformance)`` and provide its factory hooks.
 """
 
+from .._public import fixup_module_metadata
 from ._conformance import STO_11_CHECKS, StoreConformance
 from ._scripted import Hang, Raise, ScriptedProvider, Sleep
 
 __all__ = ["STO_11_CHECKS", "Hang", "Raise", "ScriptedProvider", "Sleep", "StoreConformance"]
+
+fixup_module_metadata(__name__, globals())
+del fixup_module_metadata

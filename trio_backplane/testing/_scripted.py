@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, final
 
 import attrs
 import trio
@@ -22,11 +22,13 @@ from ..runtime._provider import (
 __all__ = ["Hang", "Raise", "ScriptedProvider", "Sleep"]
 
 
+@final
 @attrs.frozen
 class Hang:
     """Script step: block forever (until cancelled)."""
 
 
+@final
 @attrs.frozen
 class Sleep:
     """Script step: sleep ``seconds`` (Trio time, so MockClock applies)."""
@@ -34,6 +36,7 @@ class Sleep:
     seconds: float
 
 
+@final
 @attrs.frozen
 class Raise:
     """Script step: raise ``exception`` mid-stream."""

@@ -4,6 +4,7 @@ Pure: no I/O, no Trio, no clock reads.  Imports only ``trio_backplane.schema``
 and ``trio_backplane.errors``.
 """
 
+from .._public import fixup_module_metadata
 from ._admission import MODES, AdmittedBundle, admit_batch, has_awaitable_execute
 from ._approval import (
     DECISIONS,
@@ -59,3 +60,6 @@ __all__ = [
     "settlement",
     "verify_rejection",
 ]
+
+fixup_module_metadata(__name__, globals())
+del fixup_module_metadata

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import Iterable, Sequence
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, final
 
 import attrs
 
@@ -60,6 +60,7 @@ def _rejected(value: Iterable[Rejected]) -> tuple[Rejected, ...]:
     return tuple(value)
 
 
+@final
 @attrs.frozen
 class AdmittedBundle:
     """One executable bundle: what the runtime dispatches from, what the provider

@@ -6,7 +6,7 @@ import hashlib
 import math
 import re
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, final
 
 import attrs
 import rfc8785
@@ -123,6 +123,7 @@ def _number(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
         raise _invalid(f"{attribute.name} must be a finite number", field=attribute.name)
 
 
+@final
 @attrs.frozen
 class Approval:
     """An approval request bound, field by field, to one exact invocation."""
@@ -136,6 +137,7 @@ class Approval:
     expires_at: float = attrs.field(validator=_number)
 
 
+@final
 @attrs.frozen
 class ApprovalDecision:
     """An answer to an :class:`Approval`; ``decision`` is checked by :func:`decide_approval`."""

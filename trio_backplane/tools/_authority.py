@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, final, runtime_checkable
 
 import attrs
 
@@ -54,6 +54,7 @@ def _optional_revision(instance: Any, attribute: attrs.Attribute[Any], value: An
         raise _invalid(f"{attribute.name} must be a positive int or None", field=attribute.name)
 
 
+@final
 @attrs.frozen
 class Authority:
     """What a run may execute (API.md, Tools; KER-14, TOOL-06, TOOL-07).
@@ -117,6 +118,7 @@ class InvocationLike(Protocol):
     def tool_revision(self) -> int | None: ...
 
 
+@final
 @attrs.frozen
 class Invocation:
     """A minimal invocation record: the run, the tool and its pinned revision."""

@@ -59,6 +59,7 @@ def _options(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None
         )
 
 
+@final
 @attrs.frozen
 class ProviderTool:
     """What a provider sees of a tool; ``parameters`` is the schema object itself."""
@@ -68,6 +69,7 @@ class ProviderTool:
     parameters: Any = attrs.field(default=None, hash=False)
 
 
+@final
 @attrs.frozen
 class ToolDescriptor:
     """One executable tool (API.md, Tools).

@@ -7,7 +7,7 @@ the runtime; these records only refuse what is invalid on its face.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import Any, Final, final
 
 import attrs
 
@@ -77,6 +77,7 @@ def _known_keys(data: Mapping[str, Any], allowed: tuple[str, ...]) -> dict[str, 
     return dict(data)
 
 
+@final
 @attrs.frozen
 class CatalogUpdate:
     """A new catalog: registry, authority and optionally the provider tools
@@ -107,6 +108,7 @@ def _to_catalog(value: Any) -> CatalogUpdate:
     raise _invalid("catalog must be a CatalogUpdate or a mapping", field="catalog")
 
 
+@final
 @attrs.frozen
 class Publication:
     """A request to publish ``catalog`` at ``expected_revision + 1`` (CAT-14).
@@ -152,6 +154,7 @@ def _status(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
         raise _invalid('status must be "staged" or "published"', field="status")
 
 
+@final
 @attrs.frozen
 class PublicationReceipt:
     """What staging or publishing a :class:`Publication` reports."""

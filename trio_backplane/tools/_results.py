@@ -11,7 +11,7 @@ Error text, details and flags never turn uncertainty into success.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, final
 
 import attrs
 
@@ -41,6 +41,7 @@ def _bool(instance: Any, attribute: Any, value: Any) -> None:
         raise Error(ErrorClass.VALIDATION, "is_error must be a bool")
 
 
+@final
 @attrs.frozen
 class ToolResult:
     """A backend's result: ``content`` (text or content blocks, JSON data),
@@ -58,6 +59,7 @@ class ToolResult:
         }
 
 
+@final
 @attrs.frozen
 class Rejection:
     """A backend's proof that it refused ``identity`` before doing anything."""

@@ -1,0 +1,253 @@
+"""Every code example in ``docs/`` runs, and prints what the docs show.
+
+Conventions of the ``.rst`` sources (``docs/**/*.rst``):
+
+* A ``.. code-block:: python`` block is a script.  It runs on its own with
+  ``sys.executable``, in a fresh empty directory, with the repository root on
+  ``PYTHONPATH``, within ``TIMEOUT`` seconds, and must exit with status 0.
+  A ``DeprecationWarning`` from ``trio_backplane`` is an error there: the
+  examples import nothing through a deprecated path.
+* Its expected standard output is the ``.. code-block:: text`` block that
+  immediately follows it (only blank lines between): the script must print
+  exactly that.  A python block that no text block follows must print
+  nothing at all, so a block whose output the docs do not show fails.
+* A python block with a ``:caption:`` naming a ``.py`` file (``:caption:
+  server.py``) is a module, not a script: it is written under that name
+  into the directory of every later python block of the same page (an MCP
+  server the next example starts, say) and is not run by itself.
+* A block whose source names ``TRIO_BACKPLANE_PG_DSN`` needs PostgreSQL: it
+  runs with that environment variable (a DSN) as set for the test session.
+  Without it the block is skipped, or fails when ``CI`` is set (``nox -s
+  tests`` sets both).
+* ``console`` and other blocks are not run.
+
+``test_reference_documents_every_public_name_once`` checks the API
+reference: each public name has exactly one explicit autodoc directive
+written with its full public path (the top level's ``__all__`` on
+``reference/trio_backplane.rst``; each sub-namespace's ``__all__`` less the
+top level's names; each adapter's ``__all__``), and nothing else is
+documented there.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+TIMEOUT = 120.0
+PG_DSN = "TRIO_BACKPLANE_PG_DSN"
+
+_DIRECTIVE = re.compile(r"^(?P<indent>[ \t]*)\.\. code-block::[ \t]*(?P<language>\S*)[ \t]*$")
+_OPTION = re.compile(r"^:(?P<name>[\w-]+):[ \t]*(?P<value>.*)$")
+
+
+@dataclass
+class Block:
+    """One ``code-block`` of a page: its language, options, text and line."""
+
+    page: Path
+    line: int
+    language: str
+    options: dict[str, str]
+    text: str
+    end: int  # index of the first line after the block
+
+
+@dataclass
+class Example:
+    """A python script block and what it must print (``None``: nothing)."""
+
+    block: Block
+    expected: str | None
+    modules: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return f"{self.block.page.relative_to(DOCS)}:{self.block.line}"
+
+
+def parse_blocks(page: Path) -> list[Block]:
+    """Every ``.. code-block::`` of ``page``, in order."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    blocks: list[Block] = []
+    index = 0
+    while index < len(lines):
+        match = _DIRECTIVE.match(lines[index])
+        if match is None:
+            index += 1
+            continue
+        indent = len(match["indent"])
+        start = index
+        index += 1
+        options: dict[str, str] = {}
+        while index < len(lines):
+            option = _OPTION.match(lines[index].strip())
+            if option is None or not lines[index].strip():
+                break
+            options[option["name"]] = option["value"].strip()
+            index += 1
+        body: list[str] = []
+        while index < len(lines):
+            line = lines[index]
+            if line.strip() and len(line) - len(line.lstrip()) <= indent:
+                break
+            body.append(line)
+            index += 1
+        while body and not body[-1].strip():
+            body.pop()
+            index -= 1
+        text = textwrap.dedent("\n".join(body)).strip("\n")
+        blocks.append(Block(page, start + 1, match["language"], options, text, index))
+    return blocks
+
+
+def _follows(page_lines: list[str], block: Block, following: Block) -> bool:
+    """Whether ``following`` starts right after ``block`` (blank lines only)."""
+    between = page_lines[block.end : following.line - 1]
+    return all(not line.strip() for line in between)
+
+
+def collect_examples() -> tuple[list[Example], list[str]]:
+    """The python script blocks of every page, with their expected output,
+    and the module blocks no later script of their page uses."""
+    examples: list[Example] = []
+    unused: list[str] = []
+    for page in sorted(DOCS.rglob("*.rst")):
+        if "_build" in page.parts:
+            continue
+        page_lines = page.read_text(encoding="utf-8").splitlines()
+        blocks = parse_blocks(page)
+        modules: dict[str, str] = {}
+        waiting: list[str] = []
+        for position, block in enumerate(blocks):
+            if block.language != "python":
+                continue
+            caption = block.options.get("caption", "")
+            if caption.endswith(".py"):
+                modules[caption] = block.text + "\n"
+                waiting.append(f"{page.relative_to(DOCS)}:{block.line}")
+                continue
+            waiting.clear()
+            expected: str | None = None
+            if position + 1 < len(blocks):
+                following = blocks[position + 1]
+                if following.language == "text" and _follows(page_lines, block, following):
+                    expected = following.text
+            examples.append(Example(block, expected, dict(modules)))
+        unused.extend(waiting)
+    return examples, unused
+
+
+EXAMPLES, UNUSED_MODULES = collect_examples()
+
+
+def test_docs_have_examples() -> None:
+    assert len(EXAMPLES) >= 10
+    assert UNUSED_MODULES == [], "module blocks that no later example of their page runs"
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[example.id for example in EXAMPLES])
+def test_example(example: Example, tmp_path: Path) -> None:
+    env = dict(os.environ)
+    if PG_DSN in example.block.text and not env.get(PG_DSN):
+        if env.get("CI"):
+            pytest.fail(f"{PG_DSN} is not set: this example needs PostgreSQL")
+        pytest.skip(f"{PG_DSN} is not set")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])]
+    )
+    env["PYTHONWARNINGS"] = "error:trio_backplane.:DeprecationWarning"
+    env.pop("PYTHONSTARTUP", None)
+    for name, text in example.modules.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    script = tmp_path / "example.py"
+    script.write_text(example.block.text + "\n", encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert result.returncode == 0, f"exit status {result.returncode}\n{result.stderr}"
+    if example.expected is None:
+        assert result.stdout == "", (
+            "this example prints, but no `.. code-block:: text` follows it to show what\n"
+            + result.stdout
+        )
+    else:
+        assert result.stdout.rstrip("\n").splitlines() == example.expected.splitlines(), (
+            result.stderr
+        )
+
+
+# -- the API reference ---------------------------------------------------------------
+
+_AUTODOC = re.compile(
+    r"^[ \t]*\.\. auto(?:class|function|data|exception|attribute|method|decorator)::\s*(\S+)",
+    re.MULTILINE,
+)
+_NAMESPACES = {
+    "schema.rst": "trio_backplane.schema",
+    "tools.rst": "trio_backplane.tools",
+    "runtime.rst": "trio_backplane.runtime",
+    "store.rst": "trio_backplane.store",
+    "recovery.rst": "trio_backplane.recovery",
+    "kernel.rst": "trio_backplane.kernel",
+    "testing.rst": "trio_backplane.testing",
+}
+_ADAPTERS = {
+    "adapters_mcp.rst": "trio_backplane.adapters.mcp",
+    "adapters_openai.rst": "trio_backplane.adapters.openai",
+}
+
+
+def _public_names(module_name: str) -> list[str]:
+    module = importlib.import_module(module_name)
+    names = getattr(module, "__all__", None)
+    if names is None:
+        names = [
+            name
+            for name, value in vars(module).items()
+            if not name.startswith("_")
+            and getattr(value, "__module__", None) == module_name
+            and callable(value)
+        ]
+    return list(names)
+
+
+def test_reference_documents_every_public_name_once() -> None:
+    import trio_backplane
+
+    top = set(trio_backplane.__all__)
+    expected: dict[str, set[str]] = {
+        "trio_backplane.rst": {f"trio_backplane.{name}" for name in top}
+    }
+    for page_name, module in _NAMESPACES.items():
+        public = _public_names(module)
+        expected[page_name] = {f"{module}.{name}" for name in public if name not in top}
+    for page_name, module in _ADAPTERS.items():
+        expected[page_name] = {f"{module}.{name}" for name in _public_names(module)}
+    found: dict[str, list[str]] = {}
+    for path in sorted((DOCS / "reference").glob("*.rst")):
+        found[path.name] = _AUTODOC.findall(path.read_text(encoding="utf-8"))
+    counts = collections.Counter(name for names in found.values() for name in names)
+    assert [name for name, count in counts.items() if count > 1] == []
+    for page_name, names in expected.items():
+        assert set(found.get(page_name, [])) == names, page_name
+    documented = {name for names in found.values() for name in names}
+    assert documented == set().union(*expected.values())
