@@ -45,7 +45,6 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from bench_store import hand_off_floor
 
 from trio_backplane.kernel import Command, FrozenList, RunRecord, appended, transition
 from trio_backplane.runtime import open_conversation
@@ -364,6 +363,10 @@ def verdict(ok: bool) -> str:
 
 
 async def main() -> None:
+    # Imported here, not at the top: ``instructions.py`` imports this module
+    # against older trees, and bench_store reaches into the stores' internals.
+    from bench_store import hand_off_floor
+
     print(f"python {sys.version.split()[0]}, trio {trio.__version__}, quick={QUICK}")
     mem = await engine_per_step(memory)
     per_step_commits, per_step_commands = await commits_per_step()

@@ -2,8 +2,9 @@
 
     python benchmarks/bench_schema.py [--quick]
 
-Workloads: ``../shared/bench/schemas.json`` (``tool`` and ``big_defs``, one
-valid and one invalid instance each).  Contenders, all in this process:
+Workloads: ``benchmarks/workloads/schemas.json`` beside this script (``tool``
+and ``big_defs``, one valid and one invalid instance each; see the README
+there).  Contenders, all in this process:
 
 * ``raw is_valid``: a compiled ``jsonschema_rs`` validator's ``is_valid``
   (offline), the baseline every ratio divides by;
@@ -21,7 +22,6 @@ the ratio divides by ``raw is_valid`` on the same workload and instance.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
 import time
@@ -35,8 +35,7 @@ import jsonschema_rs
 from trio_backplane import Error, schema
 from trio_backplane.schema._instance import fast_check
 
-HERE = Path(__file__).resolve().parent
-SHARED = Path(os.environ.get("TRIO_BACKPLANE_SHARED", HERE.parent.parent / "shared"))
+WORKLOADS = Path(__file__).resolve().parent / "workloads"
 
 
 def calibrate(fn: Callable[[], Any], seconds: float) -> int:
@@ -98,7 +97,7 @@ def to_draft07(node: Any) -> Any:
 
 def main(argv: list[str]) -> int:
     budget = 0.25 if "--quick" in argv else 1.0
-    workloads = json.loads((SHARED / "bench" / "schemas.json").read_text())
+    workloads = json.loads((WORKLOADS / "schemas.json").read_text())
     contenders: dict[str, Callable[[dict[str, Any]], Callable[[Any], Any]]] = {}
     contenders["raw is_valid"] = lambda s: jsonschema_rs.validator_for(s, offline=True).is_valid
     contenders["ours compiled"] = lambda s: schema.compile(s).validate

@@ -1,0 +1,385 @@
+"""How many instructions does the engine's tool-call step take?
+
+    python benchmarks/instructions.py [--steps N] [--at REV] [--pure-python]
+    python3 -m nox -s instructions -- [--steps N] [--at REV] [--pure-python]
+
+The wall-clock figures of ``bench_engine.py`` move with the machine's load
+(by up to 1.7x within minutes here); instruction counts do not, so this is
+the figure to compare two commits of the engine with.
+
+The measured program (this script with ``--run N``) makes one run of
+``bench_engine.one_run`` on a ``MemoryStore``: N steps, each one provider
+turn that calls the trivial ``echo`` tool and then the tool's result, as
+``bench_engine.py`` defines a step, and a final text answer.  It runs under
+``valgrind --tool=callgrind`` with ``PYTHONHASHSEED=0`` (hash randomisation
+alone moves a count by about 1%) twice, with N steps and with 0, and the
+figure is the difference: the interpreter's start-up and the imports cancel.
+It runs once without valgrind first, so that both measured runs find the
+bytecode compiled.  The tree measured goes first on ``PYTHONPATH`` and the
+program checks that its ``trio_backplane`` is the one imported, every module
+of it from that tree (an editable install fills in, from its own checkout,
+a module the tree lacks).
+
+``--at REV`` measures another commit: REV is checked out into a temporary
+``git worktree`` (removed afterwards).  The workload stays this checkout's
+``bench_engine.py``, so both sides run the same program; its module-level
+imports must therefore exist at every commit measured, back to ``aab4fe9``
+(the baseline a later issue compares against).
+
+The optional C extension (``trio_backplane/schema/_speedups*.so``) is built
+in place and not in git.  This checkout uses its own build when there is
+one.  For REV it is copied from this checkout when REV's ``_speedups.c`` is
+the same source, so both sides run the same C code; otherwise REV runs the
+pure-Python fallback and the script prints the command that measures this
+checkout the same way (``--pure-python``, which blocks the extension).
+
+One measurement (a run outside valgrind, then two callgrind runs: most of
+the time is the interpreter's start-up under valgrind) takes 30-50 s here,
+whatever ``--steps``.  Needs valgrind on PATH (``apt-get install valgrind``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+BASELINE = "aab4fe9"
+SPEEDUPS = "trio_backplane.schema._speedups"
+SPEEDUPS_C = "trio_backplane/schema/_speedups.c"
+MARK = "measured tree:"
+FOREIGN = "foreign module:"
+
+
+class Failure(Exception):
+    """A measurement that cannot be made; the message says why."""
+
+
+# -- the measured program ----------------------------------------------------------
+
+
+def measured(steps: int, pure: bool, check: bool) -> None:
+    """One run of ``steps`` tool steps on a MemoryStore, then one line naming
+    the ``trio_backplane`` imported and whether its C extension was loaded
+    (printed in every run alike, so its cost cancels).  ``check`` (the run
+    outside valgrind) also prints the package's modules loaded from outside
+    its directory: the editable install's finder fills in, from the checkout
+    it was installed from, any module an older tree lacks."""
+    if pure:
+        # A None entry makes ``import`` fail: the package falls back to Python.
+        sys.modules[SPEEDUPS] = None  # type: ignore[assignment]
+    import trio
+    from bench_engine import one_run
+
+    import trio_backplane
+    from trio_backplane.store import MemoryStore
+
+    trio.run(one_run, MemoryStore(), "instructions", steps)
+    loaded = sys.modules.get(SPEEDUPS) is not None
+    package = Path(trio_backplane.__file__).resolve().parent
+    if check:
+        for name, module in sorted(sys.modules.items()):
+            origin = getattr(module, "__file__", None)
+            inside = origin is None or Path(origin).resolve().is_relative_to(package)
+            if name.startswith("trio_backplane.") and not inside:
+                print(f"{FOREIGN} {name} {origin}")
+    print(f"{MARK} {package} C={'yes' if loaded else 'no'}")
+
+
+# -- the trees -----------------------------------------------------------------------
+
+
+@dataclass
+class Tree:
+    """A tree to measure: its root goes first on PYTHONPATH."""
+
+    root: Path
+    label: str
+    pure: bool
+    extension: str
+
+
+def git(*args: str) -> str:
+    result = subprocess.run(
+        ["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise Failure(f"git {shlex.join(args)}: {result.stderr.strip()}")
+    return result.stdout.strip()
+
+
+def git_source(commit: str, path: str) -> bytes | None:
+    """The bytes of ``path`` at ``commit``, None when it has no such file."""
+    result = subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{commit}:{path}"], capture_output=True, check=False
+    )
+    return result.stdout if result.returncode == 0 else None
+
+
+def built_extension(root: Path) -> Path | None:
+    """The extension this interpreter would load from ``root``, if built."""
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    path = root / (SPEEDUPS.replace(".", "/") + suffix)
+    return path if path.is_file() else None
+
+
+def describe(commit: str) -> str:
+    return git("log", "-1", "--format=%h (committed %cs)", commit)
+
+
+def stale_note(root: Path, extension: Path) -> str:
+    source = root / SPEEDUPS_C
+    if source.is_file() and source.stat().st_mtime > extension.stat().st_mtime:
+        return f"; WARNING: older than {SPEEDUPS_C}, rebuild it (pip install -e .)"
+    return ""
+
+
+def this_checkout(pure: bool) -> Tree:
+    try:
+        head = describe("HEAD")
+        dirty = git("status", "--porcelain", "--", "trio_backplane")
+        label = f"this checkout, {ROOT}, at {head}"
+        if dirty:
+            label += ", with uncommitted changes in trio_backplane/"
+    except (Failure, OSError):
+        label = f"this checkout, {ROOT} (not a git checkout)"
+    extension = built_extension(ROOT)
+    if pure:
+        note = "no: --pure-python (the pure-Python fallback)"
+    elif extension is None:
+        note = "no: none built in this checkout (the pure-Python fallback)"
+    else:
+        note = f"yes: {extension.name}, built in place{stale_note(ROOT, extension)}"
+    return Tree(ROOT, label, pure or extension is None, note)
+
+
+@contextmanager
+def worktree_at(rev: str, pure: bool, rerun: list[str]) -> Iterator[Tree]:
+    """REV checked out in a temporary worktree, with the C extension copied
+    from this checkout when REV's source of it is the same."""
+    try:
+        commit = git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+    except Failure:
+        raise Failure(f"{rev!r} names no commit of {ROOT}") from None
+    label = f"{describe(commit)}, checked out from {ROOT}"
+    scratch = Path(tempfile.mkdtemp(prefix="trio_backplane-instructions-"))
+    root = scratch / "tree"
+    try:
+        git("worktree", "add", "--detach", "--quiet", str(root), commit)
+        extension = built_extension(ROOT)
+        here_source = ROOT / SPEEDUPS_C
+        same = here_source.is_file() and git_source(commit, SPEEDUPS_C) == here_source.read_bytes()
+        if pure:
+            note = "no: --pure-python (the pure-Python fallback)"
+        elif extension is None:
+            pure = True
+            note = (
+                "no: this checkout has no built extension to copy (the pure-Python"
+                " fallback, as this checkout is measured too)"
+            )
+        elif not same:
+            pure = True
+            note = (
+                f"no: {rev}'s {SPEEDUPS_C} differs from the source of this checkout's"
+                f" build, so {rev} runs the pure-Python fallback; measure this checkout"
+                f" the same way: {shlex.join([*rerun, '--pure-python'])}"
+            )
+        else:
+            target = root / extension.relative_to(ROOT)
+            shutil.copy2(extension, target)
+            note = (
+                f"yes: {extension.name} copied from {ROOT} ({rev}'s {SPEEDUPS_C} is the"
+                f" same source{stale_note(ROOT, extension)})"
+            )
+        yield Tree(root, label, pure, note)
+    finally:
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(root)],
+            capture_output=True,
+            check=False,
+        )
+        shutil.rmtree(scratch, ignore_errors=True)
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "prune"], capture_output=True, check=False
+        )
+
+
+# -- the measurement -----------------------------------------------------------------
+
+
+def program(tree: Tree, steps: int, check: bool = False) -> tuple[list[str], dict[str, str]]:
+    """The measured program's command and environment for ``steps`` steps."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--run", str(steps)]
+    if check:
+        command.append("--check")
+    if tree.pure:
+        command.append("--pure-python")
+    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(tree.root)}
+    return command, env
+
+
+def shown(command: list[str], env: dict[str, str]) -> str:
+    """``command`` as a shell line, with the variables this script sets."""
+    fixed = [f"{name}={shlex.quote(env[name])}" for name in ("PYTHONHASHSEED", "PYTHONPATH")]
+    return " ".join([*fixed, shlex.join(command)])
+
+
+def check_line(tree: Tree, stdout: str) -> None:
+    """The measured program imported the tree's package, as expected."""
+    lines = [line for line in stdout.splitlines() if line.startswith(MARK)]
+    if not lines:
+        raise Failure(f"the measured program printed no {MARK!r} line:\n{stdout}")
+    foreign = [
+        line[len(FOREIGN) :].strip() for line in stdout.splitlines() if line.startswith(FOREIGN)
+    ]
+    if foreign:
+        raise Failure(
+            f"modules imported from outside {tree.root} (the tree lacks them; the editable"
+            " install filled them in): " + "; ".join(foreign)
+        )
+    package, _, loaded = lines[-1][len(MARK) :].strip().rpartition(" C=")
+    expected = (tree.root / "trio_backplane").resolve()
+    if Path(package) != expected:
+        raise Failure(f"trio_backplane was imported from {package}, not from {expected}")
+    if (loaded == "yes") == tree.pure:
+        state = "loaded" if loaded == "yes" else "not loaded"
+        raise Failure(f"the C extension was {state}, against {tree.extension!r}")
+
+
+def failed(what: str, result: subprocess.CompletedProcess[str]) -> Failure:
+    """The measured program's own error output (valgrind's lines dropped)."""
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("==")]
+    tail = "\n".join(lines[-25:])
+    return Failure(
+        f"{what} failed (exit status {result.returncode}):\n{tail}\n"
+        f"The measured program imports bench_engine.py from {HERE}: its module-level"
+        f" imports must exist in every tree measured, back to {BASELINE}."
+    )
+
+
+def warm_up(tree: Tree, steps: int) -> None:
+    """One run outside valgrind: it compiles the bytecode both measured runs
+    then find, and checks which package and extension the program loads."""
+    command, env = program(tree, steps, check=True)
+    result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise failed(f"the measured program ({steps} steps, no valgrind)", result)
+    check_line(tree, result.stdout)
+
+
+def callgrind(valgrind: str, tree: Tree, steps: int, scratch: Path) -> tuple[int, str]:
+    """Instructions of the measured program's run of ``steps`` steps, and the
+    command that counted them."""
+    out = scratch / f"callgrind.out.{steps}"
+    command, env = program(tree, steps)
+    command = [valgrind, "--tool=callgrind", f"--callgrind-out-file={out}", *command]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise failed(f"the callgrind run of {steps} steps", result)
+    check_line(tree, result.stdout)
+    for line in out.read_text().splitlines():
+        if line.startswith(("totals:", "summary:")):
+            return int(line.split()[1]), shown(command, env)
+    raise Failure(f"no totals in {out}")
+
+
+def valgrind_version(valgrind: str) -> str:
+    result = subprocess.run([valgrind, "--version"], capture_output=True, text=True, check=False)
+    return result.stdout.strip() or "valgrind"
+
+
+def display_command(argv: list[str]) -> list[str]:
+    """How this script was invoked, paths relative to the repository root
+    when they lie inside it."""
+
+    def near(path: str) -> str:
+        absolute = Path(os.path.abspath(path))  # not resolved: .venv/bin/python is a link
+        return str(absolute.relative_to(ROOT)) if absolute.is_relative_to(ROOT) else path
+
+    return [near(sys.executable), near(__file__), *argv]
+
+
+def measure(valgrind: str, tree: Tree, steps: int, command: list[str]) -> None:
+    start = time.monotonic()
+    print(
+        f"callgrind instruction count, python {platform.python_version()},"
+        f" {valgrind_version(valgrind)}, PYTHONHASHSEED=0",
+        flush=True,
+    )
+    print(f"tree: {tree.label}")
+    print(f"C extension: {tree.extension}", flush=True)
+    warm_up(tree, steps)
+    print(f"trio_backplane imported from {(tree.root / 'trio_backplane').resolve()}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="trio_backplane-callgrind-") as name:
+        scratch = Path(name)
+        base, base_command = callgrind(valgrind, tree, 0, scratch)
+        print(f"  0-step run: {base / 1e6:10.1f} M instructions: {base_command}", flush=True)
+        total, total_command = callgrind(valgrind, tree, steps, scratch)
+        print(f"  {steps}-step run: {total / 1e6:10.1f} M instructions: {total_command}")
+    figure = total - base
+    print(
+        f"{steps} steps: {figure / 1e6:.1f} M instructions ({figure / steps / 1e6:.3f} M a step;"
+        f" measured in {time.monotonic() - start:.0f} s)"
+    )
+    print(f"command (from {ROOT}): {shlex.join(command)}")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        description="Instructions of N engine tool-call steps (MemoryStore), under callgrind."
+    )
+    parser.add_argument(
+        "--steps", type=int, default=200, metavar="N", help="steps measured (default 200)"
+    )
+    parser.add_argument(
+        "--at",
+        metavar="REV",
+        help=f"measure this commit instead of this checkout (e.g. {BASELINE}, HEAD)",
+    )
+    parser.add_argument(
+        "--pure-python",
+        action="store_true",
+        help="block the C extension: measure the pure-Python fallback",
+    )
+    parser.add_argument("--run", type=int, metavar="N", help=argparse.SUPPRESS)
+    parser.add_argument("--check", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.run is not None:
+        measured(args.run, args.pure_python, args.check)
+        return 0
+    if args.steps < 1:
+        parser.error("--steps must be at least 1")
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        sys.exit(
+            "instructions.py: valgrind is not on PATH; install it"
+            " (Debian/Ubuntu: sudo apt-get install valgrind) and run again"
+        )
+    command = display_command(argv)
+    try:
+        if args.at is None:
+            measure(valgrind, this_checkout(args.pure_python), args.steps, command)
+        else:
+            rerun = display_command([] if args.steps == 200 else ["--steps", str(args.steps)])
+            with worktree_at(args.at, args.pure_python, rerun) as tree:
+                measure(valgrind, tree, args.steps, command)
+    except Failure as error:
+        sys.exit(f"instructions.py: {error}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
