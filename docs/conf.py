@@ -23,7 +23,7 @@ copyright = "the trio_backplane developers"
 version = release = __version__
 
 extensions = ["sphinx.ext.autodoc"]
-exclude_patterns = ["_build"]
+exclude_patterns = ["_build", "notes"]
 root_doc = "index"
 pygments_style = "default"
 html_theme = "alabaster"

@@ -1,4 +1,4 @@
-"""One test per measured trap of jsonschema-rs (../shared/notes/jsonschema-rs.md).
+"""One test per measured trap of jsonschema-rs (docs/notes/jsonschema-rs.md).
 
 Each test fails if the trap reopens.  The raw engine's behaviour is asserted
 too where that is cheap, so a fixed engine shows up as a test to revisit.

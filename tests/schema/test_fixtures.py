@@ -1,4 +1,4 @@
-"""The real tool schemas of ../shared/fixtures are compatibility gates (read in place)."""
+"""The real tool schemas of tests/fixtures are compatibility gates."""
 
 from __future__ import annotations
 
