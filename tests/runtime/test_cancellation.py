@@ -505,6 +505,32 @@ async def test_can_09_queued_follow_ups_suspended_after_cancel(autojump_clock: M
     assert [m["content"] for m in snapshot.follow_up] == ["later", "and this"]
 
 
+async def test_can_09_cancel_during_the_admission_commit_suspends_the_queue(
+    autojump_clock: MockClock,
+) -> None:
+    """CAN-09: ``cancel()`` accepted while ``prompt()``'s admission commit is
+    in flight (every commit 0.2 s, the cancel at 0.1 s) settles from the
+    record the admission committed: the run is cancelled and its queue
+    ``"suspended"``, stored and reported, as for every other cancelled run."""
+    h = Harness([[Hang()]], Fault("delay", nth=1, delay=0.2, times=1_000))
+    async with h.open() as c, trio.open_nursery() as nursery:
+
+        async def prompt() -> None:
+            with pytest.raises(Error):
+                await c.prompt("hi")
+
+        nursery.start_soon(prompt)
+        await trio.sleep(0.1)
+        assert h.store.attempts[0][1] == "admit"
+        assert not h.store.acknowledged
+        await c.cancel()
+        snapshot = await c.wait_settled()
+    state = (await h.stored()).context["conversation"]
+    assert snapshot.run.state == "cancelled"
+    assert state["queue_status"] == "suspended"
+    assert snapshot.queue_status == "suspended"
+
+
 # -- CAN-10 ----------------------------------------------------------------------------
 
 

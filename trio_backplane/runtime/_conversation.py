@@ -991,35 +991,6 @@ class Conversation(metaclass=NoPublicConstructor):
             if self._record.state in TERMINAL_STATES or self._phase in _INACTIVE_PHASES:
                 return
             reason = self._stop_reason or "cancelled"
-            # The stop, the suspended queues and the cleanup settlement are one
-            # commit: a slow store spends commit_timeout once, and a settlement
-            # is never cut between its stop and its cleanup (it would leave the
-            # run cancelling with no terminal event).
-            # The queues are suspended by a checkpoint while the run is still
-            # running (a conversation checkpoint applies in `running` only,
-            # KER-02), in the same commit as the stop.  A run never admitted
-            # has no queue to suspend.
-            steps: list[Step] = []
-            if self._record.state == "running":
-                steps.append(
-                    checkpoint_step(
-                        lambda c: {**c, "queue_status": "suspended", "pending_interaction": None}
-                    )
-                )
-            if self._record.state != "cancelling":
-                kind = "deadline_exceeded" if reason == "deadline_exceeded" else "cancel"
-                steps.append(command_step(kind, {"reason": reason}))
-            uncertain = self._uncertain_work()
-
-            def settlement(record: RunRecord, now: float) -> Command:
-                if uncertain:
-                    data = {"certainty": "uncertain", "evidence": uncertain}
-                else:
-                    requirements = thaw(record.cleanup_required or {})
-                    data = {"certainty": "confirmed", "settled": requirements}
-                return Command("cleanup_settled", now, data)
-
-            steps.append(Step(settlement))
             # No resource registry: resource cleanup counts as confirmed (CAN-20).
             self._resource_cleanup = ResourceCleanup(status="confirmed")
             # The whole settlement fits in cleanup_timeout + commit_timeout
@@ -1039,7 +1010,15 @@ class Conversation(metaclass=NoPublicConstructor):
                     with trio.move_on_at(settle_by + self._options.commit_timeout):
                         await self._commit_lock.acquire()
                         acquired = True
+                if acquired and (
+                    self._record.state in TERMINAL_STATES or self._phase in _INACTIVE_PHASES
+                ):
+                    self._commit_lock.release()  # the commit in flight ended the run
+                    return
                 if acquired:
+                    # Decided from the record as the commit in flight left it
+                    # (an admission landing after cancel() was accepted).
+                    steps = self._settlement_steps(reason)
                     commit_by = settle_by + self._options.commit_timeout
                     if commit_by <= self._now():
                         # Noticed after its whole window (time passed in
@@ -1079,6 +1058,37 @@ class Conversation(metaclass=NoPublicConstructor):
         finally:
             self._settled.set()
             self._turn_wakeup.set()
+
+    def _settlement_steps(self, reason: str) -> list[Step]:
+        """The stop, the suspended queues and the cleanup settlement as one
+        commit: a slow store spends commit_timeout once, and a settlement is
+        never cut between its stop and its cleanup (it would leave the run
+        cancelling with no terminal event).  The queues are suspended by a
+        checkpoint while the run is still running (a conversation checkpoint
+        applies in ``running`` only, KER-02); a run never admitted has no
+        queue to suspend."""
+        steps: list[Step] = []
+        if self._record.state == "running":
+            steps.append(
+                checkpoint_step(
+                    lambda c: {**c, "queue_status": "suspended", "pending_interaction": None}
+                )
+            )
+        if self._record.state != "cancelling":
+            kind = "deadline_exceeded" if reason == "deadline_exceeded" else "cancel"
+            steps.append(command_step(kind, {"reason": reason}))
+        uncertain = self._uncertain_work()
+
+        def settlement(record: RunRecord, now: float) -> Command:
+            if uncertain:
+                data = {"certainty": "uncertain", "evidence": uncertain}
+            else:
+                requirements = thaw(record.cleanup_required or {})
+                data = {"certainty": "confirmed", "settled": requirements}
+            return Command("cleanup_settled", now, data)
+
+        steps.append(Step(settlement))
+        return steps
 
     async def _close(self) -> None:
         """Leaving the block: cancel an active run and wait for its settlement,
