@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import functools
 import json
 import os
@@ -1031,6 +1032,16 @@ def _transcript_rows(messages: Sequence[Any]) -> list[tuple[str, str]]:
     return rows
 
 
+def _instant(at: float | None) -> str:
+    """A stored instant (seconds since the epoch, UTC) as ISO 8601."""
+    if at is None:
+        return "-"
+    try:
+        return datetime.datetime.fromtimestamp(at, datetime.UTC).isoformat(timespec="seconds")
+    except (OverflowError, OSError, ValueError):
+        return f"{at!r} (not a date)"
+
+
 async def _runs_show(store: Any, args: argparse.Namespace, out: _Out) -> int:
     from .kernel import encode_record
 
@@ -1050,6 +1061,7 @@ async def _runs_show(store: Any, args: argparse.Namespace, out: _Out) -> int:
             ("state", record.state),
             ("incarnation", str(record.incarnation)),
             ("revision", str(record.revision)),
+            ("deadline", _instant(record.deadline)),
             ("budget", f"{budget.used} of {budget.quota} used; reservations: {reservations}"),
             ("stop reason", record.stop_reason or "-"),
             ("stored events", f"{len(events)}"),

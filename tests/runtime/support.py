@@ -244,11 +244,14 @@ async def conversation_with(
     buffer: int = 100_000,
     **options: Any,
 ) -> AsyncIterator[tuple[Conversation, TimelineStore]]:
-    """Open a conversation over a ``TimelineStore`` with one subscriber attached."""
+    """Open a conversation over a ``TimelineStore`` with one subscriber attached.
+    Its wall clock is Trio's own (``MockClock`` time in most tests), so the
+    instants it stores read as the times the tests reason in."""
     from trio_backplane.store import MemoryStore
 
     timeline = TimelineStore(MemoryStore() if store is None else store)
     registry = ToolRegistry(tools)
+    options.setdefault("wall_clock", trio.current_time)
     async with open_conversation(
         run_id,
         store=timeline,

@@ -1233,6 +1233,7 @@ def test_can_18_the_watchdog_counts_from_the_stored_run_deadline() -> None:
             effect_timeout=3600.0,
             cleanup_timeout=1.0,
             commit_timeout=1.0,
+            wall_clock=trio.current_time,  # stored instants read as MockClock time
         ) as conversation:
             await conversation.prompt("hi")
             snapshot = await conversation.wait_settled()

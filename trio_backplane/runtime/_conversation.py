@@ -46,6 +46,7 @@ from ..tools import (
     admit_batch,
 )
 from ._catalog import CatalogState
+from ._clock import DurableClock, check_wall_clock
 from ._deadline import DeadlineBudget
 from ._interactions import Pending
 from ._interactions import resolve as resolve_interaction
@@ -267,6 +268,7 @@ class _Options:
     provider_output_limit: float
     schema_admission: str
     work: int
+    wall_clock: Callable[[], float]
 
 
 def _options(
@@ -279,6 +281,7 @@ def _options(
     output_limit: Any,
     provider_output_limit: Any,
     schema_admission: Any,
+    wall_clock: Any,
 ) -> _Options:
     timeouts = {
         "run_timeout": _check_timeout("run_timeout", run_timeout),
@@ -313,6 +316,7 @@ def _options(
         provider_output_limit=provider_limit,
         schema_admission=schema_admission,
         work=work,
+        wall_clock=check_wall_clock(wall_clock),
         **timeouts,
     )
 
@@ -335,6 +339,7 @@ class Conversation(metaclass=NoPublicConstructor):
         record: RunRecord,
         phase: str,
         nursery: trio.Nursery,
+        clock: DurableClock,
     ) -> None:
         self.run_id = run_id
         self._store = store
@@ -384,6 +389,8 @@ class Conversation(metaclass=NoPublicConstructor):
         self._attempt_id: str | None = None
         #: the run's clock, read without looking the run up each time
         self._now: Callable[[], float] = trio.lowlevel.current_clock().current_time
+        #: Trio's clock to the wall clock of what is stored
+        self._clock = clock
         self._run_budget = DeadlineBudget("run", options.run_timeout, self._now)
         self._unsettled_dispatch: dict[str, Any] = {}  # keys of dispatched, unsettled effects
         if phase in _INACTIVE_PHASES:
@@ -435,7 +442,7 @@ class Conversation(metaclass=NoPublicConstructor):
         try:
             await self._commit(
                 "admit",
-                {"state": "running", "deadline": self._now() + self._options.run_timeout},
+                {"state": "running", "deadline": self._wall_now() + self._options.run_timeout},
             )
             message = self._user_message(content)
             turn_id = self._new_id("turn")
@@ -583,6 +590,10 @@ class Conversation(metaclass=NoPublicConstructor):
     def _user_message(self, content: Any) -> dict[str, Any]:
         return {"role": "user", "content": content, "id": self._new_id("msg")}
 
+    def _wall_now(self) -> float:
+        """Now, as the instants the run stores read."""
+        return self._clock.wall(self._now())
+
     def _new_id(self, kind: str) -> str:
         return f"{kind}-{self._record.incarnation}-{next(self._ids)}"
 
@@ -680,12 +691,13 @@ class Conversation(metaclass=NoPublicConstructor):
             raise _Stop  # settled without a worker that ignored its cancellation
         record = self._record
         now = self._now()
+        wall = self._clock.wall(now)
         pending = self._pending
         if (
             pending is not None
             and pending.announced
             and record.deadline is not None
-            and now > record.deadline
+            and wall > record.deadline
         ):
             # A commit during a human wait (a nested call's, say) past the
             # stored deadline, which the wait has moved in memory but not yet
@@ -699,7 +711,7 @@ class Conversation(metaclass=NoPublicConstructor):
         refusal: Error | _InputArrived | None = None
         for step in steps:
             try:
-                new, produced = transition(new, step.build(new, now))
+                new, produced = transition(new, step.build(new, wall))
             except (Error, _InputArrived) as exc:
                 refusal = exc
                 break
@@ -926,7 +938,7 @@ class Conversation(metaclass=NoPublicConstructor):
         from ._loop import TurnLoop
 
         loop = TurnLoop(self)
-        now = self._now()
+        now = self._wall_now()
         deadline = self._record.deadline
         self._run_budget = DeadlineBudget(
             "run", max(0.0, (deadline if deadline is not None else now) - now), self._now
@@ -1173,9 +1185,13 @@ async def open_conversation(
     schema_admission: str = "strict",
     run: RunRecord | None = None,
     messages: Sequence[Any] | None = None,
+    wall_clock: Callable[[], float] | None = None,
 ) -> AsyncIterator[Conversation]:
     """Open a conversation that owns a nursery; leaving the block cancels and
-    settles an active run (CAN-18)."""
+    settles an active run (CAN-18).  What the run stores (its deadline, an
+    approval's expiry, each command's time) is wall-clock seconds since the
+    epoch read from ``wall_clock`` (``time.time``) once at opening and
+    advanced by Trio's clock after (tests with ``MockClock`` inject one)."""
     options = _options(
         work=work,
         run_timeout=run_timeout,
@@ -1185,7 +1201,9 @@ async def open_conversation(
         output_limit=output_limit,
         provider_output_limit=provider_output_limit,
         schema_admission=schema_admission,
+        wall_clock=wall_clock,
     )
+    clock = DurableClock.anchored(options.wall_clock)
     if run_id == HOST_RESOLVER:
         # The host answers approvals as resolver "host" (INT-02), and a
         # resolver named like the run is the model approving itself (KER-15).
@@ -1243,6 +1261,7 @@ async def open_conversation(
                 record=record,
                 phase=phase,
                 nursery=nursery,
+                clock=clock,
             )
             try:
                 yield conversation

@@ -95,7 +95,18 @@ async def wait_for_human(c: Conversation, request: Any) -> tuple[Any, float]:
         c._phase = "waiting_interaction"
     suspended = stored = False
     try:
-        entry = {"id": pending.interaction_id, "request": request}
+        # The run's remaining budget, which the wait freezes, stored with the
+        # wall-clock instant it was read at: another process inspecting the
+        # waiting run knows how much of the run is left (INT-07).
+        deadline = c._record.deadline
+        requested_at = c._wall_now()
+        remaining = None if deadline is None else max(0.0, deadline - requested_at)
+        entry = {
+            "id": pending.interaction_id,
+            "request": request,
+            "requested_at": requested_at,
+            "remaining": remaining,
+        }
         await c._checkpoint(lambda s: {**s, "pending_interaction": entry})
         stored = True
         # The deadlines keep running while the pending checkpoint commits: an

@@ -1028,6 +1028,8 @@ class TurnLoop:
             "tool_revision": descriptor.revision,
             "arguments": arguments,
             "arguments_digest": digest,
+            # wall-clock seconds, UTC: any process reads the same instant
+            "expires_at": c._record.deadline,
         }
         answer, waited = await wait_for_human(c, {"kind": "permission", "operation": operation})
         if not (type(answer) is str and answer == "approved"):
@@ -1044,7 +1046,7 @@ class TurnLoop:
         )
         # The approval expires with the run deadline it was asked under; the
         # human wait itself does not count (the deadline moved by it).
-        decide_approval(approval, decision, now=c._now() - waited)
+        decide_approval(approval, decision, now=c._wall_now() - waited)
 
     def _operation(  # noqa: PLR0917 - one call's whole identity
         self,
