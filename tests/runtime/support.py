@@ -395,7 +395,8 @@ class FaultyStore(Delegating):
     """A store wrapper that injects :class:`Fault` s into commits and records
     what happened, for invariant checks:
 
-    * ``attempts``: ``(number, kind, at)`` of every commit tried;
+    * ``attempts``: ``(number, kind, at)`` of every commit tried (``kind``
+      names it: its last command; ``carried`` lists them all);
     * ``acknowledged``: ``(kind, record, at)`` of every commit acknowledged to
       the runtime (a receipt returned), in order;
     * ``written``: records the inner store holds because of this wrapper
@@ -413,6 +414,8 @@ class FaultyStore(Delegating):
         self.acknowledged: list[tuple[str, RunRecord, float]] = []
         self.written: list[RunRecord] = []
         self.fired: list[tuple[str, str, int]] = []  # (action, kind, number)
+        #: every command each attempted commit carried, aligned with ``attempts``
+        self.carried: list[tuple[str, ...]] = []
         self.in_flight = 0
         self.max_in_flight = 0
         self._kinds: dict[str, int] = {}
@@ -423,6 +426,13 @@ class FaultyStore(Delegating):
 
     def reached(self, kind: str) -> trio.Event:
         return self._reached.setdefault(kind, trio.Event())
+
+    def attempt_with(self, kind: str) -> tuple[int, float]:
+        """``(number, at)`` of the first commit tried that carried ``kind``."""
+        for (number, _named, at), kinds in zip(self.attempts, self.carried, strict=True):
+            if kind in kinds:
+                return number, at
+        raise AssertionError(f"no commit carried {kind}: {self.carried}")
 
     def acknowledged_kinds(self) -> list[str]:
         return [kind for kind, _record, _at in self.acknowledged]
@@ -455,6 +465,7 @@ class FaultyStore(Delegating):
             self._kinds[each] = seen[each] = self._kinds.get(each, 0) + 1
             self.reached(each).set()
         self.attempts.append((number, kind, trio.current_time()))
+        self.carried.append(tuple(kinds))
         # A fault aimed at any command of a merged commit fires on that commit.
         fault = next(
             (

@@ -817,11 +817,8 @@ async def test_evt_18_storage_failed_and_nothing_terminal(
     [(at, event)] = run.of("storage_failed")
     assert event.payload["recovery_required"] is True
     assert event.payload["error"]["class"] == "storage_failed"
-    [(number, fired_kind, attempt_at)] = [(n, k, t) for n, k, t in run.store.attempts if k == kind][
-        :1
-    ]
-    assert fired_kind == kind
-    assert [f for f in run.store.fired if f[0] == action] == [(action, kind, number)]
+    number, attempt_at = run.store.attempt_with(kind)
+    assert [(a, n) for a, _named, n in run.store.fired if a == action] == [(action, number)]
     expected = attempt_at + (3.0 if action in ("hang", "lose_ack") else 0.0)
     assert at == pytest.approx(expected)
     types = run.types()

@@ -16,6 +16,7 @@ from trio.testing import MockClock
 
 from trio_backplane import Error, ErrorClass
 from trio_backplane.kernel import thaw
+from trio_backplane.recovery import recover
 from trio_backplane.runtime import open_conversation
 from trio_backplane.store import MemoryStore
 from trio_backplane.testing import ScriptedProvider
@@ -406,8 +407,10 @@ async def test_tool_07_per_tool_revisions_dispatch_mixed_revisions(
 async def test_tool_08_result_is_committed_before_the_tool_message(
     autojump_clock: MockClock,
 ) -> None:
-    """TOOL-08 (and EVT-13): tool_completed is committed before the tool message
-    is appended, and the tool_completed event follows that checkpoint."""
+    """TOOL-08 (and EVT-13): tool_completed is committed no later than the
+    tool message is appended (the same commit may carry both, the result's
+    command first in it), and the tool_completed event follows that
+    checkpoint."""
     backend = RecordingBackend(ToolResult("ok"))
     provider = calls_then_done(("c1", "t", {}))
     finished = await run_to_settled(provider, [make_tool("t", backend)])
@@ -421,9 +424,11 @@ async def test_tool_08_result_is_committed_before_the_tool_message(
     message_record = store.records[completed_at + 1]
     invocation_id = backend.operations[0].invocation_id
     assert invocation_id in result_record.tool_results
-    roles = [m["role"] for m in result_record.context["conversation"]["messages"]]
-    assert "tool" not in roles
     assert [m["role"] for m in message_record.context["conversation"]["messages"]][-1] == "tool"
+    # in the stored log the result's event comes before the message's
+    log = [e.type for e in finished.log]
+    assert log.index("run.tool_completed") < len(log) - 1
+    assert log[log.index("run.tool_completed") + 1] == "run.conversation_updated"
     projection = store.index(
         "commit",
         lambda k: k == "run.conversation_updated",
@@ -933,21 +938,23 @@ async def test_tool_24_validation_precedes_authorization_approval_budget_and_int
     assert second == "forbidden"
 
 
-async def test_tool_25_result_survives_a_failed_transcript_checkpoint(
+async def test_tool_25_result_and_message_commit_together_or_not_at_all(
     autojump_clock: MockClock,
 ) -> None:
-    """TOOL-25 (rule 3): the result is committed to tool_results before the
-    transcript checkpoint; when that checkpoint fails the stored record holds
-    the result, the backend ran exactly once, and a restart with that record
-    does not run it again."""
+    """TOOL-25 (rule 3): a result is durable no later than the transcript
+    message showing it: both ride in one commit.  When that commit fails,
+    the stored record holds neither (never a message without its result),
+    the backend ran exactly once, the dispatched effect is what recovery
+    reports uncertain, and a restart with that record does not run it
+    again."""
     store = TimelineStore(MemoryStore())
 
-    def fail_projection(kind: str, commits: list[str]) -> BaseException | None:
-        if kind == "run.conversation_updated" and commits and commits[-1] == "run.tool_completed":
+    def fail_result(kind: str, commits: list[str]) -> BaseException | None:
+        if kind == "run.tool_completed":
             return OSError("disk went away")
         return None
 
-    store.fail = fail_projection
+    store.fail = fail_result
     backend = RecordingBackend(ToolResult("written", structured_content={"bytes": 5}))
     provider = calls_then_done(("c1", "write", {}))
     finished = await run_to_settled(provider, [make_tool("write", backend)], store=store)
@@ -956,16 +963,15 @@ async def test_tool_25_result_survives_a_failed_transcript_checkpoint(
     assert backend.calls == 1
     record = finished.record
     invocation_id = backend.operations[0].invocation_id
-    assert thaw(record.tool_results[invocation_id]) == {
-        "content": "written",
-        "structured_content": {"bytes": 5},
-        "is_error": False,
-    }
-    assert record.intents[f"tool:{invocation_id}"]["status"] == "consumed"
+    assert invocation_id not in record.tool_results
+    assert invocation_id in record.active_tools
+    assert record.intents[f"tool:{invocation_id}"]["status"] == "started"
     assert finished.tool_messages() == []
     assert finished.types().count("storage_failed") == 1
     assert not {"run_completed", "run_failed", "run_cancelled"} & set(finished.types())
     assert len(provider.requests) == 1
+    report = recover(record, incarnation=2)
+    assert list(report.uncertain_effects) == [f"tool:{invocation_id}"]
 
     # restart with the stored record: inspection only, nothing runs again
     store.fail = None

@@ -72,6 +72,8 @@ class Step:
 
     build: Callable[[RunRecord, float], Command]
     after: Callable[[], None] | None = None
+    #: the invocation whose result this step commits (``tool_completed``)
+    settles: str | None = None
 
 
 def command_step(
@@ -1117,10 +1119,13 @@ class Conversation(metaclass=NoPublicConstructor):
     def _uncertain_work(self) -> list[dict[str, Any]]:
         """Evidence for every effect that may have happened (rule 4)."""
         evidence: list[dict[str, Any]] = []
-        if self._record.active_provider is not None:
+        active = self._record.active_provider
+        # an attempt whose intent committed as the stop came was never
+        # dispatched (``_attempt_id`` is set only once it is): nothing happened
+        if active is not None and active["attempt_id"] == self._attempt_id:
             evidence.append(
                 {
-                    "effect": f"provider:{self._record.active_provider['attempt_id']}",
+                    "effect": f"provider:{active['attempt_id']}",
                     "reason": "provider attempt interrupted",
                 }
             )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, final
 
 import attrs
@@ -324,16 +324,18 @@ class _Accounting:
 
 class TurnLoop:
     """Drives turns.  Commits that may share one durable write do: a provider
-    response with the first tool intent of its batch, and the last tool
-    message of a batch with the next provider attempt (``_carry``).  Nothing
-    is observable in between (no await, no event), and a step the kernel
-    refuses leaves the ones before it committed alone, so the stored history
-    is what committing them one by one would give."""
+    response with the first tool intent of its batch; a tool's result with
+    its transcript message; and the last result and message of a batch with
+    the next provider attempt (``_carry``).  Nothing is observable in
+    between (no await, no event), and a step the kernel refuses leaves the
+    ones before it committed alone, so the stored history is what committing
+    them one by one would give: a result is durable no later than the
+    message showing it, and both before the next effect starts."""
 
     def __init__(self, conversation: Conversation) -> None:
         self.c = conversation
-        #: The batch's last tool-message checkpoint, decided but not yet written.
-        self._carry: Step | None = None
+        #: The batch's last result and tool message, decided but not yet written.
+        self._carry: tuple[Step, ...] = ()
         self._validators: dict[int, tuple[ToolDescriptor, CompiledSchema]] = {}
 
     def _validator(self, descriptor: ToolDescriptor) -> CompiledSchema:
@@ -351,8 +353,8 @@ class TurnLoop:
 
     def _pending(self, *steps: Step | None) -> list[Step]:
         """The carried step and ``steps``, in commit order; the carry is taken."""
-        pending = [step for step in (self._carry, *steps) if step is not None]
-        self._carry = None
+        pending = [*self._carry, *(step for step in steps if step is not None)]
+        self._carry = ()
         return pending
 
     async def _flush(self, *steps: Step | None, projection: bool = False) -> None:
@@ -490,8 +492,18 @@ class TurnLoop:
         try:
             if steering_first:  # the turn goes on with the steering that came at its end
                 await self._consume_steering(turn_id)
+            after_batch = False
             while True:
-                message, calls, response = await self._provider_attempt(turn_id)
+                try:
+                    message, calls, response = await self._provider_attempt(
+                        turn_id, yield_to_steering=after_batch
+                    )
+                except _InputArrived:
+                    # steering committed while the batch's results waited to
+                    # be: it goes before the next attempt (one per boundary)
+                    await self._consume_steering(turn_id)
+                    after_batch = False
+                    continue
                 completion = await self._batch_start(calls, response)
                 last = len(calls) - 1
                 for index, call in enumerate(calls):
@@ -499,6 +511,9 @@ class TurnLoop:
                     completion = None
                 await self._publish_catalog()
                 steered = await self._consume_steering(turn_id)
+                # the boundary found no steering: one committed before the
+                # next attempt's intent still counts as at this boundary
+                after_batch = bool(calls) and not steered
                 if calls or steered:
                     continue
                 if await self._stop_hook(turn_id, message):
@@ -524,6 +539,9 @@ class TurnLoop:
         """The boundary after a tool batch: an eligible staging takes effect
         before steering, hooks or the next provider attempt (PUB-03, EVT-14)."""
         c = self.c
+        if c._catalog.staged is not None and self._carry:
+            # the staging waits for its producer's result to be committed
+            await self._flush(projection=True)
         revision = c._catalog.begin_publish()
         if revision is None:
             return
@@ -611,12 +629,14 @@ class TurnLoop:
         before: Step | None = None,
         *,
         unless_stopped: bool = False,
+        yield_to_steering: bool = False,
     ) -> RunRecord:
         """Commit the intent of an effect, in one write with the decided steps
         (``before``, the carried one) that precede it; a kernel refusal fails
         the turn, an expired deadline stops the run (KER-08).
         ``unless_stopped``: never once the run stops, however long the commit
-        waits for the coordinator (NEST-07; ``_Stop`` then)."""
+        waits for the coordinator (NEST-07; ``_Stop`` then).
+        ``yield_to_steering``: see :meth:`_provider_attempt`."""
         c = self.c
         pending = self._pending(before)
         if c._stop_reason is not None:
@@ -625,14 +645,16 @@ class TurnLoop:
             elif pending:
                 await c._commit_steps(pending)
             raise _Stop
+        intent = command_step(kind, data)
+        if yield_to_steering:
+            intent = Step(_unless_steered(intent.build))
         try:
-            record = await c._commit_steps(
-                (*pending, command_step(kind, data)), as_input=unless_stopped
-            )
+            record = await c._commit_steps((*pending, intent), as_input=unless_stopped)
         except Error as error:
             if unless_stopped and c._stop_reason is not None:
                 raise _Stop from None  # refused: the run stopped meanwhile
             if error.error_class is ErrorClass.TIMEOUT:
+                _late_results(c, pending)
                 c._request_stop("deadline_exceeded")
                 raise _Stop from None
             raise _TurnFailed(error) from None
@@ -657,14 +679,18 @@ class TurnLoop:
     # -- the provider -------------------------------------------------------------
 
     async def _provider_attempt(
-        self, turn_id: str
+        self, turn_id: str, *, yield_to_steering: bool = False
     ) -> tuple[Mapping[str, Any], list[dict[str, Any]], Step]:
         """One attempt, from its intent to its terminal event.  A failed
         attempt is committed here; a response comes back with its tool calls
         and the ``provider_completed`` step, still to commit (before the
-        batch's first intent, or alone)."""
+        batch's first intent, or alone).  ``yield_to_steering``: steering
+        committed by the time the intent would be refuses it (``_InputArrived``,
+        the steps before it committed)."""
         c = self.c
-        record = await self._effect_commit("provider_started", {"turn_id": turn_id})
+        record = await self._effect_commit(
+            "provider_started", {"turn_id": turn_id}, yield_to_steering=yield_to_steering
+        )
         active = record.active_provider
         assert active is not None
         attempt_id, step_id = active["attempt_id"], active["step_id"]
@@ -1194,8 +1220,26 @@ class TurnLoop:
         if verdict == "uncertain":
             await self._uncertain_result(result, descriptor, invocation_id)
         normalized = self._normalize(result, descriptor)
-        await self._complete(invocation_id, normalized)
-        await self._tool_message(call_id, descriptor.name, normalized, carry=carry)
+        # A result returned after cancel() is never committed: the effect
+        # stays unsettled evidence and the run ends unknown_outcome (TOOL-22).
+        await trio.lowlevel.checkpoint_if_cancelled()
+        completion = self._completion(invocation_id, normalized)
+        await self._tool_message(
+            call_id, descriptor.name, normalized, carry=carry, completion=completion
+        )
+
+    def _completion(self, invocation_id: str, normalized: Mapping[str, Any]) -> Step:
+        """The ``tool_completed`` step of a settled result.  Settled only once
+        it is committed: until then the effect is unsettled evidence."""
+        c = self.c
+
+        def settled() -> None:
+            c._unsettled_dispatch.pop(invocation_id, None)
+            c._catalog.producer_settled(invocation_id, success=not normalized.get("is_error"))
+
+        data = freeze({"invocation_id": invocation_id, "result": normalized})
+        step = command_step("tool_completed", data, after=settled)
+        return attrs.evolve(step, settles=invocation_id)
 
     async def _complete(
         self, invocation_id: str, normalized: Mapping[str, Any], *, unless_stopped: bool = False
@@ -1452,20 +1496,54 @@ class TurnLoop:
         result: Mapping[str, Any],
         before: Step | None = None,
         carry: bool = False,
+        *,
+        completion: Step | None = None,
     ) -> None:
         """The transcript projection of a result, ``tool_completed`` once it is
-        committed (EVT-13); with ``carry`` (and nothing ``before`` it) it is
-        committed with the next provider attempt's intent."""
+        committed (EVT-13), in one commit with the result's own
+        ``completion`` when there is one; with ``carry`` (and nothing
+        ``before`` it) both are committed with the next provider attempt's
+        intent."""
         c = self.c
         message = {"role": "tool", "tool_call_id": call_id, "name": name, "result": result}
         step = checkpoint_step(
             lambda s: {**s, "messages": appended(s["messages"], message)},
             after=lambda: c._publish("tool_completed", {"message": message}),
         )
+        steps = (step,) if completion is None else (completion, step)
         if carry and before is None:
-            self._carry = step
+            self._carry = steps
             return
-        await self._flush(before, step, projection=before is None)
+        try:
+            await self._flush(before, *steps, projection=before is None)
+        except Error as error:
+            if completion is None or error.error_class is not ErrorClass.TIMEOUT:
+                raise
+            _late_results(c, steps)
+            c._request_stop("deadline_exceeded")
+            raise _Stop from None
+
+
+def _unless_steered(
+    build: Callable[[RunRecord, float], Command],
+) -> Callable[[RunRecord, float], Command]:
+    """``build``, refused with ``_InputArrived`` when the record it lands on
+    has steering queued."""
+
+    def guarded(record: RunRecord, now: float) -> Command:
+        if conversation_of(record).get("steering"):
+            raise _InputArrived
+        return build(record, now)
+
+    return guarded
+
+
+def _late_results(c: Conversation, steps: Sequence[Step]) -> None:
+    """The kernel refused a commit as past the run deadline: a result among
+    ``steps`` it did not commit stays unsettled evidence, saying why."""
+    for step in steps:
+        if step.settles is not None and step.settles in c._unsettled_dispatch:
+            c._unsettled_dispatch[step.settles] = "result not committed before the deadline"
 
 
 def _only_the_cut(group: BaseExceptionGroup[Any]) -> BaseException:
