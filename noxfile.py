@@ -115,7 +115,7 @@ def bench(session: nox.Session) -> None:
     """The benchmarks: each prints its ratios (record them in benchmarks/RESULTS.md).
     The store benchmark measures PostgreSQL too when TRIO_BACKPLANE_PG_DSN is set."""
     session.install("-e", ".[bench,postgres]")
-    for script in ("bench_schema.py", "bench_store.py", "bench_engine.py"):
+    for script in ("bench_schema.py", "bench_store.py", "bench_engine.py", "bench_memory.py"):
         session.run("python", f"benchmarks/{script}", *session.posargs)
 
 
