@@ -1204,18 +1204,20 @@ async def test_conv_25_conversation_key_is_reserved() -> None:
 
 # -- events (CONV-26, 27, 29) ---------------------------------------------------------
 
+#: the commands whose commit an after-commit event reports (a dispatched
+#: tool's message rides in its ``tool_completed``, a refusal's in a checkpoint)
 AFTER_COMMIT = {
-    "response_started": "provider_started",
-    "response_completed": "provider_completed",
-    "response_failed": "provider_completed",
-    "tool_started": "tool_invoked",
-    "tool_completed": "conversation_updated",
-    "prompt_consumed": "conversation_updated",
-    "turn_completed": "conversation_updated",
-    "turn_failed": "conversation_updated",
-    "run_completed": "finish",
-    "run_failed": "finish",
-    "run_cancelled": "cleanup_settled",
+    "response_started": {"provider_started"},
+    "response_completed": {"provider_completed"},
+    "response_failed": {"provider_completed"},
+    "tool_started": {"tool_invoked"},
+    "tool_completed": {"tool_completed", "conversation_updated"},
+    "prompt_consumed": {"conversation_updated"},
+    "turn_completed": {"conversation_updated"},
+    "turn_failed": {"conversation_updated"},
+    "run_completed": {"finish"},
+    "run_failed": {"finish"},
+    "run_cancelled": {"cleanup_settled"},
 }
 
 
@@ -1281,7 +1283,7 @@ async def test_conv_26_event_identity_and_after_commit_order(autojump_clock: Any
                 last_commits = []
             last_commits.append(value.removeprefix("run."))
         elif value.type in AFTER_COMMIT:
-            assert AFTER_COMMIT[value.type] in last_commits, (value.type, timeline.describe())
+            assert AFTER_COMMIT[value.type] & set(last_commits), (value.type, timeline.describe())
         previous = tag
 
 

@@ -132,10 +132,15 @@ class Run:
         type_: str,
         kind: str,
         check: Callable[[Event, RunRecord], None] | None = None,
+        *,
+        nth: int | None = None,
     ) -> int:
-        """Each ``type_`` event follows an acknowledged ``kind`` commit, with no
-        other acknowledgement in between; returns how many were checked."""
+        """Each ``type_`` event (only the ``nth``, 0-based, if given) follows an
+        acknowledged ``kind`` commit, with no other acknowledgement in
+        between; returns how many were checked."""
         found = self.of(type_)
+        if nth is not None:
+            found = found[nth : nth + 1]
         for at, event in found:
             _kind, record, _ack_at = self.latest_ack(at)
             # a merged commit is acknowledged once per command, same record
@@ -580,8 +585,9 @@ async def test_evt_12_tool_started_between_intent_and_backend(autojump_clock: An
 
 
 async def test_evt_13_tool_completed_after_tool_message_checkpoint(autojump_clock: Any) -> None:
-    """EVT-13: tool_completed (message) follows each checkpoint that appends a tool
-    message: a dispatched tool's result and a gateway refusal alike."""
+    """EVT-13: tool_completed (message) follows each commit that appends a tool
+    message: a dispatched tool's result (whose ``tool_completed`` command
+    carries its message) and a gateway refusal (a checkpoint) alike."""
 
     def check(event: Event, record: RunRecord) -> None:
         stored_last = thaw(record.context["conversation"]["messages"])[-1]
@@ -594,7 +600,8 @@ async def test_evt_13_tool_completed_after_tool_message_checkpoint(autojump_cloc
         ]
     )
     run = await timed_run(provider, [make_tool("work", RecordingBackend(ToolResult("r1")))])
-    assert run.assert_after_commit("tool_completed", "conversation_updated", check) == 2
+    assert run.assert_after_commit("tool_completed", "tool_completed", check, nth=0) == 1
+    assert run.assert_after_commit("tool_completed", "conversation_updated", check, nth=1) == 1
     messages = [thaw(e.payload["message"]) for _t, e in run.of("tool_completed")]
     assert messages[0] == {
         "role": "tool",
@@ -605,12 +612,11 @@ async def test_evt_13_tool_completed_after_tool_message_checkpoint(autojump_cloc
     assert messages[1]["tool_call_id"] == "c2"
     assert messages[1]["result"]["is_error"] is True
     assert messages[1]["result"]["error"]["class"] == "not_found"
-    # the dispatched tool's result is committed right before its transcript projection
+    # the dispatched tool's result is committed with its transcript message
     kinds = run.store.acknowledged_kinds()
-    projected = kinds.index("tool_completed") + 1
-    assert kinds[projected] == "conversation_updated"
-    messages_then = run.store.acknowledged[projected][1].context["conversation"]["messages"]
-    assert thaw(messages_then)[-1] == messages[0]
+    completed = run.store.acknowledged[kinds.index("tool_completed")][1]
+    assert thaw(completed.context["conversation"]["messages"])[-1] == messages[0]
+    assert any(completed.tool_results.values())
 
 
 # -- prompts (EVT-09, 10) -------------------------------------------------------------

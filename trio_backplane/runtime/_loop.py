@@ -1223,23 +1223,46 @@ class TurnLoop:
         # A result returned after cancel() is never committed: the effect
         # stays unsettled evidence and the run ends unknown_outcome (TOOL-22).
         await trio.lowlevel.checkpoint_if_cancelled()
-        completion = self._completion(invocation_id, normalized)
-        await self._tool_message(
-            call_id, descriptor.name, normalized, carry=carry, completion=completion
+        step = self._completion(invocation_id, call_id, descriptor.name, normalized)
+        if carry:
+            self._carry = (step,)
+            return
+        try:
+            await self._flush(step, projection=True)
+        except Error as error:
+            if error.error_class is not ErrorClass.TIMEOUT:
+                raise
+            _late_results(c, (step,))
+            c._request_stop("deadline_exceeded")
+            raise _Stop from None
+
+    def _completion(
+        self, invocation_id: str, call_id: str, name: str, normalized: Mapping[str, Any]
+    ) -> Step:
+        """The ``tool_completed`` step of a settled result, its transcript
+        message in the same command: a result is durable no later than the
+        message showing it (TOOL-08, TOOL-25).  Settled, and the message
+        published, only once it is committed: until then the effect is
+        unsettled evidence."""
+        c = self.c
+        message = freeze(
+            {"role": "tool", "tool_call_id": call_id, "name": name, "result": normalized}
         )
 
-    def _completion(self, invocation_id: str, normalized: Mapping[str, Any]) -> Step:
-        """The ``tool_completed`` step of a settled result.  Settled only once
-        it is committed: until then the effect is unsettled evidence."""
-        c = self.c
+        def build(record: RunRecord, now: float) -> Command:
+            data = {
+                "invocation_id": invocation_id,
+                "result": normalized,
+                "conversation": _append(conversation_of(record), message=message),
+            }
+            return Command("tool_completed", now, freeze(data))
 
         def settled() -> None:
             c._unsettled_dispatch.pop(invocation_id, None)
             c._catalog.producer_settled(invocation_id, success=not normalized.get("is_error"))
+            c._publish("tool_completed", {"message": message})
 
-        data = freeze({"invocation_id": invocation_id, "result": normalized})
-        step = command_step("tool_completed", data, after=settled)
-        return attrs.evolve(step, settles=invocation_id)
+        return Step(build, settled, settles=invocation_id)
 
     async def _complete(
         self, invocation_id: str, normalized: Mapping[str, Any], *, unless_stopped: bool = False
@@ -1496,13 +1519,10 @@ class TurnLoop:
         result: Mapping[str, Any],
         before: Step | None = None,
         carry: bool = False,
-        *,
-        completion: Step | None = None,
     ) -> None:
-        """The transcript projection of a result, ``tool_completed`` once it is
-        committed (EVT-13), in one commit with the result's own
-        ``completion`` when there is one; with ``carry`` (and nothing
-        ``before`` it) both are committed with the next provider attempt's
+        """The transcript message of a call that ran nothing (a refusal), its
+        ``tool_completed`` event once committed (EVT-13); with ``carry`` (and
+        nothing ``before`` it) committed with the next provider attempt's
         intent."""
         c = self.c
         message = {"role": "tool", "tool_call_id": call_id, "name": name, "result": result}
@@ -1510,18 +1530,10 @@ class TurnLoop:
             lambda s: {**s, "messages": appended(s["messages"], message)},
             after=lambda: c._publish("tool_completed", {"message": message}),
         )
-        steps = (step,) if completion is None else (completion, step)
         if carry and before is None:
-            self._carry = steps
+            self._carry = (step,)
             return
-        try:
-            await self._flush(before, *steps, projection=before is None)
-        except Error as error:
-            if completion is None or error.error_class is not ErrorClass.TIMEOUT:
-                raise
-            _late_results(c, steps)
-            c._request_stop("deadline_exceeded")
-            raise _Stop from None
+        await self._flush(before, step, projection=before is None)
 
 
 def _unless_steered(
