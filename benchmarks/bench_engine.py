@@ -169,10 +169,16 @@ class Counting:
 
 
 async def commits_per_step() -> tuple[float, float]:
-    """(store commits, kernel commands) per step, from an untimed run."""
-    store = Counting(MemoryStore())
-    await one_run(store, run_id(), STEPS)
-    return store.commits / STEPS, store.events / STEPS
+    """(store commits, kernel commands) a tool step adds, from untimed runs:
+    a STEPS-step run's counts minus a 0-step run's (the prompt's admission
+    and the final answer are the run's, not a step's), over STEPS."""
+    counted = []
+    for steps in (0, STEPS):
+        store = Counting(MemoryStore())
+        await one_run(store, run_id(), steps)
+        counted.append((store.commits, store.events))
+    (commits_0, events_0), (commits_n, events_n) = counted
+    return (commits_n - commits_0) / STEPS, (events_n - events_0) / STEPS
 
 
 async def concurrent_per_step(make_store: Callable[[], Awaitable[Any]]) -> float:

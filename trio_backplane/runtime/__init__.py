@@ -1,9 +1,9 @@
 """The Conversation engine on Trio: the only layer that knows about Trio."""
 
 from .._public import fixup_module_metadata
+from ._context import ToolContext, ToolOperation
 from ._conversation import Conversation, open_conversation
 from ._deadline import DeadlineBudget
-from ._loop import ToolContext, ToolOperation
 from ._provider import (
     Provider,
     ProviderEvent,

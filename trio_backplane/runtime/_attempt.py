@@ -11,7 +11,7 @@ the commits.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, final
 
 import attrs
@@ -105,22 +105,15 @@ class ResponseAssembler:
 
     def feed(self, event: Any) -> Publication | None:
         """Take one event; the transient event to publish for it, if any."""
-        if not isinstance(event, PROVIDER_EVENTS):
+        handler = _HANDLERS.get(type(event))  # the event classes are final
+        if handler is None:
             self.failure = Error(
                 ErrorClass.VALIDATION,
                 "unsupported normalized provider event",
                 {"type": type(event).__name__},
             )
             return None
-        if isinstance(event, ResponseCompleted):
-            self.terminal = True
-            self._complete(event)
-            return None
-        if isinstance(event, ResponseFailed):
-            self.terminal = True
-            self.failure = _provider_error(event.error)
-            return None
-        return self._forward(event)
+        return handler(self, event)
 
     def outcome(self) -> AttemptOutcome:
         """The attempt's outcome, once the stream has ended."""
@@ -144,7 +137,8 @@ class ResponseAssembler:
             failure = _malformed_call(calls)
         return AttemptOutcome(message=message, calls=calls, usage=usage, failure=failure)
 
-    def _complete(self, event: ResponseCompleted) -> None:
+    def _response_completed(self, event: ResponseCompleted) -> None:
+        self.terminal = True
         # copied first: what is checked and counted is what is committed,
         # whatever the provider's own object does afterwards
         try:
@@ -161,34 +155,54 @@ class ResponseAssembler:
         if event.usage is not None:
             self._usage.append(thaw(event.usage))
 
-    def _forward(self, event: Any) -> Publication | None:
-        accounting = self._accounting
-        if isinstance(event, TextDelta):
-            accounting.add(("text", event.index), delta=utf8_size(event.text))
-            return "content_text_delta", {"delta": event.text, "index": event.index}
-        if isinstance(event, ThinkingDelta):
-            accounting.add(("thinking", event.index), delta=utf8_size(event.text))
-            return "content_thinking_delta", {"delta": event.text, "index": event.index}
-        if isinstance(event, ToolCallStarted):
-            call = {"id": event.tool_call_id, "name": event.name, "index": event.index}
-            return "tool_call_started", {"tool_call": call}
-        if isinstance(event, ToolCallArgumentsDelta):
-            accounting.add(("tool", event.tool_call_id), delta=utf8_size(event.delta))
-            payload = {"delta": event.delta, "index": event.index}
-            return "tool_call_arguments_delta", {**payload, "tool_call_id": event.tool_call_id}
-        if isinstance(event, ToolCallCompleted):
-            try:
-                size = utf8_size(event.arguments)
-            except (TypeError, ValueError, RecursionError) as exc:  # sizes of what is not JSON
-                raise _unsized("tool call", exc) from None
-            accounting.add(("tool", event.tool_call_id), snapshot=size)
-            completed = {"id": event.tool_call_id, "name": event.name, "arguments": event.arguments}
-            self._completed.append(completed)
-            return "tool_call_completed", {"tool_call": completed}
-        if isinstance(event, Usage):
-            self._usage.append(thaw(event.usage))
-            return "usage_updated", {"usage": event.usage}
-        return None
+    def _response_failed(self, event: ResponseFailed) -> None:
+        self.terminal = True
+        self.failure = _provider_error(event.error)
+
+    def _text(self, event: TextDelta) -> Publication:
+        self._accounting.add(("text", event.index), delta=utf8_size(event.text))
+        return "content_text_delta", {"delta": event.text, "index": event.index}
+
+    def _thinking(self, event: ThinkingDelta) -> Publication:
+        self._accounting.add(("thinking", event.index), delta=utf8_size(event.text))
+        return "content_thinking_delta", {"delta": event.text, "index": event.index}
+
+    def _call_started(self, event: ToolCallStarted) -> Publication:
+        call = {"id": event.tool_call_id, "name": event.name, "index": event.index}
+        return "tool_call_started", {"tool_call": call}
+
+    def _call_arguments(self, event: ToolCallArgumentsDelta) -> Publication:
+        self._accounting.add(("tool", event.tool_call_id), delta=utf8_size(event.delta))
+        payload = {"delta": event.delta, "index": event.index}
+        return "tool_call_arguments_delta", {**payload, "tool_call_id": event.tool_call_id}
+
+    def _call_completed(self, event: ToolCallCompleted) -> Publication:
+        try:
+            size = utf8_size(event.arguments)
+        except (TypeError, ValueError, RecursionError) as exc:  # sizes of what is not JSON
+            raise _unsized("tool call", exc) from None
+        self._accounting.add(("tool", event.tool_call_id), snapshot=size)
+        completed = {"id": event.tool_call_id, "name": event.name, "arguments": event.arguments}
+        self._completed.append(completed)
+        return "tool_call_completed", {"tool_call": completed}
+
+    def _usage_report(self, event: Usage) -> Publication:
+        self._usage.append(thaw(event.usage))
+        return "usage_updated", {"usage": event.usage}
+
+
+#: what each provider event class does to a response
+_HANDLERS: dict[type, Callable[[ResponseAssembler, Any], Publication | None]] = {
+    TextDelta: ResponseAssembler._text,
+    ThinkingDelta: ResponseAssembler._thinking,
+    ToolCallStarted: ResponseAssembler._call_started,
+    ToolCallArgumentsDelta: ResponseAssembler._call_arguments,
+    ToolCallCompleted: ResponseAssembler._call_completed,
+    Usage: ResponseAssembler._usage_report,
+    ResponseCompleted: ResponseAssembler._response_completed,
+    ResponseFailed: ResponseAssembler._response_failed,
+}
+assert set(_HANDLERS) == set(PROVIDER_EVENTS)
 
 
 def _account_content(accounting: _Accounting, message: Mapping[str, Any]) -> None:

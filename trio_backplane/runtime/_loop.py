@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, final
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -12,7 +12,6 @@ import trio
 from ..errors import Error, ErrorClass, exception_leaves
 from ..kernel import (
     Command,
-    FrozenDict,
     FrozenList,
     RunRecord,
     appended,
@@ -26,23 +25,22 @@ from ..tools import (
     Approval,
     ApprovalDecision,
     Invocation,
-    PublicationReceipt,
     Rejection,
     ToolDescriptor,
-    ToolRegistry,
     ToolResult,
     arguments_digest,
     authorize,
     decide_approval,
     settlement,
 )
+from ._attempt import ResponseAssembler
+from ._context import ToolContext, ToolOperation
 from ._conversation import (
     HOST_RESOLVER,
     Step,
     _InputArrived,
     _Rejected,
     _Stop,
-    _StorageFailed,
     checkpoint_step,
     command_step,
     conversation_of,
@@ -50,16 +48,9 @@ from ._conversation import (
 from ._deadline import DeadlineBudget
 from ._interactions import wait_for_human
 from ._provider import (
-    PROVIDER_EVENTS,
     ProviderRequest,
     ResponseCompleted,
     ResponseFailed,
-    TextDelta,
-    ThinkingDelta,
-    ToolCallArgumentsDelta,
-    ToolCallCompleted,
-    ToolCallStarted,
-    Usage,
 )
 from ._redact import redacted, scrub, secrets_of
 from ._types import Continue, HookContext
@@ -67,139 +58,7 @@ from ._types import Continue, HookContext
 if TYPE_CHECKING:
     from ._conversation import Conversation
 
-__all__ = ["ToolContext", "ToolOperation", "TurnLoop"]
-
-
-@final
-class ToolContext:
-    """Callables bound to one executing effect; each raises ``resource_conflict``
-    once that effect has ended (TOOL-27, INT-17, NEST-01, PUB-12)."""
-
-    __slots__ = (
-        "_caller",
-        "_conversation",
-        "_invocation_id",
-        "_live",
-        "_loop",
-        "_nested_busy",
-        "_nested_ended",
-        "_nested_stop",
-        "_tool",
-        "_waiting",
-        "_waits",
-    )
-
-    def __init__(
-        self, conversation: Conversation, loop: TurnLoop, tool: str, invocation_id: str
-    ) -> None:
-        self._conversation = conversation
-        self._loop = loop
-        self._tool = tool
-        self._invocation_id = invocation_id
-        self._live = True
-        self._nested_busy = False
-        #: the scope of an ``interact`` waiting now: the effect's end cuts it
-        self._waiting: trio.CancelScope | None = None
-        #: the stop scope of the nested call executing now, and when the
-        #: nested call (started from here) ended
-        self._nested_stop: trio.CancelScope | None = None
-        self._nested_ended: trio.Event | None = None
-        #: one event per ``interact`` still running, set when it has ended
-        #: (its withdrawal included): calls may end in any order
-        self._waits: set[trio.Event] | None = None
-        #: the context of the tool that made this nested call, if any
-        self._caller: ToolContext | None = None
-
-    def _executing(self) -> bool:
-        """Whether this effect and every one enclosing it still execute."""
-        context: ToolContext | None = self
-        while context is not None:
-            if not context._live:
-                return False
-            context = context._caller
-        return True
-
-    def _end(self) -> None:
-        self._live = False
-        if self._waiting is not None:
-            # An interaction the effect left waiting (in a task that outlived
-            # it) is bound to the effect: it ends with it, and is withdrawn.
-            self._waiting.cancel()
-        if self._nested_stop is not None:
-            self._nested_stop.cancel()  # so is a nested call it left running
-
-    def emit(self, update: Mapping[str, Any]) -> None:
-        """Forward ``update`` to subscribers as a transient ``tool_update`` (TOOL-27)."""
-        self._conversation._require_own_run()  # never from a worker thread
-        if not self._live:
-            raise Error(ErrorClass.RESOURCE_CONFLICT, "stale stream")
-        if not isinstance(update, Mapping):
-            raise Error(ErrorClass.VALIDATION, "a tool update must be a mapping")
-        self._conversation._publish("tool_update", freeze(update, "tool update"))
-
-    async def interact(self, request: Mapping[str, Any]) -> Any:
-        """Ask a person; returns the committed answer (INT-05). While waiting, the
-        run and every armed effect deadline are suspended (INT-06, INT-18)."""
-        self._conversation._require_own_run()
-        if not isinstance(request, Mapping):
-            raise Error(ErrorClass.VALIDATION, "an interaction request must be a mapping")
-        if not self._live:
-            raise Error(ErrorClass.RESOURCE_CONFLICT, "stale or overlapping interaction")
-
-        with trio.CancelScope() as scope:
-            # (an overlapping call, refused below, must not unbind the one
-            # already waiting: it restores it)
-            previous, self._waiting = self._waiting, scope
-            ended = trio.Event()
-            if self._waits is None:
-                self._waits = set()
-            self._waits.add(ended)
-            try:
-                answer, _ = await wait_for_human(self._conversation, request)
-            except _StorageFailed as failed:
-                raise failed.error from None  # the backend sees storage_failed (CAN-17)
-            except _Stop:
-                raise _stopping() from None  # settled meanwhile: classed for the backend
-            finally:
-                self._waiting = previous
-                ended.set()
-                self._waits.discard(ended)
-            return answer
-        # the effect ended while this waited (INT-17)
-        raise Error(ErrorClass.RESOURCE_CONFLICT, "stale or overlapping interaction")
-
-    @property
-    def catalog_registry(self) -> ToolRegistry:
-        """The registry of the catalog in force (read-only), for discovery tools
-        that build the next catalog from it; never model-visible."""
-        return self._conversation._catalog.bundle.registry
-
-    def stage_catalog(self, publication: Any) -> PublicationReceipt:
-        """Stage a catalog produced by this tool (synchronous, PUB-02)."""
-        self._conversation._require_own_run()
-        if not self._executing():  # (a nested call whose caller ended stages nothing)
-            raise Error(ErrorClass.RESOURCE_CONFLICT, "staging requires an executing tool")
-        return self._conversation._stage(publication, self._invocation_id)
-
-    async def nested_dispatch(self, tool_name: str, arguments: Any) -> ToolResult:
-        """Run another tool from this one: one at a time, never itself, never an
-        approval-gated tool; its own intent, work unit and deadline (NEST-01..09)."""
-        self._conversation._require_own_run()
-        if not self._live or self._nested_busy:
-            raise Error(ErrorClass.RESOURCE_CONFLICT, "nested dispatch is not available now")
-        if tool_name == self._tool:
-            raise Error(ErrorClass.RESOURCE_CONFLICT, "a tool cannot invoke itself")
-        self._nested_busy = True
-        self._nested_ended = trio.Event()
-        try:
-            return await self._loop._nested(self, tool_name, arguments)
-        except _StorageFailed as failed:  # the nested intent or result commit failed (CAN-17)
-            raise failed.error from None
-        except _Stop:
-            raise _stopping() from None  # settled meanwhile: classed for the backend
-        finally:
-            self._nested_busy = False
-            self._nested_ended.set()
+__all__ = ["TurnLoop"]
 
 
 def _require_time_left(c: Conversation, descriptor: ToolDescriptor) -> None:
@@ -211,33 +70,6 @@ def _require_time_left(c: Conversation, descriptor: ToolDescriptor) -> None:
             "the calling tool's deadline has passed",
             {"tool": descriptor.name, "certainty": "not_dispatched"},
         )
-
-
-def _stopping() -> Error:
-    """What a backend sees from a call into a run that is stopping or settled."""
-    return Error(ErrorClass.CANCELLED, "the run is stopping")
-
-
-@final
-@attrs.frozen
-class ToolOperation:
-    """What a backend's ``execute`` receives (TOOL-05)."""
-
-    run_id: str
-    incarnation: int
-    step_id: str
-    attempt_id: str
-    invocation_id: str
-    tool_call_id: str
-    turn_id: str
-    tool_name: str
-    tool_revision: int
-    catalog_revision: int
-    arguments: Any
-    caller: Any
-    effective_authority: Any
-    backend_context: Any
-    context: ToolContext
 
 
 class _CallerEnded(Exception):
@@ -290,36 +122,6 @@ def _error_result(error: Error) -> Mapping[str, Any]:
         }
     )
     return result
-
-
-class _Accounting:
-    """Provider output per attempt (PRV-12..15): each block counts once, as the
-    larger of its summed deltas and its largest snapshot."""
-
-    def __init__(self, limit: float) -> None:
-        self.limit = limit
-        self.deltas: dict[Any, int] = {}
-        self.snapshots: dict[Any, int] = {}
-        #: the sum over keys of max(deltas, snapshot), kept as they change:
-        #: an event costs its own key, not a walk of every block so far
-        self.total = 0
-
-    def add(self, key: Any, *, delta: int = 0, snapshot: int = 0) -> None:
-        deltas = self.deltas.get(key, 0)
-        largest = self.snapshots.get(key, 0)
-        before = max(deltas, largest)
-        if delta:
-            deltas = self.deltas[key] = deltas + delta
-        if snapshot > largest:
-            largest = self.snapshots[key] = snapshot
-        self.total += max(deltas, largest) - before
-        size = self.total
-        if size > self.limit:
-            raise Error(
-                ErrorClass.RESOURCE_CONFLICT,
-                "provider output limit exceeded",
-                {"scope": "provider_response", "size": size, "limit": self.limit},
-            )
 
 
 class TurnLoop:
@@ -711,13 +513,8 @@ class TurnLoop:
             tools=c._catalog.provider_tools,
         )
         budget = DeadlineBudget("effect", c._options.effect_timeout, c._now)
-        usage: list[Any] = []
-        completed: list[dict[str, Any]] = []
-        message: Mapping[str, Any] | None = None
-        failure: Error | None = None
-        accounting = _Accounting(c._options.provider_output_limit)
-        terminal = False  # a terminal event ended the response (PRV-03)
-        late = False  # ... after effect_timeout (a stream that ignored its cut)
+        assembler = ResponseAssembler(c._options.provider_output_limit)
+        late = False  # a terminal event came after effect_timeout (a stream that ignored its cut)
         with budget.arm() as scope:
             source: Any = None
             stream: Any = None
@@ -727,33 +524,13 @@ class TurnLoop:
                 try:
                     stream = _async_iterator(source)
                     async for event in stream:
-                        if not isinstance(event, PROVIDER_EVENTS):
-                            failure = Error(
-                                ErrorClass.VALIDATION,
-                                "unsupported normalized provider event",
-                                {"type": type(event).__name__},
-                            )
-                            break
                         if isinstance(event, ResponseCompleted | ResponseFailed):
-                            terminal = True
                             late = c._now() >= scope.deadline
-                        if isinstance(event, ResponseCompleted):
-                            # copied first: what is checked and counted is
-                            # what is committed, whatever the provider's own
-                            # object does afterwards
-                            try:
-                                message = freeze(event.message, "provider response")
-                            except Error as error:
-                                failure = _not_json("response", error)
-                                break
-                            self._account_message(accounting, message)
-                            if event.usage is not None:
-                                usage.append(thaw(event.usage))
+                        publication = assembler.feed(event)
+                        if publication is not None:
+                            c._publish(*publication)
+                        if assembler.done:
                             break
-                        if isinstance(event, ResponseFailed):
-                            failure = _provider_error(event.error)
-                            break
-                        self._forward(event, accounting, usage, completed)
                 except BaseException:
                     interrupted = True  # by a cut or the stream's failure: that is the outcome
                     raise
@@ -780,34 +557,38 @@ class TurnLoop:
                             # error, or a generator that yields again).  Nor
                             # can it hide what interrupted the stream: a cut
                             # by effect_timeout stays uncertain (CAN-08).
-                            if not terminal and not interrupted:
+                            if not assembler.terminal and not interrupted:
                                 raise
                         finally:
                             c._closing = None
             except Error as error:
-                failure = error
+                assembler.fail(error)
             except trio.Cancelled:
                 raise
             except Exception as exc:
                 cause = scrub(f"{type(exc).__name__}: {exc}", c._provider_secrets)
-                failure = Error(
-                    ErrorClass.EXECUTION_FAILURE, "provider stream failed", {"cause": cause[:500]}
+                assembler.fail(
+                    Error(
+                        ErrorClass.EXECUTION_FAILURE,
+                        "provider stream failed",
+                        {"cause": cause[:500]},
+                    )
                 )
             except BaseExceptionGroup as group:  # the stream's own nursery, cut
                 cut = _only_the_cut(group)
                 if cut is group:
                     raise
                 raise cut from None
-        if failure is not None:
+        if assembler.failure is not None:
             # what the provider said of its failure is committed and
             # published: never a credential it was given (PRV-18)
-            failure = redacted(failure, c._provider_secrets)
+            assembler.fail(redacted(assembler.failure, c._provider_secrets))
         stopping = c._stop_reason is not None or c._now() >= c._run_budget.deadline
         # A close cut by effect_timeout after the terminal event leaves the
         # response as it arrived; a stop still interrupts it.  A terminal
         # event arriving past effect_timeout (the stream ignored its cut) is
         # a timeout all the same (KER-10).
-        if (budget.timed_out() and (stopping or not terminal)) or late:
+        if (budget.timed_out() and (stopping or not assembler.terminal)) or late:
             if stopping:
                 # Cut while closing by the cleanup budget of a stop (a cancel,
                 # or the run deadline that passed meanwhile), not by
@@ -822,23 +603,8 @@ class TurnLoop:
                     {"certainty": "uncertain", "effect": f"provider:{attempt_id}"},
                 )
             )
-        if failure is None and not terminal:
-            failure = Error(ErrorClass.VALIDATION, "provider ended without terminal event")
-        if failure is None and (
-            not isinstance(message, Mapping) or message.get("role") != "assistant"
-        ):
-            failure = Error(ErrorClass.VALIDATION, "provider message role must be assistant")
-        if usage:
-            try:  # frozen once, here: appending them then costs no walk
-                usage[:] = freeze(usage, "provider usage")
-            except Error as error:
-                usage.clear()  # reports that are not JSON data are dropped, never stored
-                failure = failure or _not_json("usage", error)
-        calls: list[dict[str, Any]] = []
-        if failure is None:
-            assert message is not None
-            calls = _tool_calls(message, completed)
-            failure = _malformed_call(calls)
+        outcome = assembler.outcome()
+        usage, calls, failure = outcome.usage, outcome.calls, outcome.failure
         if failure is not None:
             result = freeze({"error": failure.to_dict()})
 
@@ -860,6 +626,7 @@ class TurnLoop:
             c._publish("response_failed", {"error": failure.to_dict()})
             c._attempt_id = None
             raise _TurnFailed(failure)
+        message = outcome.message
         assert message is not None
         response = message
 
@@ -888,84 +655,6 @@ class TurnLoop:
             c._attempt_id = None
 
         return message, calls, Step(build, completed_event)
-
-    def _forward(
-        self,
-        event: Any,
-        accounting: _Accounting,
-        usage: list[Any],
-        completed: list[dict[str, Any]],
-    ) -> None:
-        c = self.c
-        if isinstance(event, TextDelta):
-            accounting.add(("text", event.index), delta=utf8_size(event.text))
-            c._publish("content_text_delta", {"delta": event.text, "index": event.index})
-        elif isinstance(event, ThinkingDelta):
-            accounting.add(("thinking", event.index), delta=utf8_size(event.text))
-            c._publish("content_thinking_delta", {"delta": event.text, "index": event.index})
-        elif isinstance(event, ToolCallStarted):
-            c._publish(
-                "tool_call_started",
-                {"tool_call": {"id": event.tool_call_id, "name": event.name, "index": event.index}},
-            )
-        elif isinstance(event, ToolCallArgumentsDelta):
-            accounting.add(("tool", event.tool_call_id), delta=utf8_size(event.delta))
-            c._publish(
-                "tool_call_arguments_delta",
-                {"delta": event.delta, "index": event.index, "tool_call_id": event.tool_call_id},
-            )
-        elif isinstance(event, ToolCallCompleted):
-            try:
-                size = utf8_size(event.arguments)
-            except (TypeError, ValueError, RecursionError) as exc:  # sizes of what is not JSON
-                raise _unsized("tool call", exc) from None
-            accounting.add(("tool", event.tool_call_id), snapshot=size)
-            call = {"id": event.tool_call_id, "name": event.name, "arguments": event.arguments}
-            completed.append(call)
-            c._publish("tool_call_completed", {"tool_call": call})
-        elif isinstance(event, Usage):
-            usage.append(thaw(event.usage))
-            c._publish("usage_updated", {"usage": event.usage})
-
-    def _account_message(self, accounting: _Accounting, message: Any) -> None:
-        if type(message) is not FrozenDict and not isinstance(message, Mapping):
-            return
-        try:
-            self._account_content(accounting, message)
-        except (TypeError, ValueError, RecursionError) as exc:  # sizes of what is not JSON
-            raise _unsized("response", exc) from None
-
-    def _account_content(self, accounting: _Accounting, message: Mapping[str, Any]) -> None:
-        content = message.get("content")
-        if isinstance(content, str):
-            accounting.add(("text", 0), snapshot=utf8_size(content))
-            return
-        if isinstance(content, list | tuple):
-            # a block without "index" takes its position among blocks of its own
-            # kind, matching TextDelta/ThinkingDelta indexes (both start at 0), so a
-            # text block after a thinking block is not counted twice (PRV-14)
-            positions = {"text": 0, "thinking": 0}
-            # Two blocks of this message never share a key: each counts (a
-            # message repeating one index or tool call id a thousand times
-            # must not pass as one block, PRV-13).
-            seen: set[Any] = set()
-            for position, block in enumerate(content):
-                if type(block) is not FrozenDict and not isinstance(block, Mapping):
-                    continue
-                kind = block.get("type")
-                if kind == "tool_call":
-                    key: Any = ("tool", block.get("id"))
-                    size = utf8_size(block.get("arguments"))
-                elif kind in ("text", "thinking"):
-                    key = (kind, block.get("index", positions[kind]))
-                    size = utf8_size(block.get(kind, block.get("text", "")))
-                    positions[kind] += 1
-                else:
-                    continue
-                if key in seen:
-                    key = (*key, "block", position)
-                seen.add(key)
-                accounting.add(key, snapshot=size)
 
     # -- the tool gateway --------------------------------------------------------
 
@@ -1571,51 +1260,6 @@ def _only_the_cut(group: BaseExceptionGroup[Any]) -> BaseException:
     return cancelled
 
 
-def _provider_error(error: Any) -> Error:
-    """The classed error a ``ResponseFailed`` carries (a provider that put
-    something else there failed all the same, classed)."""
-    if isinstance(error, Error):
-        return error
-    return Error(
-        ErrorClass.EXECUTION_FAILURE,
-        "provider failed without a classed error",
-        {"type": type(error).__name__},
-    )
-
-
-def _unsized(what: str, exc: BaseException) -> Error:
-    """A provider ``what`` whose size could not be taken: not JSON data."""
-    return Error(
-        ErrorClass.VALIDATION,
-        f"provider {what} is not JSON data",
-        {"cause": f"{type(exc).__name__}: {exc}"[:300]},
-    )
-
-
-def _not_json(what: str, error: Error) -> Error:
-    return Error(
-        ErrorClass.VALIDATION, f"provider {what} is not JSON data", {"cause": error.message}
-    )
-
-
-def _malformed_call(calls: list[dict[str, Any]]) -> Error | None:
-    """A tool call without a str id and name (Unicode text: a streamed call
-    was never frozen) cannot be run nor committed."""
-    for call in calls:
-        if type(call["id"]) is not str or not call["id"] or type(call["name"]) is not str:
-            return Error(
-                ErrorClass.VALIDATION,
-                "provider tool call needs a str id and name",
-                {"id": repr(call["id"])[:100], "name": repr(call["name"])[:100]},
-            )
-        if not (call["id"].isascii() and call["name"].isascii()):
-            try:
-                freeze((call["id"], call["name"]), "provider tool call")
-            except Error as error:
-                return _not_json("tool call", error)
-    return None
-
-
 def _async_iterator(stream: Any) -> Any:
     """The iterator of what ``provider.stream`` returned (an async iterator
     is its own; an async iterable, an SDK's response object say, gives one):
@@ -1705,25 +1349,3 @@ def _append(
         new["usage"] = appended(state.get("usage", ()), *usage)
     frozen: Mapping[str, Any] = freeze(new)
     return frozen
-
-
-def _tool_calls(
-    message: Mapping[str, Any], completed: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """PRV-17: tool-call blocks of the terminal message are authoritative;
-    otherwise the incrementally completed calls, in completion order."""
-    content = message.get("content")
-    blocks: list[dict[str, Any]] = []
-    if isinstance(content, list | tuple):
-        for block in content:
-            if (type(block) is FrozenDict or isinstance(block, Mapping)) and block.get(
-                "type"
-            ) == "tool_call":
-                blocks.append(
-                    {
-                        "id": block.get("id"),
-                        "name": block.get("name"),
-                        "arguments": block.get("arguments"),
-                    }
-                )
-    return blocks if blocks else completed

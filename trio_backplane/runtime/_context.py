@@ -1,0 +1,181 @@
+"""What a tool backend holds while it executes: its operation (TOOL-05) and
+the context bound to that one effect (TOOL-27, INT-17, NEST-01, PUB-12)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, final
+
+import attrs
+import trio
+
+from ..errors import Error, ErrorClass
+from ..kernel import freeze
+from ..tools import PublicationReceipt, ToolRegistry, ToolResult
+from ._conversation import _Stop, _StorageFailed
+from ._interactions import wait_for_human
+
+if TYPE_CHECKING:
+    from ._conversation import Conversation
+    from ._loop import TurnLoop
+
+__all__ = ["ToolContext", "ToolOperation"]
+
+
+@final
+class ToolContext:
+    """Callables bound to one executing effect; each raises ``resource_conflict``
+    once that effect has ended (TOOL-27, INT-17, NEST-01, PUB-12)."""
+
+    __slots__ = (
+        "_caller",
+        "_conversation",
+        "_invocation_id",
+        "_live",
+        "_loop",
+        "_nested_busy",
+        "_nested_ended",
+        "_nested_stop",
+        "_tool",
+        "_waiting",
+        "_waits",
+    )
+
+    def __init__(
+        self, conversation: Conversation, loop: TurnLoop, tool: str, invocation_id: str
+    ) -> None:
+        self._conversation = conversation
+        self._loop = loop
+        self._tool = tool
+        self._invocation_id = invocation_id
+        self._live = True
+        self._nested_busy = False
+        #: the scope of an ``interact`` waiting now: the effect's end cuts it
+        self._waiting: trio.CancelScope | None = None
+        #: the stop scope of the nested call executing now, and when the
+        #: nested call (started from here) ended
+        self._nested_stop: trio.CancelScope | None = None
+        self._nested_ended: trio.Event | None = None
+        #: one event per ``interact`` still running, set when it has ended
+        #: (its withdrawal included): calls may end in any order
+        self._waits: set[trio.Event] | None = None
+        #: the context of the tool that made this nested call, if any
+        self._caller: ToolContext | None = None
+
+    def _executing(self) -> bool:
+        """Whether this effect and every one enclosing it still execute."""
+        context: ToolContext | None = self
+        while context is not None:
+            if not context._live:
+                return False
+            context = context._caller
+        return True
+
+    def _end(self) -> None:
+        self._live = False
+        if self._waiting is not None:
+            # An interaction the effect left waiting (in a task that outlived
+            # it) is bound to the effect: it ends with it, and is withdrawn.
+            self._waiting.cancel()
+        if self._nested_stop is not None:
+            self._nested_stop.cancel()  # so is a nested call it left running
+
+    def emit(self, update: Mapping[str, Any]) -> None:
+        """Forward ``update`` to subscribers as a transient ``tool_update`` (TOOL-27)."""
+        self._conversation._require_own_run()  # never from a worker thread
+        if not self._live:
+            raise Error(ErrorClass.RESOURCE_CONFLICT, "stale stream")
+        if not isinstance(update, Mapping):
+            raise Error(ErrorClass.VALIDATION, "a tool update must be a mapping")
+        self._conversation._publish("tool_update", freeze(update, "tool update"))
+
+    async def interact(self, request: Mapping[str, Any]) -> Any:
+        """Ask a person; returns the committed answer (INT-05). While waiting, the
+        run and every armed effect deadline are suspended (INT-06, INT-18)."""
+        self._conversation._require_own_run()
+        if not isinstance(request, Mapping):
+            raise Error(ErrorClass.VALIDATION, "an interaction request must be a mapping")
+        if not self._live:
+            raise Error(ErrorClass.RESOURCE_CONFLICT, "stale or overlapping interaction")
+
+        with trio.CancelScope() as scope:
+            # (an overlapping call, refused below, must not unbind the one
+            # already waiting: it restores it)
+            previous, self._waiting = self._waiting, scope
+            ended = trio.Event()
+            if self._waits is None:
+                self._waits = set()
+            self._waits.add(ended)
+            try:
+                answer, _ = await wait_for_human(self._conversation, request)
+            except _StorageFailed as failed:
+                raise failed.error from None  # the backend sees storage_failed (CAN-17)
+            except _Stop:
+                raise _stopping() from None  # settled meanwhile: classed for the backend
+            finally:
+                self._waiting = previous
+                ended.set()
+                self._waits.discard(ended)
+            return answer
+        # the effect ended while this waited (INT-17)
+        raise Error(ErrorClass.RESOURCE_CONFLICT, "stale or overlapping interaction")
+
+    @property
+    def catalog_registry(self) -> ToolRegistry:
+        """The registry of the catalog in force (read-only), for discovery tools
+        that build the next catalog from it; never model-visible."""
+        return self._conversation._catalog.bundle.registry
+
+    def stage_catalog(self, publication: Any) -> PublicationReceipt:
+        """Stage a catalog produced by this tool (synchronous, PUB-02)."""
+        self._conversation._require_own_run()
+        if not self._executing():  # (a nested call whose caller ended stages nothing)
+            raise Error(ErrorClass.RESOURCE_CONFLICT, "staging requires an executing tool")
+        return self._conversation._stage(publication, self._invocation_id)
+
+    async def nested_dispatch(self, tool_name: str, arguments: Any) -> ToolResult:
+        """Run another tool from this one: one at a time, never itself, never an
+        approval-gated tool; its own intent, work unit and deadline (NEST-01..09)."""
+        self._conversation._require_own_run()
+        if not self._live or self._nested_busy:
+            raise Error(ErrorClass.RESOURCE_CONFLICT, "nested dispatch is not available now")
+        if tool_name == self._tool:
+            raise Error(ErrorClass.RESOURCE_CONFLICT, "a tool cannot invoke itself")
+        self._nested_busy = True
+        self._nested_ended = trio.Event()
+        try:
+            return await self._loop._nested(self, tool_name, arguments)
+        except _StorageFailed as failed:  # the nested intent or result commit failed (CAN-17)
+            raise failed.error from None
+        except _Stop:
+            raise _stopping() from None  # settled meanwhile: classed for the backend
+        finally:
+            self._nested_busy = False
+            self._nested_ended.set()
+
+
+def _stopping() -> Error:
+    """What a backend sees from a call into a run that is stopping or settled."""
+    return Error(ErrorClass.CANCELLED, "the run is stopping")
+
+
+@final
+@attrs.frozen
+class ToolOperation:
+    """What a backend's ``execute`` receives (TOOL-05)."""
+
+    run_id: str
+    incarnation: int
+    step_id: str
+    attempt_id: str
+    invocation_id: str
+    tool_call_id: str
+    turn_id: str
+    tool_name: str
+    tool_revision: int
+    catalog_revision: int
+    arguments: Any
+    caller: Any
+    effective_authority: Any
+    backend_context: Any
+    context: ToolContext
