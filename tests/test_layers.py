@@ -83,3 +83,43 @@ def test_imports_go_one_direction() -> None:
         part: sorted(used - ALLOWED[part]) for part, used in edges.items() if used - ALLOWED[part]
     }
     assert not wrong, wrong
+
+
+def _runtime_imports() -> list[tuple[str, ast.stmt, bool]]:
+    """``(module, import statement, at module level)`` for every import in
+    ``runtime/``; an import in ``if TYPE_CHECKING:`` counts as module level
+    (it is for annotations, never run)."""
+    found: list[tuple[str, ast.stmt, bool]] = []
+    for path in sorted((PACKAGE / "runtime").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        top: set[int] = set()
+        for node in tree.body:
+            if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+                top.update(id(inner) for inner in node.body)
+            else:
+                top.add(id(node))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                found.append((path.name, node, id(node) in top))
+    return found
+
+
+def test_runtime_has_no_function_level_import() -> None:
+    """A function-level import is how a cycle hides: the runtime has none."""
+    imports = _runtime_imports()
+    assert len(imports) > 50, "the parser found no imports: it is broken"
+    inner = [f"{name}:{node.lineno}" for name, node, top in imports if not top]
+    assert inner == []
+
+
+def test_only_the_runtime_package_imports_the_conversation_module() -> None:
+    """``_conversation`` is the facade: nothing inside the runtime depends on
+    it (annotations aside), so every collaborator stands without it."""
+    users = [
+        name
+        for name, node, _top in _runtime_imports()
+        if isinstance(node, ast.ImportFrom)
+        and node.module == "_conversation"
+        and not all(alias.name == "Conversation" for alias in node.names)
+    ]
+    assert users == ["__init__.py"]

@@ -12,8 +12,8 @@ import trio
 from ..errors import Error, ErrorClass
 from ..kernel import freeze
 from ..tools import PublicationReceipt, ToolRegistry, ToolResult
-from ._conversation import _Stop, _StorageFailed
 from ._interactions import wait_for_human
+from ._signals import _Stop, _StorageFailed
 
 if TYPE_CHECKING:
     from ._conversation import Conversation

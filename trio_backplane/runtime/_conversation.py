@@ -48,9 +48,13 @@ from ..tools import (
 from ._catalog import CatalogState
 from ._clock import DurableClock, check_wall_clock
 from ._deadline import DeadlineBudget
-from ._interactions import Pending
+from ._input import check_content, check_user_message
+from ._interactions import HOST_RESOLVER, Pending
 from ._interactions import resolve as resolve_interaction
+from ._loop import TurnLoop
 from ._redact import secrets_of
+from ._signals import _InputArrived, _Rejected, _Stop, _StorageFailed
+from ._steps import EMPTY_CONVERSATION, Step, checkpoint_step, command_step
 from ._subscribers import Hub
 from ._types import Event, HookContext, ResourceCleanup, Snapshot
 
@@ -60,68 +64,6 @@ MAX_TIMEOUT: Final = 3600.0
 _INACTIVE_PHASES: Final = frozenset({"terminal", "recovery_required", "storage_failed"})
 #: Events after which a run publishes nothing (EVT-17, EVT-18).
 _LAST_WORDS: Final = frozenset({"run_completed", "run_failed", "run_cancelled", "storage_failed"})
-#: Who resolves approvals from ``resolve`` (INT-02); no run may be named so.
-HOST_RESOLVER: Final = "host"
-
-
-@attrs.frozen
-class Step:
-    """One decided change for the commit coordinator: ``build`` makes its
-    command from the record it lands on and the commit time; ``after`` runs
-    once the commit holding it is acknowledged (its events go out then)."""
-
-    build: Callable[[RunRecord, float], Command]
-    after: Callable[[], None] | None = None
-    #: the invocation whose result this step commits (``tool_completed``)
-    settles: str | None = None
-
-
-def command_step(
-    kind: str, data: Mapping[str, Any] | None = None, after: Callable[[], None] | None = None
-) -> Step:
-    """A step committing ``Command(kind, now, data)``."""
-    return Step(lambda _record, now: Command(kind, now, data), after)
-
-
-def conversation_of(record: RunRecord) -> Mapping[str, Any]:
-    """The record's conversation state, or the empty one before any checkpoint."""
-    state = record.conversation
-    return _EMPTY_CONVERSATION if state is None else state
-
-
-def checkpoint_step(
-    update: Callable[[dict[str, Any]], Mapping[str, Any]],
-    extra: Mapping[str, Any] | None = None,
-    after: Callable[[], None] | None = None,
-) -> Step:
-    """A ``conversation_updated`` step: ``update`` maps the conversation state
-    of the record it lands on to the new state."""
-
-    def build(record: RunRecord, now: float) -> Command:
-        # Frozen level by level: each freeze is one check and one copy of a
-        # mapping of frozen values, and the command takes the result unwalked.
-        data = {"conversation": freeze(update(dict(conversation_of(record))))}
-        if extra:
-            data.update(extra)
-        return Command("conversation_updated", now, freeze(data))
-
-    return Step(build, after)
-
-
-class _Stop(Exception):
-    """Internal: the turn loop must stop (cancel, deadline, uncertainty, storage)."""
-
-
-class _InputArrived(Exception):
-    """Internal: a step that ends a turn or the run was refused because host
-    input (steering, a follow-up) is queued in the record it would land on:
-    input committed meanwhile is never dropped (CONV-27)."""
-
-
-class _StorageFailed(Exception):
-    def __init__(self, error: Error) -> None:
-        super().__init__(error.message)
-        self.error = error
 
 
 def _check_timeout(name: str, value: Any) -> float:
@@ -163,28 +105,6 @@ def _listed(state: Mapping[str, Any], key: str) -> tuple[Any, ...]:
     there, read as no items (the record itself is shown as stored)."""
     items = state.get(key)
     return tuple(items) if isinstance(items, list | tuple) else ()
-
-
-def _check_user_message(message: Any) -> Any:
-    """``message`` if it is a user message whose content a prompt may hold."""
-    if not isinstance(message, Mapping) or message.get("role") != "user":
-        raise Error(ErrorClass.VALIDATION, "not a user message")
-    _check_content(message.get("content"))
-    return message
-
-
-def _check_content(content: Any) -> Any:
-    if isinstance(content, str):
-        if not content:
-            raise Error(ErrorClass.VALIDATION, "prompt must not be empty")
-        return freeze(content, "message content")  # Unicode text: no lone surrogate
-    if isinstance(content, list | tuple):
-        if not content:
-            raise Error(ErrorClass.VALIDATION, "prompt must not be empty")
-        if not all(isinstance(block, Mapping) for block in content):
-            raise Error(ErrorClass.VALIDATION, "content must be text or content blocks")
-        return freeze(list(content), "message content")
-    raise Error(ErrorClass.VALIDATION, "content must be text or content blocks")
 
 
 def _check_inputs(
@@ -435,7 +355,7 @@ class Conversation(metaclass=NoPublicConstructor):
     async def prompt(self, content: Any) -> str:
         """Admit the first message, or queue a follow-up while a turn runs."""
         self._require_own_run()
-        content = _check_content(content)
+        content = check_content(content)
         self._require_input()
         if self._phase != "idle":
             return await self._enqueue("follow_up", content)
@@ -497,7 +417,7 @@ class Conversation(metaclass=NoPublicConstructor):
 
     async def steer(self, content: Any) -> str:
         self._require_own_run()
-        content = _check_content(content)
+        content = check_content(content)
         self._require_input()
         if self._phase == "idle":
             raise Error(ErrorClass.RESOURCE_CONFLICT, "run is not accepting input")
@@ -505,7 +425,7 @@ class Conversation(metaclass=NoPublicConstructor):
 
     async def follow_up(self, content: Any) -> str:
         self._require_own_run()
-        content = _check_content(content)
+        content = check_content(content)
         self._require_input()
         if self._phase == "idle":
             return await self.prompt(content)
@@ -645,7 +565,7 @@ class Conversation(metaclass=NoPublicConstructor):
 
     def _conversation_state(self) -> Mapping[str, Any]:
         state = self._record.conversation  # conversation_of, one call fewer: a hot path
-        return _EMPTY_CONVERSATION if state is None else state
+        return EMPTY_CONVERSATION if state is None else state
 
     async def _commit(self, kind: str, data: Mapping[str, Any] | None = None) -> RunRecord:
         """Apply ``kind`` to the last acknowledged record and commit it: FIFO,
@@ -825,7 +745,7 @@ class Conversation(metaclass=NoPublicConstructor):
             try:
                 # committed as the message: JSON data, a user message whose
                 # content is what a prompt may hold (CONV-09)
-                result = _check_user_message(freeze(result, "prompt hook result"))
+                result = check_user_message(freeze(result, "prompt hook result"))
             except Error as exc:
                 refusal = Error(
                     ErrorClass.VALIDATION,
@@ -937,7 +857,6 @@ class Conversation(metaclass=NoPublicConstructor):
             return
 
     async def _run_worker(self, first_turn: str | None, failed: Error | None) -> None:
-        from ._loop import TurnLoop
 
         loop = TurnLoop(self)
         now = self._wall_now()
@@ -1142,27 +1061,6 @@ class Conversation(metaclass=NoPublicConstructor):
         return evidence
 
 
-class _Rejected(Exception):
-    def __init__(self, error: Error) -> None:
-        super().__init__(error.message)
-        self.error = error
-
-
-_EMPTY_CONVERSATION: Final[Mapping[str, Any]] = freeze(
-    {
-        "messages": [],
-        "steering": [],
-        "follow_up": [],
-        "queue_status": "active",
-        "usage": [],
-        "turn_id": None,
-        "pending_interaction": None,
-        "catalog_revision": 1,
-        "last_turn": None,
-    }
-)
-
-
 def _storage_error(message: str) -> Error:
     return Error(ErrorClass.STORAGE_FAILED, message, {"recovery_required": True})
 
@@ -1239,7 +1137,7 @@ async def open_conversation(
         record = run
         phase = "terminal" if run.state in TERMINAL_STATES else "recovery_required"
     else:
-        state = dict(_EMPTY_CONVERSATION)
+        state = dict(EMPTY_CONVERSATION)
         if prior is not None:
             state["messages"] = prior
         record = RunRecord.new(

@@ -11,17 +11,21 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
 from ..errors import Error, ErrorClass
 from ..kernel import freeze, thaw
+from ._signals import _Stop, _StorageFailed
 
 if TYPE_CHECKING:
     from ._conversation import Conversation
 
-__all__ = ["Pending", "resolve", "wait_for_human"]
+__all__ = ["HOST_RESOLVER", "Pending", "resolve", "wait_for_human"]
+
+#: Who resolves approvals from ``resolve`` (INT-02); no run may be named so.
+HOST_RESOLVER: Final = "host"
 
 
 class Pending:
@@ -85,8 +89,6 @@ async def wait_for_human(c: Conversation, request: Any) -> tuple[Any, float]:
         raise _overlap()
     if c._stop_reason is not None:
         # The run is stopping: nobody will answer (and resolve() refuses).
-        from ._conversation import _Stop
-
         raise _Stop
     request = freeze(request, "interaction request")
     pending = Pending(c._new_id("interaction"), request, c._now())
@@ -126,8 +128,6 @@ async def wait_for_human(c: Conversation, request: Any) -> tuple[Any, float]:
         else:
             # A stop won while the request committed: never announced, never
             # answered (the finally withdraws it).
-            from ._conversation import _Stop
-
             raise _Stop
         with trio.CancelScope() as pending.waiter:
             await pending.delivered.wait()
@@ -135,8 +135,6 @@ async def wait_for_human(c: Conversation, request: Any) -> tuple[Any, float]:
             # The run stopped: nobody will answer.  In the worker, its own
             # cancellation is what the effect sees (INT-11).
             await trio.lowlevel.checkpoint_if_cancelled()
-            from ._conversation import _Stop
-
             raise _Stop
         # A cancellation accepted after the answer was committed but before
         # this task ran again wins: the answer never reaches the effect (INT-11).
@@ -169,7 +167,6 @@ async def wait_for_human(c: Conversation, request: Any) -> tuple[Any, float]:
 async def _withdraw(c: Conversation, pending: Pending, suspended: bool) -> None:
     """Commit that ``pending`` is no longer open; a commit failure is the
     coordinator's to report (storage_failed), never the effect's."""
-    from ._conversation import _Stop, _StorageFailed
 
     extra: dict[str, Any] = {}
     moved = pending.moved_deadline(pending.ended_at or c._now()) if suspended else None
@@ -209,7 +206,6 @@ async def resolve(c: Conversation, interaction_id: Any, answer: Any) -> None:
     moved = pending.moved_deadline(pending.answered_at)
     if moved is not None:
         extra["execution_deadline"] = moved
-    from ._conversation import _Stop, _StorageFailed
 
     try:
         # The answer is durable before the worker goes on (spec 002): after a

@@ -35,24 +35,17 @@ from ..tools import (
 )
 from ._attempt import ResponseAssembler
 from ._context import ToolContext, ToolOperation
-from ._conversation import (
-    HOST_RESOLVER,
-    Step,
-    _InputArrived,
-    _Rejected,
-    _Stop,
-    checkpoint_step,
-    command_step,
-    conversation_of,
-)
 from ._deadline import DeadlineBudget
-from ._interactions import wait_for_human
+from ._input import check_content
+from ._interactions import HOST_RESOLVER, wait_for_human
 from ._provider import (
     ProviderRequest,
     ResponseCompleted,
     ResponseFailed,
 )
 from ._redact import redacted, scrub, secrets_of
+from ._signals import _InputArrived, _Rejected, _Stop
+from ._steps import Step, checkpoint_step, command_step, conversation_of
 from ._types import Continue, HookContext
 
 if TYPE_CHECKING:
@@ -408,9 +401,7 @@ class TurnLoop:
             return True
         if isinstance(result, Continue):
             try:
-                from ._conversation import _check_content
-
-                content = _check_content(result.message)
+                content = check_content(result.message)
             except Error as error:
                 raise _TurnFailed(error) from None
             user = c._user_message(content)
