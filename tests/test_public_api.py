@@ -26,8 +26,8 @@ from .conftest import REPO
 
 TOP_LEVEL = [
     "AdmittedBundle", "Authority", "CatalogUpdate", "Continue", "Conversation", "Error",
-    "ErrorClass", "Event", "HookContext", "Hooks", "Limits", "MemoryStore", "PostgresStore",
-    "Provider", "ProviderEvent", "ProviderRequest", "ProviderTool", "Publication",
+    "ErrorClass", "Event", "HookContext", "Hooks", "Limits", "MemoryStore", "Phase",
+    "PostgresStore", "Provider", "ProviderEvent", "ProviderRequest", "ProviderTool", "Publication",
     "PublicationReceipt", "Rejected", "Rejection", "ResourceCleanup", "ResponseCompleted",
     "ResponseFailed", "SQLiteStore", "SchemaOptions", "Snapshot", "Store", "TextDelta",
     "ThinkingDelta", "ToolCallArgumentsDelta", "ToolCallCompleted", "ToolCallStarted",
@@ -71,7 +71,7 @@ NAMESPACES: dict[str, list[str]] = {
         "RecoveryHarness", "RecoveryReport", "recover",
     ],
     "trio_backplane.runtime": [
-        "Continue", "Conversation", "DeadlineBudget", "Event", "HookContext", "Hooks",
+        "Continue", "Conversation", "DeadlineBudget", "Event", "HookContext", "Hooks", "Phase",
         "Provider", "ProviderEvent", "ProviderRequest", "ResourceCleanup", "ResponseCompleted",
         "ResponseFailed", "Snapshot", "TextDelta", "ThinkingDelta", "ToolCallArgumentsDelta",
         "ToolCallCompleted", "ToolCallStarted", "ToolContext", "ToolOperation", "Usage",
@@ -164,6 +164,17 @@ def test_classes_not_made_for_subclassing_are_final(path: str, cls: type) -> Non
     if issubclass(cls, enum.Enum):
         return  # an enum with members cannot be subclassed at all
     assert getattr(cls, "__final__", False), f"{path} is not @final"
+
+
+def test_phases_are_pinned_and_compare_as_their_values() -> None:
+    """``Snapshot.phase`` is a ``Phase``: a ``str`` enum whose members equal
+    the phase names hosts compared with before it existed."""
+    assert [phase.value for phase in trio_backplane.Phase] == [
+        "idle", "running", "waiting_interaction", "cancelling", "terminal",
+        "recovery_required", "storage_failed",
+    ]  # fmt: skip
+    assert trio_backplane.Phase.TERMINAL == "terminal"
+    assert isinstance(trio_backplane.Phase.IDLE, str)
 
 
 def test_conversation_cannot_be_constructed_directly() -> None:

@@ -26,6 +26,7 @@ from .runtime import Conversation as Conversation
 from .runtime import Event as Event
 from .runtime import HookContext as HookContext
 from .runtime import Hooks as Hooks
+from .runtime import Phase as Phase
 from .runtime import Provider as Provider
 from .runtime import ProviderEvent as ProviderEvent
 from .runtime import ProviderRequest as ProviderRequest
@@ -75,6 +76,7 @@ __all__ = [
     "Hooks",
     "Limits",
     "MemoryStore",
+    "Phase",
     "PostgresStore",
     "Provider",
     "ProviderEvent",

@@ -16,7 +16,7 @@ import trio
 
 from trio_backplane.errors import Error, ErrorClass
 from trio_backplane.kernel import RunRecord, thaw
-from trio_backplane.runtime import Continue, HookContext, ResourceCleanup, open_conversation
+from trio_backplane.runtime import Continue, HookContext, Phase, ResourceCleanup, open_conversation
 from trio_backplane.runtime._types import TRANSIENT_EVENTS
 from trio_backplane.store import MemoryStore
 from trio_backplane.testing import Hang, ScriptedProvider, Sleep
@@ -290,6 +290,7 @@ async def test_conv_05_fresh_conversation_is_idle() -> None:
     async with open_conversation(RUN_ID, store=store, provider=ScriptedProvider()) as conversation:
         snapshot = conversation.status()
         assert snapshot.phase == "idle"
+        assert snapshot.phase is Phase.IDLE
         assert snapshot.run.state == "queued"
         assert snapshot.run.revision == 0
         assert snapshot.run.incarnation == 1

@@ -17,7 +17,7 @@ from ._provider import (
     ToolCallStarted,
     Usage,
 )
-from ._types import Continue, Event, HookContext, Hooks, ResourceCleanup, Snapshot
+from ._types import Continue, Event, HookContext, Hooks, Phase, ResourceCleanup, Snapshot
 
 __all__ = [
     "Continue",
@@ -26,6 +26,7 @@ __all__ = [
     "Event",
     "HookContext",
     "Hooks",
+    "Phase",
     "Provider",
     "ProviderEvent",
     "ProviderRequest",

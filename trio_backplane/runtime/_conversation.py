@@ -56,12 +56,12 @@ from ._redact import secrets_of
 from ._signals import _InputArrived, _Rejected, _Stop, _StorageFailed
 from ._steps import EMPTY_CONVERSATION, Step, checkpoint_step, command_step
 from ._subscribers import Hub
-from ._types import Event, HookContext, ResourceCleanup, Snapshot
+from ._types import Event, HookContext, Phase, ResourceCleanup, Snapshot
 
 __all__ = ["Conversation", "open_conversation"]
 
 MAX_TIMEOUT: Final = 3600.0
-_INACTIVE_PHASES: Final = frozenset({"terminal", "recovery_required", "storage_failed"})
+_INACTIVE_PHASES: Final = frozenset({Phase.TERMINAL, Phase.RECOVERY_REQUIRED, Phase.STORAGE_FAILED})
 #: Events after which a run publishes nothing (EVT-17, EVT-18).
 _LAST_WORDS: Final = frozenset({"run_completed", "run_failed", "run_cancelled", "storage_failed"})
 
@@ -259,7 +259,7 @@ class Conversation(metaclass=NoPublicConstructor):
         hooks: Any,
         options: _Options,
         record: RunRecord,
-        phase: str,
+        phase: Phase,
         nursery: trio.Nursery,
         clock: DurableClock,
     ) -> None:
@@ -357,9 +357,9 @@ class Conversation(metaclass=NoPublicConstructor):
         self._require_own_run()
         content = check_content(content)
         self._require_input()
-        if self._phase != "idle":
+        if self._phase != Phase.IDLE:
             return await self._enqueue("follow_up", content)
-        self._phase = "running"
+        self._phase = Phase.RUNNING
         turn_id: str | None = None
         try:
             await self._commit(
@@ -378,7 +378,7 @@ class Conversation(metaclass=NoPublicConstructor):
                 as_input=True,
             )
         except _Rejected as rejected:
-            if self._phase in ("storage_failed", "recovery_required"):
+            if self._phase in (Phase.STORAGE_FAILED, Phase.RECOVERY_REQUIRED):
                 # the store failed while the hook ran: what every waiting
                 # caller learns (CAN-17), not the hook's verdict
                 raise (self._last_error or _storage_error("store is unavailable")) from None
@@ -393,7 +393,7 @@ class Conversation(metaclass=NoPublicConstructor):
             # after it the turn fails and the run finishes, never left running
             # with no worker to settle it.
             if self._record.state == "queued":
-                self._phase = "idle"
+                self._phase = Phase.IDLE
             elif self._stop_reason is None:  # a stop settles the run itself
                 await self._start_worker(first_turn=turn_id, failed=error)
             raise
@@ -404,7 +404,7 @@ class Conversation(metaclass=NoPublicConstructor):
             # admitted with no worker (CONV-27).  Starting the worker does not
             # checkpoint, so it happens even while the caller is cancelled.
             if self._record.state == "queued":
-                self._phase = "idle"
+                self._phase = Phase.IDLE
             elif self._stop_reason is None and not self._worker_running:
                 interrupted = Error(
                     ErrorClass.CANCELLED, "prompt was cancelled before its message was committed"
@@ -419,7 +419,7 @@ class Conversation(metaclass=NoPublicConstructor):
         self._require_own_run()
         content = check_content(content)
         self._require_input()
-        if self._phase == "idle":
+        if self._phase == Phase.IDLE:
             raise Error(ErrorClass.RESOURCE_CONFLICT, "run is not accepting input")
         return await self._enqueue("steering", content)
 
@@ -427,7 +427,7 @@ class Conversation(metaclass=NoPublicConstructor):
         self._require_own_run()
         content = check_content(content)
         self._require_input()
-        if self._phase == "idle":
+        if self._phase == Phase.IDLE:
             return await self.prompt(content)
         return await self._enqueue("follow_up", content)
 
@@ -506,7 +506,7 @@ class Conversation(metaclass=NoPublicConstructor):
             )
 
     def _require_input(self) -> None:
-        if self._phase in ("cancelling", *_INACTIVE_PHASES) or self._stop_reason is not None:
+        if self._phase in (Phase.CANCELLING, *_INACTIVE_PHASES) or self._stop_reason is not None:
             raise Error(ErrorClass.RESOURCE_CONFLICT, "run is not accepting input")
 
     def _user_message(self, content: Any) -> dict[str, Any]:
@@ -607,7 +607,7 @@ class Conversation(metaclass=NoPublicConstructor):
         if as_input and (self._stop_reason is not None or self._record.state in TERMINAL_STATES):
             # cancelled meanwhile: whatever became of the settlement, input is refused
             raise Error(ErrorClass.RESOURCE_CONFLICT, "run is not accepting input")
-        if self._phase in ("storage_failed", "recovery_required"):
+        if self._phase in (Phase.STORAGE_FAILED, Phase.RECOVERY_REQUIRED):
             raise _StorageFailed(self._last_error or _storage_error("store is unavailable"))
         if self._record.state in TERMINAL_STATES:
             raise _Stop  # settled without a worker that ignored its cancellation
@@ -693,16 +693,16 @@ class Conversation(metaclass=NoPublicConstructor):
         raise _storage_error("commit was not acknowledged within commit_timeout")
 
     def _storage_failure(self, error: Error) -> None:
-        if self._phase in ("storage_failed", "recovery_required"):
+        if self._phase in (Phase.STORAGE_FAILED, Phase.RECOVERY_REQUIRED):
             return
         if error.error_class is ErrorClass.RESOURCE_CONFLICT:
-            self._phase = "recovery_required"  # a newer incarnation owns the run (CAN-19)
+            self._phase = Phase.RECOVERY_REQUIRED  # a newer incarnation owns the run (CAN-19)
             self._last_error = error
             self._hub.finish()  # no event will come: nothing is ours to say any more
         else:
             if error.error_class is not ErrorClass.STORAGE_FAILED:
                 error = Error(ErrorClass.STORAGE_FAILED, error.message, error.details)
-            self._phase = "storage_failed"
+            self._phase = Phase.STORAGE_FAILED
             self._last_error = error
             self._publish("storage_failed", {"error": error.to_dict(), "recovery_required": True})
         self._catalog.discard()
@@ -792,7 +792,7 @@ class Conversation(metaclass=NoPublicConstructor):
             self._stop_reason = reason
             self._note_stop_due(reason)
             if self._phase not in _INACTIVE_PHASES:
-                self._phase = "cancelling"
+                self._phase = Phase.CANCELLING
 
     def _bound_closing(self) -> None:
         """A stream closing when the run stops, or past the run deadline,
@@ -974,7 +974,7 @@ class Conversation(metaclass=NoPublicConstructor):
                     async with self._commit_lock:
                         pass
                     if self._phase not in _INACTIVE_PHASES:
-                        self._phase = "recovery_required"
+                        self._phase = Phase.RECOVERY_REQUIRED
                         self._last_error = Error(
                             ErrorClass.TIMEOUT,
                             "the run did not settle within cleanup_timeout",
@@ -983,7 +983,7 @@ class Conversation(metaclass=NoPublicConstructor):
                         self._hub.finish()  # no event will come
                     return
             if self._record.state in TERMINAL_STATES:
-                self._phase = "terminal"
+                self._phase = Phase.TERMINAL
                 self._publish(
                     "run_cancelled",
                     {"outcome": self._record.outcome, "state": self._record.state},
@@ -1135,7 +1135,7 @@ async def open_conversation(
         if run.run_id != run_id:
             raise Error(ErrorClass.VALIDATION, "run record belongs to another run_id")
         record = run
-        phase = "terminal" if run.state in TERMINAL_STATES else "recovery_required"
+        phase = Phase.TERMINAL if run.state in TERMINAL_STATES else Phase.RECOVERY_REQUIRED
     else:
         state = dict(EMPTY_CONVERSATION)
         if prior is not None:
@@ -1149,7 +1149,7 @@ async def open_conversation(
         receipt = await store.create(record)
         if receipt.revision != 0:
             raise Error(ErrorClass.RESOURCE_CONFLICT, "store created another revision")
-        phase = "idle"
+        phase = Phase.IDLE
     body_error: BaseException | None = None
     try:
         async with trio.open_nursery() as nursery:

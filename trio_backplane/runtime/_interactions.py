@@ -18,6 +18,7 @@ import trio
 from ..errors import Error, ErrorClass
 from ..kernel import freeze, thaw
 from ._signals import _Stop, _StorageFailed
+from ._types import Phase
 
 if TYPE_CHECKING:
     from ._conversation import Conversation
@@ -93,8 +94,8 @@ async def wait_for_human(c: Conversation, request: Any) -> tuple[Any, float]:
     request = freeze(request, "interaction request")
     pending = Pending(c._new_id("interaction"), request, c._now())
     c._pending = pending
-    if c._phase == "running":
-        c._phase = "waiting_interaction"
+    if c._phase == Phase.RUNNING:
+        c._phase = Phase.WAITING_INTERACTION
     suspended = stored = False
     try:
         # The run's remaining budget, which the wait freezes, stored with the
@@ -144,8 +145,8 @@ async def wait_for_human(c: Conversation, request: Any) -> tuple[Any, float]:
     finally:
         if c._pending is pending:
             c._pending = None
-        if c._phase == "waiting_interaction":
-            c._phase = "running"
+        if c._phase == Phase.WAITING_INTERACTION:
+            c._phase = Phase.RUNNING
         pending.ended_at = c._now()
         if suspended:
             # The wait ended when ``resolve`` measured it (the stored deadline

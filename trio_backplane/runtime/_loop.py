@@ -46,7 +46,7 @@ from ._provider import (
 from ._redact import redacted, scrub, secrets_of
 from ._signals import _InputArrived, _Rejected, _Stop
 from ._steps import Step, checkpoint_step, command_step, conversation_of
-from ._types import Continue, HookContext
+from ._types import Continue, HookContext, Phase
 
 if TYPE_CHECKING:
     from ._conversation import Conversation
@@ -278,7 +278,7 @@ class TurnLoop:
             return Command("finish", now, data)
 
         await c._commit_steps((Step(finish),))
-        c._phase = "terminal"
+        c._phase = Phase.TERMINAL
         c._resource_cleanup = attrs.evolve(c._resource_cleanup, status="confirmed")
         c._publish("run_failed" if error else "run_completed", {"outcome": outcome})
         c._settled.set()
@@ -463,7 +463,7 @@ class TurnLoop:
         raise _Stop
 
     def _stop_uncertain(self, error: Error) -> None:
-        if self.c._phase not in ("recovery_required", "storage_failed"):
+        if self.c._phase not in (Phase.RECOVERY_REQUIRED, Phase.STORAGE_FAILED):
             # A takeover or a storage failure that caused this keeps its own
             # error: it is what the host must act on (CAN-17, CAN-19).
             self.c._last_error = error

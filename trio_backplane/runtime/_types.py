@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from typing import Any, Literal, Protocol, final
 
@@ -48,6 +49,25 @@ TRANSIENT_EVENTS = frozenset(
 )
 
 
+class Phase(enum.StrEnum):
+    """What the live conversation is doing (``Snapshot.phase``); a ``str``,
+    so it compares equal to its value."""
+
+    #: opened, before the first prompt (the only phase that takes ``prompt``
+    #: as a new run's first message)
+    IDLE = "idle"
+    RUNNING = "running"
+    #: a tool waits for a person's answer; the run's deadlines are suspended
+    WAITING_INTERACTION = "waiting_interaction"
+    CANCELLING = "cancelling"
+    #: the run is settled: completed, failed, cancelled, timed out or uncertain
+    TERMINAL = "terminal"
+    #: another incarnation owns the run, or it did not settle in time
+    RECOVERY_REQUIRED = "recovery_required"
+    #: a commit failed or was not acknowledged: recovery decides what happened
+    STORAGE_FAILED = "storage_failed"
+
+
 @final
 @attrs.frozen
 class Event:
@@ -74,7 +94,7 @@ class ResourceCleanup:
 class Snapshot:
     """The last committed state of a conversation (CONV-23)."""
 
-    phase: str
+    phase: Phase
     run: RunRecord
     messages: tuple[Any, ...]
     steering: tuple[Any, ...]
