@@ -33,7 +33,7 @@ from ..tools import (
     decide_approval,
     settlement,
 )
-from ._attempt import ResponseAssembler
+from ._attempt import AttemptOutcome, ResponseAssembler
 from ._context import ToolContext, ToolOperation
 from ._deadline import DeadlineBudget
 from ._input import check_content
@@ -503,9 +503,29 @@ class TurnLoop:
             catalog_revision=state.get("catalog_revision", 1),
             tools=c._catalog.provider_tools,
         )
-        budget = DeadlineBudget("effect", c._options.effect_timeout, c._now)
         assembler = ResponseAssembler(c._options.provider_output_limit)
-        late = False  # a terminal event came after effect_timeout (a stream that ignored its cut)
+        budget = DeadlineBudget("effect", c._options.effect_timeout, c._now)
+        late = await self._stream(request, assembler, budget)
+        if assembler.failure is not None:
+            # what the provider said of its failure is committed and
+            # published: never a credential it was given (PRV-18)
+            assembler.fail(redacted(assembler.failure, c._provider_secrets))
+        await self._judge_cut(budget, assembler.terminal, late, attempt_id)
+        outcome = assembler.outcome()
+        if outcome.failure is not None:
+            await self._attempt_failed(attempt_id, outcome.failure, outcome.usage)
+        assert outcome.message is not None
+        return outcome.message, outcome.calls, self._response(attempt_id, outcome)
+
+    async def _stream(
+        self, request: ProviderRequest, assembler: ResponseAssembler, budget: DeadlineBudget
+    ) -> bool:
+        """Feed the provider's stream to ``assembler`` within the attempt's
+        budget, then close it; whether its terminal event came after
+        effect_timeout (a stream that ignored its cut).  What the stream
+        itself raises fails the attempt, classed."""
+        c = self.c
+        late = False
         with budget.arm() as scope:
             source: Any = None
             stream: Any = None
@@ -526,100 +546,114 @@ class TurnLoop:
                     interrupted = True  # by a cut or the stream's failure: that is the outcome
                     raise
                 finally:
-                    # the iterator, then the iterable it came from (one object
-                    # when the stream is its own iterator)
-                    closers = [getattr(stream, "aclose", None)]
-                    if source is not stream:
-                        closers.append(getattr(source, "aclose", None))
-                    closers = [close for close in closers if close is not None]
-                    if closers:
-                        # Closing is shielded from the run's cancellation and
-                        # still bounded by the attempt's own deadline: the
-                        # budget's scope shields, no scope of its own.  Once
-                        # the run stops, the cleanup budget bounds it too.
-                        scope.shield = True
-                        c._closing = scope
-                        c._bound_closing()
-                        try:
-                            await _close_all(closers)
-                        except Exception:
-                            # After the terminal event the response is what it
-                            # said; closing the stream cannot change it (an
-                            # error, or a generator that yields again).  Nor
-                            # can it hide what interrupted the stream: a cut
-                            # by effect_timeout stays uncertain (CAN-08).
-                            if not assembler.terminal and not interrupted:
-                                raise
-                        finally:
-                            c._closing = None
+                    await self._close_stream(scope, source, stream, assembler, interrupted)
             except Error as error:
                 assembler.fail(error)
             except trio.Cancelled:
                 raise
             except Exception as exc:
                 cause = scrub(f"{type(exc).__name__}: {exc}", c._provider_secrets)
+                details = {"cause": cause[:500]}
                 assembler.fail(
-                    Error(
-                        ErrorClass.EXECUTION_FAILURE,
-                        "provider stream failed",
-                        {"cause": cause[:500]},
-                    )
+                    Error(ErrorClass.EXECUTION_FAILURE, "provider stream failed", details)
                 )
             except BaseExceptionGroup as group:  # the stream's own nursery, cut
                 cut = _only_the_cut(group)
                 if cut is group:
                     raise
                 raise cut from None
-        if assembler.failure is not None:
-            # what the provider said of its failure is committed and
-            # published: never a credential it was given (PRV-18)
-            assembler.fail(redacted(assembler.failure, c._provider_secrets))
+        return late
+
+    async def _close_stream(
+        self,
+        scope: trio.CancelScope,
+        source: Any,
+        stream: Any,
+        assembler: ResponseAssembler,
+        interrupted: bool,
+    ) -> None:
+        """Close the iterator, then the iterable it came from (one object when
+        the stream is its own iterator)."""
+        c = self.c
+        closers = [getattr(stream, "aclose", None)]
+        if source is not stream:
+            closers.append(getattr(source, "aclose", None))
+        closers = [close for close in closers if close is not None]
+        if not closers:
+            return
+        # Closing is shielded from the run's cancellation and still bounded by
+        # the attempt's own deadline: the budget's scope shields, no scope of
+        # its own.  Once the run stops, the cleanup budget bounds it too.
+        scope.shield = True
+        c._closing = scope
+        c._bound_closing()
+        try:
+            await _close_all(closers)
+        except Exception:
+            # After the terminal event the response is what it said; closing
+            # the stream cannot change it (an error, or a generator that
+            # yields again).  Nor can it hide what interrupted the stream: a
+            # cut by effect_timeout stays uncertain (CAN-08).
+            if not assembler.terminal and not interrupted:
+                raise
+        finally:
+            c._closing = None
+
+    async def _judge_cut(
+        self, budget: DeadlineBudget, terminal: bool, late: bool, attempt_id: str
+    ) -> None:
+        """A close cut by effect_timeout after the terminal event leaves the
+        response as it arrived; a stop still interrupts it.  A terminal event
+        arriving past effect_timeout (the stream ignored its cut) is a timeout
+        all the same (KER-10)."""
+        c = self.c
         stopping = c._stop_reason is not None or c._now() >= c._run_budget.deadline
-        # A close cut by effect_timeout after the terminal event leaves the
-        # response as it arrived; a stop still interrupts it.  A terminal
-        # event arriving past effect_timeout (the stream ignored its cut) is
-        # a timeout all the same (KER-10).
-        if (budget.timed_out() and (stopping or not assembler.terminal)) or late:
-            if stopping:
-                # Cut while closing by the cleanup budget of a stop (a cancel,
-                # or the run deadline that passed meanwhile), not by
-                # effect_timeout: the settlement reports the attempt.
-                if c._stop_reason is None:
-                    c._request_stop("deadline_exceeded")
-                raise _Stop
-            await self._uncertain(
-                Error(
-                    ErrorClass.TIMEOUT,
-                    "provider attempt outlived effect_timeout",
-                    {"certainty": "uncertain", "effect": f"provider:{attempt_id}"},
-                )
+        if not ((budget.timed_out() and (stopping or not terminal)) or late):
+            return
+        if stopping:
+            # Cut while closing by the cleanup budget of a stop (a cancel, or
+            # the run deadline that passed meanwhile), not by effect_timeout:
+            # the settlement reports the attempt.
+            if c._stop_reason is None:
+                c._request_stop("deadline_exceeded")
+            raise _Stop
+        await self._uncertain(
+            Error(
+                ErrorClass.TIMEOUT,
+                "provider attempt outlived effect_timeout",
+                {"certainty": "uncertain", "effect": f"provider:{attempt_id}"},
             )
-        outcome = assembler.outcome()
-        usage, calls, failure = outcome.usage, outcome.calls, outcome.failure
-        if failure is not None:
-            result = freeze({"error": failure.to_dict()})
+        )
 
-            def build_failed(record: RunRecord, now: float) -> Command:
-                # From the record it lands on, not from ``state``: host input
-                # acknowledged during the attempt (steering, follow-ups) is in
-                # it, and stays queued (NEST-08).
-                return Command(
-                    "provider_completed",
-                    now,
-                    {
-                        "attempt_id": attempt_id,
-                        "result": result,
-                        "conversation": _append(conversation_of(record), usage=usage),
-                    },
-                )
+    async def _attempt_failed(self, attempt_id: str, failure: Error, usage: list[Any]) -> None:
+        """Commit a failed attempt, publish it, and fail the turn."""
+        c = self.c
+        result = freeze({"error": failure.to_dict()})
 
-            await c._commit_steps((Step(build_failed),))
-            c._publish("response_failed", {"error": failure.to_dict()})
-            c._attempt_id = None
-            raise _TurnFailed(failure)
-        message = outcome.message
-        assert message is not None
-        response = message
+        def build_failed(record: RunRecord, now: float) -> Command:
+            # From the record it lands on, not from the attempt's start: host
+            # input acknowledged during the attempt (steering, follow-ups) is
+            # in it, and stays queued (NEST-08).
+            return Command(
+                "provider_completed",
+                now,
+                {
+                    "attempt_id": attempt_id,
+                    "result": result,
+                    "conversation": _append(conversation_of(record), usage=usage),
+                },
+            )
+
+        await c._commit_steps((Step(build_failed),))
+        c._publish("response_failed", {"error": failure.to_dict()})
+        c._attempt_id = None
+        raise _TurnFailed(failure)
+
+    def _response(self, attempt_id: str, outcome: AttemptOutcome) -> Step:
+        """The ``provider_completed`` step of a response, still to commit; its
+        ``response_completed`` event once it is."""
+        c = self.c
+        response, usage = outcome.message, outcome.usage
 
         def build(record: RunRecord, now: float) -> Command:
             frozen = freeze(response)
@@ -645,7 +679,7 @@ class TurnLoop:
                 )
             c._attempt_id = None
 
-        return message, calls, Step(build, completed_event)
+        return Step(build, completed_event)
 
     # -- the tool gateway --------------------------------------------------------
 
@@ -973,6 +1007,29 @@ class TurnLoop:
     async def _nested(self, outer: ToolContext, tool_name: str, arguments: Any) -> ToolResult:
         """A nested invocation on behalf of ``outer`` (NEST-01..09)."""
         c = self.c
+        descriptor, arguments = self._nested_admission(tool_name, arguments)
+        outer_call = c._record.active_tools.get(outer._invocation_id, {})
+        call_id = f"{outer_call.get('tool_call_id', outer._invocation_id)}/nested"
+        turn_id = str(outer_call.get("turn_id", ""))
+        record, invocation_id = await self._nested_intent(outer, descriptor, turn_id)
+        operation = self._operation(descriptor, record, invocation_id, call_id, turn_id, arguments)
+        operation.context._caller = outer
+        if c._hub.active:
+            c._publish("tool_started", {"invocation": _started(operation)})
+        try:
+            result, timed_out = await self._execute(descriptor, operation, caller=outer)
+        except (trio.Cancelled, _CallerEnded) as interrupted:
+            if c._stop_reason is None:
+                await self._nested_cut(descriptor, invocation_id)
+            if isinstance(interrupted, _CallerEnded):
+                raise _caller_ended(descriptor) from None
+            raise
+        return await self._nested_result(descriptor, operation, result, timed_out)
+
+    def _nested_admission(self, tool_name: str, arguments: Any) -> tuple[ToolDescriptor, Any]:
+        """The descriptor and plain arguments of a nested call the gateway
+        admits: registered, not approval-gated, valid, authorized."""
+        c = self.c
         bundle = c._catalog.bundle
         descriptor = bundle.registry.get(tool_name) if isinstance(tool_name, str) else None
         if descriptor is None:
@@ -988,17 +1045,23 @@ class TurnLoop:
         authorize(
             bundle.authority, descriptor, Invocation(c.run_id, descriptor.name, descriptor.revision)
         )
+        return descriptor, arguments
+
+    async def _nested_intent(
+        self, outer: ToolContext, descriptor: ToolDescriptor, turn_id: str
+    ) -> tuple[RunRecord, str]:
+        """Commit a nested call's intent: the record and its invocation id.
+        None is dispatched once its caller's deadline has passed or its
+        caller's execution ended (withdrawn then, CAN-10)."""
+        c = self.c
         outer_record = c._record
-        outer_call = outer_record.active_tools.get(outer._invocation_id, {})
-        call_id = f"{outer_call.get('tool_call_id', outer._invocation_id)}/nested"
-        turn_id = str(outer_call.get("turn_id", ""))
         # No effect starts once its caller's deadline has passed (CAN-10): a
         # caller shielding itself past it gets a timeout, no intent, no work.
         _require_time_left(c, descriptor)
         try:
             record = await self._effect_commit(
                 "tool_invoked",
-                _intent(descriptor, None, turn_id, bundle.authority),
+                _intent(descriptor, None, turn_id, c._catalog.bundle.authority),
                 unless_stopped=True,  # its task may be a host's, never cancelled by a stop
             )
         except _TurnFailed as failed:
@@ -1020,39 +1083,36 @@ class TurnLoop:
         except Error as late:
             await self._withdraw_nested(invocation_id, descriptor, late.message)
             raise
-        operation = self._operation(descriptor, record, invocation_id, call_id, turn_id, arguments)
-        operation.context._caller = outer
-        if c._hub.active:
-            c._publish("tool_started", {"invocation": _started(operation)})
-        try:
-            result, timed_out = await self._execute(descriptor, operation, caller=outer)
-        except (trio.Cancelled, _CallerEnded) as interrupted:
-            if c._stop_reason is None:
-                # Cut by the calling tool's own scope, not by a stop of the
-                # run, after dispatch: a read-only call did nothing lasting
-                # (settled as an error, NEST-05); a mutating one stays
-                # unresolved and stops the run, whatever the caller does next
-                # (NEST-09).
-                if descriptor.read_only:
-                    cut = Error(
-                        ErrorClass.CANCELLED,
-                        "nested tool cancelled by its caller",
-                        {"tool": descriptor.name, "certainty": "no_effect"},
-                    )
-                    await self._complete_cut(invocation_id, _error_result(cut))
-                else:
-                    c._unsettled_dispatch[invocation_id] = "nested tool cancelled by its caller"
-                    self._stop_uncertain(
-                        Error(
-                            ErrorClass.UNKNOWN_OUTCOME,
-                            "nested tool cancelled by its caller after dispatch;"
-                            " its effect is unknown",
-                            {"tool": descriptor.name},
-                        )
-                    )
-            if isinstance(interrupted, _CallerEnded):
-                raise _caller_ended(descriptor) from None
-            raise
+        return record, invocation_id
+
+    async def _nested_cut(self, descriptor: ToolDescriptor, invocation_id: str) -> None:
+        """Cut by the calling tool's own scope, not by a stop of the run, after
+        dispatch: a read-only call did nothing lasting (settled as an error,
+        NEST-05); a mutating one stays unresolved and stops the run, whatever
+        the caller does next (NEST-09)."""
+        c = self.c
+        if descriptor.read_only:
+            cut = Error(
+                ErrorClass.CANCELLED,
+                "nested tool cancelled by its caller",
+                {"tool": descriptor.name, "certainty": "no_effect"},
+            )
+            await self._complete_cut(invocation_id, _error_result(cut))
+            return
+        c._unsettled_dispatch[invocation_id] = "nested tool cancelled by its caller"
+        self._stop_uncertain(
+            Error(
+                ErrorClass.UNKNOWN_OUTCOME,
+                "nested tool cancelled by its caller after dispatch; its effect is unknown",
+                {"tool": descriptor.name},
+            )
+        )
+
+    async def _nested_result(
+        self, descriptor: ToolDescriptor, operation: ToolOperation, result: Any, timed_out: bool
+    ) -> ToolResult:
+        """Settle a nested call's result and hand it to the calling tool."""
+        invocation_id = operation.invocation_id
         if timed_out and descriptor.read_only:
             # A read-only nested timeout did nothing lasting: settle it as an
             # error and let the outer tool decide (NEST-05).
