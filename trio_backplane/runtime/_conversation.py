@@ -614,21 +614,7 @@ class Conversation(metaclass=NoPublicConstructor):
         record = self._record
         now = self._now()
         wall = self._clock.wall(now)
-        pending = self._pending
-        if (
-            pending is not None
-            and pending.announced
-            and record.deadline is not None
-            and wall > record.deadline
-        ):
-            # A commit during a human wait (a nested call's, say) past the
-            # stored deadline, which the wait has moved in memory but not yet
-            # in the store: the store's moves first (INT-06, INT-18).
-            # (a wait an answer ended is measured up to that answer)
-            ended = now if pending.answered_at is None else min(now, pending.answered_at)
-            moved = pending.moved_deadline(ended)
-            if moved is not None and moved > record.deadline:
-                steps = (checkpoint_step(dict, {"execution_deadline": moved}), *steps)
+        steps = self._with_moved_deadline(steps, record, now, wall)
         new, events, done = record, [], 0
         refusal: Error | _InputArrived | None = None
         for step in steps:
@@ -642,34 +628,63 @@ class Conversation(metaclass=NoPublicConstructor):
         if done:
             if done > 1:
                 new = evolve_record(new, revision=record.revision + 1)
-            error: Error | None = None
-            try:
-                nowait = self._commit_nowait
-                if nowait is not None:  # nothing to wait for: no scope to bound the wait
-                    receipt = nowait(
-                        record.run_id,
-                        incarnation=record.incarnation,
-                        expected_revision=record.revision,
-                        record=new,
-                        events=events,
-                    )
-                else:
-                    receipt = await self._commit_waiting(record, new, events, commit_by)
-                verify_receipt(receipt, run_id=record.run_id, expected_revision=record.revision)
-            except Error as exc:
-                error = exc
-            except Exception as exc:
-                error = _storage_error(f"store failed: {type(exc).__name__}: {exc}"[:500])
-            if error is not None:
-                self._storage_failure(error)
-                raise _StorageFailed(self._last_error or error)
-            self._record = new
+            await self._write(record, new, events, commit_by)
             for step in steps[:done]:
                 if step.after is not None:
                     step.after()
         if refusal is not None:
             raise refusal
         return new
+
+    def _with_moved_deadline(
+        self, steps: Sequence[Step], record: RunRecord, now: float, wall: float
+    ) -> Sequence[Step]:
+        """``steps``, after a checkpoint moving the stored run deadline when a
+        commit comes during a human wait (a nested call's, say) past it: the
+        wait has moved it in memory but not yet in the store (INT-06, INT-18)."""
+        pending = self._pending
+        if (
+            pending is None
+            or not pending.announced
+            or record.deadline is None
+            or wall <= record.deadline
+        ):
+            return steps
+        # (a wait an answer ended is measured up to that answer)
+        ended = now if pending.answered_at is None else min(now, pending.answered_at)
+        moved = pending.moved_deadline(ended)
+        if moved is not None and moved > record.deadline:
+            return (checkpoint_step(dict, {"execution_deadline": moved}), *steps)
+        return steps
+
+    async def _write(
+        self, record: RunRecord, new: RunRecord, events: list[RunEvent], commit_by: float
+    ) -> None:
+        """Store ``new`` over ``record``; a failure, however it comes, is the
+        conversation's storage failure (``_StorageFailed``), and only an
+        acknowledged commit becomes the conversation's record."""
+        error: Error | None = None
+        try:
+            nowait = self._commit_nowait
+            if nowait is not None:  # nothing to wait for: no scope to bound the wait
+                receipt = nowait(
+                    record.run_id,
+                    incarnation=record.incarnation,
+                    expected_revision=record.revision,
+                    record=new,
+                    events=events,
+                )
+            else:
+                receipt = await self._commit_waiting(record, new, events, commit_by)
+            verify_receipt(receipt, run_id=record.run_id, expected_revision=record.revision)
+        except Error as exc:
+            error = exc
+        except Exception as exc:
+            error = _storage_error(f"store failed: {type(exc).__name__}: {exc}"[:500])
+        if error is not None:
+            self._storage_failure(error)
+            raise _StorageFailed(self._last_error or error)
+        self._record = new
 
     async def _commit_waiting(
         self, record: RunRecord, new: RunRecord, events: list[RunEvent], commit_by: float
@@ -923,66 +938,22 @@ class Conversation(metaclass=NoPublicConstructor):
         try:
             if self._record.state in TERMINAL_STATES or self._phase in _INACTIVE_PHASES:
                 return
-            reason = self._stop_reason or "cancelled"
             # No resource registry: resource cleanup counts as confirmed (CAN-20).
             self._resource_cleanup = ResourceCleanup(status="confirmed")
             # The whole settlement fits in cleanup_timeout + commit_timeout
             # from when the stop was due, even if the worker noticed it late
             # (its own shielded commit was in flight at the deadline).
             due = self._stop_due if self._stop_due is not None else self._now()
-            settle_by = due + self._options.cleanup_timeout
+            commit_by = due + self._options.cleanup_timeout + self._options.commit_timeout
             with trio.CancelScope(shield=True):
-                acquired = False
+                if not await self._settlement_coordinator(commit_by):
+                    await self._settlement_missed()
+                    return
                 try:
-                    self._commit_lock.acquire_nowait()
-                    acquired = True
-                except trio.WouldBlock:
-                    # A commit in flight ends within its own commit_timeout;
-                    # the settlement then commits in what is left of
-                    # cleanup_timeout + commit_timeout (commit_by below).
-                    with trio.move_on_at(settle_by + self._options.commit_timeout):
-                        await self._commit_lock.acquire()
-                        acquired = True
-                if acquired and (
-                    self._record.state in TERMINAL_STATES or self._phase in _INACTIVE_PHASES
-                ):
-                    self._commit_lock.release()  # the commit in flight ended the run
-                    return
-                if acquired:
-                    # Decided from the record as the commit in flight left it
-                    # (an admission landing after cancel() was accepted).
-                    steps = self._settlement_steps(reason)
-                    commit_by = settle_by + self._options.commit_timeout
-                    if commit_by <= self._now():
-                        # Noticed after its whole window (time passed in
-                        # synchronous code, no checkpoint for the deadline):
-                        # the store still gets its commit_timeout.  A commit
-                        # given no time is no storage failure (CAN-11).
-                        commit_by = self._now() + self._options.commit_timeout
-                    try:
-                        await self._commit_locked(steps, commit_by=commit_by)
-                    except _StorageFailed:
-                        return
-                    finally:
-                        self._commit_lock.release()
-                else:
-                    # A commit in flight held the coordinator past the whole
-                    # window.  Its outcome comes within its own commit_timeout: a
-                    # failure is the conversation's state (storage_failed);
-                    # otherwise the window for the settlement is gone, the stored
-                    # run is not terminal and nobody drives it any more.
-                    async with self._commit_lock:
-                        pass
-                    if self._phase not in _INACTIVE_PHASES:
-                        self._phase = Phase.RECOVERY_REQUIRED
-                        self._last_error = Error(
-                            ErrorClass.TIMEOUT,
-                            "the run did not settle within cleanup_timeout",
-                            {"recovery_required": True},
-                        )
-                        self._hub.finish()  # no event will come
-                    return
-            if self._record.state in TERMINAL_STATES:
+                    committed = await self._commit_settlement(commit_by)
+                finally:
+                    self._commit_lock.release()
+            if committed and self._record.state in TERMINAL_STATES:
                 self._phase = Phase.TERMINAL
                 self._publish(
                     "run_cancelled",
@@ -991,6 +962,58 @@ class Conversation(metaclass=NoPublicConstructor):
         finally:
             self._settled.set()
             self._turn_wakeup.set()
+
+    async def _settlement_coordinator(self, commit_by: float) -> bool:
+        """Take the commit coordinator for the settlement, by ``commit_by``:
+        a commit in flight ends within its own commit_timeout, and the
+        settlement then commits in what is left of its window."""
+        try:
+            self._commit_lock.acquire_nowait()
+            return True
+        except trio.WouldBlock:
+            pass
+        with trio.move_on_at(commit_by):
+            await self._commit_lock.acquire()
+            return True
+        return False
+
+    async def _commit_settlement(self, commit_by: float) -> bool:
+        """Commit the settlement, holding the coordinator; whether it was
+        committed (a commit in flight may have ended the run meanwhile, or
+        the store failed: the conversation's state says which)."""
+        if self._record.state in TERMINAL_STATES or self._phase in _INACTIVE_PHASES:
+            return False  # the commit in flight ended the run
+        # Decided from the record as the commit in flight left it (an
+        # admission landing after cancel() was accepted).
+        steps = self._settlement_steps(self._stop_reason or "cancelled")
+        if commit_by <= self._now():
+            # Noticed after its whole window (time passed in synchronous
+            # code, no checkpoint for the deadline): the store still gets its
+            # commit_timeout.  A commit given no time is no storage failure
+            # (CAN-11).
+            commit_by = self._now() + self._options.commit_timeout
+        try:
+            await self._commit_locked(steps, commit_by=commit_by)
+        except _StorageFailed:
+            return False
+        return True
+
+    async def _settlement_missed(self) -> None:
+        """A commit in flight held the coordinator past the settlement's whole
+        window.  Its outcome comes within its own commit_timeout: a failure is
+        the conversation's state (storage_failed); otherwise the window for
+        the settlement is gone, the stored run is not terminal and nobody
+        drives it any more."""
+        async with self._commit_lock:
+            pass
+        if self._phase not in _INACTIVE_PHASES:
+            self._phase = Phase.RECOVERY_REQUIRED
+            self._last_error = Error(
+                ErrorClass.TIMEOUT,
+                "the run did not settle within cleanup_timeout",
+                {"recovery_required": True},
+            )
+            self._hub.finish()  # no event will come
 
     def _settlement_steps(self, reason: str) -> list[Step]:
         """The stop, the suspended queues and the cleanup settlement as one

@@ -43,6 +43,7 @@ class Pending:
         "request",
         "resolving",
         "started",
+        "stored",
         "waiter",
     )
 
@@ -51,7 +52,10 @@ class Pending:
         self.request = request
         self.started = started
         self.resolving = False
-        #: ``interaction_requested`` went out: a host may answer from then on
+        #: its pending checkpoint is committed: it must be cleared again
+        self.stored = False
+        #: ``interaction_requested`` went out (the deadlines are suspended):
+        #: a host may answer from then on
         self.announced = False
         #: when ``resolve`` measured the wait it committed: the wait ends
         #: there, for the stored deadline and the resumed budgets alike
@@ -96,73 +100,87 @@ async def wait_for_human(c: Conversation, request: Any) -> tuple[Any, float]:
     c._pending = pending
     if c._phase == Phase.RUNNING:
         c._phase = Phase.WAITING_INTERACTION
-    suspended = stored = False
     try:
-        # The run's remaining budget, which the wait freezes, stored with the
-        # wall-clock instant it was read at: another process inspecting the
-        # waiting run knows how much of the run is left (INT-07).
-        deadline = c._record.deadline
-        requested_at = c._wall_now()
-        remaining = None if deadline is None else max(0.0, deadline - requested_at)
-        entry = {
-            "id": pending.interaction_id,
-            "request": request,
-            "requested_at": requested_at,
-            "remaining": remaining,
-        }
-        await c._checkpoint(lambda s: {**s, "pending_interaction": entry})
-        stored = True
-        # The deadlines keep running while the pending checkpoint commits: an
-        # acknowledgement cannot revive an interaction after a cancellation or
-        # a deadline won meanwhile (INT-10).
-        await trio.lowlevel.checkpoint_if_cancelled()
-        if c._stop_reason is None and c._pending is pending:
-            c._suspend_deadlines()
-            suspended = True
-            pending.started = c._now()
-            pending.base_deadline = c._record.deadline
-            pending.announced = True
-            c._publish(
-                "interaction_requested",
-                {"interaction_id": pending.interaction_id, "request": request},
-            )
-        else:
-            # A stop won while the request committed: never announced, never
-            # answered (the finally withdraws it).
-            raise _Stop
-        with trio.CancelScope() as pending.waiter:
-            await pending.delivered.wait()
-        if pending.waiter.cancelled_caught:
-            # The run stopped: nobody will answer.  In the worker, its own
-            # cancellation is what the effect sees (INT-11).
-            await trio.lowlevel.checkpoint_if_cancelled()
-            raise _Stop
-        # A cancellation accepted after the answer was committed but before
-        # this task ran again wins: the answer never reaches the effect (INT-11).
-        await trio.lowlevel.checkpoint_if_cancelled()
-        answered_at = pending.answered_at if pending.answered_at is not None else c._now()
-        return pending.answer, max(0.0, answered_at - pending.started)
+        await _announce(c, pending)
+        return await _answer(c, pending)
     finally:
-        if c._pending is pending:
-            c._pending = None
-        if c._phase == Phase.WAITING_INTERACTION:
-            c._phase = Phase.RUNNING
-        pending.ended_at = c._now()
-        if suspended:
-            # The wait ended when ``resolve`` measured it (the stored deadline
-            # moved by exactly that); the resolution commit after it counts
-            # against the budgets, as commits do (rule 5, INT-07).
-            ended = pending.answered_at
-            if ended is not None:  # never before the wait began
-                ended = max(ended, pending.started)
-                pending.ended_at = ended
-            c._resume_deadlines(at=ended)
-        if stored and not pending.resolving and c._stop_reason is None:
-            # Given up without an answer (the waiting effect was cut, or
-            # ended): the stored record must not keep it pending (INT-10),
-            # and the stored deadline moves by the time waited, as the
-            # resumed budget did (INT-07).
-            await _withdraw(c, pending, suspended)
+        await _wait_ended(c, pending)
+
+
+async def _announce(c: Conversation, pending: Pending) -> None:
+    """Commit the pending interaction, then suspend the deadlines and tell
+    the host: never after a stop that won while it committed (``_Stop``)."""
+    # The run's remaining budget, which the wait freezes, stored with the
+    # wall-clock instant it was read at: another process inspecting the
+    # waiting run knows how much of the run is left (INT-07).
+    deadline = c._record.deadline
+    requested_at = c._wall_now()
+    remaining = None if deadline is None else max(0.0, deadline - requested_at)
+    entry = {
+        "id": pending.interaction_id,
+        "request": pending.request,
+        "requested_at": requested_at,
+        "remaining": remaining,
+    }
+    await c._checkpoint(lambda s: {**s, "pending_interaction": entry})
+    pending.stored = True
+    # The deadlines keep running while the pending checkpoint commits: an
+    # acknowledgement cannot revive an interaction after a cancellation or a
+    # deadline won meanwhile (INT-10).
+    await trio.lowlevel.checkpoint_if_cancelled()
+    if c._stop_reason is not None or c._pending is not pending:
+        # A stop won while the request committed: never announced, never
+        # answered (the wait's end withdraws it).
+        raise _Stop
+    c._suspend_deadlines()
+    pending.started = c._now()
+    pending.base_deadline = c._record.deadline
+    pending.announced = True
+    c._publish(
+        "interaction_requested",
+        {"interaction_id": pending.interaction_id, "request": pending.request},
+    )
+
+
+async def _answer(c: Conversation, pending: Pending) -> tuple[Any, float]:
+    """Wait for the committed answer: ``(answer, seconds waited)``."""
+    with trio.CancelScope() as pending.waiter:
+        await pending.delivered.wait()
+    if pending.waiter.cancelled_caught:
+        # The run stopped: nobody will answer.  In the worker, its own
+        # cancellation is what the effect sees (INT-11).
+        await trio.lowlevel.checkpoint_if_cancelled()
+        raise _Stop
+    # A cancellation accepted after the answer was committed but before this
+    # task ran again wins: the answer never reaches the effect (INT-11).
+    await trio.lowlevel.checkpoint_if_cancelled()
+    answered_at = pending.answered_at if pending.answered_at is not None else c._now()
+    return pending.answer, max(0.0, answered_at - pending.started)
+
+
+async def _wait_ended(c: Conversation, pending: Pending) -> None:
+    """The effect stopped waiting, answered or not: resume the deadlines, and
+    withdraw an interaction given up without an answer."""
+    if c._pending is pending:
+        c._pending = None
+    if c._phase == Phase.WAITING_INTERACTION:
+        c._phase = Phase.RUNNING
+    pending.ended_at = c._now()
+    suspended = pending.announced
+    if suspended:
+        # The wait ended when ``resolve`` measured it (the stored deadline
+        # moved by exactly that); the resolution commit after it counts
+        # against the budgets, as commits do (rule 5, INT-07).
+        ended = pending.answered_at
+        if ended is not None:  # never before the wait began
+            ended = max(ended, pending.started)
+            pending.ended_at = ended
+        c._resume_deadlines(at=ended)
+    if pending.stored and not pending.resolving and c._stop_reason is None:
+        # Given up without an answer (the waiting effect was cut, or ended):
+        # the stored record must not keep it pending (INT-10), and the stored
+        # deadline moves by the time waited, as the resumed budget did (INT-07).
+        await _withdraw(c, pending, suspended)
 
 
 async def _withdraw(c: Conversation, pending: Pending, suspended: bool) -> None:
