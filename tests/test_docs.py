@@ -21,18 +21,12 @@ Conventions of the ``.rst`` sources (``docs/**/*.rst``):
   tests`` sets both).
 * ``console`` and other blocks are not run.
 
-``test_reference_documents_every_public_name_once`` checks the API
-reference: each public name has exactly one explicit autodoc directive
-written with its full public path (the top level's ``__all__`` on
-``reference/trio_backplane.rst``; each sub-namespace's ``__all__`` less the
-top level's names; each adapter's ``__all__``), and nothing else is
-documented there.
+The API reference itself is checked against the public surface in
+``tests/test_public_api.py``.
 """
 
 from __future__ import annotations
 
-import collections
-import importlib
 import os
 import re
 import subprocess
@@ -193,61 +187,3 @@ def test_example(example: Example, tmp_path: Path) -> None:
         assert result.stdout.rstrip("\n").splitlines() == example.expected.splitlines(), (
             result.stderr
         )
-
-
-# -- the API reference ---------------------------------------------------------------
-
-_AUTODOC = re.compile(
-    r"^[ \t]*\.\. auto(?:class|function|data|exception|attribute|method|decorator)::\s*(\S+)",
-    re.MULTILINE,
-)
-_NAMESPACES = {
-    "schema.rst": "trio_backplane.schema",
-    "tools.rst": "trio_backplane.tools",
-    "runtime.rst": "trio_backplane.runtime",
-    "store.rst": "trio_backplane.store",
-    "recovery.rst": "trio_backplane.recovery",
-    "kernel.rst": "trio_backplane.kernel",
-    "testing.rst": "trio_backplane.testing",
-}
-_ADAPTERS = {
-    "adapters_mcp.rst": "trio_backplane.adapters.mcp",
-    "adapters_openai.rst": "trio_backplane.adapters.openai",
-}
-
-
-def _public_names(module_name: str) -> list[str]:
-    module = importlib.import_module(module_name)
-    names = getattr(module, "__all__", None)
-    if names is None:
-        names = [
-            name
-            for name, value in vars(module).items()
-            if not name.startswith("_")
-            and getattr(value, "__module__", None) == module_name
-            and callable(value)
-        ]
-    return list(names)
-
-
-def test_reference_documents_every_public_name_once() -> None:
-    import trio_backplane
-
-    top = set(trio_backplane.__all__)
-    expected: dict[str, set[str]] = {
-        "trio_backplane.rst": {f"trio_backplane.{name}" for name in top}
-    }
-    for page_name, module in _NAMESPACES.items():
-        public = _public_names(module)
-        expected[page_name] = {f"{module}.{name}" for name in public if name not in top}
-    for page_name, module in _ADAPTERS.items():
-        expected[page_name] = {f"{module}.{name}" for name in _public_names(module)}
-    found: dict[str, list[str]] = {}
-    for path in sorted((DOCS / "reference").glob("*.rst")):
-        found[path.name] = _AUTODOC.findall(path.read_text(encoding="utf-8"))
-    counts = collections.Counter(name for names in found.values() for name in names)
-    assert [name for name, count in counts.items() if count > 1] == []
-    for page_name, names in expected.items():
-        assert set(found.get(page_name, [])) == names, page_name
-    documented = {name for names in found.values() for name in names}
-    assert documented == set().union(*expected.values())
