@@ -1521,9 +1521,9 @@ async def test_a_refused_first_message_checkpoint_still_settles_the_run(
     admission commit (here a kernel refusal injected into it), ``prompt``
     raises that error and the run still settles (``failed``): it is never
     left running with no worker to finish it."""
-    from trio_backplane.runtime import _conversation
+    from trio_backplane.runtime import _coordinator
 
-    real = _conversation.transition
+    real = _coordinator.transition
     injected = Error(ErrorClass.VALIDATION, "injected refusal")
 
     def refusing(record: Any, command: Any) -> Any:
@@ -1534,7 +1534,7 @@ async def test_a_refused_first_message_checkpoint_still_settles_the_run(
             raise injected
         return real(record, command)
 
-    monkeypatch.setattr(_conversation, "transition", refusing)
+    monkeypatch.setattr(_coordinator, "transition", refusing)
     provider = ScriptedProvider([text("never")])
     async with conversation_with(provider) as (conversation, timeline):
         with pytest.raises(Error) as exc:

@@ -584,7 +584,7 @@ async def test_int_10_int_07_interaction_given_up_is_withdrawn(autojump_clock: M
         status = conversation.status()
         seen["pending_after"] = status.pending_interaction
         seen["deadline_after"] = status.run.deadline
-        seen["enforced"] = conversation._run_budget.deadline
+        seen["enforced"] = conversation._state.run_budget.deadline
         with pytest.raises(Error) as late:
             await conversation.resolve(seen["interaction_id"], "too late")
         seen["late"] = late.value.error_class
@@ -621,7 +621,7 @@ async def test_int_04_resolve_before_the_request_is_not_found(autojump_clock: Mo
         assert host.of("interaction_requested") == []
         with pytest.raises(Error) as caught:
             # the id a host could guess (interaction-<incarnation>-<n>)
-            await conversation.resolve(conversation._pending.interaction_id, "early")
+            await conversation.resolve(conversation._state.pending.interaction_id, "early")
         early.append(caught.value)
 
     tool = make_tool("ask", RecordingBackend(asking(log)), read_only=True)
@@ -1017,8 +1017,8 @@ async def test_int_18_nested_interaction_suspends_every_deadline(
 
         async def then(_operation: Any) -> ToolResult:
             budgets["after"] = (
-                conversation._run_budget.deadline - trio.current_time(),
-                [b.deadline - trio.current_time() for b in conversation._effects],
+                conversation._state.run_budget.deadline - trio.current_time(),
+                [b.deadline - trio.current_time() for b in conversation._state.effects],
             )
             try:
                 await trio.sleep(6.0)
@@ -1028,13 +1028,13 @@ async def test_int_18_nested_interaction_suspends_every_deadline(
             return ToolResult("inner done")
 
         async def spy() -> None:
-            await until(lambda: conversation._pending is not None, step=1.0)
+            await until(lambda: conversation._state.pending is not None, step=1.0)
             await trio.sleep(50.0)
             budgets["during"] = (
-                conversation._run_budget.remaining(),
-                [b.remaining() for b in conversation._effects],
-                conversation._run_budget.deadline,
-                [b.deadline for b in conversation._effects],
+                conversation._state.run_budget.remaining(),
+                [b.remaining() for b in conversation._state.effects],
+                conversation._state.run_budget.deadline,
+                [b.deadline for b in conversation._state.effects],
             )
 
         async with trio.open_nursery() as nursery:
@@ -1307,7 +1307,7 @@ async def test_int_10_a_cancelled_resolve_after_the_tool_gave_up_withdraws_it(
     async def ask(operation: Any) -> ToolResult:
         with trio.move_on_after(9.5):
             await operation.context.interact({"kind": "question"})
-        log["enforced"] = holder[0]._run_budget.deadline
+        log["enforced"] = holder[0]._state.run_budget.deadline
         await trio.sleep(5.0)
         return ToolResult("gave up waiting")
 
@@ -1323,7 +1323,7 @@ async def test_int_10_a_cancelled_resolve_after_the_tool_gave_up_withdraws_it(
                 await conversation.resolve(interaction, "main")
         await trio.sleep(1.0)
         log["status pending"] = conversation.status().pending_interaction
-        log["stored deadline"] = conversation._record.deadline
+        log["stored deadline"] = conversation._state.record.deadline
 
     tool = make_tool("ask", RecordingBackend(ask), read_only=True)
     finished, _ = await run_with_host(
@@ -1351,9 +1351,9 @@ async def test_int_07_a_resolve_queued_behind_a_slow_commit_moves_the_deadline_b
     holder: list[Conversation] = []
 
     async def ask(operation: Any) -> ToolResult:
-        log["before"] = holder[0]._record.deadline
+        log["before"] = holder[0]._state.record.deadline
         await operation.context.interact({"kind": "question"})
-        log["enforced"] = holder[0]._run_budget.deadline
+        log["enforced"] = holder[0]._state.run_budget.deadline
         return ToolResult("ok")
 
     async def during(conversation: Conversation, host: Host) -> None:
@@ -1366,7 +1366,7 @@ async def test_int_07_a_resolve_queued_behind_a_slow_commit_moves_the_deadline_b
             await until(lambda: bool(faulty.fired), 0.01)
             log["waited"] = trio.current_time() - asked_at
             await conversation.resolve(interaction, "main")
-        log["stored"] = conversation._record.deadline
+        log["stored"] = conversation._state.record.deadline
 
     tool = make_tool("ask", RecordingBackend(ask), read_only=True)
     await run_with_host(

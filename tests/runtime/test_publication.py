@@ -821,7 +821,7 @@ async def test_pub_14_a_discarded_staging_costs_no_older_receipt(
             seen["failed"] = operation.context.stage_catalog(
                 publication("pub-doomed", tools, expected_revision=n)
             )
-            seen["while staged"] = len(operation.context._conversation.status().receipts)
+            seen["while staged"] = len(operation.context._host.catalog.receipts)
             return ToolResult("discovery failed", is_error=True)
         seen["again"] = operation.context.stage_catalog(
             publication("pub-1", tools, expected_revision=1)

@@ -3,8 +3,8 @@ the context bound to that one effect (TOOL-27, INT-17, NEST-01, PUB-12)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, final
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeAlias, final
 
 import attrs
 import trio
@@ -12,14 +12,55 @@ import trio
 from ..errors import Error, ErrorClass
 from ..kernel import freeze
 from ..tools import PublicationReceipt, ToolRegistry, ToolResult
-from ._interactions import wait_for_human
+from ._catalog import CatalogState
+from ._interactions import Interactions
 from ._signals import _Stop, _StorageFailed
+from ._state import Publisher, RunState
 
-if TYPE_CHECKING:
-    from ._conversation import Conversation
-    from ._loop import TurnLoop
+__all__ = ["ContextHost", "ToolContext", "ToolOperation", "stage"]
 
-__all__ = ["ToolContext", "ToolOperation"]
+#: a nested call: ``(calling context, tool name, arguments) -> result``
+Nested: TypeAlias = "Callable[[ToolContext, str, Any], Awaitable[ToolResult]]"
+
+
+@final
+@attrs.frozen(kw_only=True)
+class ContextHost:
+    """What a tool's context calls into: one per conversation."""
+
+    state: RunState
+    publisher: Publisher
+    catalog: CatalogState
+    interactions: Interactions
+    nested: Nested
+
+
+def stage(
+    state: RunState, catalog: CatalogState, publication: Any, producer: str | None = None
+) -> PublicationReceipt:
+    """Stage for ``producer`` (a tool's own context) and the tools that
+    enclose it, or for every executing invocation (innermost last).  A
+    nested call the producer made is not among them: its failure is the
+    producer's to handle (NEST-05), not a reason to discard (PUB-18)."""
+    if (
+        not state.executing
+        or state.stop_reason is not None
+        or state.inactive  # storage_failed: nothing can publish
+    ):
+        raise Error(ErrorClass.RESOURCE_CONFLICT, "staging requires an executing tool")
+    producers = list(state.executing)
+    if producer in producers:
+        del producers[producers.index(producer) + 1 :]
+    if state.pending is not None:
+        raise Error(
+            ErrorClass.RESOURCE_CONFLICT, "staging is not allowed during an interaction wait"
+        )
+    return catalog.stage(
+        publication,
+        run_id=state.run_id,
+        incarnation=state.record.incarnation,
+        producers=producers,
+    )
 
 
 @final
@@ -29,10 +70,9 @@ class ToolContext:
 
     __slots__ = (
         "_caller",
-        "_conversation",
+        "_host",
         "_invocation_id",
         "_live",
-        "_loop",
         "_nested_busy",
         "_nested_ended",
         "_nested_stop",
@@ -41,11 +81,8 @@ class ToolContext:
         "_waits",
     )
 
-    def __init__(
-        self, conversation: Conversation, loop: TurnLoop, tool: str, invocation_id: str
-    ) -> None:
-        self._conversation = conversation
-        self._loop = loop
+    def __init__(self, host: ContextHost, tool: str, invocation_id: str) -> None:
+        self._host = host
         self._tool = tool
         self._invocation_id = invocation_id
         self._live = True
@@ -82,17 +119,17 @@ class ToolContext:
 
     def emit(self, update: Mapping[str, Any]) -> None:
         """Forward ``update`` to subscribers as a transient ``tool_update`` (TOOL-27)."""
-        self._conversation._require_own_run()  # never from a worker thread
+        self._host.state.require_own_run()  # never from a worker thread
         if not self._live:
             raise Error(ErrorClass.RESOURCE_CONFLICT, "stale stream")
         if not isinstance(update, Mapping):
             raise Error(ErrorClass.VALIDATION, "a tool update must be a mapping")
-        self._conversation._publish("tool_update", freeze(update, "tool update"))
+        self._host.publisher.publish("tool_update", freeze(update, "tool update"))
 
     async def interact(self, request: Mapping[str, Any]) -> Any:
         """Ask a person; returns the committed answer (INT-05). While waiting, the
         run and every armed effect deadline are suspended (INT-06, INT-18)."""
-        self._conversation._require_own_run()
+        self._host.state.require_own_run()
         if not isinstance(request, Mapping):
             raise Error(ErrorClass.VALIDATION, "an interaction request must be a mapping")
         if not self._live:
@@ -107,7 +144,7 @@ class ToolContext:
                 self._waits = set()
             self._waits.add(ended)
             try:
-                answer, _ = await wait_for_human(self._conversation, request)
+                answer, _ = await self._host.interactions.wait(request)
             except _StorageFailed as failed:
                 raise failed.error from None  # the backend sees storage_failed (CAN-17)
             except _Stop:
@@ -124,19 +161,20 @@ class ToolContext:
     def catalog_registry(self) -> ToolRegistry:
         """The registry of the catalog in force (read-only), for discovery tools
         that build the next catalog from it; never model-visible."""
-        return self._conversation._catalog.bundle.registry
+        return self._host.catalog.bundle.registry
 
     def stage_catalog(self, publication: Any) -> PublicationReceipt:
         """Stage a catalog produced by this tool (synchronous, PUB-02)."""
-        self._conversation._require_own_run()
+        self._host.state.require_own_run()
         if not self._executing():  # (a nested call whose caller ended stages nothing)
             raise Error(ErrorClass.RESOURCE_CONFLICT, "staging requires an executing tool")
-        return self._conversation._stage(publication, self._invocation_id)
+        host = self._host
+        return stage(host.state, host.catalog, publication, self._invocation_id)
 
     async def nested_dispatch(self, tool_name: str, arguments: Any) -> ToolResult:
         """Run another tool from this one: one at a time, never itself, never an
         approval-gated tool; its own intent, work unit and deadline (NEST-01..09)."""
-        self._conversation._require_own_run()
+        self._host.state.require_own_run()
         if not self._live or self._nested_busy:
             raise Error(ErrorClass.RESOURCE_CONFLICT, "nested dispatch is not available now")
         if tool_name == self._tool:
@@ -144,7 +182,7 @@ class ToolContext:
         self._nested_busy = True
         self._nested_ended = trio.Event()
         try:
-            return await self._loop._nested(self, tool_name, arguments)
+            return await self._host.nested(self, tool_name, arguments)
         except _StorageFailed as failed:  # the nested intent or result commit failed (CAN-17)
             raise failed.error from None
         except _Stop:

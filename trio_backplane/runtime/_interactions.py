@@ -11,250 +11,222 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, final
 
 import trio
 
 from ..errors import Error, ErrorClass
 from ..kernel import freeze, thaw
+from ._coordinator import Coordinator
 from ._signals import _Stop, _StorageFailed
+from ._state import Pending, Publisher, RunState
 from ._types import Phase
 
-if TYPE_CHECKING:
-    from ._conversation import Conversation
-
-__all__ = ["HOST_RESOLVER", "Pending", "resolve", "wait_for_human"]
+__all__ = ["HOST_RESOLVER", "Interactions"]
 
 #: Who resolves approvals from ``resolve`` (INT-02); no run may be named so.
 HOST_RESOLVER: Final = "host"
-
-
-class Pending:
-    """The one interaction a conversation may have open."""
-
-    __slots__ = (
-        "announced",
-        "answer",
-        "answered_at",
-        "base_deadline",
-        "delivered",
-        "ended_at",
-        "interaction_id",
-        "request",
-        "resolving",
-        "started",
-        "stored",
-        "waiter",
-    )
-
-    def __init__(self, interaction_id: str, request: Any, started: float) -> None:
-        self.interaction_id = interaction_id
-        self.request = request
-        self.started = started
-        self.resolving = False
-        #: its pending checkpoint is committed: it must be cleared again
-        self.stored = False
-        #: ``interaction_requested`` went out (the deadlines are suspended):
-        #: a host may answer from then on
-        self.announced = False
-        #: when ``resolve`` measured the wait it committed: the wait ends
-        #: there, for the stored deadline and the resumed budgets alike
-        self.answered_at: float | None = None
-        self.answer: Any = None
-        self.delivered = trio.Event()
-        #: the stored run deadline when the wait began: the wait moves it to
-        #: ``base_deadline + waited`` (in steps if commits need it meanwhile)
-        self.base_deadline: float | None = None
-        #: when the waiting effect stopped waiting (answered or not)
-        self.ended_at: float | None = None
-        #: the scope the effect waits for the answer in: a stop of the run
-        #: cancels it, wherever the effect's task runs (a nested call in a
-        #: host's task is out of the worker's reach)
-        self.waiter: trio.CancelScope | None = None
-
-    def moved_deadline(self, until: float) -> float | None:
-        """The stored run deadline once the wait has lasted until ``until``."""
-        if self.base_deadline is None:
-            return None
-        return self.base_deadline + max(0.0, until - self.started)
 
 
 def _overlap() -> Error:
     return Error(ErrorClass.RESOURCE_CONFLICT, "stale or overlapping interaction")
 
 
-async def wait_for_human(c: Conversation, request: Any) -> tuple[Any, float]:
-    """Open an interaction and wait for its answer: ``(answer, seconds waited)``.
+@final
+class Interactions:
+    """The conversation's human interactions: at most one open at a time."""
 
-    Raises ``trio.Cancelled`` when the run is cancelled meanwhile (INT-11).
-    """
-    if not isinstance(request, Mapping):
-        raise Error(ErrorClass.VALIDATION, "an interaction request must be a mapping")
-    if c._pending is not None:
-        raise _overlap()
-    if c._stop_reason is not None:
-        # The run is stopping: nobody will answer (and resolve() refuses).
-        raise _Stop
-    request = freeze(request, "interaction request")
-    pending = Pending(c._new_id("interaction"), request, c._now())
-    c._pending = pending
-    if c._phase == Phase.RUNNING:
-        c._phase = Phase.WAITING_INTERACTION
-    try:
-        await _announce(c, pending)
-        return await _answer(c, pending)
-    finally:
-        await _wait_ended(c, pending)
+    __slots__ = ("_coordinator", "_publisher", "_state")
 
+    def __init__(self, state: RunState, coordinator: Coordinator, publisher: Publisher) -> None:
+        self._state = state
+        self._coordinator = coordinator
+        self._publisher = publisher
 
-async def _announce(c: Conversation, pending: Pending) -> None:
-    """Commit the pending interaction, then suspend the deadlines and tell
-    the host: never after a stop that won while it committed (``_Stop``)."""
-    # The run's remaining budget, which the wait freezes, stored with the
-    # wall-clock instant it was read at: another process inspecting the
-    # waiting run knows how much of the run is left (INT-07).
-    deadline = c._record.deadline
-    requested_at = c._wall_now()
-    remaining = None if deadline is None else max(0.0, deadline - requested_at)
-    entry = {
-        "id": pending.interaction_id,
-        "request": pending.request,
-        "requested_at": requested_at,
-        "remaining": remaining,
-    }
-    await c._checkpoint(lambda s: {**s, "pending_interaction": entry})
-    pending.stored = True
-    # The deadlines keep running while the pending checkpoint commits: an
-    # acknowledgement cannot revive an interaction after a cancellation or a
-    # deadline won meanwhile (INT-10).
-    await trio.lowlevel.checkpoint_if_cancelled()
-    if c._stop_reason is not None or c._pending is not pending:
-        # A stop won while the request committed: never announced, never
-        # answered (the wait's end withdraws it).
-        raise _Stop
-    c._suspend_deadlines()
-    pending.started = c._now()
-    pending.base_deadline = c._record.deadline
-    pending.announced = True
-    c._publish(
-        "interaction_requested",
-        {"interaction_id": pending.interaction_id, "request": pending.request},
-    )
+    async def wait(self, request: Any) -> tuple[Any, float]:
+        """Open an interaction and wait for its answer: ``(answer, seconds waited)``.
 
+        Raises ``trio.Cancelled`` when the run is cancelled meanwhile (INT-11).
+        """
+        s = self._state
+        if not isinstance(request, Mapping):
+            raise Error(ErrorClass.VALIDATION, "an interaction request must be a mapping")
+        if s.pending is not None:
+            raise _overlap()
+        if s.stop_reason is not None:
+            # The run is stopping: nobody will answer (and resolve() refuses).
+            raise _Stop
+        request = freeze(request, "interaction request")
+        pending = Pending(s.new_id("interaction"), request, s.now())
+        s.pending = pending
+        if s.phase == Phase.RUNNING:
+            s.phase = Phase.WAITING_INTERACTION
+        try:
+            await self._announce(pending)
+            return await self._answer(pending)
+        finally:
+            await self._wait_ended(pending)
 
-async def _answer(c: Conversation, pending: Pending) -> tuple[Any, float]:
-    """Wait for the committed answer: ``(answer, seconds waited)``."""
-    with trio.CancelScope() as pending.waiter:
-        await pending.delivered.wait()
-    if pending.waiter.cancelled_caught:
-        # The run stopped: nobody will answer.  In the worker, its own
-        # cancellation is what the effect sees (INT-11).
+    async def _announce(self, pending: Pending) -> None:
+        """Commit the pending interaction, then suspend the deadlines and tell
+        the host: never after a stop that won while it committed (``_Stop``)."""
+        s = self._state
+        # The run's remaining budget, which the wait freezes, stored with the
+        # wall-clock instant it was read at: another process inspecting the
+        # waiting run knows how much of the run is left (INT-07).
+        deadline = s.record.deadline
+        requested_at = s.wall_now()
+        remaining = None if deadline is None else max(0.0, deadline - requested_at)
+        entry = {
+            "id": pending.interaction_id,
+            "request": pending.request,
+            "requested_at": requested_at,
+            "remaining": remaining,
+        }
+        await self._coordinator.checkpoint(
+            lambda conversation: {**conversation, "pending_interaction": entry}
+        )
+        pending.stored = True
+        # The deadlines keep running while the pending checkpoint commits: an
+        # acknowledgement cannot revive an interaction after a cancellation or a
+        # deadline won meanwhile (INT-10).
         await trio.lowlevel.checkpoint_if_cancelled()
-        raise _Stop
-    # A cancellation accepted after the answer was committed but before this
-    # task ran again wins: the answer never reaches the effect (INT-11).
-    await trio.lowlevel.checkpoint_if_cancelled()
-    answered_at = pending.answered_at if pending.answered_at is not None else c._now()
-    return pending.answer, max(0.0, answered_at - pending.started)
-
-
-async def _wait_ended(c: Conversation, pending: Pending) -> None:
-    """The effect stopped waiting, answered or not: resume the deadlines, and
-    withdraw an interaction given up without an answer."""
-    if c._pending is pending:
-        c._pending = None
-    if c._phase == Phase.WAITING_INTERACTION:
-        c._phase = Phase.RUNNING
-    pending.ended_at = c._now()
-    suspended = pending.announced
-    if suspended:
-        # The wait ended when ``resolve`` measured it (the stored deadline
-        # moved by exactly that); the resolution commit after it counts
-        # against the budgets, as commits do (rule 5, INT-07).
-        ended = pending.answered_at
-        if ended is not None:  # never before the wait began
-            ended = max(ended, pending.started)
-            pending.ended_at = ended
-        c._resume_deadlines(at=ended)
-    if pending.stored and not pending.resolving and c._stop_reason is None:
-        # Given up without an answer (the waiting effect was cut, or ended):
-        # the stored record must not keep it pending (INT-10), and the stored
-        # deadline moves by the time waited, as the resumed budget did (INT-07).
-        await _withdraw(c, pending, suspended)
-
-
-async def _withdraw(c: Conversation, pending: Pending, suspended: bool) -> None:
-    """Commit that ``pending`` is no longer open; a commit failure is the
-    coordinator's to report (storage_failed), never the effect's."""
-
-    extra: dict[str, Any] = {}
-    moved = pending.moved_deadline(pending.ended_at or c._now()) if suspended else None
-    if moved is not None:
-        extra["execution_deadline"] = moved
-
-    def cleared(state: dict[str, Any]) -> dict[str, Any]:
-        current = state.get("pending_interaction")
-        if isinstance(current, Mapping) and current.get("id") == pending.interaction_id:
-            return {**state, "pending_interaction": None}
-        return state
-
-    # A failed commit leaves the conversation storage_failed, and a settled
-    # run cleared it already: nothing else to do either way.
-    with trio.CancelScope(shield=True), contextlib.suppress(_StorageFailed, _Stop, Error):
-        await c._checkpoint(cleared, extra)
-
-
-async def resolve(c: Conversation, interaction_id: Any, answer: Any) -> None:
-    """The host's answer: committed, then delivered (INT-04, INT-05, INT-12)."""
-    pending = c._pending
-    if (
-        pending is None
-        or pending.interaction_id != interaction_id
-        or pending.resolving
-        or not pending.announced  # not requested yet: its checkpoint still commits
-    ):
-        raise Error(
-            ErrorClass.NOT_FOUND, "no such pending interaction", {"interaction_id": interaction_id}
+        if s.stop_reason is not None or s.pending is not pending:
+            # A stop won while the request committed: never announced, never
+            # answered (the wait's end withdraws it).
+            raise _Stop
+        s.suspend_deadlines()
+        pending.started = s.now()
+        pending.base_deadline = s.record.deadline
+        pending.announced = True
+        self._publisher.publish(
+            "interaction_requested",
+            {"interaction_id": pending.interaction_id, "request": pending.request},
         )
-    if c._stop_reason is not None:
-        raise Error(ErrorClass.CANCELLED, "the run was cancelled")
-    answered = freeze(answer, "interaction answer")  # JSON data only: it is committed
-    pending.resolving = True
-    pending.answered_at = c._now()
-    extra: dict[str, Any] = {}
-    moved = pending.moved_deadline(pending.answered_at)
-    if moved is not None:
-        extra["execution_deadline"] = moved
 
-    try:
-        # The answer is durable before the worker goes on (spec 002): after a
-        # crash the record says which interaction was answered, and how.
-        resolved = {"interaction_id": pending.interaction_id, "answer": answered}
-        await c._checkpoint(
-            lambda s: {**s, "pending_interaction": None, "resolved_interaction": resolved}, extra
-        )
-    except _StorageFailed as failed:
-        raise failed.error from None
-    except _Stop:
-        # The run settled meanwhile: the interaction went with it.
-        pending.resolving = False
-        pending.answered_at = None
-        raise Error(
-            ErrorClass.NOT_FOUND, "no such pending interaction", {"interaction_id": interaction_id}
-        ) from None
-    except BaseException:
-        # Not committed (the caller was cancelled before the commit, or the
-        # kernel refused it): the interaction is still open, and a retry of
-        # this resolve must find it (INT-04) -- unless its effect stopped
-        # waiting meanwhile (it left the withdrawal to this answer): then it
-        # is withdrawn here, its deadline moved by the wait it had.
-        pending.resolving = False
-        pending.answered_at = None
-        if pending.ended_at is not None and c._stop_reason is None:
-            await _withdraw(c, pending, pending.announced)
-        raise
-    if c._stop_reason is not None:
-        raise Error(ErrorClass.CANCELLED, "the run was cancelled")
-    pending.answer = thaw(answered)  # the committed answer, the effect's own copy
-    pending.delivered.set()
-    c._publish("interaction_resolved", {"interaction_id": pending.interaction_id})
+    async def _answer(self, pending: Pending) -> tuple[Any, float]:
+        """Wait for the committed answer: ``(answer, seconds waited)``."""
+        s = self._state
+        with trio.CancelScope() as pending.waiter:
+            await pending.delivered.wait()
+        if pending.waiter.cancelled_caught:
+            # The run stopped: nobody will answer.  In the worker, its own
+            # cancellation is what the effect sees (INT-11).
+            await trio.lowlevel.checkpoint_if_cancelled()
+            raise _Stop
+        # A cancellation accepted after the answer was committed but before this
+        # task ran again wins: the answer never reaches the effect (INT-11).
+        await trio.lowlevel.checkpoint_if_cancelled()
+        answered_at = pending.answered_at if pending.answered_at is not None else s.now()
+        return pending.answer, max(0.0, answered_at - pending.started)
+
+    async def _wait_ended(self, pending: Pending) -> None:
+        """The effect stopped waiting, answered or not: resume the deadlines, and
+        withdraw an interaction given up without an answer."""
+        s = self._state
+        if s.pending is pending:
+            s.pending = None
+        if s.phase == Phase.WAITING_INTERACTION:
+            s.phase = Phase.RUNNING
+        pending.ended_at = s.now()
+        suspended = pending.announced
+        if suspended:
+            # The wait ended when ``resolve`` measured it (the stored deadline
+            # moved by exactly that); the resolution commit after it counts
+            # against the budgets, as commits do (rule 5, INT-07).
+            ended = pending.answered_at
+            if ended is not None:  # never before the wait began
+                ended = max(ended, pending.started)
+                pending.ended_at = ended
+            s.resume_deadlines(at=ended)
+        if pending.stored and not pending.resolving and s.stop_reason is None:
+            # Given up without an answer (the waiting effect was cut, or ended):
+            # the stored record must not keep it pending (INT-10), and the stored
+            # deadline moves by the time waited, as the resumed budget did (INT-07).
+            await self._withdraw(pending, suspended)
+
+    async def _withdraw(self, pending: Pending, suspended: bool) -> None:
+        """Commit that ``pending`` is no longer open; a commit failure is the
+        coordinator's to report (storage_failed), never the effect's."""
+        s = self._state
+
+        extra: dict[str, Any] = {}
+        moved = pending.moved_deadline(pending.ended_at or s.now()) if suspended else None
+        if moved is not None:
+            extra["execution_deadline"] = moved
+
+        def cleared(state: dict[str, Any]) -> dict[str, Any]:
+            current = state.get("pending_interaction")
+            if isinstance(current, Mapping) and current.get("id") == pending.interaction_id:
+                return {**state, "pending_interaction": None}
+            return state
+
+        # A failed commit leaves the conversation storage_failed, and a settled
+        # run cleared it already: nothing else to do either way.
+        with trio.CancelScope(shield=True), contextlib.suppress(_StorageFailed, _Stop, Error):
+            await self._coordinator.checkpoint(cleared, extra)
+
+    async def resolve(self, interaction_id: Any, answer: Any) -> None:
+        """The host's answer: committed, then delivered (INT-04, INT-05, INT-12)."""
+        s = self._state
+        pending = s.pending
+        if (
+            pending is None
+            or pending.interaction_id != interaction_id
+            or pending.resolving
+            or not pending.announced  # not requested yet: its checkpoint still commits
+        ):
+            raise Error(
+                ErrorClass.NOT_FOUND,
+                "no such pending interaction",
+                {"interaction_id": interaction_id},
+            )
+        if s.stop_reason is not None:
+            raise Error(ErrorClass.CANCELLED, "the run was cancelled")
+        answered = freeze(answer, "interaction answer")  # JSON data only: it is committed
+        pending.resolving = True
+        pending.answered_at = s.now()
+        extra: dict[str, Any] = {}
+        moved = pending.moved_deadline(pending.answered_at)
+        if moved is not None:
+            extra["execution_deadline"] = moved
+
+        try:
+            # The answer is durable before the worker goes on (spec 002): after a
+            # crash the record says which interaction was answered, and how.
+            resolved = {"interaction_id": pending.interaction_id, "answer": answered}
+            await self._coordinator.checkpoint(
+                lambda conversation: {
+                    **conversation,
+                    "pending_interaction": None,
+                    "resolved_interaction": resolved,
+                },
+                extra,
+            )
+        except _StorageFailed as failed:
+            raise failed.error from None
+        except _Stop:
+            # The run settled meanwhile: the interaction went with it.
+            pending.resolving = False
+            pending.answered_at = None
+            raise Error(
+                ErrorClass.NOT_FOUND,
+                "no such pending interaction",
+                {"interaction_id": interaction_id},
+            ) from None
+        except BaseException:
+            # Not committed (the caller was cancelled before the commit, or the
+            # kernel refused it): the interaction is still open, and a retry of
+            # this resolve must find it (INT-04) -- unless its effect stopped
+            # waiting meanwhile (it left the withdrawal to this answer): then it
+            # is withdrawn here, its deadline moved by the wait it had.
+            pending.resolving = False
+            pending.answered_at = None
+            if pending.ended_at is not None and s.stop_reason is None:
+                await self._withdraw(pending, pending.announced)
+            raise
+        if s.stop_reason is not None:
+            raise Error(ErrorClass.CANCELLED, "the run was cancelled")
+        pending.answer = thaw(answered)  # the committed answer, the effect's own copy
+        pending.delivered.set()
+        self._publisher.publish("interaction_resolved", {"interaction_id": pending.interaction_id})

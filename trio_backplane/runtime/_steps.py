@@ -8,9 +8,16 @@ from typing import Any, Final
 
 import attrs
 
-from ..kernel import Command, RunRecord, freeze
+from ..kernel import Command, RunRecord, appended, freeze
 
-__all__ = ["EMPTY_CONVERSATION", "Step", "checkpoint_step", "command_step", "conversation_of"]
+__all__ = [
+    "EMPTY_CONVERSATION",
+    "Step",
+    "append_to",
+    "checkpoint_step",
+    "command_step",
+    "conversation_of",
+]
 
 
 EMPTY_CONVERSATION: Final[Mapping[str, Any]] = freeze(
@@ -70,3 +77,18 @@ def checkpoint_step(
         return Command("conversation_updated", now, freeze(data))
 
     return Step(build, after)
+
+
+def append_to(
+    record: RunRecord, *, message: Any = None, usage: list[Any] | None = None
+) -> Mapping[str, Any]:
+    """The record's conversation state with ``message`` and ``usage``
+    appended, frozen (a command takes it unwalked)."""
+    state = conversation_of(record)
+    new = dict(state)
+    if message is not None:
+        new["messages"] = appended(state.get("messages", ()), message)
+    if usage:
+        new["usage"] = appended(state.get("usage", ()), *usage)
+    frozen: Mapping[str, Any] = freeze(new)
+    return frozen

@@ -1,0 +1,200 @@
+"""What ``open_conversation`` is given, checked before it calls anything:
+the options, the store, provider and hooks, a stored run or a transcript."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, Final, final
+
+import attrs
+
+from .._numbers import is_seconds
+from ..errors import Error, ErrorClass, require_methods
+from ..kernel import RunRecord, freeze
+from ._clock import check_wall_clock
+
+__all__ = ["MAX_TIMEOUT", "Options", "check_inputs", "check_options", "first_id", "listed"]
+
+MAX_TIMEOUT: Final = 3600.0
+
+
+def _check_timeout(name: str, value: Any) -> float:
+    if not is_seconds(value, MAX_TIMEOUT):
+        raise Error(
+            ErrorClass.VALIDATION,
+            f"{name} must be a finite positive timeout",
+            {"option": name, "maximum": MAX_TIMEOUT},
+        )
+    return float(value)
+
+
+#: ``<kind>-<incarnation>-<n>``, numbers as this runtime writes them (an id
+#: with longer ones, a host's own, is no id of ours: never converted, so
+#: never past Python's int digit limit)
+_OUR_ID: Final = re.compile(r"[a-z_]+-([0-9]{1,18})-([0-9]{1,18})")
+
+
+def first_id(record: RunRecord) -> int:
+    """Where this conversation's ids (``<kind>-<incarnation>-<n>``) start:
+    past any the record's transcript already holds for its incarnation (a
+    run started from another's committed messages), so ids stay unique in
+    the run."""
+    state = record.conversation or {}
+    highest = 0
+    prefix = f"-{record.incarnation}-"
+    for message in listed(state, "messages"):
+        ident = message.get("id") if isinstance(message, Mapping) else None
+        if type(ident) is str and prefix in ident:
+            found = _OUR_ID.fullmatch(ident)
+            if found and int(found[1]) == record.incarnation:
+                highest = max(highest, int(found[2]))
+    return highest + 1
+
+
+def listed(state: Mapping[str, Any], key: str) -> tuple[Any, ...]:
+    """The list ``state`` holds at ``key``: a stored conversation state is
+    any mapping the kernel took, so a restored one may hold something else
+    there, read as no items (the record itself is shown as stored)."""
+    items = state.get(key)
+    return tuple(items) if isinstance(items, list | tuple) else ()
+
+
+def check_inputs(
+    store: Any,
+    provider: Any,
+    *,
+    hooks: Any,
+    context: Any,
+    provider_context: Any,
+    run: Any,
+    messages: Any,
+) -> list[Any] | None:
+    """What ``open_conversation`` is given to work with, checked before it
+    calls anything: a store with ``create`` and ``commit``, a provider with
+    ``stream``, hooks whose ``prompt``/``stop`` (when present) are callables,
+    a mapping (or ``None``) as context without the reserved ``conversation``
+    key, a mapping (or ``None``) as the provider context, a ``RunRecord``
+    (or ``None``) as the stored run, and ``run`` or ``messages``, not both.
+    Returns the checked messages."""
+    require_methods(store, "store", ("create", "commit"))
+    require_methods(provider, "provider", ("stream",))
+    for name in ("prompt", "stop"):
+        hook = getattr(hooks, name, None)
+        if hook is not None and not callable(hook):
+            raise Error(
+                ErrorClass.VALIDATION,
+                f"hooks.{name} must be an async callable",
+                {"argument": "hooks", "hook": name, "type": type(hook).__name__},
+            )
+    for name, value in (("context", context), ("provider_context", provider_context)):
+        if value is not None and not isinstance(value, Mapping):
+            raise Error(
+                ErrorClass.VALIDATION,
+                f"{name} must be a mapping or None",
+                {"argument": name, "type": type(value).__name__},
+            )
+    if context is not None and "conversation" in context:
+        raise Error(ErrorClass.VALIDATION, "context key 'conversation' is reserved")
+    if run is not None and not isinstance(run, RunRecord):
+        raise Error(
+            ErrorClass.VALIDATION,
+            "run must be a stored RunRecord or None",
+            {"argument": "run", "type": type(run).__name__},
+        )
+    if run is not None and messages is not None:
+        raise Error(ErrorClass.VALIDATION, "give run (a stored run) or messages (a new one)")
+    return _check_messages(messages)
+
+
+def _check_messages(messages: Any) -> list[Any] | None:
+    """The transcript a new run starts from (a replacement run receives the
+    committed messages of the one it continues): a list or tuple of message
+    objects, each with a ``role``.  Whether they are JSON data is checked with
+    the rest of the run's context, before the store is called."""
+    if messages is None:
+        return None
+    if not isinstance(messages, list | tuple):
+        raise Error(
+            ErrorClass.VALIDATION,
+            "messages must be a list of transcript messages",
+            {"type": type(messages).__name__},
+        )
+    # frozen first: a message that fails when read is classed, as the
+    # context is (the context then takes these frozen copies as they are)
+    messages = freeze(list(messages), "messages")
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping) or type(message.get("role")) is not str:
+            raise Error(
+                ErrorClass.VALIDATION,
+                "each message must be an object with a role",
+                {"index": index},
+            )
+    return list(messages)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Options:
+    """A conversation's checked options (``open_conversation``'s keywords)."""
+
+    run_timeout: float
+    effect_timeout: float
+    commit_timeout: float
+    cleanup_timeout: float
+    output_limit: int
+    provider_output_limit: float
+    schema_admission: str
+    work: int
+    wall_clock: Callable[[], float]
+
+
+def check_options(
+    *,
+    work: Any,
+    run_timeout: Any,
+    effect_timeout: Any,
+    commit_timeout: Any,
+    cleanup_timeout: Any,
+    output_limit: Any,
+    provider_output_limit: Any,
+    schema_admission: Any,
+    wall_clock: Any,
+) -> Options:
+    timeouts = {
+        "run_timeout": _check_timeout("run_timeout", run_timeout),
+        "effect_timeout": _check_timeout("effect_timeout", effect_timeout),
+        "commit_timeout": _check_timeout("commit_timeout", commit_timeout),
+        "cleanup_timeout": _check_timeout("cleanup_timeout", cleanup_timeout),
+    }
+    if type(work) is not int or work < 1:
+        raise Error(ErrorClass.VALIDATION, "work must be an int of at least 1", {"option": "work"})
+    if type(output_limit) is not int or output_limit < 0:
+        raise Error(
+            ErrorClass.VALIDATION,
+            "output_limit must be a non-negative int",
+            {"option": "output_limit"},
+        )
+    if provider_output_limit is None:
+        provider_limit: float = output_limit
+    elif provider_output_limit == math.inf and type(provider_output_limit) is float:
+        provider_limit = math.inf
+    elif type(provider_output_limit) is int and provider_output_limit >= 0:
+        provider_limit = provider_output_limit
+    else:
+        raise Error(
+            ErrorClass.VALIDATION,
+            "provider_output_limit must be a non-negative int or math.inf",
+            {"option": "provider_output_limit"},
+        )
+    if schema_admission not in ("strict", "quarantine"):
+        raise Error(ErrorClass.VALIDATION, "admission mode must be strict or quarantine")
+    return Options(
+        output_limit=output_limit,
+        provider_output_limit=provider_limit,
+        schema_admission=schema_admission,
+        work=work,
+        wall_clock=check_wall_clock(wall_clock),
+        **timeouts,
+    )
