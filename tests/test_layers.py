@@ -114,12 +114,109 @@ def test_runtime_has_no_function_level_import() -> None:
 
 def test_only_the_runtime_package_imports_the_conversation_module() -> None:
     """``_conversation`` is the facade: nothing inside the runtime depends on
-    it (annotations aside), so every collaborator stands without it."""
+    it, not even for annotations, so every part stands without it."""
     users = [
         name
         for name, node, _top in _runtime_imports()
-        if isinstance(node, ast.ImportFrom)
-        and node.module == "_conversation"
-        and not all(alias.name == "Conversation" for alias in node.names)
+        if isinstance(node, ast.ImportFrom) and node.module == "_conversation"
     ]
     assert users == ["__init__.py"]
+
+
+def _runtime_graph() -> dict[str, set[str]]:
+    """Which runtime module imports which (relative imports, at any depth)."""
+    graph: dict[str, set[str]] = defaultdict(set)
+    for name, node, _top in _runtime_imports():
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+            graph[name.removesuffix(".py")].add(node.module)
+    return graph
+
+
+def test_runtime_modules_import_each_other_without_a_cycle() -> None:
+    """The parts are layered: no runtime module reaches back, not even under
+    ``TYPE_CHECKING`` (a cycle hidden for annotations is still a cycle)."""
+    graph = _runtime_graph()
+    assert "_conversation" in graph, "the parser found no imports: it is broken"
+    cycles: list[list[str]] = []
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in path:
+            cycles.append([*path[path.index(module) :], module])
+            return
+        for target in sorted(graph.get(module, ())):
+            visit(target, [*path, module])
+
+    for module in sorted(graph):
+        visit(module, [])
+    assert cycles == []
+
+
+def _runtime_trees() -> list[tuple[str, ast.Module, str]]:
+    return [
+        (path.name, ast.parse(text := path.read_text()), text)
+        for path in sorted((PACKAGE / "runtime").glob("*.py"))
+    ]
+
+
+def test_runtime_modules_and_functions_are_short() -> None:
+    """No runtime module over 600 lines, no function over 60."""
+    long_modules: list[str] = []
+    long_functions: list[str] = []
+    for name, tree, text in _runtime_trees():
+        if text.count("\n") > 600:
+            long_modules.append(name)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                assert node.end_lineno is not None
+                length = node.end_lineno - node.lineno + 1
+                if length > 60:
+                    long_functions.append(f"{name}:{node.name} ({length})")
+    assert long_modules == []
+    assert long_functions == []
+
+
+def test_no_runtime_part_reads_another_objects_private_state() -> None:
+    """``x._name`` only where ``x`` is ``self``/``cls``, another instance of
+    the class being defined (``other._name`` inside that class), or a class
+    of the same module (its table of its own methods): the parts are handed
+    what they use, in the open."""
+    found: list[str] = []
+    for name, tree, _text in _runtime_trees():
+        classes = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+        for cls in classes:
+            for node in ast.walk(cls):
+                node.owner = cls.name  # type: ignore[attr-defined]
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
+                continue
+            if node.attr.startswith("__") or node.attr == "_create":  # NoPublicConstructor
+                continue
+            value = node.value
+            if isinstance(value, ast.Name) and value.id in ("self", "cls"):
+                continue
+            owner = getattr(node, "owner", None)
+            if isinstance(value, ast.Name) and value.id in {c.name for c in classes}:
+                continue
+            if owner is not None and _same_class(tree, owner, value):
+                continue
+            found.append(f"{name}:{node.lineno} {ast.unparse(node)}")
+    assert found == []
+
+
+def _same_class(tree: ast.Module, owner: str, value: ast.expr) -> bool:
+    """Whether ``value`` is annotated (as a parameter or a local) with the
+    class ``owner`` (or ``owner | None``) in that class's methods."""
+    if not isinstance(value, ast.Name):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg) and node.arg == value.id and node.annotation is not None:
+            if owner in ast.unparse(node.annotation).split(" | "):
+                return True
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and node.target.id == value.id
+            and owner in ast.unparse(node.annotation).split(" | ")
+        ):
+            return True
+    return False

@@ -17,10 +17,10 @@ from ._interactions import Interactions
 from ._signals import _Stop, _StorageFailed
 from ._state import Publisher, RunState
 
-__all__ = ["ContextHost", "ToolContext", "ToolOperation", "stage"]
+__all__ = ["ContextHost", "Effect", "ToolContext", "ToolOperation", "stage"]
 
 #: a nested call: ``(calling context, tool name, arguments) -> result``
-Nested: TypeAlias = "Callable[[ToolContext, str, Any], Awaitable[ToolResult]]"
+Nested: TypeAlias = "Callable[[Effect, str, Any], Awaitable[ToolResult]]"
 
 
 @final
@@ -64,63 +64,75 @@ def stage(
 
 
 @final
+class Effect:
+    """The runtime's side of one executing effect, shared by its
+    ``ToolContext`` and the runtime: whether it still executes, what it
+    left running (an interaction, a nested call) and who called it."""
+
+    __slots__ = (
+        "caller",
+        "invocation_id",
+        "live",
+        "nested_busy",
+        "nested_ended",
+        "nested_stop",
+        "tool",
+        "waiting",
+        "waits",
+    )
+
+    def __init__(self, tool: str, invocation_id: str, caller: Effect | None = None) -> None:
+        self.tool = tool
+        self.invocation_id = invocation_id
+        #: the effect of the tool that made this nested call, if any
+        self.caller = caller
+        self.live = True
+        self.nested_busy = False
+        #: the scope of an ``interact`` waiting now: the effect's end cuts it
+        self.waiting: trio.CancelScope | None = None
+        #: the stop scope of the nested call executing now, and when the
+        #: nested call (started from here) ended
+        self.nested_stop: trio.CancelScope | None = None
+        self.nested_ended: trio.Event | None = None
+        #: one event per ``interact`` still running, set when it has ended
+        #: (its withdrawal included): calls may end in any order
+        self.waits: set[trio.Event] | None = None
+
+    def executing(self) -> bool:
+        """Whether this effect and every one enclosing it still execute."""
+        effect: Effect | None = self
+        while effect is not None:
+            if not effect.live:
+                return False
+            effect = effect.caller
+        return True
+
+    def end(self) -> None:
+        """Execution ended: every call through its context is refused now."""
+        self.live = False
+        if self.waiting is not None:
+            # An interaction the effect left waiting (in a task that outlived
+            # it) is bound to the effect: it ends with it, and is withdrawn.
+            self.waiting.cancel()
+        if self.nested_stop is not None:
+            self.nested_stop.cancel()  # so is a nested call it left running
+
+
+@final
 class ToolContext:
     """Callables bound to one executing effect; each raises ``resource_conflict``
     once that effect has ended (TOOL-27, INT-17, NEST-01, PUB-12)."""
 
-    __slots__ = (
-        "_caller",
-        "_host",
-        "_invocation_id",
-        "_live",
-        "_nested_busy",
-        "_nested_ended",
-        "_nested_stop",
-        "_tool",
-        "_waiting",
-        "_waits",
-    )
+    __slots__ = ("_effect", "_host")
 
-    def __init__(self, host: ContextHost, tool: str, invocation_id: str) -> None:
+    def __init__(self, host: ContextHost, effect: Effect) -> None:
         self._host = host
-        self._tool = tool
-        self._invocation_id = invocation_id
-        self._live = True
-        self._nested_busy = False
-        #: the scope of an ``interact`` waiting now: the effect's end cuts it
-        self._waiting: trio.CancelScope | None = None
-        #: the stop scope of the nested call executing now, and when the
-        #: nested call (started from here) ended
-        self._nested_stop: trio.CancelScope | None = None
-        self._nested_ended: trio.Event | None = None
-        #: one event per ``interact`` still running, set when it has ended
-        #: (its withdrawal included): calls may end in any order
-        self._waits: set[trio.Event] | None = None
-        #: the context of the tool that made this nested call, if any
-        self._caller: ToolContext | None = None
-
-    def _executing(self) -> bool:
-        """Whether this effect and every one enclosing it still execute."""
-        context: ToolContext | None = self
-        while context is not None:
-            if not context._live:
-                return False
-            context = context._caller
-        return True
-
-    def _end(self) -> None:
-        self._live = False
-        if self._waiting is not None:
-            # An interaction the effect left waiting (in a task that outlived
-            # it) is bound to the effect: it ends with it, and is withdrawn.
-            self._waiting.cancel()
-        if self._nested_stop is not None:
-            self._nested_stop.cancel()  # so is a nested call it left running
+        self._effect = effect
 
     def emit(self, update: Mapping[str, Any]) -> None:
         """Forward ``update`` to subscribers as a transient ``tool_update`` (TOOL-27)."""
         self._host.state.require_own_run()  # never from a worker thread
-        if not self._live:
+        if not self._effect.live:
             raise Error(ErrorClass.RESOURCE_CONFLICT, "stale stream")
         if not isinstance(update, Mapping):
             raise Error(ErrorClass.VALIDATION, "a tool update must be a mapping")
@@ -130,19 +142,20 @@ class ToolContext:
         """Ask a person; returns the committed answer (INT-05). While waiting, the
         run and every armed effect deadline are suspended (INT-06, INT-18)."""
         self._host.state.require_own_run()
+        effect = self._effect
         if not isinstance(request, Mapping):
             raise Error(ErrorClass.VALIDATION, "an interaction request must be a mapping")
-        if not self._live:
+        if not effect.live:
             raise Error(ErrorClass.RESOURCE_CONFLICT, "stale or overlapping interaction")
 
         with trio.CancelScope() as scope:
             # (an overlapping call, refused below, must not unbind the one
             # already waiting: it restores it)
-            previous, self._waiting = self._waiting, scope
+            previous, effect.waiting = effect.waiting, scope
             ended = trio.Event()
-            if self._waits is None:
-                self._waits = set()
-            self._waits.add(ended)
+            if effect.waits is None:
+                effect.waits = set()
+            effect.waits.add(ended)
             try:
                 answer, _ = await self._host.interactions.wait(request)
             except _StorageFailed as failed:
@@ -150,9 +163,9 @@ class ToolContext:
             except _Stop:
                 raise _stopping() from None  # settled meanwhile: classed for the backend
             finally:
-                self._waiting = previous
+                effect.waiting = previous
                 ended.set()
-                self._waits.discard(ended)
+                effect.waits.discard(ended)
             return answer
         # the effect ended while this waited (INT-17)
         raise Error(ErrorClass.RESOURCE_CONFLICT, "stale or overlapping interaction")
@@ -166,30 +179,31 @@ class ToolContext:
     def stage_catalog(self, publication: Any) -> PublicationReceipt:
         """Stage a catalog produced by this tool (synchronous, PUB-02)."""
         self._host.state.require_own_run()
-        if not self._executing():  # (a nested call whose caller ended stages nothing)
+        if not self._effect.executing():  # (a nested call whose caller ended stages nothing)
             raise Error(ErrorClass.RESOURCE_CONFLICT, "staging requires an executing tool")
         host = self._host
-        return stage(host.state, host.catalog, publication, self._invocation_id)
+        return stage(host.state, host.catalog, publication, self._effect.invocation_id)
 
     async def nested_dispatch(self, tool_name: str, arguments: Any) -> ToolResult:
         """Run another tool from this one: one at a time, never itself, never an
         approval-gated tool; its own intent, work unit and deadline (NEST-01..09)."""
         self._host.state.require_own_run()
-        if not self._live or self._nested_busy:
+        effect = self._effect
+        if not effect.live or effect.nested_busy:
             raise Error(ErrorClass.RESOURCE_CONFLICT, "nested dispatch is not available now")
-        if tool_name == self._tool:
+        if tool_name == effect.tool:
             raise Error(ErrorClass.RESOURCE_CONFLICT, "a tool cannot invoke itself")
-        self._nested_busy = True
-        self._nested_ended = trio.Event()
+        effect.nested_busy = True
+        effect.nested_ended = trio.Event()
         try:
-            return await self._host.nested(self, tool_name, arguments)
+            return await self._host.nested(effect, tool_name, arguments)
         except _StorageFailed as failed:  # the nested intent or result commit failed (CAN-17)
             raise failed.error from None
         except _Stop:
             raise _stopping() from None  # settled meanwhile: classed for the backend
         finally:
-            self._nested_busy = False
-            self._nested_ended.set()
+            effect.nested_busy = False
+            effect.nested_ended.set()
 
 
 def _stopping() -> Error:

@@ -41,7 +41,7 @@ from ._execution import Executor
 from ._gateway import ToolGateway
 from ._hooks import HookRunner
 from ._input import check_content
-from ._interactions import HOST_RESOLVER, Interactions
+from ._interactions import Interactions
 from ._loop import TurnLoop
 from ._nested import NestedCalls
 from ._options import Options, check_inputs, check_options, listed
@@ -77,11 +77,10 @@ def _assemble(
     nursery: trio.Nursery,
     *,
     bundle: AdmittedBundle,
-    provider: Any,
-    provider_context: Mapping[str, Any] | None,
-    hooks: Any,
+    host: tuple[Any, Mapping[str, Any] | None, Any],
 ) -> _Parts:
-    """Build the parts and hand each the ones it calls on."""
+    """Build the parts and hand each the ones it calls on; ``host``: the
+    provider, its context and the hooks."""
     publisher = Publisher(state)
     catalog = CatalogState(bundle, options.schema_admission)
     # The coordinator reports a storage failure to the settlement, which
@@ -97,8 +96,30 @@ def _assemble(
         state, store, commit_timeout=options.commit_timeout, failed=storage_failed
     )
     settlement = Settlement(state, coordinator, publisher, catalog, options, nursery)
-    writer = StepWriter(state, coordinator, settlement.request_stop)
-    interactions = Interactions(state, coordinator, publisher)
+    parts = _Parts(
+        state=state,
+        publisher=publisher,
+        coordinator=coordinator,
+        catalog=catalog,
+        hooks=HookRunner(state, publisher, host[2], options.effect_timeout),
+        interactions=Interactions(state, coordinator, publisher),
+        settlement=settlement,
+    )
+    settlement.runs(_turn_loop(parts, options, provider=host[0], provider_context=host[1]).run)
+    return parts
+
+
+def _turn_loop(
+    parts: _Parts, options: Options, *, provider: Any, provider_context: Mapping[str, Any] | None
+) -> TurnLoop:
+    """The worker's parts: the turn loop, its provider attempts and its gateway."""
+    state, coordinator, publisher, catalog = (
+        parts.state,
+        parts.coordinator,
+        parts.publisher,
+        parts.catalog,
+    )
+    writer = StepWriter(state, coordinator, parts.settlement.request_stop)
     executor = Executor(
         state,
         coordinator,
@@ -108,36 +129,29 @@ def _assemble(
         cleanup_timeout=options.cleanup_timeout,
         output_limit=options.output_limit,
     )
-    nested = NestedCalls(state, executor, writer, publisher, catalog, interactions)
-    runner = HookRunner(state, publisher, hooks, options.effect_timeout)
-    loop = TurnLoop(
+    nested = NestedCalls(state, executor, writer, publisher, catalog, parts.interactions)
+    responses = Responses(
         state,
         coordinator,
         writer,
         publisher,
         catalog,
-        responses=Responses(
-            state,
-            coordinator,
-            writer,
-            publisher,
-            catalog,
-            options,
-            provider=provider,
-            provider_context=provider_context,
-        ),
-        gateway=ToolGateway(state, executor, writer, publisher, catalog, interactions, nested.host),
-        hooks=runner,
+        options,
+        provider=provider,
+        provider_context=provider_context,
     )
-    settlement.runs(loop.run)
-    return _Parts(
-        state=state,
-        publisher=publisher,
-        coordinator=coordinator,
-        catalog=catalog,
-        hooks=runner,
-        interactions=interactions,
-        settlement=settlement,
+    gateway = ToolGateway(
+        state, executor, writer, publisher, catalog, parts.interactions, nested.host
+    )
+    return TurnLoop(
+        state,
+        coordinator,
+        writer,
+        publisher,
+        catalog,
+        responses=responses,
+        gateway=gateway,
+        hooks=parts.hooks,
     )
 
 
@@ -358,15 +372,8 @@ async def open_conversation(
         wall_clock=wall_clock,
     )
     clock = DurableClock.anchored(options.wall_clock)
-    if run_id == HOST_RESOLVER:
-        # The host answers approvals as resolver "host" (INT-02), and a
-        # resolver named like the run is the model approving itself (KER-15).
-        raise Error(
-            ErrorClass.VALIDATION,
-            f"run id {HOST_RESOLVER!r} is reserved: it names the host resolving approvals",
-            {"reason": "reserved_run_id"},
-        )
     prior = check_inputs(
+        run_id,
         store,
         provider,
         hooks=hooks,
@@ -375,41 +382,59 @@ async def open_conversation(
         run=run,
         messages=messages,
     )
-    bundle = admit_batch(
+    bundle = _admitted(run_id, registry, authority, tools, options.schema_admission)
+    record, phase = await _opened(run_id, store, run, prior, context, incarnation, options.work)
+    async with _owning_nursery() as nursery:
+        state = _run_state(record, phase, clock, options.run_timeout)
+        host = (provider, provider_context, hooks)
+        parts = _assemble(state, store, options, nursery, bundle=bundle, host=host)
+        async with _settling(parts.settlement, nursery):
+            yield Conversation._create(parts=parts, options=options)
+
+
+def _admitted(
+    run_id: str,
+    registry: ToolRegistry | None,
+    authority: Authority | None,
+    tools: Sequence[ProviderTool] | None,
+    mode: str,
+) -> AdmittedBundle:
+    """The catalog the run starts with, admitted (CAT)."""
+    return admit_batch(
         registry if registry is not None else ToolRegistry(()),
         authority if authority is not None else Authority(run_id=run_id),
         tools,
-        mode=options.schema_admission,
+        mode=mode,
         run_id=run_id,
     )
-    record, phase = await _opened(run_id, store, run, prior, context, incarnation, options.work)
-    async with _owning_nursery() as nursery:
-        # the run's clock, read without looking the run up each time
-        now = trio.lowlevel.current_clock().current_time
-        state = RunState(
-            run_id=run_id,
-            record=record,
-            phase=phase,
-            now=now,
-            clock=clock,
-            run_budget=DeadlineBudget("run", options.run_timeout, now),
-        )
-        parts = _assemble(
-            state,
-            store,
-            options,
-            nursery,
-            bundle=bundle,
-            provider=provider,
-            provider_context=provider_context,
-            hooks=hooks,
-        )
-        try:
-            yield Conversation._create(parts=parts, options=options)
-        finally:
-            with trio.CancelScope(shield=True):
-                await parts.settlement.close()
-            nursery.cancel_scope.cancel()
+
+
+def _run_state(
+    record: RunRecord, phase: Phase, clock: DurableClock, run_timeout: float
+) -> RunState:
+    """The run state a conversation opens with."""
+    # the run's clock, read without looking the run up each time
+    now = trio.lowlevel.current_clock().current_time
+    return RunState(
+        run_id=record.run_id,
+        record=record,
+        phase=phase,
+        now=now,
+        clock=clock,
+        run_budget=DeadlineBudget("run", run_timeout, now),
+    )
+
+
+@asynccontextmanager
+async def _settling(settlement: Settlement, nursery: trio.Nursery) -> AsyncIterator[None]:
+    """Leaving the block, however: the run settles (shielded), then the
+    conversation's tasks end."""
+    try:
+        yield
+    finally:
+        with trio.CancelScope(shield=True):
+            await settlement.close()
+        nursery.cancel_scope.cancel()
 
 
 async def _opened(  # noqa: PLR0917 - what a run starts from

@@ -14,7 +14,7 @@ from ..kernel import RunRecord, freeze, thaw, utf8_size
 from ..schema import CompiledSchema, compile_with
 from ..tools import Rejection, ToolDescriptor, ToolResult
 from ._catalog import CatalogState
-from ._context import ToolContext, ToolOperation
+from ._context import Effect, ToolContext, ToolOperation
 from ._coordinator import Coordinator
 from ._deadline import DeadlineBudget
 from ._redact import redacted, scrub, secrets_of
@@ -162,10 +162,7 @@ class Executor:
             )
 
     async def execute(
-        self,
-        descriptor: ToolDescriptor,
-        operation: ToolOperation,
-        caller: ToolContext | None = None,
+        self, descriptor: ToolDescriptor, operation: ToolOperation, effect: Effect
     ) -> tuple[Any, bool]:
         """Run the backend under its own effect budget: ``(outcome, timed out)``.
         Its context expires when execution ends, before settlement (NEST-01).
@@ -174,7 +171,7 @@ class Executor:
         of what the outer tool has left, so a nested timeout always leaves the
         outer tool time to react (NEST-05)."""
         state = self._state
-        invocation_id = operation.invocation_id
+        invocation_id, caller = operation.invocation_id, effect.caller
         state.unsettled[invocation_id] = "tool dispatched; outcome unknown"
         seconds = self._effect_timeout
         if state.effects:
@@ -187,21 +184,20 @@ class Executor:
             with budget.arm() as scope:
                 result = await self._run_backend(descriptor, operation, scope, caller)
         finally:
-            operation.context._end()
+            effect.end()
             state.effect_stops.discard(scope)
             state.effects.remove(budget)
             state.executing.remove(invocation_id)
             if caller is not None:
-                caller._nested_stop = None
+                caller.nested_stop = None
         if state.stop_reason is not None:
             # The run stopped while it executed: its outcome stays unsettled,
             # whatever it returned or however long it took (TOOL-22).
             raise _Stop
-        if scope.cancelled_caught and caller is not None and not caller._live:
+        if scope.cancelled_caught and caller is not None and not caller.live:
             raise CallerEnded  # a nested call its caller left running
-        context = operation.context
-        if context._nested_busy or context._waits:
-            await self._nested_left_running(context)
+        if effect.nested_busy or effect.waits:
+            await self._nested_left_running(effect)
         return result, budget.timed_out()
 
     async def _run_backend(
@@ -209,7 +205,7 @@ class Executor:
         descriptor: ToolDescriptor,
         operation: ToolOperation,
         scope: trio.CancelScope,
-        caller: ToolContext | None,
+        caller: Effect | None,
     ) -> Any:
         """The backend's outcome (a result, a rejection or what it raised)
         inside its armed ``scope``."""
@@ -220,7 +216,7 @@ class Executor:
         if self._state.stop_reason is not None:
             scope.cancel()
         if caller is not None:  # (live: checked after the intent committed)
-            caller._nested_stop = scope  # the caller's end ends it too
+            caller.nested_stop = scope  # the caller's end ends it too
         try:
             return await descriptor.backend.execute(operation)
         except Error as error:
@@ -235,26 +231,26 @@ class Executor:
                 raise
             raise cut from None
 
-    async def _nested_left_running(self, context: ToolContext) -> None:
+    async def _nested_left_running(self, effect: Effect) -> None:
         """A nested call or an interaction the tool left running (in a
         host's task) ended with it (``_end``): each is over before this call
         is settled, and before the batch goes on (TOOL-01; an interaction
         left pending would refuse the next call's approval).  A nested call
         that outlives its cancellation too is out of reach: the run stops
         ``unknown_outcome``."""
-        running = list(context._waits or ())
-        if context._nested_busy and context._nested_ended is not None:
-            running.append(context._nested_ended)
+        running = list(effect.waits or ())
+        if effect.nested_busy and effect.nested_ended is not None:
+            running.append(effect.nested_ended)
         with trio.CancelScope(shield=True) as bound:  # one bound for them all
             bound.deadline = trio.current_time() + self._cleanup_timeout
             for ended in running:
                 await ended.wait()
-        if context._nested_busy:
+        if effect.nested_busy:
             self._writer.uncertain(
                 Error(
                     ErrorClass.UNKNOWN_OUTCOME,
                     "a nested call outlived its caller and its cancellation",
-                    {"tool": context._tool},
+                    {"tool": effect.tool},
                 )
             )
 

@@ -23,9 +23,10 @@ from ..tools import (
     settlement,
 )
 from ._catalog import CatalogState
-from ._context import ContextHost, ToolContext
+from ._context import ContextHost, Effect, ToolContext
 from ._execution import Executor, error_result, intent, invocation_number, started
-from ._interactions import HOST_RESOLVER, Interactions
+from ._interactions import Interactions
+from ._options import HOST_RESOLVER
 from ._signals import _Stop
 from ._state import Publisher, RunState
 from ._steps import Step, append_to, checkpoint_step
@@ -171,13 +172,19 @@ class ToolGateway:
         result with its transcript message (or carry them)."""
         invocation_id, call_id, turn_id = ids
         executor = self._executor
-        context = ToolContext(self._host, descriptor.name, invocation_id)
+        effect = Effect(descriptor.name, invocation_id)
         operation = executor.operation(
-            descriptor, record, invocation_id, call_id, turn_id, arguments, context
+            descriptor,
+            record,
+            invocation_id,
+            call_id,
+            turn_id,
+            arguments,
+            ToolContext(self._host, effect),
         )
         if self._publisher.active:
             self._publisher.publish("tool_started", {"invocation": started(operation)})
-        result, timed_out = await executor.execute(descriptor, operation)
+        result, timed_out = await executor.execute(descriptor, operation, effect)
         if timed_out:
             self._writer.uncertain(
                 Error(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from typing import Any, Final, final
+from typing import Any, final
 
 import trio
 
@@ -22,10 +22,13 @@ from ._signals import _Stop, _StorageFailed
 from ._state import Pending, Publisher, RunState
 from ._types import Phase
 
-__all__ = ["HOST_RESOLVER", "Interactions"]
+__all__ = ["Interactions"]
 
-#: Who resolves approvals from ``resolve`` (INT-02); no run may be named so.
-HOST_RESOLVER: Final = "host"
+
+def _not_found(interaction_id: Any) -> Error:
+    return Error(
+        ErrorClass.NOT_FOUND, "no such pending interaction", {"interaction_id": interaction_id}
+    )
 
 
 def _overlap() -> Error:
@@ -48,19 +51,19 @@ class Interactions:
 
         Raises ``trio.Cancelled`` when the run is cancelled meanwhile (INT-11).
         """
-        s = self._state
+        state = self._state
         if not isinstance(request, Mapping):
             raise Error(ErrorClass.VALIDATION, "an interaction request must be a mapping")
-        if s.pending is not None:
+        if state.pending is not None:
             raise _overlap()
-        if s.stop_reason is not None:
+        if state.stop_reason is not None:
             # The run is stopping: nobody will answer (and resolve() refuses).
             raise _Stop
         request = freeze(request, "interaction request")
-        pending = Pending(s.new_id("interaction"), request, s.now())
-        s.pending = pending
-        if s.phase == Phase.RUNNING:
-            s.phase = Phase.WAITING_INTERACTION
+        pending = Pending(state.new_id("interaction"), request, state.now())
+        state.pending = pending
+        if state.phase == Phase.RUNNING:
+            state.phase = Phase.WAITING_INTERACTION
         try:
             await self._announce(pending)
             return await self._answer(pending)
@@ -70,12 +73,12 @@ class Interactions:
     async def _announce(self, pending: Pending) -> None:
         """Commit the pending interaction, then suspend the deadlines and tell
         the host: never after a stop that won while it committed (``_Stop``)."""
-        s = self._state
+        state = self._state
         # The run's remaining budget, which the wait freezes, stored with the
         # wall-clock instant it was read at: another process inspecting the
         # waiting run knows how much of the run is left (INT-07).
-        deadline = s.record.deadline
-        requested_at = s.wall_now()
+        deadline = state.record.deadline
+        requested_at = state.wall_now()
         remaining = None if deadline is None else max(0.0, deadline - requested_at)
         entry = {
             "id": pending.interaction_id,
@@ -91,13 +94,13 @@ class Interactions:
         # acknowledgement cannot revive an interaction after a cancellation or a
         # deadline won meanwhile (INT-10).
         await trio.lowlevel.checkpoint_if_cancelled()
-        if s.stop_reason is not None or s.pending is not pending:
+        if state.stop_reason is not None or state.pending is not pending:
             # A stop won while the request committed: never announced, never
             # answered (the wait's end withdraws it).
             raise _Stop
-        s.suspend_deadlines()
-        pending.started = s.now()
-        pending.base_deadline = s.record.deadline
+        state.suspend_deadlines()
+        pending.started = state.now()
+        pending.base_deadline = state.record.deadline
         pending.announced = True
         self._publisher.publish(
             "interaction_requested",
@@ -106,7 +109,7 @@ class Interactions:
 
     async def _answer(self, pending: Pending) -> tuple[Any, float]:
         """Wait for the committed answer: ``(answer, seconds waited)``."""
-        s = self._state
+        state = self._state
         with trio.CancelScope() as pending.waiter:
             await pending.delivered.wait()
         if pending.waiter.cancelled_caught:
@@ -117,18 +120,18 @@ class Interactions:
         # A cancellation accepted after the answer was committed but before this
         # task ran again wins: the answer never reaches the effect (INT-11).
         await trio.lowlevel.checkpoint_if_cancelled()
-        answered_at = pending.answered_at if pending.answered_at is not None else s.now()
+        answered_at = pending.answered_at if pending.answered_at is not None else state.now()
         return pending.answer, max(0.0, answered_at - pending.started)
 
     async def _wait_ended(self, pending: Pending) -> None:
         """The effect stopped waiting, answered or not: resume the deadlines, and
         withdraw an interaction given up without an answer."""
-        s = self._state
-        if s.pending is pending:
-            s.pending = None
-        if s.phase == Phase.WAITING_INTERACTION:
-            s.phase = Phase.RUNNING
-        pending.ended_at = s.now()
+        state = self._state
+        if state.pending is pending:
+            state.pending = None
+        if state.phase == Phase.WAITING_INTERACTION:
+            state.phase = Phase.RUNNING
+        pending.ended_at = state.now()
         suspended = pending.announced
         if suspended:
             # The wait ended when ``resolve`` measured it (the stored deadline
@@ -138,8 +141,8 @@ class Interactions:
             if ended is not None:  # never before the wait began
                 ended = max(ended, pending.started)
                 pending.ended_at = ended
-            s.resume_deadlines(at=ended)
-        if pending.stored and not pending.resolving and s.stop_reason is None:
+            state.resume_deadlines(at=ended)
+        if pending.stored and not pending.resolving and state.stop_reason is None:
             # Given up without an answer (the waiting effect was cut, or ended):
             # the stored record must not keep it pending (INT-10), and the stored
             # deadline moves by the time waited, as the resumed budget did (INT-07).
@@ -147,11 +150,11 @@ class Interactions:
 
     async def _withdraw(self, pending: Pending, suspended: bool) -> None:
         """Commit that ``pending`` is no longer open; a commit failure is the
-        coordinator's to report (storage_failed), never the effect's."""
-        s = self._state
+        coordinator's to report (storage_failed), never the effect'state."""
+        state = self._state
 
         extra: dict[str, Any] = {}
-        moved = pending.moved_deadline(pending.ended_at or s.now()) if suspended else None
+        moved = pending.moved_deadline(pending.ended_at or state.now()) if suspended else None
         if moved is not None:
             extra["execution_deadline"] = moved
 
@@ -168,24 +171,11 @@ class Interactions:
 
     async def resolve(self, interaction_id: Any, answer: Any) -> None:
         """The host's answer: committed, then delivered (INT-04, INT-05, INT-12)."""
-        s = self._state
-        pending = s.pending
-        if (
-            pending is None
-            or pending.interaction_id != interaction_id
-            or pending.resolving
-            or not pending.announced  # not requested yet: its checkpoint still commits
-        ):
-            raise Error(
-                ErrorClass.NOT_FOUND,
-                "no such pending interaction",
-                {"interaction_id": interaction_id},
-            )
-        if s.stop_reason is not None:
-            raise Error(ErrorClass.CANCELLED, "the run was cancelled")
+        state = self._state
+        pending = self._answerable(interaction_id)
         answered = freeze(answer, "interaction answer")  # JSON data only: it is committed
         pending.resolving = True
-        pending.answered_at = s.now()
+        pending.answered_at = state.now()
         extra: dict[str, Any] = {}
         moved = pending.moved_deadline(pending.answered_at)
         if moved is not None:
@@ -209,11 +199,7 @@ class Interactions:
             # The run settled meanwhile: the interaction went with it.
             pending.resolving = False
             pending.answered_at = None
-            raise Error(
-                ErrorClass.NOT_FOUND,
-                "no such pending interaction",
-                {"interaction_id": interaction_id},
-            ) from None
+            raise _not_found(interaction_id) from None
         except BaseException:
             # Not committed (the caller was cancelled before the commit, or the
             # kernel refused it): the interaction is still open, and a retry of
@@ -222,11 +208,27 @@ class Interactions:
             # is withdrawn here, its deadline moved by the wait it had.
             pending.resolving = False
             pending.answered_at = None
-            if pending.ended_at is not None and s.stop_reason is None:
+            if pending.ended_at is not None and state.stop_reason is None:
                 await self._withdraw(pending, pending.announced)
             raise
-        if s.stop_reason is not None:
+        if state.stop_reason is not None:
             raise Error(ErrorClass.CANCELLED, "the run was cancelled")
         pending.answer = thaw(answered)  # the committed answer, the effect's own copy
         pending.delivered.set()
         self._publisher.publish("interaction_resolved", {"interaction_id": pending.interaction_id})
+
+    def _answerable(self, interaction_id: Any) -> Pending:
+        """The announced interaction ``interaction_id`` names, not being
+        answered already, in a run not stopping."""
+        state = self._state
+        pending = state.pending
+        if (
+            pending is None
+            or pending.interaction_id != interaction_id
+            or pending.resolving
+            or not pending.announced  # not requested yet: its checkpoint still commits
+        ):
+            raise _not_found(interaction_id)
+        if state.stop_reason is not None:
+            raise Error(ErrorClass.CANCELLED, "the run was cancelled")
+        return pending

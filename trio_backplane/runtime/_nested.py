@@ -13,7 +13,7 @@ from ..errors import Error, ErrorClass
 from ..kernel import RunRecord, thaw
 from ..tools import Invocation, ToolDescriptor, ToolResult, authorize, settlement
 from ._catalog import CatalogState
-from ._context import ContextHost, ToolContext, ToolOperation
+from ._context import ContextHost, Effect, ToolContext, ToolOperation
 from ._execution import (
     CallerEnded,
     Executor,
@@ -69,23 +69,28 @@ class NestedCalls:
             nested=self.dispatch,
         )
 
-    async def dispatch(self, outer: ToolContext, tool_name: str, arguments: Any) -> ToolResult:
+    async def dispatch(self, outer: Effect, tool_name: str, arguments: Any) -> ToolResult:
         """A nested invocation on behalf of ``outer`` (NEST-01..09)."""
         state = self._state
         descriptor, arguments = self._admission(tool_name, arguments)
-        outer_call = state.record.active_tools.get(outer._invocation_id, {})
-        call_id = f"{outer_call.get('tool_call_id', outer._invocation_id)}/nested"
+        outer_call = state.record.active_tools.get(outer.invocation_id, {})
+        call_id = f"{outer_call.get('tool_call_id', outer.invocation_id)}/nested"
         turn_id = str(outer_call.get("turn_id", ""))
         record, invocation_id = await self._intent(outer, descriptor, turn_id)
-        context = ToolContext(self.host, descriptor.name, invocation_id)
-        context._caller = outer
+        effect = Effect(descriptor.name, invocation_id, caller=outer)
         operation = self._executor.operation(
-            descriptor, record, invocation_id, call_id, turn_id, arguments, context
+            descriptor,
+            record,
+            invocation_id,
+            call_id,
+            turn_id,
+            arguments,
+            ToolContext(self.host, effect),
         )
         if self._publisher.active:
             self._publisher.publish("tool_started", {"invocation": started(operation)})
         try:
-            result, timed_out = await self._executor.execute(descriptor, operation, caller=outer)
+            result, timed_out = await self._executor.execute(descriptor, operation, effect)
         except (trio.Cancelled, CallerEnded) as interrupted:
             if state.stop_reason is None:
                 await self._cut(descriptor, invocation_id)
@@ -117,7 +122,7 @@ class NestedCalls:
         return descriptor, arguments
 
     async def _intent(
-        self, outer: ToolContext, descriptor: ToolDescriptor, turn_id: str
+        self, outer: Effect, descriptor: ToolDescriptor, turn_id: str
     ) -> tuple[RunRecord, str]:
         """Commit a nested call's intent: the record and its invocation id.
         None is dispatched once its caller's deadline has passed or its
@@ -144,7 +149,7 @@ class NestedCalls:
                 await self._withdraw(invocation_id, descriptor, "cancelled by its caller")
             raise
         invocation_id = max(record.active_tools, key=invocation_number)
-        if not outer._live:  # its caller's execution ended while the intent committed
+        if not outer.live:  # its caller's execution ended while the intent committed
             await self._withdraw(invocation_id, descriptor, "its caller's execution ended")
             raise _caller_ended(descriptor)
         try:

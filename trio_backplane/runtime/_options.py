@@ -15,9 +15,19 @@ from ..errors import Error, ErrorClass, require_methods
 from ..kernel import RunRecord, freeze
 from ._clock import check_wall_clock
 
-__all__ = ["MAX_TIMEOUT", "Options", "check_inputs", "check_options", "first_id", "listed"]
+__all__ = [
+    "HOST_RESOLVER",
+    "MAX_TIMEOUT",
+    "Options",
+    "check_inputs",
+    "check_options",
+    "first_id",
+    "listed",
+]
 
 MAX_TIMEOUT: Final = 3600.0
+#: Who resolves approvals from ``resolve`` (INT-02); no run may be named so.
+HOST_RESOLVER: Final = "host"
 
 
 def _check_timeout(name: str, value: Any) -> float:
@@ -62,6 +72,7 @@ def listed(state: Mapping[str, Any], key: str) -> tuple[Any, ...]:
 
 
 def check_inputs(
+    run_id: str,
     store: Any,
     provider: Any,
     *,
@@ -72,12 +83,21 @@ def check_inputs(
     messages: Any,
 ) -> list[Any] | None:
     """What ``open_conversation`` is given to work with, checked before it
-    calls anything: a store with ``create`` and ``commit``, a provider with
-    ``stream``, hooks whose ``prompt``/``stop`` (when present) are callables,
-    a mapping (or ``None``) as context without the reserved ``conversation``
-    key, a mapping (or ``None``) as the provider context, a ``RunRecord``
-    (or ``None``) as the stored run, and ``run`` or ``messages``, not both.
+    calls anything: a run id other than the host's, a store with ``create``
+    and ``commit``, a provider with ``stream``, hooks whose ``prompt`` and
+    ``stop`` (when present) are callables, a mapping (or ``None``) as
+    context without the reserved ``conversation`` key, a mapping (or
+    ``None``) as the provider context, a ``RunRecord`` (or ``None``) as the
+    stored run, and ``run`` or ``messages``, not both.
     Returns the checked messages."""
+    if run_id == HOST_RESOLVER:
+        # The host answers approvals as resolver "host" (INT-02), and a
+        # resolver named like the run is the model approving itself (KER-15).
+        raise Error(
+            ErrorClass.VALIDATION,
+            f"run id {HOST_RESOLVER!r} is reserved: it names the host resolving approvals",
+            {"reason": "reserved_run_id"},
+        )
     require_methods(store, "store", ("create", "commit"))
     require_methods(provider, "provider", ("stream",))
     for name in ("prompt", "stop"):
