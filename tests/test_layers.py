@@ -209,9 +209,13 @@ def _same_class(tree: ast.Module, owner: str, value: ast.expr) -> bool:
     if not isinstance(value, ast.Name):
         return False
     for node in ast.walk(tree):
-        if isinstance(node, ast.arg) and node.arg == value.id and node.annotation is not None:
-            if owner in ast.unparse(node.annotation).split(" | "):
-                return True
+        if (
+            isinstance(node, ast.arg)
+            and node.arg == value.id
+            and node.annotation is not None
+            and owner in ast.unparse(node.annotation).split(" | ")
+        ):
+            return True
         if (
             isinstance(node, ast.AnnAssign)
             and isinstance(node.target, ast.Name)
