@@ -88,24 +88,25 @@ async def _done(store: SQLiteStore) -> None:
 async def _asking(store: SQLiteStore, path: Path, target: Path) -> None:
     responses = [ScriptedProvider.tool_calls(("call-1", "gated", {"n": 7}))]
     async with await _open(store, "asking", responses) as conversation:
-        events = conversation.subscribe()
-        await conversation.prompt("do the gated thing")
-        async for event in events:
-            if event.type == "interaction_requested":
-                break
+        await _prompted_until(conversation, "do the gated thing", "interaction_requested")
         _backup(path, target)  # the host stops here: the run waits for its answer
 
 
 async def _stopped(store: SQLiteStore) -> None:
     responses = [ScriptedProvider.tool_calls(("call-1", "slow", {"n": 3}))]
     async with await _open(store, "stopped", responses) as conversation:
-        events = conversation.subscribe()
-        await conversation.prompt("start the slow thing")
-        async for event in events:
-            if event.type == "tool_started":
-                break
+        await _prompted_until(conversation, "start the slow thing", "tool_started")
         await conversation.cancel()
         await conversation.wait_settled()
+
+
+async def _prompted_until(conversation: Any, prompt: str, event_type: str) -> None:
+    """Prompt, then wait for the first event of ``event_type``."""
+    events = conversation.subscribe()
+    await conversation.prompt(prompt)
+    async for event in events:
+        if event.type == event_type:
+            return
 
 
 def _backup(path: Path, target: Path) -> None:
