@@ -27,7 +27,8 @@ SKIP_REASON = "PostgreSQL not available: set TRIO_BACKPLANE_PG_DSN or run throug
 StoreFactory = Callable[..., PostgresStore]
 
 
-def _unavailable(reason: str) -> None:
+def unavailable(reason: str) -> None:
+    """Skip for ``reason``; in CI, fail: a missing prerequisite is a failure there."""
     if os.environ.get("CI"):
         pytest.fail(f"{reason} (CI is set: PostgreSQL tests must run)", pytrace=False)
     pytest.skip(reason)
@@ -38,11 +39,11 @@ def pg_dsn() -> str:
     """The DSN of a PostgreSQL server to test against."""
     dsn = os.environ.get(DSN_VARIABLE, "").strip()
     if not dsn:
-        _unavailable(SKIP_REASON)
+        unavailable(SKIP_REASON)
     try:
         importlib.import_module("psycopg")
     except ImportError:
-        _unavailable("psycopg is not installed: pip install -e '.[postgres]'")
+        unavailable("psycopg is not installed: pip install -e '.[postgres]'")
     return dsn
 
 
