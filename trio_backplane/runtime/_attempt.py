@@ -5,7 +5,7 @@ accounting (PRV-12..15), tool-call assembly (PRV-09, PRV-17), usage
 (PRV-16), the terminal event (PRV-03, PRV-07) and the checks of what a
 provider may put in a response.  It reads no clock, awaits nothing and
 publishes nothing: ``feed`` returns the transient event to publish, and the
-Trio side (``TurnLoop._provider_attempt``) keeps the scopes, the closing and
+Trio side (``_responses.Responses``) keeps the scopes, the closing and
 the commits.
 """
 

@@ -44,12 +44,12 @@ from ._input import check_content
 from ._interactions import Interactions
 from ._loop import TurnLoop
 from ._nested import NestedCalls
-from ._options import Options, check_inputs, check_options, listed
+from ._options import Options, check_inputs, check_options
 from ._responses import Responses
 from ._settlement import Settlement
 from ._signals import _Rejected, _StorageFailed, storage_error
 from ._state import Publisher, RunState
-from ._steps import EMPTY_CONVERSATION
+from ._steps import EMPTY_CONVERSATION, listed
 from ._types import Event, Phase, Snapshot
 from ._writer import StepWriter
 
@@ -219,7 +219,7 @@ class Conversation(metaclass=NoPublicConstructor):
                 "admit",
                 {"state": "running", "deadline": state.wall_now() + self._options.run_timeout},
             )
-            message = self._user_message(content)
+            message = self._state.user_message(content)
             turn_id = state.new_id("turn")
             message = await self._first_message(message, turn_id)
         except _Rejected as rejected:
@@ -316,11 +316,8 @@ class Conversation(metaclass=NoPublicConstructor):
         if state.phase == Phase.CANCELLING or state.inactive or state.stop_reason is not None:
             raise Error(ErrorClass.RESOURCE_CONFLICT, "run is not accepting input")
 
-    def _user_message(self, content: Any) -> dict[str, Any]:
-        return {"role": "user", "content": content, "id": self._state.new_id("msg")}
-
     async def _enqueue(self, queue: str, content: Any) -> str:
-        message = self._user_message(content)
+        message = self._state.user_message(content)
         try:
             await self._coordinator.checkpoint(
                 lambda c: {**c, queue: appended(c[queue], message)}, as_input=True

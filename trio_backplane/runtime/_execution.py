@@ -150,17 +150,6 @@ class Executor:
             context=context,
         )
 
-    def require_time_left(self, descriptor: ToolDescriptor) -> None:
-        """Raise ``timeout`` when the innermost executing effect (a nested
-        call's caller) has no time left."""
-        effects = self._state.effects
-        if effects and effects[-1].remaining() <= 0:
-            raise Error(
-                ErrorClass.TIMEOUT,
-                "the calling tool's deadline has passed",
-                {"tool": descriptor.name, "certainty": "not_dispatched"},
-            )
-
     async def execute(
         self, descriptor: ToolDescriptor, operation: ToolOperation, effect: Effect
     ) -> tuple[Any, bool]:

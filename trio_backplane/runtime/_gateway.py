@@ -208,8 +208,7 @@ class ToolGateway:
         except Error as error:
             if error.error_class is not ErrorClass.TIMEOUT:
                 raise
-            self._writer.late_results((step,))
-            self._writer.stop("deadline_exceeded")
+            self._writer.missed_deadline((step,))
             raise _Stop from None
 
     def _completion(

@@ -261,7 +261,7 @@ class TurnLoop:
             raise _TurnFailed(error) from None
         if content is None:
             return True
-        user = {"role": "user", "content": content, "id": self._state.new_id("msg")}
+        user = self._state.user_message(content)
         await self._coordinator.checkpoint(
             lambda c: {**c, "messages": appended(c["messages"], user)}
         )

@@ -31,6 +31,17 @@ from ._writer import StepWriter
 __all__ = ["NestedCalls"]
 
 
+def _require_time_left(state: RunState, descriptor: ToolDescriptor) -> None:
+    """Raise ``timeout`` when the innermost executing effect (the nested
+    call's caller) has no time left."""
+    if state.effects and state.effects[-1].remaining() <= 0:
+        raise Error(
+            ErrorClass.TIMEOUT,
+            "the calling tool's deadline has passed",
+            {"tool": descriptor.name, "certainty": "not_dispatched"},
+        )
+
+
 def _caller_ended(descriptor: ToolDescriptor) -> Error:
     """What a nested call's host task gets once its caller's execution ended."""
     return Error(
@@ -131,7 +142,7 @@ class NestedCalls:
         outer_record = state.record
         # No effect starts once its caller's deadline has passed (CAN-10): a
         # caller shielding itself past it gets a timeout, no intent, no work.
-        self._executor.require_time_left(descriptor)
+        _require_time_left(self._state, descriptor)
         try:
             record = await self._writer.effect_commit(
                 "tool_invoked",
@@ -153,7 +164,7 @@ class NestedCalls:
             await self._withdraw(invocation_id, descriptor, "its caller's execution ended")
             raise _caller_ended(descriptor)
         try:
-            self._executor.require_time_left(descriptor)  # the intent's commit took the rest
+            _require_time_left(self._state, descriptor)  # the intent's commit took the rest
         except Error as late:
             await self._withdraw(invocation_id, descriptor, late.message)
             raise

@@ -4,7 +4,6 @@ the options, the store, provider and hooks, a stored run or a transcript."""
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Mapping
 from typing import Any, Final, final
 
@@ -21,8 +20,6 @@ __all__ = [
     "Options",
     "check_inputs",
     "check_options",
-    "first_id",
-    "listed",
 ]
 
 MAX_TIMEOUT: Final = 3600.0
@@ -38,37 +35,6 @@ def _check_timeout(name: str, value: Any) -> float:
             {"option": name, "maximum": MAX_TIMEOUT},
         )
     return float(value)
-
-
-#: ``<kind>-<incarnation>-<n>``, numbers as this runtime writes them (an id
-#: with longer ones, a host's own, is no id of ours: never converted, so
-#: never past Python's int digit limit)
-_OUR_ID: Final = re.compile(r"[a-z_]+-([0-9]{1,18})-([0-9]{1,18})")
-
-
-def first_id(record: RunRecord) -> int:
-    """Where this conversation's ids (``<kind>-<incarnation>-<n>``) start:
-    past any the record's transcript already holds for its incarnation (a
-    run started from another's committed messages), so ids stay unique in
-    the run."""
-    state = record.conversation or {}
-    highest = 0
-    prefix = f"-{record.incarnation}-"
-    for message in listed(state, "messages"):
-        ident = message.get("id") if isinstance(message, Mapping) else None
-        if type(ident) is str and prefix in ident:
-            found = _OUR_ID.fullmatch(ident)
-            if found and int(found[1]) == record.incarnation:
-                highest = max(highest, int(found[2]))
-    return highest + 1
-
-
-def listed(state: Mapping[str, Any], key: str) -> tuple[Any, ...]:
-    """The list ``state`` holds at ``key``: a stored conversation state is
-    any mapping the kernel took, so a restored one may hold something else
-    there, read as no items (the record itself is shown as stored)."""
-    items = state.get(key)
-    return tuple(items) if isinstance(items, list | tuple) else ()
 
 
 def check_inputs(

@@ -89,7 +89,8 @@ class Responses:
         self._publisher.publish("response_started", {})
         assembler = ResponseAssembler(self._options.provider_output_limit)
         budget = DeadlineBudget("effect", self._options.effect_timeout, state.now)
-        late = await self._stream(self._request(record, turn_id), assembler, budget)
+        request = self._request(record, turn_id, step_id, attempt_id)
+        late = await self._stream(request, assembler, budget)
         if assembler.failure is not None:
             # what the provider said of its failure is committed and
             # published: never a credential it was given (PRV-18)
@@ -101,16 +102,16 @@ class Responses:
         assert outcome.message is not None
         return outcome.message, outcome.calls, self._response(attempt_id, outcome)
 
-    def _request(self, record: RunRecord, turn_id: str) -> ProviderRequest:
-        active = record.active_provider
-        assert active is not None
+    def _request(
+        self, record: RunRecord, turn_id: str, step_id: str, attempt_id: str
+    ) -> ProviderRequest:
         conversation = self._state.conversation
         return ProviderRequest(
             run_id=self._state.run_id,
             incarnation=record.incarnation,
             turn_id=turn_id,
-            step_id=active["step_id"],
-            attempt_id=active["attempt_id"],
+            step_id=step_id,
+            attempt_id=attempt_id,
             # The frozen transcript itself: FrozenDict/FrozenList are dict and
             # tuple subclasses, so providers read (and JSON-encode) them as is,
             # and a request costs nothing per past message.

@@ -11,6 +11,7 @@ private attributes.
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final, final
 
@@ -21,8 +22,7 @@ from ..errors import Error, ErrorClass
 from ..kernel import RunRecord, freeze, thaw
 from ._clock import DurableClock
 from ._deadline import DeadlineBudget
-from ._options import first_id
-from ._steps import EMPTY_CONVERSATION
+from ._steps import EMPTY_CONVERSATION, listed
 from ._subscribers import Hub
 from ._types import Event, Phase, ResourceCleanup
 
@@ -32,6 +32,29 @@ __all__ = ["INACTIVE_PHASES", "Pending", "Publisher", "RunState"]
 INACTIVE_PHASES: Final = frozenset({Phase.TERMINAL, Phase.RECOVERY_REQUIRED, Phase.STORAGE_FAILED})
 #: Events after which a run publishes nothing (EVT-17, EVT-18).
 _LAST_WORDS: Final = frozenset({"run_completed", "run_failed", "run_cancelled", "storage_failed"})
+
+
+#: ``<kind>-<incarnation>-<n>``, numbers as this runtime writes them (an id
+#: with longer ones, a host's own, is no id of ours: never converted, so
+#: never past Python's int digit limit)
+_OUR_ID: Final = re.compile(r"[a-z_]+-([0-9]{1,18})-([0-9]{1,18})")
+
+
+def _first_id(record: RunRecord) -> int:
+    """Where this conversation's ids (``<kind>-<incarnation>-<n>``) start:
+    past any the record's transcript already holds for its incarnation (a
+    run started from another's committed messages), so ids stay unique in
+    the run."""
+    state = record.conversation or {}
+    highest = 0
+    prefix = f"-{record.incarnation}-"
+    for message in listed(state, "messages"):
+        ident = message.get("id") if isinstance(message, Mapping) else None
+        if type(ident) is str and prefix in ident:
+            found = _OUR_ID.fullmatch(ident)
+            if found and int(found[1]) == record.incarnation:
+                highest = max(highest, int(found[2]))
+    return highest + 1
 
 
 @final
@@ -126,7 +149,7 @@ class RunState:
     _ids: Iterator[int] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        self._ids = itertools.count(first_id(self.record))
+        self._ids = itertools.count(_first_id(self.record))
         if self.phase in INACTIVE_PHASES:
             self.settled.set()
 
@@ -143,6 +166,10 @@ class RunState:
     def new_id(self, kind: str) -> str:
         """``<kind>-<incarnation>-<n>``, unique in the run."""
         return f"{kind}-{self.record.incarnation}-{next(self._ids)}"
+
+    def user_message(self, content: Any) -> dict[str, Any]:
+        """A user message of checked ``content``, with a new id."""
+        return {"role": "user", "content": content, "id": self.new_id("msg")}
 
     def wall_now(self) -> float:
         """Now, as the instants the run stores read."""

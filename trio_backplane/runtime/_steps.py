@@ -17,6 +17,7 @@ __all__ = [
     "checkpoint_step",
     "command_step",
     "conversation_of",
+    "listed",
 ]
 
 
@@ -92,3 +93,11 @@ def append_to(
         new["usage"] = appended(state.get("usage", ()), *usage)
     frozen: Mapping[str, Any] = freeze(new)
     return frozen
+
+
+def listed(state: Mapping[str, Any], key: str) -> tuple[Any, ...]:
+    """The list ``state`` holds at ``key``: a stored conversation state is
+    any mapping the kernel took, so a restored one may hold something else
+    there, read as no items (the record itself is shown as stored)."""
+    items = state.get(key)
+    return tuple(items) if isinstance(items, list | tuple) else ()

@@ -111,8 +111,7 @@ class StepWriter:
             if unless_stopped and state.stop_reason is not None:
                 raise _Stop from None  # refused: the run stopped meanwhile
             if error.error_class is ErrorClass.TIMEOUT:
-                self.late_results(pending)
-                self.stop("deadline_exceeded")
+                self.missed_deadline(pending)
                 raise _Stop from None
             raise _TurnFailed(error) from None
         if state.stop_reason is not None:
@@ -122,13 +121,15 @@ class StepWriter:
         await trio.lowlevel.checkpoint_if_cancelled()
         return record
 
-    def late_results(self, steps: Sequence[Step]) -> None:
-        """The kernel refused a commit as past the run deadline: a result among
-        ``steps`` it did not commit stays unsettled evidence, saying why."""
+    def missed_deadline(self, steps: Sequence[Step]) -> None:
+        """The kernel refused to commit ``steps`` as past the run deadline: the
+        run stops, and a result among them stays unsettled evidence, saying
+        why."""
         unsettled = self._state.unsettled
         for step in steps:
             if step.settles is not None and step.settles in unsettled:
                 unsettled[step.settles] = "result not committed before the deadline"
+        self._stop("deadline_exceeded")
 
     def stop(self, reason: str) -> None:
         """Request a stop of the run (``"deadline_exceeded"``, ...)."""
