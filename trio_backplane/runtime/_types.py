@@ -12,27 +12,15 @@ from ..errors import Error
 from ..kernel import RunRecord
 
 __all__ = [
-    "PHASES",
     "TRANSIENT_EVENTS",
     "Continue",
     "Event",
     "HookContext",
     "Hooks",
+    "Phase",
     "ResourceCleanup",
     "Snapshot",
 ]
-
-PHASES = frozenset(
-    {
-        "idle",
-        "running",
-        "waiting_interaction",
-        "cancelling",
-        "terminal",
-        "recovery_required",
-        "storage_failed",
-    }
-)
 
 #: Events a slow subscriber may lose (CONV-29); every other event is always delivered.
 TRANSIENT_EVENTS = frozenset(
