@@ -365,7 +365,7 @@ def test_runs_show_prints_the_latest_rows_of_a_long_run(tmp_path: Path) -> None:
 
     async def long_run() -> None:
         async with SQLiteStore(db) as store:
-            record = RunRecord.new("long", context={"conversation": {"messages": messages}})
+            record = RunRecord.new("long", context={"conversation": {}}, transcript=messages)
             await store.create(record)
 
     trio.run(long_run)
@@ -375,7 +375,7 @@ def test_runs_show_prints_the_latest_rows_of_a_long_run(tmp_path: Path) -> None:
     assert "message 599" in text
     assert "message 99 " not in text
     data = json.loads(run("runs", "show", str(db), "long", "--json")[1])
-    assert len(data["context"]["conversation"]["messages"]) == 600
+    assert len(data["transcript"]) == 600
 
 
 @pytest.mark.parametrize(
@@ -1053,7 +1053,7 @@ def test_runs_show_prints_messages_of_any_shape(tmp_path: Path) -> None:
     async def odd() -> None:
         async with SQLiteStore(db) as store:
             await store.create(
-                RunRecord.new("odd", context={"conversation": {"messages": messages}})
+                RunRecord.new("odd", context={"conversation": {}}, transcript=messages)
             )
 
     trio.run(odd)

@@ -54,8 +54,9 @@ NAMESPACES: dict[str, list[str]] = {
         "verify_rejection",
     ],
     "trio_backplane.kernel": [
-        "ACTIVE_STATES", "COMMANDS", "MAX_INT", "MAX_RUN_ID", "RUN_STATES", "SCHEMA_VERSION",
-        "TERMINAL_STATES", "Budget", "Command", "FrozenDict", "FrozenList", "LayeredDict",
+        "ACTIVE_STATES", "COMMANDS", "GROWING", "MAX_INT", "MAX_RUN_ID", "RUN_STATES",
+        "SCHEMA_VERSION", "TERMINAL_STATES", "Budget", "Command", "FrozenDict", "FrozenList",
+        "LayeredDict",
         "RunEvent", "RunRecord", "appended", "assoc", "changed_keys", "check_json",
         "check_run_id", "cleanup_requirements", "decode_event", "decode_record", "dissoc",
         "dumps", "loads", "encode_event", "encode_record", "evolve_record", "fence", "freeze",

@@ -970,8 +970,7 @@ async def _runs_list(store: Any, args: argparse.Namespace, out: _Out) -> int:
         for summary in summaries:
             record = await store.load(summary.run_id)
             advance()
-            conversation = (record.conversation or {}) if record is not None else {}
-            messages = len(conversation.get("messages") or ())
+            messages = len(record.transcript) if record is not None else 0
             used = f"{record.budget.used}/{record.budget.quota}" if record is not None else "?"
             rows.append(
                 (
@@ -1068,10 +1067,7 @@ async def _runs_show(store: Any, args: argparse.Namespace, out: _Out) -> int:
         ],
         header=False,
     )
-    conversation = record.conversation or {}
-    out.table(
-        "transcript", ("role", "content"), _transcript_rows(conversation.get("messages") or ())
-    )
+    out.table("transcript", ("role", "content"), _transcript_rows(record.transcript))
     intents = []
     for effect_id in sorted(record.intents, key=_effect_order):
         intent = record.intents[effect_id]

@@ -221,7 +221,7 @@ class Finished:
 
     @property
     def conversation_state(self) -> Mapping[str, Any]:
-        state = self.record.context["conversation"]
+        state = self.record.conversation
         assert isinstance(state, Mapping)
         return state
 

@@ -354,7 +354,7 @@ async def test_conv_07_prompt_returns_after_admit_hook_and_checkpoint(
     assert returned_at == pytest.approx(3.0)  # hook (1 s) then the slow checkpoint (2 s)
     assert acknowledged[:2] == ["admit", "conversation_updated"]
     assert stored is not None
-    messages = thaw(stored.context["conversation"]["messages"])
+    messages = thaw(stored.transcript)
     assert messages == [{"role": "user", "content": "edited", "id": message_id}]
 
 
@@ -1132,7 +1132,7 @@ async def test_conv_23_status_is_last_committed_state(autojump_clock: Any) -> No
         assert snapshot.phase == "running"
         assert contents(snapshot.messages)[0] == "hello"
         assert snapshot.messages[1]["role"] == "assistant"
-        assert thaw(list(snapshot.messages)) == thaw(stored.context["conversation"]["messages"])
+        assert thaw(list(snapshot.messages)) == thaw(stored.transcript)
         assert [m["content"] for m in snapshot.follow_up] == ["later"]
         assert snapshot.steering == ()
         assert snapshot.queue_status == "active"
@@ -1530,7 +1530,7 @@ async def test_a_refused_first_message_checkpoint_still_settles_the_run(
         state = (
             command.input.get("conversation") if command.kind == "conversation_updated" else None
         )
-        if state is not None and state.get("turn_id") and state.get("messages"):
+        if state is not None and state.get("turn_id") and command.input.get("messages"):
             raise injected
         return real(record, command)
 

@@ -236,7 +236,7 @@ async def test_tool_conversation_transcript_on_every_store(durable_store: Any) -
     assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant"]
     assert messages[2]["result"]["structured_content"] == {"sum": 4}
     assert messages[3]["content"] == "2 + 2 = 4"
-    assert outcome["record"]["context"]["conversation"]["messages"] == messages
+    assert outcome["record"]["transcript"] == messages
     assert outcome["log"][-1] == "run.finish"
 
 

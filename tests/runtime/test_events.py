@@ -415,9 +415,7 @@ async def test_evt_08_response_completed_after_commit(autojump_clock: Any) -> No
         assert record.provider_result is not None
         assert record.provider_result["attempt_id"] == event.attempt_id
         assert thaw(record.provider_result["result"]["message"]) == thaw(event.payload["message"])
-        assert thaw(record.context["conversation"]["messages"])[-1] == thaw(
-            event.payload["message"]
-        )
+        assert thaw(record.transcript)[-1] == thaw(event.payload["message"])
 
     class Again:
         calls = 0
@@ -590,7 +588,7 @@ async def test_evt_13_tool_completed_after_tool_message_checkpoint(autojump_cloc
     carries its message) and a gateway refusal (a checkpoint) alike."""
 
     def check(event: Event, record: RunRecord) -> None:
-        stored_last = thaw(record.context["conversation"]["messages"])[-1]
+        stored_last = thaw(record.transcript)[-1]
         assert stored_last == thaw(event.payload["message"])
 
     provider = ScriptedProvider(
@@ -615,7 +613,7 @@ async def test_evt_13_tool_completed_after_tool_message_checkpoint(autojump_cloc
     # the dispatched tool's result is committed with its transcript message
     kinds = run.store.acknowledged_kinds()
     completed = run.store.acknowledged[kinds.index("tool_completed")][1]
-    assert thaw(completed.context["conversation"]["messages"])[-1] == messages[0]
+    assert thaw(completed.transcript)[-1] == messages[0]
     assert any(completed.tool_results.values())
 
 
@@ -637,7 +635,7 @@ async def test_evt_09_prompt_consumed_after_user_message_checkpoint(autojump_clo
 
     def check(event: Event, record: RunRecord) -> None:
         state = record.context["conversation"]
-        assert thaw(state["messages"])[-1] == thaw(event.payload["message"])
+        assert thaw(record.transcript)[-1] == thaw(event.payload["message"])
         assert state["turn_id"] == event.payload["turn_id"]
 
     run = await timed_run(provider, body=body)
@@ -675,7 +673,7 @@ async def test_evt_10_prompt_rejected_never_enters_transcript(autojump_clock: An
     [(at, rejected)] = run.of("prompt_rejected")
     assert thaw(rejected.payload) == {"message_id": ids[0], "error": refusal.to_dict()}
     for _kind, record, _at in run.store.acknowledged:
-        messages = thaw(record.context["conversation"]["messages"])
+        messages = thaw(record.transcript)
         assert ids[0] not in [m.get("id") for m in messages]
     assert ids[0] not in [m.get("id") for m in thaw(list(run.snapshot.messages))]
     assert "secret-plan" not in [m.get("content") for m in thaw(list(run.snapshot.messages))]

@@ -120,7 +120,7 @@ async def test_a_refused_tool_is_answered_in_the_response_commit(
     assert merged
     kinds, record = merged[0]
     assert kinds == ["provider_completed", "conversation_updated"]
-    last = thaw(record.context["conversation"]["messages"])[-1]
+    last = thaw(record.transcript)[-1]
     assert last["role"] == "tool"
     assert last["result"]["is_error"] is True
     types = finished.types()

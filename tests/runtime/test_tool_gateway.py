@@ -422,9 +422,9 @@ async def test_tool_08_result_is_committed_no_later_than_the_tool_message(
     result_record = store.records[completed_at]
     invocation_id = backend.operations[0].invocation_id
     assert invocation_id in result_record.tool_results
-    assert [m["role"] for m in result_record.context["conversation"]["messages"]][-1] == "tool"
+    assert [m["role"] for m in result_record.transcript][-1] == "tool"
     for record in store.records[:completed_at]:  # no earlier record shows the message
-        assert "tool" not in [m["role"] for m in record.context["conversation"]["messages"]]
+        assert "tool" not in [m["role"] for m in record.transcript]
     completion = store.index("commit", lambda k: k == "run.tool_completed")
     assert store.index("event", lambda e: e.type == "tool_completed") > completion
 

@@ -48,7 +48,12 @@ def next_command(record: RunRecord) -> Command:
         return Command(
             "provider_completed",
             at=at,
-            input={"final": False, "result": {"r": r}, "conversation": {"messages": messages}},
+            input={
+                "final": False,
+                "result": {"r": r},
+                "conversation": {"messages": messages},
+                "messages": [{"role": "assistant", "r": r}],
+            },
         )
     if record.active_tools:
         (invocation_id,) = sorted(record.active_tools)[:1]

@@ -17,6 +17,7 @@ from trio_backplane.kernel import (
     Command,
     FrozenList,
     RunRecord,
+    decode_record,
     encode_record,
     evolve_record,
     freeze,
@@ -45,23 +46,19 @@ def reference_head(record: RunRecord) -> str:
     data["intents"] = PLACEHOLDER
     data["tool_results"] = PLACEHOLDER
     data["budget"]["reservations"] = PLACEHOLDER
-    conversation = data["context"].get("conversation")
-    if isinstance(conversation, dict):
-        for name in ("messages", "usage"):
-            if isinstance(conversation.get(name), list):
-                conversation[name] = PLACEHOLDER
+    data["transcript"] = PLACEHOLDER
+    data["usage"] = PLACEHOLDER
     return json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
 def _records() -> list[RunRecord]:
     """A workload record chain: provider turns growing a frozen transcript."""
-    record = RunRecord.new("r", work=1000, context={"conversation": {"messages": [], "usage": []}})
+    record = RunRecord.new("r", work=1000, context={"conversation": {"turns": 0}})
     record, _ = transition(record, Command("admit", 0.0, {"state": "running"}))
     out = [record]
     for n in range(12):
         record, _ = transition(record, Command("provider_started", float(n)))
         out.append(record)
-        conversation = record.conversation or {}
         message = freeze({"role": "assistant", "content": f"reply {n} ünï \u2028"})
         record, _ = transition(
             record,
@@ -70,11 +67,9 @@ def _records() -> list[RunRecord]:
                 float(n),
                 {
                     "result": {"text": f"reply {n}", "score": n / 3},
-                    "conversation": {
-                        **conversation,
-                        "messages": FrozenList((*conversation["messages"], message)),
-                        "usage": FrozenList((*conversation["usage"], freeze({"output_tokens": n}))),
-                    },
+                    "conversation": {"turns": n + 1},
+                    "messages": FrozenList((message,)),
+                    "usage": FrozenList((freeze({"output_tokens": n}),)),
                 },
             ),
         )
@@ -141,27 +136,19 @@ def test_head_equals_reference_on_lifecycles(records: list[RunRecord]) -> None:
         | st.fixed_dictionaries(
             {"messages": st.lists(st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))}
         )
-        | st.fixed_dictionaries(
-            {"messages": st.lists(st.integers(), max_size=2)},
-            optional={"usage": st.lists(st.dictionaries(st.text(max_size=2), st.integers()))},
-        )
         | st.fixed_dictionaries({"turn": st.integers()}),
         max_size=3,
-    )
+    ),
+    transcript=st.lists(st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)),
 )
-def test_head_of_any_context(context: dict[str, Any]) -> None:
-    """A conversation list slot (``messages``, ``usage``) is a placeholder
-    exactly when the context holds that list; other contexts are encoded as
-    they are."""
-    record = RunRecord.new("r", context=context)
+def test_head_of_any_context(context: dict[str, Any], transcript: list[Any]) -> None:
+    """The transcript and usage slots are placeholders whatever they hold;
+    the context is encoded as it is (a list in it is the host's data)."""
+    record = RunRecord.new("r", context=context, transcript=transcript)
     _check_heads([record])
-    conversation = context.get("conversation")
-    if isinstance(conversation, dict):
-        conversation = {
-            k: PLACEHOLDER if k in ("messages", "usage") and isinstance(v, list) else v
-            for k, v in conversation.items()
-        }
-    assert json.loads(head_text(record))["context"].get("conversation") == conversation
+    head = json.loads(head_text(record))
+    assert head["context"] == context
+    assert (head["transcript"], head["usage"]) == (PLACEHOLDER, PLACEHOLDER)
 
 
 def test_dumps_matches_the_json_encoder() -> None:
@@ -179,7 +166,7 @@ def test_a_middle_edit_and_a_reordered_mapping_are_diffed() -> None:
     """Positions are a shortcut, never trusted: a key renamed with an equal
     value in its place, a reordered mapping and a transcript edited in the
     middle all write exactly the rows that differ."""
-    base = RunRecord.new("r", context={"conversation": {"messages": [{"n": i} for i in range(40)]}})
+    base = RunRecord.new("r", transcript=[{"n": i} for i in range(40)])
     records = [base]
     record = base
     for reservations in (
@@ -196,14 +183,10 @@ def test_a_middle_edit_and_a_reordered_mapping_are_diffed() -> None:
             revision=record.revision + 1,
         )
         records.append(record)
-    messages = list(record.context["conversation"]["messages"])
+    messages = list(record.transcript)
     messages[17] = {"n": "edited"}
     del messages[-3:]
-    records.append(
-        attrs.evolve(
-            record, context={"conversation": {"messages": messages}}, revision=record.revision + 1
-        )
-    )
+    records.append(attrs.evolve(record, transcript=messages, revision=record.revision + 1))
     _check_heads(records)
     _check_diffs(records)
 
@@ -214,7 +197,7 @@ def test_usage_is_stored_as_rows_so_a_commit_does_not_rewrite_it() -> None:
     placeholder whatever the run's length."""
     records = _records()
     last = records[-1]
-    assert len(last.context["conversation"]["usage"]) == 12
+    assert len(last.usage) == 12
     assert "output_tokens" not in head_text(last)
     assert "output_tokens" not in join_head(head_fields(last))
     entry = entry_of(records[-2])
@@ -222,26 +205,38 @@ def test_usage_is_stored_as_rows_so_a_commit_does_not_rewrite_it() -> None:
     usage_rows = [row for row in upserts if row[0] == "usage"]
     assert [json.loads(value) for _part, _key, value in usage_rows] == [{"output_tokens": 11}]
     assert deletes == []
-    assert json.loads(head_text(last))["context"]["conversation"]["usage"] == PLACEHOLDER
+    assert json.loads(head_text(last))["usage"] == PLACEHOLDER
+
+
+def legacy_head(head: str, usage: list[Any]) -> str:
+    """``head`` as record schema version 1 wrote it: the transcript a
+    placeholder inside ``context["conversation"]`` and the usage reports
+    there inline (layout 1)."""
+    data = json.loads(head)
+    del data["transcript"], data["usage"]
+    data["schema_version"] = 1
+    data["context"]["conversation"] = {
+        **data["context"]["conversation"],
+        "messages": PLACEHOLDER,
+        "usage": usage,
+    }
+    return dumps(data)
 
 
 def test_a_layout_1_head_with_inline_usage_is_upgraded_by_the_next_commit() -> None:
-    """A head written by layout 1 held ``usage`` inline: read back, the record
-    is whole, and diffing from it writes every usage row (nothing is lost when
+    """A head written by layout 1 held ``usage`` inline (and record schema
+    version 1 the lists inside the conversation): read back, the record is
+    whole, and diffing from it writes every usage row (nothing is lost when
     the next head holds the placeholder)."""
     records = _records()
     old, new = records[-2], records[-1]
     head, parts = split(old)
-    data = json.loads(head)
-    data["context"]["conversation"]["usage"] = encode_record(old)["context"]["conversation"][
-        "usage"
-    ]
-    legacy_head = dumps(data)
+    legacy = legacy_head(head, encode_record(old)["usage"])
     legacy_parts = {k: v for k, v in parts.items() if k[0] != "usage"}
-    assert join(legacy_head, legacy_parts) == encode_record(old)
-    assert _layout.inline_lists(legacy_head) == {"usage"}
+    assert decode_record(join(legacy, legacy_parts)) == old
+    assert _layout.inline_lists(legacy) == {"usage"}
     assert _layout.inline_lists(head) == frozenset()
-    entry = entry_of(old, _layout.inline_lists(legacy_head))
+    entry = entry_of(old, _layout.inline_lists(legacy))
     rows = dict(legacy_parts)
     _, upserts, deletes = diff(entry, new)
     for part, key in deletes:
@@ -274,29 +269,22 @@ def test_kernel_derived_maps_are_diffed_by_their_changed_keys() -> None:
 
 
 def test_incremental_head_keeps_the_context_text_only_when_it_is_the_same() -> None:
-    """STO-09: a commit that only grows the transcript keeps the head's context
-    text; one that also changes another conversation field, adds a context
-    key or reorders the conversation encodes it again: the incremental head
-    is the reference head every time."""
-    record = RunRecord.new(
-        "r", work=100, context={"conversation": {"messages": [], "queue_status": "active"}}
-    )
+    """STO-09: a commit that only grows the transcript encodes no context
+    text; one that changes a conversation field or adds a context key encodes
+    it again: the incremental head is the reference head every time."""
+    record = RunRecord.new("r", work=100, context={"conversation": {"queue_status": "active"}})
     record, _ = transition(record, Command("admit", 0.0, {"state": "running"}))
     chain = [record]
 
-    def update(conversation: dict[str, Any], **context: Any) -> None:
+    def update(data: dict[str, Any], **context: Any) -> None:
         current = chain[-1]
-        new, _ = transition(
-            current, Command("conversation_updated", 1.0, {"conversation": conversation})
-        )
+        new, _ = transition(current, Command("conversation_updated", 1.0, data))
         if context:
             new = evolve_record(new, context={**new.context, **context})
         chain.append(new)
 
-    messages = FrozenList([freeze({"role": "user", "content": "a"})])
-    update({"messages": messages, "queue_status": "active"})  # lists only
-    more = FrozenList([*messages, freeze({"role": "user", "content": "b"})])
-    update({"messages": more, "queue_status": "suspended"})  # and a field
-    update({"queue_status": "suspended", "messages": more})  # reordered
-    update({"queue_status": "suspended", "messages": more}, tenant="t1")  # a new context key
+    update({"messages": [{"role": "user", "content": "a"}]})  # the transcript only
+    assert chain[-1].context is chain[-2].context
+    update({"messages": [{"role": "user", "content": "b"}], "conversation": {"queue_status": "x"}})
+    update({"conversation": {"queue_status": "x"}}, tenant="t1")  # a new context key
     _check_heads(chain)

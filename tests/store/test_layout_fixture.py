@@ -5,6 +5,7 @@ lose them."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
 from pathlib import Path
@@ -13,8 +14,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import FIXTURES
-from trio_backplane import open_conversation
-from trio_backplane.kernel import thaw
+from trio_backplane import Error, ErrorClass, open_conversation
+from trio_backplane.kernel import SCHEMA_VERSION, Command, thaw, transition
 from trio_backplane.recovery import recover
 from trio_backplane.store import SQLiteStore
 from trio_backplane.testing import ScriptedProvider
@@ -133,3 +134,80 @@ def test_the_fixture_is_layout_2() -> None:
     finally:
         connection.close()
     assert row == ("2",)
+
+
+def _heads(path: Path) -> dict[str, Any]:
+    connection = sqlite3.connect(path)
+    try:
+        rows = connection.execute("SELECT run_id, head FROM runs").fetchall()
+    finally:
+        connection.close()
+    return {run_id: json.loads(head) for run_id, head in rows}
+
+
+def test_the_fixture_holds_schema_version_1_records() -> None:
+    """Its records are of the schema the upgrade reads: the transcript and the
+    usage reports inside the conversation state, stored as rows."""
+    heads = _heads(FIXTURES / "layout2.sqlite3")
+    assert {head["schema_version"] for head in heads.values()} == {1}
+    conversation = heads["done"]["context"]["conversation"]
+    assert (conversation["messages"], conversation["usage"]) == ("__parts__", "__parts__")
+    assert "transcript" not in heads["done"]
+
+
+async def test_a_schema_version_1_run_is_upgraded_by_its_next_commit(stored: Path) -> None:
+    """Item 1 of issue 20: a record of schema version 1 loads as the current
+    schema (transcript and usage in their own fields, the conversation state
+    without them); its next commit writes a current head and keeps every
+    message row as it was, and a new store instance reads it back equal."""
+    before = sqlite3.connect(stored)
+    rows = before.execute(
+        "SELECT part, key, value FROM run_parts WHERE run_id = 'asking' AND part = 'messages'"
+    ).fetchall()
+    before.close()
+    async with SQLiteStore(stored) as store:
+        record = await store.load("asking")
+        assert record is not None
+        assert record.schema_version == SCHEMA_VERSION == 2
+        assert [m["role"] for m in record.transcript] == ["user", "assistant"]
+        assert "messages" not in record.context["conversation"]
+        assert "usage" not in record.context["conversation"]
+        message = {"role": "user", "content": "after the upgrade"}
+        new, events = transition(
+            record, Command("conversation_updated", WALL + 1, {"messages": [message]})
+        )
+        await store.commit(
+            "asking", incarnation=1, expected_revision=record.revision, record=new, events=events
+        )
+    async with SQLiteStore(stored) as again:
+        reloaded = await again.load("asking")
+    assert reloaded == new
+    assert thaw(reloaded.transcript)[-1] == message
+    head = _heads(stored)["asking"]
+    assert head["schema_version"] == 2
+    assert (head["transcript"], head["usage"]) == ("__parts__", "__parts__")
+    assert "messages" not in head["context"]["conversation"]
+    after = sqlite3.connect(stored)
+    kept = after.execute(
+        "SELECT part, key, value FROM run_parts WHERE run_id = 'asking' AND part = 'messages'"
+    ).fetchall()
+    after.close()
+    assert kept[: len(rows)] == rows
+    assert len(kept) == len(rows) + 1
+
+
+async def test_a_newer_record_schema_is_refused(stored: Path) -> None:
+    """A record written by a later schema is never misread: its run is
+    ``storage_failed`` (for that run alone), saying why."""
+    connection = sqlite3.connect(stored)
+    head = _heads(stored)["done"]
+    head["schema_version"] = SCHEMA_VERSION + 1
+    connection.execute("UPDATE runs SET head = ? WHERE run_id = 'done'", (json.dumps(head),))
+    connection.commit()
+    connection.close()
+    async with SQLiteStore(stored) as store:
+        with pytest.raises(Error) as raised:
+            await store.load("done")
+    assert raised.value.error_class is ErrorClass.STORAGE_FAILED
+    assert raised.value.details["run_id"] == "done"
+    assert "written by a newer trio_backplane" in raised.value.details["cause"]

@@ -38,15 +38,14 @@ async def test_a_conversation_of_commits_encodes_no_record(no_record_encoding: N
     await store.create(record)
     record, events = transition(record, Command("admit", 1.0, {"state": "running"}))
     await store.commit("r1", incarnation=1, expected_revision=0, record=record, events=events)
-    messages = FrozenList()
     for n in range(200):
-        messages = FrozenList((*messages, freeze({"role": "assistant", "content": f"r{n}"})))
+        messages = FrozenList((freeze({"role": "assistant", "content": f"r{n}"}),))
         for command in (
             Command("provider_started", float(n)),
             Command(
                 "provider_completed",
                 float(n),
-                {"result": {"n": n}, "conversation": {"messages": messages}},
+                {"result": {"n": n}, "messages": messages},
             ),
         ):
             new, events = transition(record, command)

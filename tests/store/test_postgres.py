@@ -25,7 +25,7 @@ import pytest
 import trio
 
 from trio_backplane import Error, ErrorClass
-from trio_backplane.kernel import Command, RunEvent, RunRecord, transition
+from trio_backplane.kernel import Command, RunEvent, RunRecord, evolve_record, thaw, transition
 from trio_backplane.store import PostgresStore, Receipt, RunSummary, Store
 from trio_backplane.testing import StoreConformance
 
@@ -43,7 +43,21 @@ def _run_id(name: str = "run") -> str:
 
 
 def _step(record: RunRecord, kind: str, at: float = 1.0, **data: Any) -> Any:
-    return transition(record, Command(kind, at=at, input=data))
+    """``kind`` applied to ``record``; a ``conversation`` holding the whole
+    transcript (``_messages``) becomes what it appends to the record's, or,
+    when it is no extension of it, the transcript set by hand (commands only
+    append: a store must store whatever record it is given)."""
+    conversation = data.get("conversation")
+    if not (isinstance(conversation, dict) and isinstance(conversation.get("messages"), list)):
+        return transition(record, Command(kind, at=at, input=data))
+    messages = conversation["messages"]
+    rest = {k: v for k, v in conversation.items() if k != "messages"}
+    had = len(record.transcript)
+    if thaw(record.transcript) == messages[:had]:
+        data = {**data, "conversation": rest, "messages": messages[had:]}
+        return transition(record, Command(kind, at=at, input=data))
+    new, events = transition(record, Command(kind, at=at, input={**data, "conversation": rest}))
+    return evolve_record(new, transcript=messages), events
 
 
 async def _commit(
@@ -322,7 +336,7 @@ async def test_sto01_another_instance_loads_the_committed_record(
     loaded = await other.load(record.run_id)
     assert loaded == record
     assert loaded is not None
-    assert len(loaded.context["conversation"]["messages"]) == 4
+    assert len(loaded.transcript) == 4
     assert set(loaded.intents) == set(record.intents)
     assert loaded.active_tools
     # ... and it may continue the run from there.
@@ -893,13 +907,12 @@ async def test_commit_5000_writes_what_commit_10_did(pg_store_factory: StoreFact
     await store.create(record)
     record = await _advance(store, record, "admit", state="running")
     cost: dict[int, tuple[str, int, int]] = {}  # revision -> (kind, part rows, bytes)
-    messages = FrozenList()
     n = 0
     while record.revision < 5_001:
-        messages = FrozenList((*messages, freeze({"role": "assistant", "content": f"r{n}"})))
+        messages = FrozenList((freeze({"role": "assistant", "content": f"r{n}"}),))
         for kind, data in (
             ("provider_started", {}),
-            ("provider_completed", {"result": {"n": n}, "conversation": {"messages": messages}}),
+            ("provider_completed", {"result": {"n": n}, "messages": messages}),
         ):
             record = await _advance(store, record, kind, **data)
             cost[record.revision] = (kind, store.stats["last_part_rows"], store.stats["last_bytes"])
@@ -979,7 +992,7 @@ async def test_concurrent_commits_share_transactions(
     assert store.stats["batches"] >= 1
     for record in records:
         assert await reader.load(record.run_id) == record
-        assert len(record.context["conversation"]["messages"]) == 2
+        assert len(record.transcript) == 2
         log = await reader.events(record.run_id)
         assert [e.sequence for e in log] == list(range(1, record.revision + 1))
 
@@ -1066,7 +1079,7 @@ async def test_sto_06_a_failed_group_transaction_reports_every_commit_failed(
             assert stored == record
         else:
             assert stored.revision == record.revision + 1
-            assert len(stored.context["conversation"]["messages"]) == 2
+            assert len(stored.transcript) == 2
 
 
 @pytest.mark.parametrize("when", ["before", "after"])
@@ -1322,13 +1335,13 @@ async def test_sto_what_a_store_acknowledges_it_reads_back_alike_on_every_store(
             assert await store.load(record.run_id) == finished
 
 
-async def test_sto_09_a_list_slot_holding_the_placeholder_text_is_refused(
+async def test_sto_09_a_context_holding_the_placeholder_text_is_stored_as_it_is(
     pg_store_factory: StoreFactory, tmp_path: Any
 ) -> None:
-    """STO-09: the SQL stores mark a conversation list kept as rows with a
-    placeholder in the head; a record whose list slot holds that very text
-    would load back as an empty list, so they refuse it (``validation``),
-    writing nothing."""
+    """STO-09: the SQL stores mark the record's growing lists with a
+    placeholder in the head; since record schema version 2 those are the
+    record's own fields, so a context (the host's data) holding that very
+    text is stored and loaded back as it is, on create and on commit."""
     from trio_backplane.store import SQLiteStore
     from trio_backplane.store._layout import PLACEHOLDER
 
@@ -1336,18 +1349,29 @@ async def test_sto_09_a_list_slot_holding_the_placeholder_text_is_refused(
         for store in (pg_store_factory(), sqlite):
             for slot in ("messages", "usage"):
                 clash = RunRecord.new(_run_id(), context={"conversation": {slot: PLACEHOLDER}})
-                await _raises(ErrorClass.VALIDATION, store.create(clash))
-                assert await store.load(clash.run_id) is None
+                await store.create(clash)
+                assert await store.load(clash.run_id) == clash
                 record = RunRecord.new(_run_id())
                 await store.create(record)
                 admitted, events = _step(record, "admit", state="running", deadline=1e9)
                 await _commit(store, record, admitted, events)
                 record = admitted
-                new, events = _step(
-                    record, "conversation_updated", conversation={slot: PLACEHOLDER}
+                new, events = transition(
+                    record,
+                    Command(
+                        "conversation_updated",
+                        1.0,
+                        {
+                            "conversation": {slot: PLACEHOLDER},
+                            "messages": [{"role": "user", "content": PLACEHOLDER}],
+                        },
+                    ),
                 )
-                await _raises(ErrorClass.VALIDATION, _commit(store, record, new, events))
-                assert await store.load(record.run_id) == record
+                await _commit(store, record, new, events)
+                loaded = await store.load(record.run_id)
+                assert loaded == new
+                assert loaded is not None
+                assert loaded.context["conversation"][slot] == PLACEHOLDER
 
 
 async def test_sto_05_a_commit_no_store_can_hold_is_refused_alone_in_its_group(

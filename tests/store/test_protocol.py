@@ -91,16 +91,16 @@ async def _created_with_parts(store: Any) -> None:
     messages=...)`` does that) is stored whole, its transcript as part rows:
     ``load`` returns it, and commits on top of it keep every message."""
     messages = [{"role": "user", "content": f"earlier {i}"} for i in range(5)]
-    record = RunRecord.new("with-parts", context={"conversation": {"messages": messages}})
+    record = RunRecord.new("with-parts", context={"conversation": {}}, transcript=messages)
     await store.create(record)
     assert await store.load(record.run_id) == record
     admitted, events = transition(record, Command("admit", 0.0, {"state": "running"}))
     await store.commit(
         record.run_id, incarnation=1, expected_revision=0, record=admitted, events=events
     )
-    grown = [*messages, {"role": "user", "content": "now"}]
+    now = {"role": "user", "content": "now"}
     updated, events = transition(
-        admitted, Command("conversation_updated", 1.0, {"conversation": {"messages": grown}})
+        admitted, Command("conversation_updated", 1.0, {"messages": [now]})
     )
     await store.commit(
         record.run_id, incarnation=1, expected_revision=1, record=updated, events=events

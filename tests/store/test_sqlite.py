@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from trio_backplane.errors import Error, ErrorClass
-from trio_backplane.kernel import Command, RunEvent, RunRecord, transition
+from trio_backplane.kernel import Command, RunEvent, RunRecord, evolve_record, transition
 from trio_backplane.store import SQLiteStore
 from trio_backplane.store._layout import join_record
 from trio_backplane.store._sqlite import join, split
@@ -43,17 +43,13 @@ async def _step(store: SQLiteStore, record: RunRecord, command: Command) -> RunR
 
 def _turn(record: RunRecord, n: int) -> list[Command]:
     """A provider_started / provider_completed pair appending one message."""
-    conversation = record.conversation or {"messages": ()}
-    messages = (*conversation["messages"], {"role": "assistant", "content": f"reply {n}"})
+    message = {"role": "assistant", "content": f"reply {n}"}
     return [
         Command("provider_started", float(n)),
         Command(
             "provider_completed",
             float(n),
-            {
-                "result": {"text": f"reply {n}"},
-                "conversation": {**conversation, "messages": messages},
-            },
+            {"result": {"text": f"reply {n}"}, "messages": [message]},
         ),
     ]
 
@@ -237,7 +233,10 @@ async def test_sto09_reopen_loads_equal_record(tmp_path: Path) -> None:
             Command(
                 "provider_completed",
                 9.5,
-                {"conversation": {"messages": [{"role": "user", "content": "ünï"}], "turn": 4}},
+                {
+                    "conversation": {"turn": 4},
+                    "messages": [{"role": "user", "content": "ünï"}],
+                },
             ),
         )
         record = await _step(
@@ -299,7 +298,7 @@ async def test_layout_is_join_record_compatible(tmp_path: Path) -> None:
     conn.close()
     assert (head, parts) == split(record)
     plain = join_record(head, parts)
-    assert len(plain["context"]["conversation"]["messages"]) == 3
+    assert len(plain["transcript"]) == 3
     assert len(plain["intents"]) == 3
     assert join(head, parts)["budget"]["reservations"] == dict(record.budget.reservations)
 
@@ -467,21 +466,21 @@ async def test_3000_messages_reload_equal(tmp_path: Path) -> None:
         record = await _step(
             store,
             record,
-            Command("admit", 1.0, {"state": "running", "conversation": {"messages": messages}}),
+            Command("admit", 1.0, {"state": "running", "messages": messages}),
         )
         record = await _run_turns(store, record, 2)
         assert store.stats["last_part_rows"] == 2
-        # a transcript rewritten in the middle rewrites only what changed
-        conversation = record.conversation
-        assert conversation is not None
-        edited = list(conversation["messages"])
+        # a transcript rewritten in the middle (by hand: commands only
+        # append) rewrites only what changed
+        edited = list(record.transcript)
         edited[1500] = {"role": "user", "content": "edited"}
         del edited[-1]
-        record = await _step(
-            store,
-            record,
-            Command("conversation_updated", 5.0, {"conversation": {"messages": edited}}),
+        new = evolve_record(record, transcript=edited, revision=record.revision + 1)
+        await store.commit(
+            "r1", incarnation=1, expected_revision=record.revision, record=new, events=[]
         )
+        assert store.stats["last_part_rows"] == 2
+        record = new
     async with SQLiteStore(path) as again:
         reloaded = await again.load("r1")
         assert reloaded == record
@@ -499,18 +498,13 @@ def _long_turn(record: RunRecord, n: int) -> list[Command]:
     so building 5 000 commits costs the test nothing per message."""
     from trio_backplane.kernel import FrozenList, freeze
 
-    conversation = record.conversation or {"messages": FrozenList()}
     message = freeze({"role": "assistant", "content": f"reply {n}: " + "lorem ipsum " * 4})
-    messages = FrozenList((*conversation["messages"], message))
     return [
         Command("provider_started", float(n)),
         Command(
             "provider_completed",
             float(n),
-            {
-                "result": {"text": f"reply {n}"},
-                "conversation": {**conversation, "messages": messages},
-            },
+            {"result": {"text": f"reply {n}"}, "messages": FrozenList((message,))},
         ),
     ]
 
@@ -670,7 +664,7 @@ async def test_sto_06_damaged_rows_are_storage_failed_for_their_run_alone(
         bad = await _step(
             store,
             bad,
-            Command("conversation_updated", 1.0, {"conversation": {"messages": ["hi"]}}),
+            Command("conversation_updated", 1.0, {"messages": ["hi"]}),
         )
         good = [await _fresh(store, f"good{i}") for i in range(5)]
     conn = sqlite3.connect(path)

@@ -18,20 +18,14 @@ from trio_backplane.store._sqlite import LAYOUT_VERSION
 def _respond(record: RunRecord, n: int) -> RunRecord:
     """``record`` after one provider response reporting usage ``{"tokens": n}``."""
     record, _ = transition(record, Command("provider_started", float(n)))
-    conversation = record.conversation or {}
     new, _ = transition(
         record,
         Command(
             "provider_completed",
             float(n),
             {
-                "conversation": {
-                    **conversation,
-                    "messages": FrozenList(
-                        (*conversation["messages"], freeze({"role": "assistant", "content": "x"}))
-                    ),
-                    "usage": FrozenList((*conversation["usage"], freeze({"tokens": n}))),
-                }
+                "messages": FrozenList((freeze({"role": "assistant", "content": "x"}),)),
+                "usage": FrozenList((freeze({"tokens": n}),)),
             },
         ),
     )
@@ -51,7 +45,7 @@ async def _commit(store: SQLiteStore, old: RunRecord, new: RunRecord) -> None:
 async def test_usage_rows_and_a_layout_1_file_upgraded(tmp_path: Path) -> None:
     """STO-07 across a layout change: nothing stored by layout 1 is lost."""
     path = tmp_path / "runs.db"
-    record = RunRecord.new("r", work=100, context={"conversation": {"messages": [], "usage": []}})
+    record = RunRecord.new("r", work=100, context={"conversation": {}})
     async with SQLiteStore(path) as store:
         await store.create(record)
         admitted, _ = transition(record, Command("admit", 0.0, {"state": "running"}))
@@ -67,10 +61,16 @@ async def test_usage_rows_and_a_layout_1_file_upgraded(tmp_path: Path) -> None:
     rows = conn.execute("SELECT key, value FROM run_parts WHERE part = 'usage'").fetchall()
     assert [json.loads(v)["tokens"] for _k, v in sorted(rows)] == [0, 1, 2]
     (head,) = conn.execute("SELECT head FROM runs").fetchone()
-    assert json.loads(head)["context"]["conversation"]["usage"] == "__parts__"
-    # Make the file what layout 1 wrote: usage inline in the head, no usage rows.
+    assert json.loads(head)["usage"] == "__parts__"
+    # Make the file what layout 1 wrote: usage inline in the head, no usage
+    # rows (and, record schema version 1, the lists in the conversation).
     data = json.loads(head)
-    data["context"]["conversation"]["usage"] = [{"tokens": 0}, {"tokens": 1}, {"tokens": 2}]
+    del data["transcript"], data["usage"]
+    data["schema_version"] = 1
+    data["context"]["conversation"] = {
+        "messages": "__parts__",
+        "usage": [{"tokens": 0}, {"tokens": 1}, {"tokens": 2}],
+    }
     conn.execute("UPDATE runs SET head = ?", (json.dumps(data, separators=(",", ":")),))
     conn.execute("DELETE FROM run_parts WHERE part = 'usage'")
     conn.execute("UPDATE meta SET value = '1' WHERE key = 'layout_version'")
@@ -87,7 +87,7 @@ async def test_usage_rows_and_a_layout_1_file_upgraded(tmp_path: Path) -> None:
     async with SQLiteStore(path) as store:
         again = await store.load("r")
     assert again == done
-    assert [u["tokens"] for u in again.context["conversation"]["usage"]] == [0, 1, 2, 9]
+    assert [u["tokens"] for u in again.usage] == [0, 1, 2, 9]
     conn = sqlite3.connect(path)
     (version,) = conn.execute("SELECT value FROM meta WHERE key = 'layout_version'").fetchone()
     usage_rows = conn.execute("SELECT COUNT(*) FROM run_parts WHERE part = 'usage'").fetchone()

@@ -34,9 +34,8 @@ def _command(record: RunRecord, n: int) -> Command:
         return Command("admit", float(n), {"state": "running"})
     if record.active_provider is None:
         return Command("provider_started", float(n))
-    conversation = record.conversation or {"messages": ()}
-    messages = (*conversation["messages"], {"role": "assistant", "content": f"m{n}"})
-    return Command("provider_completed", float(n), {"conversation": {"messages": messages}})
+    message = {"role": "assistant", "content": f"m{n}"}
+    return Command("provider_completed", float(n), {"messages": [message]})
 
 
 def _next(record: RunRecord, n: int) -> tuple[RunRecord, list[Any]]:
@@ -48,7 +47,7 @@ async def _commit(store: SQLiteStore, record: RunRecord, n: int = 0) -> RunRecor
 
 
 async def _fresh(store: SQLiteStore, run_id: str) -> RunRecord:
-    record = RunRecord.new(run_id, context={"conversation": {"messages": []}})
+    record = RunRecord.new(run_id, context={"conversation": {}})
     await store.create(record)
     return record
 

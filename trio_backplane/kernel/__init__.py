@@ -9,6 +9,7 @@ from ._codec import decode_event, decode_record, encode_event, encode_record
 from ._json import dumps, loads, utf8_size
 from ._records import (
     ACTIVE_STATES,
+    GROWING,
     MAX_INT,
     MAX_RUN_ID,
     RUN_STATES,
@@ -38,6 +39,7 @@ from ._transition import COMMANDS, cleanup_requirements, fence, transition
 __all__ = [
     "ACTIVE_STATES",
     "COMMANDS",
+    "GROWING",
     "MAX_INT",
     "MAX_RUN_ID",
     "RUN_STATES",

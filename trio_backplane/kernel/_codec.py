@@ -2,7 +2,7 @@
 
 Every encoded record carries ``schema_version``.  A record written by a newer
 layout is refused (``unsupported_capability``) instead of being misread; an
-older layout would be migrated here, step by step.
+older layout is migrated here, step by step (:func:`upgrade`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from ._records import (
     SCHEMA_VERSION,
     Budget,
     FrozenDict,
+    FrozenList,
     RunEvent,
     RunRecord,
     freeze,
@@ -27,7 +28,7 @@ from ._records import (
     thaw,
 )
 
-__all__ = ["decode_event", "decode_record", "encode_event", "encode_record"]
+__all__ = ["decode_event", "decode_record", "encode_event", "encode_record", "upgrade"]
 
 _JSON_MAPPING = Mapping[str, Any]
 _OPTIONAL_JSON_MAPPING = Mapping[str, Any] | None
@@ -37,6 +38,7 @@ _converter.register_unstructure_hook_func(
     lambda t: t in (_JSON_MAPPING, _OPTIONAL_JSON_MAPPING), thaw
 )
 _converter.register_unstructure_hook_func(lambda t: t == tuple[str, ...], list)
+_converter.register_unstructure_hook(FrozenList, thaw)
 
 
 # Structuring is strict: a stored value of the wrong type is refused, never
@@ -81,6 +83,12 @@ def _ids(value: Any, _: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _items(value: Any, _: Any) -> Any:
+    if not isinstance(value, list | tuple):
+        raise _wrong(value, "a list")
+    return value
+
+
 def _counts(value: Any, _: Any) -> Mapping[str, int]:
     if not isinstance(value, Mapping) or any(type(v) is not int for v in value.values()):
         raise _wrong(value, "a mapping of ints")
@@ -108,6 +116,7 @@ _converter.register_structure_hook_func(lambda t: t == float | None, _time)
 _converter.register_structure_hook_func(lambda t: t == tuple[str, ...], _ids)
 _converter.register_structure_hook_func(lambda t: t == Mapping[str, int], _counts)
 _converter.register_structure_hook(Budget, _budget)
+_converter.register_structure_hook(FrozenList, _items)
 
 
 def encode_record(record: RunRecord) -> dict[str, Any]:
@@ -136,6 +145,7 @@ def decode_record(data: Mapping[str, Any]) -> RunRecord:
             "stored record was written by a newer trio_backplane",
             {"schema_version": version, "supported": SCHEMA_VERSION},
         )
+    data = upgrade(data)
     missing = _RECORD_FIELDS.difference(data)
     if missing:  # every field is written: a default would undo a fence, say
         raise Error(
@@ -155,6 +165,31 @@ def decode_record(data: Mapping[str, Any]) -> RunRecord:
         ) from exc
     _check_active_work(record)
     return record
+
+
+def upgrade(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Encoded record ``data`` of any known ``schema_version`` in the current
+    one (``data`` itself when it is current).
+
+    Version 1 kept the transcript and the usage reports inside
+    ``context["conversation"]`` (as ``"messages"`` and ``"usage"``); version 2
+    holds them in the record's ``transcript`` and ``usage`` fields.
+    """
+    if data.get("schema_version") != 1:
+        return data
+    upgraded = {**data, "schema_version": 2, "transcript": [], "usage": []}
+    context = data.get("context")
+    conversation = context.get("conversation") if isinstance(context, Mapping) else None
+    if isinstance(conversation, Mapping):
+        rest = {k: v for k, v in conversation.items() if k not in ("messages", "usage")}
+        for name, field in (("messages", "transcript"), ("usage", "usage")):
+            items = conversation.get(name)
+            if isinstance(items, list | tuple):
+                upgraded[field] = items
+            elif name in conversation:  # not a list: kept where it was, as it was
+                rest[name] = items
+        upgraded["context"] = {**context, "conversation": rest}  # type: ignore[dict-item]
+    return upgraded
 
 
 _RECORD_FIELDS: frozenset[str] = frozenset(field.name for field in attrs.fields(RunRecord))

@@ -11,6 +11,7 @@ from ..errors import Error, ErrorClass
 
 __all__ = [
     "ACTIVE_STATES",
+    "GROWING",
     "MAX_RUN_ID",
     "INTENT_STATUSES",
     "RUN_STATES",
@@ -36,8 +37,12 @@ __all__ = [
     "reserve",
 ]
 
-#: Version of the record layout written by this code (the codec checks it).
-SCHEMA_VERSION: Final = 1
+#: Version of the record layout written by this code (the codec checks it;
+#: version 1 kept the transcript and usage inside ``context["conversation"]``).
+SCHEMA_VERSION: Final = 2
+#: The record's growing sequences: appended to, never rewritten, and stored
+#: one row per item by the SQL stores.
+GROWING: Final = ("transcript", "usage")
 
 TERMINAL_STATES: Final = frozenset(
     {"completed", "failed", "cancelled", "timed_out", "unknown_outcome"}
@@ -210,6 +215,7 @@ _OVERLAY_MAX = 32
 
 
 _EMPTY: Final[Mapping[str, Any]] = FrozenDict()
+_EMPTY_LIST: Final = FrozenList()
 
 
 #: The deepest nesting of JSON data :func:`freeze` accepts from a caller
@@ -613,6 +619,17 @@ def _optional_mapping(value: Any) -> Mapping[str, Any] | None:
     return None if value is None else _frozen_mapping(value)
 
 
+def _frozen_list(value: Any) -> FrozenList:
+    if type(value) is FrozenList:
+        return value
+    if value is None:
+        return _EMPTY_LIST
+    frozen = freeze(value, limit=RECORD_DEPTH)
+    if type(frozen) is not FrozenList:
+        raise Error(ErrorClass.VALIDATION, "expected a list")
+    return frozen
+
+
 @final
 @attrs.frozen
 class RunRecord:
@@ -622,6 +639,9 @@ class RunRecord:
     ``{"kind", "status", "effect_class", "dispatch_state", ...}``;
     ``active_tools`` maps invocation ids to their identity; ``tool_results``
     holds each completed invocation's result until its transcript projection.
+    ``transcript`` (the conversation's messages) and ``usage`` (one provider
+    usage report per response) only grow (:data:`GROWING`): commands append
+    to them; ``context`` is the host's and the runtime's other state.
 
     Mappings are ``FrozenDict`` (a ``dict``), or ``LayeredDict`` once a
     growing one (intents, tool results, reservations) is long: read them as
@@ -656,6 +676,8 @@ class RunRecord:
     )
     outcome: Mapping[str, Any] | None = attrs.field(default=None, converter=_optional_mapping)
     context: Mapping[str, Any] = attrs.field(default=_EMPTY, converter=_frozen_mapping)
+    transcript: FrozenList = attrs.field(default=_EMPTY_LIST, converter=_frozen_list)
+    usage: FrozenList = attrs.field(default=_EMPTY_LIST, converter=_frozen_list)
     schema_version: int = attrs.field(default=SCHEMA_VERSION, validator=_positive)
 
     @classmethod
@@ -666,8 +688,10 @@ class RunRecord:
         incarnation: int = 1,
         work: int = 100,
         context: Mapping[str, Any] | None = None,
+        transcript: Any = None,
     ) -> RunRecord:
-        """A fresh ``queued`` run at revision 0."""
+        """A fresh ``queued`` run at revision 0 (``transcript``: the messages
+        it starts from)."""
         if context is not None:
             if not isinstance(context, Mapping):
                 raise Error(
@@ -677,7 +701,11 @@ class RunRecord:
                 )
             check_json(dict(context), "run context")
         return cls(
-            run_id=run_id, incarnation=incarnation, budget=Budget(quota=work), context=context
+            run_id=run_id,
+            incarnation=incarnation,
+            budget=Budget(quota=work),
+            context=context,
+            transcript=transcript,
         )
 
     @property
@@ -686,9 +714,16 @@ class RunRecord:
 
     @property
     def conversation(self) -> Mapping[str, Any] | None:
-        """The conversation state checkpointed in ``context["conversation"]``."""
+        """The conversation state checkpointed in ``context["conversation"]``,
+        with the record's ``transcript`` as its ``"messages"`` and its
+        ``usage`` as ``"usage"``; ``None`` before any checkpoint."""
         value = self.context.get("conversation")
-        return value if type(value) is FrozenDict or isinstance(value, Mapping) else None
+        if type(value) is not FrozenDict and not isinstance(value, Mapping):
+            return None
+        merged = FrozenDict(value)
+        dict.__setitem__(merged, "messages", self.transcript)
+        dict.__setitem__(merged, "usage", self.usage)
+        return merged
 
 
 def _input(value: Any) -> Mapping[str, Any]:
@@ -878,6 +913,7 @@ _copy_record: Final = _make_copy()
 _MAPPING_AS_IS: Final[dict[Any, frozenset[type]]] = {
     _frozen_mapping: frozenset({FrozenDict, LayeredDict}),
     _optional_mapping: frozenset({FrozenDict, LayeredDict, type(None)}),
+    _frozen_list: frozenset({FrozenList}),
 }
 _AS_IS: Final = {
     name: _MAPPING_AS_IS.get(field.converter, frozenset()) for name, field in _RECORD_FIELDS.items()

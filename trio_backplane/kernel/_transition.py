@@ -43,7 +43,7 @@ _AFTER_DEADLINE: Final = frozenset(
 )
 #: Input keys whose (possibly large) values events summarise, so the event
 #: log does not repeat the transcript at every checkpoint.
-_DIGESTED: Final = frozenset({"conversation", "result"})
+_DIGESTED: Final = frozenset({"conversation", "result", "messages", "usage"})
 
 
 def _invalid(record: RunRecord, command: Command) -> Error:
@@ -134,20 +134,31 @@ def _invoked_in_step(record: RunRecord, step_id: Any, call_id: Any) -> bool:
     )
 
 
-def _conversation(command: Command) -> dict[str, Any]:
-    if "conversation" in command.input:
-        conversation = command.input["conversation"]
-        if type(conversation) is not FrozenDict and not isinstance(conversation, Mapping):
-            raise Error(ErrorClass.VALIDATION, "conversation state must be a mapping")
-        return {"conversation": conversation}
-    return {}
+def _grown(items: FrozenList, more: Any, name: str) -> FrozenList:
+    """``items`` with the frozen items of ``more`` appended."""
+    if type(more) is not FrozenList and not isinstance(more, list | tuple):
+        raise Error(ErrorClass.VALIDATION, f"{name} to append must be a list")
+    grown = FrozenList(items)
+    list.extend(grown, more)
+    return grown
 
 
 def _with_context(record: RunRecord, command: Command) -> dict[str, Any]:
-    update = _conversation(command)
-    if not update:
-        return {}
-    return {"context": assoc(record.context, "conversation", update["conversation"])}
+    """The changes of a command's ``conversation`` (the new conversation
+    state in ``context``), ``messages`` (appended to the transcript) and
+    ``usage`` (appended to the usage reports) inputs."""
+    given = command.input
+    changes: dict[str, Any] = {}
+    if "conversation" in given:
+        conversation = given["conversation"]
+        if type(conversation) is not FrozenDict and not isinstance(conversation, Mapping):
+            raise Error(ErrorClass.VALIDATION, "conversation state must be a mapping")
+        changes["context"] = assoc(record.context, "conversation", conversation)
+    if "messages" in given:
+        changes["transcript"] = _grown(record.transcript, given["messages"], "messages")
+    if "usage" in given:
+        changes["usage"] = _grown(record.usage, given["usage"], "usage")
+    return changes
 
 
 # -- handlers: each returns the changes to apply --------------------------------
@@ -549,6 +560,8 @@ def _summary(value: Any) -> FrozenDict:
         if isinstance(messages, tuple | list):
             summary["messages"] = len(messages)
         return FrozenDict(summary)
+    if type(value) is FrozenList or isinstance(value, list | tuple):
+        return FrozenDict({"items": len(value)})
     return FrozenDict({"type": type(value).__name__})
 
 

@@ -22,7 +22,7 @@ import trio
 
 from .._public import NoPublicConstructor
 from ..errors import Error, ErrorClass, exception_leaves
-from ..kernel import TERMINAL_STATES, RunRecord, appended
+from ..kernel import TERMINAL_STATES, RunRecord
 from ..store import Store
 from ..tools import (
     AdmittedBundle,
@@ -35,6 +35,7 @@ from ..tools import (
 from ._catalog import CatalogState
 from ._clock import DurableClock
 from ._context import stage
+from ._conversation_state import QueueName, initial_context
 from ._coordinator import Coordinator
 from ._deadline import DeadlineBudget
 from ._execution import Executor
@@ -49,7 +50,6 @@ from ._responses import Responses
 from ._settlement import Settlement
 from ._signals import _Rejected, _StorageFailed, storage_error
 from ._state import Publisher, RunState
-from ._steps import EMPTY_CONVERSATION, listed
 from ._types import Event, Phase, Snapshot
 from ._writer import StepWriter
 
@@ -178,15 +178,19 @@ class Conversation(metaclass=NoPublicConstructor):
         return Snapshot(
             phase=state.phase,
             run=state.record,
-            messages=listed(conversation, "messages"),
-            steering=listed(conversation, "steering"),
-            follow_up=listed(conversation, "follow_up"),
-            queue_status=conversation.get("queue_status", "active"),
-            usage=listed(conversation, "usage"),
-            turn_id=conversation.get("turn_id"),
-            pending_interaction=conversation.get("pending_interaction"),
+            messages=tuple(conversation.messages),
+            steering=tuple(conversation.steering),
+            follow_up=tuple(conversation.follow_up),
+            queue_status=conversation.queue_status,
+            usage=tuple(conversation.usage),
+            turn_id=conversation.turn_id,
+            pending_interaction=conversation.pending_interaction,
             last_error=state.last_error,
-            catalog_revision=conversation.get("catalog_revision", self._catalog.revision),
+            catalog_revision=(
+                self._catalog.revision
+                if conversation.catalog_revision is None
+                else conversation.catalog_revision
+            ),
             receipts=self._catalog.receipts,
             resource_cleanup=state.resource_cleanup,
         )
@@ -239,7 +243,7 @@ class Conversation(metaclass=NoPublicConstructor):
         """Commit the run's first message, as the prompt hook made it."""
         message = await self._hooks.prompt(message, "new", turn_id)
         await self._coordinator.checkpoint(
-            lambda c: {**c, "messages": appended(c["messages"], message), "turn_id": turn_id},
+            lambda c: attrs.evolve(c.with_message(message), turn_id=turn_id),
             as_input=True,
         )
         return message
@@ -316,12 +320,10 @@ class Conversation(metaclass=NoPublicConstructor):
         if state.phase == Phase.CANCELLING or state.inactive or state.stop_reason is not None:
             raise Error(ErrorClass.RESOURCE_CONFLICT, "run is not accepting input")
 
-    async def _enqueue(self, queue: str, content: Any) -> str:
+    async def _enqueue(self, queue: QueueName, content: Any) -> str:
         message = self._state.user_message(content)
         try:
-            await self._coordinator.checkpoint(
-                lambda c: {**c, queue: appended(c[queue], message)}, as_input=True
-            )
+            await self._coordinator.checkpoint(lambda c: c.queued(queue, message), as_input=True)
         except _StorageFailed as failed:
             raise failed.error from None
         return str(message["id"])
@@ -449,14 +451,12 @@ async def _opened(  # noqa: PLR0917 - what a run starts from
         if run.run_id != run_id:
             raise Error(ErrorClass.VALIDATION, "run record belongs to another run_id")
         return run, Phase.TERMINAL if run.state in TERMINAL_STATES else Phase.RECOVERY_REQUIRED
-    conversation = dict(EMPTY_CONVERSATION)
-    if prior is not None:
-        conversation["messages"] = prior
     record = RunRecord.new(
         run_id,
         incarnation=incarnation,
         work=work,
-        context={**(context or {}), "conversation": conversation},
+        context=initial_context(context),
+        transcript=prior,
     )
     receipt = await store.create(record)
     if receipt.revision != 0:

@@ -151,7 +151,7 @@ class Coordinator:
         ended = now if pending.answered_at is None else min(now, pending.answered_at)
         moved = pending.moved_deadline(ended)
         if moved is not None and moved > record.deadline:
-            return (checkpoint_step(dict, {"execution_deadline": moved}), *steps)
+            return (checkpoint_step(None, {"execution_deadline": moved}), *steps)
         return steps
 
     async def _write(

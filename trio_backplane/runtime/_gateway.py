@@ -11,7 +11,7 @@ from typing import Any, final
 import trio
 
 from ..errors import Error, ErrorClass
-from ..kernel import Command, RunRecord, appended, freeze, loads, thaw
+from ..kernel import Command, FrozenDict, FrozenList, RunRecord, freeze, loads, thaw
 from ..tools import (
     Approval,
     ApprovalDecision,
@@ -29,7 +29,7 @@ from ._interactions import Interactions
 from ._options import HOST_RESOLVER
 from ._signals import _Stop
 from ._state import Publisher, RunState
-from ._steps import Step, append_to, checkpoint_step
+from ._steps import Step, checkpoint_step
 from ._writer import StepWriter
 
 __all__ = ["ToolGateway"]
@@ -228,9 +228,9 @@ class ToolGateway:
             data = {
                 "invocation_id": invocation_id,
                 "result": normalized,
-                "conversation": append_to(record, message=message),
+                "messages": FrozenList((message,)),
             }
-            return Command("tool_completed", now, freeze(data))
+            return Command("tool_completed", now, FrozenDict(data))
 
         def settled() -> None:
             state.unsettled.pop(invocation_id, None)
@@ -254,7 +254,7 @@ class ToolGateway:
         publisher = self._publisher
         message = {"role": "tool", "tool_call_id": call_id, "name": name, "result": result}
         step = checkpoint_step(
-            lambda c: {**c, "messages": appended(c["messages"], message)},
+            lambda c: c.with_message(message),
             after=lambda: publisher.publish("tool_completed", {"message": message}),
         )
         if carry and before is None:

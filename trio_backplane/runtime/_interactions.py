@@ -13,10 +13,12 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any, final
 
+import attrs
 import trio
 
 from ..errors import Error, ErrorClass
 from ..kernel import freeze, thaw
+from ._conversation_state import ConversationState
 from ._coordinator import Coordinator
 from ._signals import _Stop, _StorageFailed
 from ._state import Pending, Publisher, RunState
@@ -87,7 +89,7 @@ class Interactions:
             "remaining": remaining,
         }
         await self._coordinator.checkpoint(
-            lambda conversation: {**conversation, "pending_interaction": entry}
+            lambda conversation: attrs.evolve(conversation, pending_interaction=freeze(entry))
         )
         pending.stored = True
         # The deadlines keep running while the pending checkpoint commits: an
@@ -158,10 +160,10 @@ class Interactions:
         if moved is not None:
             extra["execution_deadline"] = moved
 
-        def cleared(state: dict[str, Any]) -> dict[str, Any]:
-            current = state.get("pending_interaction")
-            if isinstance(current, Mapping) and current.get("id") == pending.interaction_id:
-                return {**state, "pending_interaction": None}
+        def cleared(state: ConversationState) -> ConversationState:
+            current = state.pending_interaction
+            if current is not None and current.get("id") == pending.interaction_id:
+                return attrs.evolve(state, pending_interaction=None)
             return state
 
         # A failed commit leaves the conversation storage_failed, and a settled
@@ -184,13 +186,11 @@ class Interactions:
         try:
             # The answer is durable before the worker goes on (spec 002): after a
             # crash the record says which interaction was answered, and how.
-            resolved = {"interaction_id": pending.interaction_id, "answer": answered}
+            resolved = freeze({"interaction_id": pending.interaction_id, "answer": answered})
             await self._coordinator.checkpoint(
-                lambda conversation: {
-                    **conversation,
-                    "pending_interaction": None,
-                    "resolved_interaction": resolved,
-                },
+                lambda conversation: attrs.evolve(
+                    conversation, pending_interaction=None, resolved_interaction=resolved
+                ),
                 extra,
             )
         except _StorageFailed as failed:

@@ -10,15 +10,16 @@ from typing import Any, final
 import attrs
 
 from ..errors import Error, ErrorClass
-from ..kernel import Command, FrozenList, RunRecord, appended, freeze, thaw
+from ..kernel import Command, RunRecord, freeze, thaw
 from ._catalog import CatalogState
+from ._conversation_state import ConversationState, QueueName
 from ._coordinator import Coordinator
 from ._gateway import ToolGateway
 from ._hooks import HookRunner
 from ._responses import Responses
 from ._signals import _InputArrived, _Rejected, _TurnFailed
 from ._state import Publisher, RunState
-from ._steps import Step, checkpoint_step, conversation_of
+from ._steps import Step, checkpoint_step
 from ._types import Phase
 from ._writer import StepWriter
 
@@ -96,13 +97,13 @@ class TurnLoop:
         await self._writer.flush()
         outcome = _outcome(turn_id, error)
 
-        def record(conversation: dict[str, Any]) -> dict[str, Any]:
-            if error is None and conversation.get("steering"):
+        def record(conversation: ConversationState) -> ConversationState:
+            if error is None and conversation.steering:
                 raise _InputArrived
             # The turn record names its turn: a turn whose prompt was rejected
             # before any checkpoint still reports its own turn_id on its
             # events (CONV-26).
-            return {**conversation, "last_turn": outcome, "turn_id": turn_id}
+            return attrs.evolve(conversation, last_turn=freeze(outcome), turn_id=turn_id)
 
         await self._coordinator.checkpoint(record)
         self._publisher.publish(
@@ -114,8 +115,8 @@ class TurnLoop:
         """The next queued follow-up as a new turn; once none is left, steering
         its turn never consumed (it committed after that turn's outcome)."""
         conversation = self._state.conversation
-        queue_name = "follow_up" if conversation.get("follow_up") else "steering"
-        queue = conversation.get(queue_name, ())
+        queue_name: QueueName = "follow_up" if conversation.follow_up else "steering"
+        queue = conversation.follow_up or conversation.steering
         if not queue:
             return None
         message = thaw(queue[0])
@@ -124,17 +125,12 @@ class TurnLoop:
         try:
             message = await self._hooks.prompt(message, "new", turn_id)
         except _Rejected as rejected:
-            await checkpoint(
-                lambda c: {**c, queue_name: FrozenList(c[queue_name][1:]), "turn_id": turn_id}
-            )
+            await checkpoint(lambda c: attrs.evolve(c.without_first(queue_name), turn_id=turn_id))
             return turn_id, rejected.error
         await checkpoint(
-            lambda c: {
-                **c,
-                queue_name: FrozenList(c[queue_name][1:]),
-                "messages": appended(c["messages"], message),
-                "turn_id": turn_id,
-            }
+            lambda c: attrs.evolve(
+                c.without_first(queue_name).with_message(message), turn_id=turn_id
+            )
         )
         self._publisher.publish(
             "prompt_consumed", {"mode": "new", "message": message, "turn_id": turn_id}
@@ -147,8 +143,8 @@ class TurnLoop:
         data = freeze({"status": outcome["status"], "outcome": outcome})
 
         def finish(record: RunRecord, now: float) -> Command:
-            conversation = conversation_of(record)
-            if conversation.get("follow_up") or conversation.get("steering"):
+            conversation = ConversationState.of(record)
+            if conversation.follow_up or conversation.steering:
                 raise _InputArrived
             return Command("finish", now, data)
 
@@ -221,7 +217,9 @@ class TurnLoop:
             catalog.publish()
             publisher.publish("catalog_published", {"catalog_revision": revision})
 
-        step = checkpoint_step(lambda c: {**c, "catalog_revision": revision}, after=published)
+        step = checkpoint_step(
+            lambda c: attrs.evolve(c, catalog_revision=revision), after=published
+        )
         try:
             await writer.flush(step)
         except BaseException:
@@ -229,7 +227,7 @@ class TurnLoop:
             raise
 
     async def _consume_steering(self, turn_id: str) -> bool:
-        queue = self._state.conversation.get("steering", ())
+        queue = self._state.conversation.steering
         if not queue:
             return False
         await self._writer.flush()
@@ -238,15 +236,9 @@ class TurnLoop:
         try:
             message = await self._hooks.prompt(message, "steering", turn_id)
         except _Rejected as rejected:
-            await checkpoint(lambda c: {**c, "steering": FrozenList(c["steering"][1:])})
+            await checkpoint(lambda c: c.without_first("steering"))
             raise _TurnFailed(rejected.error) from None
-        await checkpoint(
-            lambda c: {
-                **c,
-                "steering": FrozenList(c["steering"][1:]),
-                "messages": appended(c["messages"], message),
-            }
-        )
+        await checkpoint(lambda c: c.without_first("steering").with_message(message))
         self._publisher.publish(
             "prompt_consumed", {"mode": "steering", "message": message, "turn_id": turn_id}
         )
@@ -262,9 +254,7 @@ class TurnLoop:
         if content is None:
             return True
         user = self._state.user_message(content)
-        await self._coordinator.checkpoint(
-            lambda c: {**c, "messages": appended(c["messages"], user)}
-        )
+        await self._coordinator.checkpoint(lambda c: c.with_message(user))
         return False
 
 

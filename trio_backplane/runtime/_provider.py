@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Protocol, final
 
 import attrs
@@ -119,7 +119,8 @@ class ProviderRequest:
     turn_id: str
     step_id: str
     attempt_id: str
-    messages: tuple[Any, ...]
+    #: the transcript, frozen (a ``list`` subclass of frozen mappings)
+    messages: Sequence[Any]
     catalog_revision: int
     tools: tuple[Any, ...]
 

@@ -12,7 +12,7 @@ from typing import Any, final
 import trio
 
 from ..errors import Error, ErrorClass
-from ..kernel import Command, FrozenList, RunRecord, freeze
+from ..kernel import Command, FrozenDict, FrozenList, RunRecord, freeze
 from ._attempt import AttemptOutcome, ResponseAssembler
 from ._catalog import CatalogState
 from ._coordinator import Coordinator
@@ -22,7 +22,7 @@ from ._provider import ProviderRequest, ResponseCompleted, ResponseFailed
 from ._redact import redacted, scrub, secrets_of
 from ._signals import _Stop, _TurnFailed, only_the_cut
 from ._state import Publisher, RunState
-from ._steps import Step, append_to
+from ._steps import Step
 from ._writer import StepWriter
 
 __all__ = ["Attempt", "Responses"]
@@ -115,8 +115,8 @@ class Responses:
             # The frozen transcript itself: FrozenDict/FrozenList are dict and
             # tuple subclasses, so providers read (and JSON-encode) them as is,
             # and a request costs nothing per past message.
-            messages=conversation.get("messages", FrozenList()),
-            catalog_revision=conversation.get("catalog_revision", 1),
+            messages=conversation.messages,
+            catalog_revision=conversation.catalog_revision or 1,
             tools=self._catalog.provider_tools,
         )
 
@@ -238,11 +238,7 @@ class Responses:
             return Command(
                 "provider_completed",
                 now,
-                {
-                    "attempt_id": attempt_id,
-                    "result": result,
-                    "conversation": append_to(record, usage=usage),
-                },
+                _appending({"attempt_id": attempt_id, "result": result}, usage=usage),
             )
 
         await self._coordinator.commit_steps((Step(build_failed),))
@@ -261,12 +257,10 @@ class Responses:
             return Command(
                 "provider_completed",
                 now,
-                freeze(
-                    {
-                        "attempt_id": attempt_id,
-                        "result": freeze({"message": frozen}),
-                        "conversation": append_to(record, message=frozen, usage=usage),
-                    }
+                _appending(
+                    {"attempt_id": attempt_id, "result": FrozenDict({"message": frozen})},
+                    messages=(frozen,),
+                    usage=usage,
                 ),
             )
 
@@ -279,6 +273,18 @@ class Responses:
             state.attempt_id = None
 
         return Step(build, completed_event)
+
+
+def _appending(
+    data: dict[str, Any], *, messages: tuple[Any, ...] = (), usage: list[Any] | None = None
+) -> FrozenDict:
+    """``data`` (frozen values) with the frozen ``messages`` and ``usage``
+    reports to append to the record's, as a command takes its input."""
+    if messages:
+        data["messages"] = FrozenList(messages)
+    if usage:
+        data["usage"] = FrozenList(freeze(report) for report in usage)
+    return FrozenDict(data)
 
 
 def _async_iterator(stream: Any) -> Any:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, final
 
+import attrs
 import trio
 
 from ..errors import Error, ErrorClass
@@ -341,7 +342,7 @@ class Settlement:
         if record.state == "running":
             steps.append(
                 checkpoint_step(
-                    lambda c: {**c, "queue_status": "suspended", "pending_interaction": None}
+                    lambda c: attrs.evolve(c, queue_status="suspended", pending_interaction=None)
                 )
             )
         if record.state != "cancelling":

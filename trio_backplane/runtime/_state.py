@@ -21,8 +21,8 @@ import trio
 from ..errors import Error, ErrorClass
 from ..kernel import RunRecord, freeze, thaw
 from ._clock import DurableClock
+from ._conversation_state import ConversationState
 from ._deadline import DeadlineBudget
-from ._steps import EMPTY_CONVERSATION, listed
 from ._subscribers import Hub
 from ._types import Event, Phase, ResourceCleanup
 
@@ -45,10 +45,9 @@ def _first_id(record: RunRecord) -> int:
     past any the record's transcript already holds for its incarnation (a
     run started from another's committed messages), so ids stay unique in
     the run."""
-    state = record.conversation or {}
     highest = 0
     prefix = f"-{record.incarnation}-"
-    for message in listed(state, "messages"):
+    for message in record.transcript:
         ident = message.get("id") if isinstance(message, Mapping) else None
         if type(ident) is str and prefix in ident:
             found = _OUR_ID.fullmatch(ident)
@@ -147,6 +146,9 @@ class RunState:
     #: set once the run is terminal, recovery_required or storage_failed
     settled: trio.Event = attrs.Factory(trio.Event)
     _ids: Iterator[int] = attrs.field(init=False)
+    #: the conversation state of ``_read_of`` (read once per record)
+    _read: ConversationState | None = attrs.field(init=False, default=None)
+    _read_of: RunRecord | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         self._ids = itertools.count(_first_id(self.record))
@@ -154,10 +156,13 @@ class RunState:
             self.settled.set()
 
     @property
-    def conversation(self) -> Mapping[str, Any]:
+    def conversation(self) -> ConversationState:
         """The acknowledged record's conversation state."""
-        state = self.record.conversation  # conversation_of, one call fewer: a hot path
-        return EMPTY_CONVERSATION if state is None else state
+        record = self.record
+        if record is not self._read_of or self._read is None:
+            self._read = ConversationState.of(record)
+            self._read_of = record
+        return self._read
 
     @property
     def inactive(self) -> bool:
@@ -251,7 +256,7 @@ class Publisher:
             payload=payload,
             run_id=state.run_id,
             incarnation=state.record.incarnation,
-            turn_id=state.conversation.get("turn_id"),
+            turn_id=state.conversation.turn_id,
             step_id=state.step_id,
             attempt_id=state.attempt_id,
         )

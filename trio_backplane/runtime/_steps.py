@@ -1,39 +1,17 @@
 """What the commit coordinator commits: decided changes (``Step``), built
-from the record they land on, and the conversation state they change."""
+from the record they land on."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Any
 
 import attrs
 
-from ..kernel import Command, RunRecord, appended, freeze
+from ..kernel import Command, RunRecord, freeze
+from ._conversation_state import ConversationState
 
-__all__ = [
-    "EMPTY_CONVERSATION",
-    "Step",
-    "append_to",
-    "checkpoint_step",
-    "command_step",
-    "conversation_of",
-    "listed",
-]
-
-
-EMPTY_CONVERSATION: Final[Mapping[str, Any]] = freeze(
-    {
-        "messages": [],
-        "steering": [],
-        "follow_up": [],
-        "queue_status": "active",
-        "usage": [],
-        "turn_id": None,
-        "pending_interaction": None,
-        "catalog_revision": 1,
-        "last_turn": None,
-    }
-)
+__all__ = ["Step", "checkpoint_step", "command_step"]
 
 
 @attrs.frozen
@@ -55,49 +33,21 @@ def command_step(
     return Step(lambda _record, now: Command(kind, now, data), after)
 
 
-def conversation_of(record: RunRecord) -> Mapping[str, Any]:
-    """The record's conversation state, or the empty one before any checkpoint."""
-    state = record.conversation
-    return EMPTY_CONVERSATION if state is None else state
-
-
 def checkpoint_step(
-    update: Callable[[dict[str, Any]], Mapping[str, Any]],
+    update: Callable[[ConversationState], ConversationState] | None = None,
     extra: Mapping[str, Any] | None = None,
     after: Callable[[], None] | None = None,
 ) -> Step:
     """A ``conversation_updated`` step: ``update`` maps the conversation state
-    of the record it lands on to the new state."""
+    of the record it lands on to the new state (``None``: unchanged)."""
 
     def build(record: RunRecord, now: float) -> Command:
-        # Frozen level by level: each freeze is one check and one copy of a
-        # mapping of frozen values, and the command takes the result unwalked.
-        data = {"conversation": freeze(update(dict(conversation_of(record))))}
+        data: dict[str, Any] = {}
+        if update is not None:
+            old = ConversationState.of(record)
+            data = update(old).changes(old)
         if extra:
             data.update(extra)
         return Command("conversation_updated", now, freeze(data))
 
     return Step(build, after)
-
-
-def append_to(
-    record: RunRecord, *, message: Any = None, usage: list[Any] | None = None
-) -> Mapping[str, Any]:
-    """The record's conversation state with ``message`` and ``usage``
-    appended, frozen (a command takes it unwalked)."""
-    state = conversation_of(record)
-    new = dict(state)
-    if message is not None:
-        new["messages"] = appended(state.get("messages", ()), message)
-    if usage:
-        new["usage"] = appended(state.get("usage", ()), *usage)
-    frozen: Mapping[str, Any] = freeze(new)
-    return frozen
-
-
-def listed(state: Mapping[str, Any], key: str) -> tuple[Any, ...]:
-    """The list ``state`` holds at ``key``: a stored conversation state is
-    any mapping the kernel took, so a restored one may hold something else
-    there, read as no items (the record itself is shown as stored)."""
-    items = state.get(key)
-    return tuple(items) if isinstance(items, list | tuple) else ()

@@ -20,10 +20,11 @@ import trio
 
 from ..errors import Error, ErrorClass
 from ..kernel import Command, RunRecord
+from ._conversation_state import ConversationState
 from ._coordinator import Coordinator
 from ._signals import _InputArrived, _Stop, _TurnFailed
 from ._state import RunState
-from ._steps import Step, command_step, conversation_of
+from ._steps import Step, command_step
 from ._types import Phase
 
 __all__ = ["StepWriter"]
@@ -158,7 +159,7 @@ def _unless_steered(
     has steering queued."""
 
     def guarded(record: RunRecord, now: float) -> Command:
-        if conversation_of(record).get("steering"):
+        if ConversationState.of(record).steering:
             raise _InputArrived
         return build(record, now)
 

@@ -3,11 +3,13 @@
 A record is stored as a small *head* (every field but the growing ones) and
 *parts*: one row per entry of the maps that grow with the run (``intents``,
 ``tool_results``, ``budget.reservations``) and one row per item of the
-conversation's growing lists (``context["conversation"]["messages"]``, the
-transcript, and ``["usage"]``, one provider usage report per response).  In the head, each of
-those slots holds the placeholder ``"__parts__"``; :func:`join` fills them in
-again and returns exactly ``encode_record(record)``, ready for
-``decode_record``.
+record's growing lists (``transcript`` and ``usage``, the kernel's
+:data:`~trio_backplane.kernel.GROWING`).  In the head, each of those slots
+holds the placeholder ``"__parts__"``; :func:`join` fills them in again and
+returns exactly ``encode_record(record)``, ready for ``decode_record``.
+A head of record schema version 1 held the lists inside
+``context["conversation"]`` (as ``"messages"`` and ``"usage"``), stored as the
+same rows: :func:`join` fills those in and ``decode_record`` upgrades it.
 
 **Incremental commits.**  A store remembers, per run, an :class:`Entry` for
 the last committed record (keyed by incarnation and revision, which the store
@@ -97,12 +99,15 @@ __all__ = [
     "split",
 ]
 
-#: Part name of the transcript rows (``context["conversation"]["messages"]``).
+#: Part name of the transcript rows (``record.transcript``).
 MESSAGES: Final = "messages"
-#: Part name of the provider usage rows (``context["conversation"]["usage"]``).
+#: Part name of the provider usage rows (``record.usage``).
 USAGE: Final = "usage"
-#: The conversation's growing lists, stored one row per item.
+#: The growing lists' part names, as schema version 1 named their slots in
+#: ``context["conversation"]``.
 _LISTS: Final = (MESSAGES, USAGE)
+#: The record's growing list fields, by part name.
+_LIST_FIELDS: Final = {"transcript": MESSAGES, "usage": USAGE}
 #: Part name of ``budget.reservations`` entries (values are ints).
 RESERVATIONS: Final = "budget.reservations"
 #: What a head holds in place of a slot stored as parts.
@@ -147,26 +152,9 @@ def message_key(index: int) -> str:
 # -- head ------------------------------------------------------------------------
 
 
-def _list(record: RunRecord, name: str) -> Sequence[Any] | None:
-    """The conversation list ``name`` (the record's own frozen sequence, not a
-    copy) when it is stored as rows, else ``None``."""
-    conversation = record.context.get("conversation")
-    if type(conversation) is FrozenDict or isinstance(conversation, Mapping):
-        items = conversation.get(name)
-        if type(items) is FrozenList or isinstance(items, tuple | list):
-            return items
-    return None
-
-
-def _transcript(record: RunRecord) -> Sequence[Any] | None:
-    """The transcript when it is stored as rows, else ``None``."""
-    return _list(record, MESSAGES)
-
-
-def messages_of(record: RunRecord) -> tuple[Any, ...] | None:
-    """The transcript when it is stored as rows, else ``None``."""
-    messages = _transcript(record)
-    return None if messages is None else tuple(messages)
+def messages_of(record: RunRecord) -> tuple[Any, ...]:
+    """The record's transcript."""
+    return tuple(record.transcript)
 
 
 def blank(record: RunRecord) -> RunRecord:
@@ -179,43 +167,16 @@ def blank(record: RunRecord) -> RunRecord:
     budget = record.budget
     if budget.reservations:
         changes["budget"] = Budget(quota=budget.quota, used=budget.used)
-    conversation = record.context.get("conversation")
-    if isinstance(conversation, Mapping):
-        emptied = {
-            name: _EMPTY_LIST
-            for name in _LISTS
-            if isinstance(conversation.get(name), tuple | list) and conversation.get(name)
-        }
-        if emptied:
-            changes["context"] = {**record.context, "conversation": {**conversation, **emptied}}
+    for name in _LIST_FIELDS:
+        if getattr(record, name):
+            changes[name] = _EMPTY_LIST
     return attrs.evolve(record, **changes) if changes else record
 
 
 _FIELDS: Final = tuple(field.name for field in attrs.fields(RunRecord))
 _field_values: Final = operator.attrgetter(*_FIELDS)
-
-
-def _head_context(record: RunRecord) -> Mapping[str, Any]:
-    """``record.context`` as the head holds it: the conversation's growing
-    lists placeholders."""
-    context = record.context
-    conversation = context.get("conversation")
-    if type(conversation) is FrozenDict or isinstance(conversation, Mapping):
-        for name in _LISTS:
-            value = conversation.get(name)
-            if type(value) is str and value == PLACEHOLDER:
-                # the head's own marker of a list stored as rows: it would load as []
-                raise Error(
-                    ErrorClass.VALIDATION,
-                    "a conversation list slot holds the SQL stores' placeholder text",
-                    {"slot": name, "placeholder": PLACEHOLDER},
-                )
-        slots = {
-            name: PLACEHOLDER for name in _LISTS if isinstance(conversation.get(name), tuple | list)
-        }
-        if slots:
-            return {**context, "conversation": {**conversation, **slots}}
-    return context
+#: Record fields a head holds as placeholders.
+_SLOTTED: Final = (*_KEYED, *_LIST_FIELDS)
 
 
 def head_text(record: RunRecord) -> str:
@@ -231,25 +192,17 @@ def head_text(record: RunRecord) -> str:
     data = dict(zip(_FIELDS, _field_values(record), strict=True))
     budget = record.budget
     data["budget"] = {"quota": budget.quota, "used": budget.used, "reservations": PLACEHOLDER}
-    for field in _KEYED:
+    for field in _SLOTTED:
         data[field] = PLACEHOLDER
-    data["context"] = _head_context(record)
     return encode_part(data)
 
 
 #: ``"name":`` of every field, as the encoder writes a key.
 _HEAD_KEYS: Final = tuple(f"{dumps(name)}:" for name in _FIELDS)
 #: How :func:`head_fields` encodes each field.
-_PLAIN, _SLOT, _BUDGET, _CONTEXT = range(4)
+_PLAIN, _SLOT, _BUDGET = range(3)
 _HEAD_KINDS: Final = tuple(
-    _SLOT
-    if name in _KEYED
-    else _BUDGET
-    if name == "budget"
-    else _CONTEXT
-    if name == "context"
-    else _PLAIN
-    for name in _FIELDS
+    _SLOT if name in _SLOTTED else _BUDGET if name == "budget" else _PLAIN for name in _FIELDS
 )
 _SLOT_FIELDS: Final = tuple(f"{key}{dumps(PLACEHOLDER)}" for key in _HEAD_KEYS)
 _NULL_FIELDS: Final = tuple(f"{key}null" for key in _HEAD_KEYS)
@@ -289,49 +242,10 @@ def head_fields(
                 out[i] = _HEAD_KEYS[i] + encode_part(value)
         elif kind == _SLOT:
             out[i] = _SLOT_FIELDS[i]
-        elif kind == _BUDGET:
+        else:
             budget = {"quota": value.quota, "used": value.used, "reservations": PLACEHOLDER}
             out[i] = _HEAD_KEYS[i] + encode_part(budget)
-        elif previous is not None and fields and _same_head_context(value, previous.context):
-            pass  # only the conversation's lists moved: they are placeholders in the head
-        else:
-            out[i] = _HEAD_KEYS[i] + encode_part(_head_context(record))
     return out
-
-
-def _same_head_context(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:
-    """Whether ``new`` and ``old`` contexts give the same head text: the same
-    keys in the same order holding the very same objects, except the
-    conversation's growing lists (placeholders in the head) where both hold a
-    list.  A commit that only appends to the transcript keeps its head text."""
-    if len(new) != len(old):
-        return False
-    for (key, value), (old_key, old_value) in zip(new.items(), old.items(), strict=True):
-        if key != old_key:
-            return False
-        if value is old_value:
-            continue
-        if (
-            key != "conversation"
-            or not isinstance(value, Mapping)
-            or not isinstance(old_value, Mapping)
-            or len(value) != len(old_value)
-        ):
-            return False
-        for (name, item), (old_name, old_item) in zip(
-            value.items(), old_value.items(), strict=True
-        ):
-            if name != old_name:
-                return False
-            if item is old_item:
-                continue
-            if not (
-                name in _LISTS
-                and isinstance(item, tuple | list)
-                and isinstance(old_item, tuple | list)
-            ):
-                return False
-    return True
 
 
 def join_head(fields: Sequence[str]) -> str:
@@ -352,6 +266,12 @@ def join(head: str, parts: Mapping[tuple[str, str], str]) -> dict[str, Any]:
     budget = data.get("budget")
     if isinstance(budget, dict) and budget.get("reservations") == PLACEHOLDER:
         budget["reservations"] = grouped.get(RESERVATIONS, {})
+    for field, name in _LIST_FIELDS.items():
+        if data.get(field) == PLACEHOLDER:
+            items = grouped.get(name, {})
+            data[field] = [items[k] for k in sorted(items)]
+    if data.get("schema_version") != 1:
+        return data
     context = data.get("context")
     if isinstance(context, dict):
         conversation = context.get("conversation")
@@ -369,6 +289,8 @@ def inline_lists(head: str) -> frozenset[str]:
     inline).  A record read from such a head must be diffed as if those rows
     were missing, so its next commit writes them all."""
     data = json.loads(head)
+    if not isinstance(data, dict) or data.get("schema_version") != 1:
+        return frozenset()  # later heads hold every list as rows
     context = data.get("context") if isinstance(data, dict) else None
     conversation = context.get("conversation") if isinstance(context, dict) else None
     if not isinstance(conversation, dict):
@@ -495,8 +417,8 @@ def entry_of(record: RunRecord, inline: Iterable[str] = ()) -> Entry:
         _Keyed.of(record.intents),
         _Keyed.of(record.tool_results),
         _Keyed.of(record.budget.reservations),
-        None if MESSAGES in missing else _transcript(record),
-        None if USAGE in missing else _list(record, USAGE),
+        None if MESSAGES in missing else record.transcript,
+        None if USAGE in missing else record.usage,
     )
 
 
@@ -614,8 +536,8 @@ def diff(old: Entry, record: RunRecord) -> tuple[Entry, Upserts, Deletes]:
     stored ``old`` record into ``record``.  Encodes only what changed."""
     upserts: Upserts = []
     deletes: Deletes = []
-    messages = _transcript(record)
-    usage = _list(record, USAGE)
+    messages = record.transcript
+    usage = record.usage
     entry = Entry(
         record,
         _diff_keyed("intents", old.intents, record.intents, upserts, deletes),

@@ -490,19 +490,18 @@ class StoreConformance:
         async def body() -> None:
             store = await self._durable_store()
             run = await self._running(store, "restart", work=7)
-            first: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}], "turns": 1}
-            await run.apply("conversation_updated", conversation=first)
+            hello = {"role": "user", "content": "hi"}
+            await run.apply("conversation_updated", conversation={"turns": 1}, messages=[hello])
             await run.apply("provider_started", turn_id="turn-1")
-            conversation = {
-                "messages": [*first["messages"], {"role": "assistant", "content": "x"}],
-                "turns": 1,
-                "usage": {"input": 3, "output": 1.5},
-            }
+            conversation = {"turns": 1, "cost": {"input": 3, "output": 1.5}}
+            answer = {"role": "assistant", "content": "x"}
             await run.apply(
                 "provider_completed",
                 final=False,
                 result={"text": "x"},
                 conversation=conversation,
+                messages=[answer],
+                usage=[{"input": 3, "output": 1.5}],
             )
             await run.apply("tool_invoked", tool_name="t", effect_class="idempotent")
             await run.apply("conversation_updated", execution_deadline=2_000_000.0)
@@ -510,7 +509,9 @@ class StoreConformance:
             await self._assert_stored(reopened, run)
             loaded = await reopened.load(run.run_id)
             assert loaded is not None
-            assert thaw(loaded.conversation) == conversation
+            assert thaw(loaded.context["conversation"]) == conversation
+            assert thaw(loaded.transcript) == [hello, answer]
+            assert thaw(loaded.usage) == [{"input": 3, "output": 1.5}]
             assert loaded.deadline == 2_000_000.0
             assert loaded.budget.used == 2
             summaries = {s.run_id: s for s in await reopened.list_runs()}
