@@ -1076,3 +1076,18 @@ def test_can_08_the_command_decides_timed_out_never_the_reason_text() -> None:
         stopping = apply(running(), cmd(kind, **data))
         assert settle_confirmed(stopping).state == final, (kind, reason)
     refused(running(), cmd("cancel", reason="deadline_exceeded"), ErrorClass.VALIDATION)
+
+
+def test_ker01_commands_of_one_commit_share_its_revision() -> None:
+    """KER-01 for a commit of several commands: each after the first keeps
+    the revision the first raised (the store raises it once); any other
+    revision is refused, the record unchanged."""
+    record = RunRecord.new("r", work=10)
+    admitted, _ = transition(record, Command("admit", 1.0, {"state": "running"}))
+    started, events = transition(admitted, Command("provider_started", 2.0), revision=1)
+    assert (admitted.revision, started.revision, len(events)) == (1, 1, 1)
+    for bad in (0, 3, "2", None.__class__):
+        with pytest.raises(Error) as raised:
+            transition(admitted, Command("provider_started", 2.0), revision=bad)  # type: ignore[arg-type]
+        assert raised.value.error_class is ErrorClass.VALIDATION
+    assert transition(admitted, Command("provider_started", 2.0))[0].revision == 2

@@ -1526,13 +1526,13 @@ async def test_a_refused_first_message_checkpoint_still_settles_the_run(
     real = _coordinator.transition
     injected = Error(ErrorClass.VALIDATION, "injected refusal")
 
-    def refusing(record: Any, command: Any) -> Any:
+    def refusing(record: Any, command: Any, **options: Any) -> Any:
         state = (
             command.input.get("conversation") if command.kind == "conversation_updated" else None
         )
         if state is not None and state.get("turn_id") and command.input.get("messages"):
             raise injected
-        return real(record, command)
+        return real(record, command, **options)
 
     monkeypatch.setattr(_coordinator, "transition", refusing)
     provider = ScriptedProvider([text("never")])

@@ -573,8 +573,14 @@ def _event_input(command: Command) -> FrozenDict:
     return FrozenDict({k: (_summary(v) if k in _DIGESTED else v) for k, v in given.items()})
 
 
-def transition(record: RunRecord, command: Command) -> tuple[RunRecord, list[RunEvent]]:
-    """Apply ``command`` to ``record``: a new record (revision + 1) and one event."""
+def transition(
+    record: RunRecord, command: Command, *, revision: int | None = None
+) -> tuple[RunRecord, list[RunEvent]]:
+    """Apply ``command`` to ``record``: a new record (revision + 1) and one event.
+
+    ``revision``: the new record's revision when several commands go into one
+    store commit, which raises the stored revision once: each command after
+    the first keeps its record's (``revision == record.revision``)."""
     if type(record) is not RunRecord:
         raise Error(ErrorClass.VALIDATION, "transition needs a RunRecord")
     if not isinstance(command, Command):
@@ -607,7 +613,15 @@ def transition(record: RunRecord, command: Command) -> tuple[RunRecord, list[Run
         # (an intent that is not a mapping, an active provider without its
         # intent, ...): the caller's data, classed, never a raw exception.
         raise _malformed(exc) from None
-    new = evolve_record(record, revision=record.revision + 1, **changes)
+    if revision is None:
+        revision = record.revision + 1
+    elif type(revision) is not int or not record.revision <= revision <= record.revision + 1:
+        raise Error(
+            ErrorClass.VALIDATION,
+            "a transition keeps its record's revision or raises it by one",
+            {"revision": repr(revision)[:100], "record_revision": record.revision},
+        )
+    new = evolve_record(record, revision=revision, **changes)
     payload = FrozenDict({"state": new.state, "input": _event_input(command)})
     # A float, as every store gives event times back (SQL columns are doubles)
     at = command.at

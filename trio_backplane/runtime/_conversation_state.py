@@ -10,7 +10,7 @@ transcript and the usage reports.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final, Literal, final
 
 import attrs
@@ -76,11 +76,21 @@ class ConversationState:
     last_turn: Mapping[str, Any] | None = None
     #: keys of the stored state this version does not read, kept as they are
     other: Mapping[str, Any] = _NOTHING
+    #: the stored mapping this state was read from (``None``: built)
+    source: Any = attrs.field(default=None, eq=False, repr=False)
 
     @classmethod
-    def of(cls, record: RunRecord) -> ConversationState:
-        """The state ``record`` holds."""
+    def of(cls, record: RunRecord, previous: ConversationState | None = None) -> ConversationState:
+        """The state ``record`` holds.  ``previous``: a state read from an
+        earlier record; when ``record`` holds the very conversation mapping it
+        was read from (a tool step changes only the growing fields), only
+        those are taken from ``record``."""
         stored = record.context.get("conversation")
+        if previous is not None and stored is previous.source and stored is not None:
+            if previous.messages is record.transcript and previous.usage is record.usage:
+                return previous
+            return _regrown(previous, record.transcript, record.usage)
+        source = stored
         if type(stored) is not FrozenDict and not isinstance(stored, Mapping):
             stored = _NOTHING
         status = stored.get("queue_status", "active")
@@ -97,6 +107,7 @@ class ConversationState:
             catalog_revision=revision if type(revision) is int else None,
             last_turn=_optional(stored.get("last_turn"), Mapping),
             other=FrozenDict({k: v for k, v in stored.items() if k not in _KNOWN}),
+            source=source,
         )
 
     def stored(self) -> FrozenDict:
@@ -144,6 +155,31 @@ class ConversationState:
         if queue == "steering":
             return attrs.evolve(self, steering=FrozenList(self.steering[1:]))
         return attrs.evolve(self, follow_up=FrozenList(self.follow_up[1:]))
+
+
+def _make_regrown() -> Any:
+    """``_regrown(state, messages, usage)``: ``state`` with the record's
+    growing fields replaced, its other slots copied (straight-line code, no
+    validator or converter to re-run: the values were read already)."""
+    names = [field.name for field in attrs.fields(ConversationState)]
+    lines = ["def _regrown(state, messages, usage):", "    new = new_object(cls)"]
+    lines += [
+        f"    set_slot(new, {name!r}, {name if name in ('messages', 'usage') else 'state.' + name})"
+        for name in names
+    ]
+    lines.append("    return new")
+    namespace: dict[str, Any] = {
+        "new_object": object.__new__,
+        "cls": ConversationState,
+        "set_slot": object.__setattr__,
+    }
+    exec("\n".join(lines), namespace)  # code built from our own field names only
+    return namespace["_regrown"]
+
+
+_regrown: Final[Callable[[ConversationState, FrozenList, FrozenList], ConversationState]] = (
+    _make_regrown()
+)
 
 
 def _appended(items: FrozenList, value: Any) -> FrozenList:

@@ -18,7 +18,7 @@ from typing import Any, final
 import trio
 
 from ..errors import Error, ErrorClass
-from ..kernel import TERMINAL_STATES, RunEvent, RunRecord, evolve_record, transition
+from ..kernel import TERMINAL_STATES, RunEvent, RunRecord, transition
 from ..store import Receipt, Store, verify_receipt
 from ._signals import _InputArrived, _Stop, _StorageFailed, storage_error
 from ._state import RunState
@@ -114,17 +114,16 @@ class Coordinator:
         steps = self._with_moved_deadline(steps, record, now, wall)
         new, events, done = record, [], 0
         refusal: Error | _InputArrived | None = None
+        revision = record.revision + 1  # one store commit: one revision
         for step in steps:
             try:
-                new, produced = transition(new, step.build(new, wall))
+                new, produced = transition(new, step.build(new, wall), revision=revision)
             except (Error, _InputArrived) as exc:
                 refusal = exc
                 break
             events.extend(produced)
             done += 1
         if done:
-            if done > 1:
-                new = evolve_record(new, revision=record.revision + 1)
             await self._write(record, new, events, commit_by)
             for step in steps[:done]:
                 if step.after is not None:

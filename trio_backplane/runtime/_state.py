@@ -160,7 +160,7 @@ class RunState:
         """The acknowledged record's conversation state."""
         record = self.record
         if record is not self._read_of or self._read is None:
-            self._read = ConversationState.of(record)
+            self._read = ConversationState.of(record, self._read)
             self._read_of = record
         return self._read
 

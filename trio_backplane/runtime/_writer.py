@@ -103,7 +103,7 @@ class StepWriter:
             raise _Stop
         intent = command_step(kind, data)
         if yield_to_steering:
-            intent = Step(_unless_steered(intent.build))
+            intent = Step(_unless_steered(intent.build, state))
         try:
             record = await self._coordinator.commit_steps(
                 (*pending, intent), as_input=unless_stopped
@@ -153,13 +153,14 @@ class StepWriter:
 
 
 def _unless_steered(
-    build: Callable[[RunRecord, float], Command],
+    build: Callable[[RunRecord, float], Command], state: RunState
 ) -> Callable[[RunRecord, float], Command]:
     """``build``, refused with ``_InputArrived`` when the record it lands on
-    has steering queued."""
+    has steering queued (read from ``state``'s conversation when it holds the
+    same conversation mapping)."""
 
     def guarded(record: RunRecord, now: float) -> Command:
-        if ConversationState.of(record).steering:
+        if ConversationState.of(record, state.conversation).steering:
             raise _InputArrived
         return build(record, now)
 
