@@ -15,9 +15,9 @@ from typing import Any, Final, Literal, final
 
 import attrs
 
-from ..kernel import FrozenDict, FrozenList, RunRecord, freeze
+from ..kernel import FrozenDict, FrozenList, RunRecord, appended, freeze
 
-__all__ = ["ConversationState", "QueueName", "initial_context", "listed"]
+__all__ = ["ConversationState", "QueueName", "initial_context"]
 
 _NO_ITEMS: Final = FrozenList()
 _NOTHING: Final = FrozenDict()
@@ -142,13 +142,13 @@ class ConversationState:
 
     def with_message(self, message: Any) -> ConversationState:
         """This state with ``message`` (frozen) appended to the transcript."""
-        return attrs.evolve(self, messages=_appended(self.messages, message))
+        return attrs.evolve(self, messages=appended(self.messages, message))
 
     def queued(self, queue: QueueName, message: Any) -> ConversationState:
         """This state with ``message`` (frozen) appended to ``queue``."""
         if queue == "steering":
-            return attrs.evolve(self, steering=_appended(self.steering, message))
-        return attrs.evolve(self, follow_up=_appended(self.follow_up, message))
+            return attrs.evolve(self, steering=appended(self.steering, message))
+        return attrs.evolve(self, follow_up=appended(self.follow_up, message))
 
     def without_first(self, queue: QueueName) -> ConversationState:
         """This state with the first message of ``queue`` taken off."""
@@ -180,12 +180,6 @@ def _make_regrown() -> Any:
 _regrown: Final[Callable[[ConversationState, FrozenList, FrozenList], ConversationState]] = (
     _make_regrown()
 )
-
-
-def _appended(items: FrozenList, value: Any) -> FrozenList:
-    grown = FrozenList(items)
-    list.append(grown, freeze(value))
-    return grown
 
 
 def _small(state: ConversationState) -> tuple[Any, ...]:

@@ -95,7 +95,6 @@ __all__ = [
     "join_head",
     "join_record",
     "message_key",
-    "messages_of",
     "split",
 ]
 
@@ -150,11 +149,6 @@ def message_key(index: int) -> str:
 
 
 # -- head ------------------------------------------------------------------------
-
-
-def messages_of(record: RunRecord) -> tuple[Any, ...]:
-    """The record's transcript."""
-    return tuple(record.transcript)
 
 
 def blank(record: RunRecord) -> RunRecord:
