@@ -55,8 +55,12 @@ NAMESPACES: dict[str, list[str]] = {
     ],
     "trio_backplane.kernel": [
         "ACTIVE_STATES", "COMMANDS", "GROWING", "MAX_INT", "MAX_RUN_ID", "RUN_STATES",
-        "SCHEMA_VERSION", "TERMINAL_STATES", "Budget", "Command", "FrozenDict", "FrozenList",
-        "LayeredDict",
+        "SCHEMA_VERSION", "TERMINAL_STATES", "UNSET", "Budget", "Command", "FrozenDict",
+        "FrozenList", "LayeredDict",
+        # one typed class per command kind, and their base
+        "Admit", "Cancel", "ChildSettled", "CleanupSettled", "ConversationUpdated",
+        "DeadlineExceeded", "Finish", "KernelCommand", "ProviderCompleted", "ProviderStarted",
+        "Start", "ToolCompleted", "ToolInvoked", "WaitResolved", "WaitStarted",
         "RunEvent", "RunRecord", "appended", "assoc", "changed_keys", "check_json",
         "check_run_id", "cleanup_requirements", "decode_event", "decode_record", "dissoc",
         "dumps", "loads", "encode_event", "encode_record", "evolve_record", "fence", "freeze",

@@ -41,14 +41,18 @@ def fixup_module_metadata(module_name: str, namespace: dict[str, Any]) -> None:
         seen.add(id(obj))
         if not getattr(obj, "__module__", "").startswith("trio_backplane."):
             return
-        if isinstance(obj, type) and attrs.has(obj):
-            # cattrs and typing resolve string annotations in the module named
-            # by ``__module__``: resolve them while it is still the defining one.
-            attrs.resolve_types(obj)
         obj.__module__ = module_name
         if isinstance(obj, type):
             for value in vars(obj).values():
                 fix(getattr(value, "__func__", value))
 
+    # cattrs and typing resolve string annotations in the module named by
+    # ``__module__`` (a subclass's in each base's): resolve every class's
+    # while all of them still name their defining one.
+    for name in namespace["__all__"]:
+        obj = namespace[name]
+        own = getattr(obj, "__module__", "").startswith("trio_backplane.")
+        if own and isinstance(obj, type) and attrs.has(obj):
+            attrs.resolve_types(obj)
     for name in namespace["__all__"]:
         fix(namespace[name])

@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from trio_backplane.errors import Error, ErrorClass
-from trio_backplane.kernel import RunRecord, thaw
+from trio_backplane.kernel import UNSET, ConversationUpdated, RunRecord, thaw
 from trio_backplane.runtime import Continue, HookContext, Phase, ResourceCleanup, open_conversation
 from trio_backplane.runtime._types import TRANSIENT_EVENTS
 from trio_backplane.store import MemoryStore
@@ -1527,10 +1527,8 @@ async def test_a_refused_first_message_checkpoint_still_settles_the_run(
     injected = Error(ErrorClass.VALIDATION, "injected refusal")
 
     def refusing(record: Any, command: Any, **options: Any) -> Any:
-        state = (
-            command.input.get("conversation") if command.kind == "conversation_updated" else None
-        )
-        if state is not None and state.get("turn_id") and command.input.get("messages"):
+        state = command.conversation if isinstance(command, ConversationUpdated) else UNSET
+        if state is not UNSET and state.get("turn_id") and command.messages is not UNSET:
             raise injected
         return real(record, command, **options)
 

@@ -6,6 +6,25 @@ command)`` returns the next record and its events or raises ``Error``.
 
 from .._public import fixup_module_metadata
 from ._codec import decode_event, decode_record, encode_event, encode_record
+from ._commands import (
+    COMMANDS,
+    UNSET,
+    Admit,
+    Cancel,
+    ChildSettled,
+    CleanupSettled,
+    ConversationUpdated,
+    DeadlineExceeded,
+    Finish,
+    KernelCommand,
+    ProviderCompleted,
+    ProviderStarted,
+    Start,
+    ToolCompleted,
+    ToolInvoked,
+    WaitResolved,
+    WaitStarted,
+)
 from ._json import dumps, loads, utf8_size
 from ._records import (
     ACTIVE_STATES,
@@ -34,7 +53,7 @@ from ._records import (
     reserve,
     thaw,
 )
-from ._transition import COMMANDS, cleanup_requirements, fence, transition
+from ._transition import cleanup_requirements, fence, transition
 
 __all__ = [
     "ACTIVE_STATES",
@@ -45,13 +64,29 @@ __all__ = [
     "RUN_STATES",
     "SCHEMA_VERSION",
     "TERMINAL_STATES",
+    "UNSET",
+    "Admit",
     "Budget",
+    "Cancel",
+    "ChildSettled",
+    "CleanupSettled",
     "Command",
+    "ConversationUpdated",
+    "DeadlineExceeded",
+    "Finish",
     "FrozenDict",
     "FrozenList",
+    "KernelCommand",
     "LayeredDict",
+    "ProviderCompleted",
+    "ProviderStarted",
     "RunEvent",
     "RunRecord",
+    "Start",
+    "ToolCompleted",
+    "ToolInvoked",
+    "WaitResolved",
+    "WaitStarted",
     "appended",
     "assoc",
     "changed_keys",
@@ -62,13 +97,13 @@ __all__ = [
     "decode_record",
     "dissoc",
     "dumps",
-    "loads",
     "encode_event",
     "encode_record",
     "evolve_record",
     "fence",
     "freeze",
     "is_time",
+    "loads",
     "reserve",
     "thaw",
     "transition",

@@ -15,6 +15,26 @@ from typing import Any, Final
 import attrs
 
 from ..errors import Error, ErrorClass
+from ._commands import (
+    UNSET,
+    Admit,
+    Cancel,
+    ChildSettled,
+    CleanupSettled,
+    ConversationUpdated,
+    DeadlineExceeded,
+    Finish,
+    KernelCommand,
+    ProviderCompleted,
+    ProviderStarted,
+    Start,
+    ToolCompleted,
+    ToolInvoked,
+    WaitResolved,
+    WaitStarted,
+    event_input,
+    typed,
+)
 from ._records import (
     ACTIVE_STATES,
     TERMINAL_STATES,
@@ -33,20 +53,24 @@ from ._records import (
     thaw,
 )
 
-__all__ = ["COMMANDS", "cleanup_requirements", "fence", "transition"]
+__all__ = ["cleanup_requirements", "fence", "transition"]
 
-_Handler = Callable[[RunRecord, Command], dict[str, Any]]
+_Handler = Callable[[RunRecord, Any], dict[str, Any]]
 
 #: Commands that still apply after the run deadline (KER-08).
-_AFTER_DEADLINE: Final = frozenset(
-    {"cancel", "deadline_exceeded", "cleanup_settled", "conversation_updated"}
+_AFTER_DEADLINE: Final = frozenset({Cancel, DeadlineExceeded, CleanupSettled, ConversationUpdated})
+#: The fields of ``tool_invoked`` its intent and active tool keep, when set.
+_IDENTITY: Final = (
+    "tool_name",
+    "tool_revision",
+    "tool_call_id",
+    "turn_id",
+    "arguments_digest",
+    "effective_authority",
 )
-#: Input keys whose (possibly large) values events summarise, so the event
-#: log does not repeat the transcript at every checkpoint.
-_DIGESTED: Final = frozenset({"conversation", "result", "messages", "usage"})
 
 
-def _invalid(record: RunRecord, command: Command) -> Error:
+def _invalid(record: RunRecord, command: KernelCommand) -> Error:
     return Error(
         ErrorClass.VALIDATION,
         "command is invalid in the current run state",
@@ -54,25 +78,30 @@ def _invalid(record: RunRecord, command: Command) -> Error:
     )
 
 
+def _get(value: Any, default: Any = None) -> Any:
+    """A field's value, ``default`` when it was not given."""
+    return default if value is UNSET else value
+
+
 def _conflict(message: str, **details: Any) -> Error:
     return Error(ErrorClass.RESOURCE_CONFLICT, message, details)
 
 
-def _require_state(record: RunRecord, command: Command, *states: str) -> None:
+def _require_state(record: RunRecord, command: KernelCommand, *states: str) -> None:
     if record.state not in states:
         raise _invalid(record, command)
 
 
-def _check_identity(record: RunRecord, command: Command) -> None:
+def _check_identity(record: RunRecord, command: KernelCommand) -> None:
     """A command naming another run or incarnation is foreign (KER-04)."""
-    given = command.input
-    if "run_id" in given and given["run_id"] != record.run_id:
-        raise _conflict("command belongs to another run", run_id=given["run_id"])
-    if "incarnation" in given and given["incarnation"] != record.incarnation:
+    run_id, incarnation = command.run_id, command.incarnation
+    if run_id is not UNSET and run_id != record.run_id:
+        raise _conflict("command belongs to another run", run_id=run_id)
+    if incarnation is not UNSET and incarnation != record.incarnation:
         raise _conflict(
             "command belongs to another incarnation",
             expected=record.incarnation,
-            received=given["incarnation"],
+            received=incarnation,
         )
 
 
@@ -143,38 +172,39 @@ def _grown(items: FrozenList, more: Any, name: str) -> FrozenList:
     return grown
 
 
-def _with_context(record: RunRecord, command: Command) -> dict[str, Any]:
+def _with_context(
+    record: RunRecord, command: Admit | ConversationUpdated | ProviderCompleted | ToolCompleted
+) -> dict[str, Any]:
     """The changes of a command's ``conversation`` (the new conversation
     state in ``context``), ``messages`` (appended to the transcript) and
-    ``usage`` (appended to the usage reports) inputs."""
-    given = command.input
+    ``usage`` (appended to the usage reports)."""
     changes: dict[str, Any] = {}
-    if "conversation" in given:
-        conversation = given["conversation"]
+    conversation = command.conversation
+    if conversation is not UNSET:
         if type(conversation) is not FrozenDict and not isinstance(conversation, Mapping):
             raise Error(ErrorClass.VALIDATION, "conversation state must be a mapping")
         changes["context"] = assoc(record.context, "conversation", conversation)
-    if "messages" in given:
-        changes["transcript"] = _grown(record.transcript, given["messages"], "messages")
-    if "usage" in given:
-        changes["usage"] = _grown(record.usage, given["usage"], "usage")
+    if command.messages is not UNSET:
+        changes["transcript"] = _grown(record.transcript, command.messages, "messages")
+    if command.usage is not UNSET:
+        changes["usage"] = _grown(record.usage, command.usage, "usage")
     return changes
 
 
 # -- handlers: each returns the changes to apply --------------------------------
 
 
-def _admit(record: RunRecord, command: Command) -> dict[str, Any]:
+def _admit(record: RunRecord, command: Admit) -> dict[str, Any]:
     if record.admitted or record.state != "queued":
         raise _invalid(record, command)
-    target = command.input.get("state", "queued")
+    target = _get(command.state, "queued")
     if target not in ("queued", "running"):
         raise Error(
             ErrorClass.VALIDATION,
             "admission state must be queued or running",
             {"state": repr(target)},
         )
-    deadline = command.input.get("deadline")
+    deadline = _get(command.deadline)
     if deadline is not None and (type(deadline) not in (int, float) or deadline - deadline != 0):
         raise Error(ErrorClass.VALIDATION, "deadline must be a finite number")
     return {
@@ -185,17 +215,17 @@ def _admit(record: RunRecord, command: Command) -> dict[str, Any]:
     }
 
 
-def _start(record: RunRecord, command: Command) -> dict[str, Any]:
+def _start(record: RunRecord, command: Start) -> dict[str, Any]:
     if not record.admitted:
         raise _invalid(record, command)
     _require_state(record, command, "queued", "running")
     return {"state": "running"}
 
 
-def _conversation_updated(record: RunRecord, command: Command) -> dict[str, Any]:
+def _conversation_updated(record: RunRecord, command: ConversationUpdated) -> dict[str, Any]:
     _require_state(record, command, "running")
     changes = _with_context(record, command)
-    later = command.input.get("execution_deadline")
+    later = _get(command.execution_deadline)
     if later is not None:
         if type(later) not in (int, float) or later - later != 0:
             raise Error(ErrorClass.VALIDATION, "execution_deadline must be a finite number")
@@ -204,7 +234,7 @@ def _conversation_updated(record: RunRecord, command: Command) -> dict[str, Any]
     return changes
 
 
-def _provider_started(record: RunRecord, command: Command) -> dict[str, Any]:
+def _provider_started(record: RunRecord, command: ProviderStarted) -> dict[str, Any]:
     _require_state(record, command, "running")
     if record.active_provider is not None or record.active_tools or record.active_wait:
         raise _conflict("another effect is active", active=_active(record))
@@ -223,9 +253,9 @@ def _provider_started(record: RunRecord, command: Command) -> dict[str, Any]:
         "started_at": command.at,
     }
     provider = {"attempt_id": attempt_id, "step_id": step_id}
-    if "turn_id" in command.input:
-        provider["turn_id"] = command.input["turn_id"]
-        intent["turn_id"] = command.input["turn_id"]
+    if command.turn_id is not UNSET:
+        provider["turn_id"] = command.turn_id
+        intent["turn_id"] = command.turn_id
     return {
         "counters": counters,
         "step_id": step_id,
@@ -245,10 +275,10 @@ def _active(record: RunRecord) -> dict[str, Any]:
     }
 
 
-def _provider_completed(record: RunRecord, command: Command) -> dict[str, Any]:
+def _provider_completed(record: RunRecord, command: ProviderCompleted) -> dict[str, Any]:
     _require_state(record, command, "running")
     provider = record.active_provider
-    attempt_id = command.input.get("attempt_id")
+    attempt_id = _get(command.attempt_id)
     if provider is None:
         if attempt_id is not None and f"provider:{attempt_id}" in record.intents:
             raise _conflict("provider attempt already completed", attempt_id=attempt_id)
@@ -264,14 +294,14 @@ def _provider_completed(record: RunRecord, command: Command) -> dict[str, Any]:
         "intents": put(record.intents, key, intent),
         "provider_result": {
             "attempt_id": provider["attempt_id"],
-            "result": command.input.get("result"),
+            "result": _get(command.result),
         },
         **_with_context(record, command),
     }
-    if command.input.get("final") is True:
+    if command.final is True:
         pending = attrs.evolve(record, active_provider=None)
         _require_settled(pending)
-        outcome = command.input.get("outcome")
+        outcome = _get(command.outcome)
         if outcome is not None and not isinstance(outcome, Mapping):
             raise Error(ErrorClass.VALIDATION, "provider outcome must be a mapping")
         changes["state"] = "completed"
@@ -279,44 +309,32 @@ def _provider_completed(record: RunRecord, command: Command) -> dict[str, Any]:
     return changes
 
 
-def _tool_invoked(record: RunRecord, command: Command) -> dict[str, Any]:
+def _tool_invoked(record: RunRecord, command: ToolInvoked) -> dict[str, Any]:
     _require_state(record, command, "running")
     if record.active_provider is not None:
         raise _conflict("a provider attempt is active", active=_active(record))
     if record.step_id is None:
         raise _invalid(record, command)
-    step_id = command.input.get("step_id", record.step_id)
+    step_id = _get(command.step_id, record.step_id)
     if step_id != record.step_id:
         raise _conflict("stale step", expected=record.step_id, received=step_id)
-    call_id = command.input.get("tool_call_id")
+    call_id = _get(command.tool_call_id)
     if call_id is not None and _invoked_in_step(record, step_id, call_id):
         raise _conflict("tool call already invoked", tool_call_id=call_id)
     invocation_id, counters = _next_id(record, "invocation")
     key = f"tool:{invocation_id}"
     _require_new(record, key)
     budget = reserve(record.budget, key)
-    effect_class = command.input.get("effect_class", "mutation")
-    identity = {
-        "invocation_id": invocation_id,
-        "step_id": step_id,
-        **{
-            k: command.input[k]
-            for k in (
-                "tool_name",
-                "tool_revision",
-                "tool_call_id",
-                "turn_id",
-                "arguments_digest",
-                "effective_authority",
-            )
-            if k in command.input
-        },
-    }
+    identity = {"invocation_id": invocation_id, "step_id": step_id}
+    for name in _IDENTITY:
+        value = getattr(command, name)
+        if value is not UNSET:
+            identity[name] = value
     intent = {
         "kind": "tool",
         "status": "started",
-        "effect_class": effect_class,
-        "dispatch_state": command.input.get("dispatch_state", "unknown"),
+        "effect_class": _get(command.effect_class, "mutation"),
+        "dispatch_state": _get(command.dispatch_state, "unknown"),
         "started_at": command.at,
         **identity,
     }
@@ -328,9 +346,9 @@ def _tool_invoked(record: RunRecord, command: Command) -> dict[str, Any]:
     }
 
 
-def _tool_completed(record: RunRecord, command: Command) -> dict[str, Any]:
+def _tool_completed(record: RunRecord, command: ToolCompleted) -> dict[str, Any]:
     _require_state(record, command, "running")
-    invocation_id = command.input.get("invocation_id")
+    invocation_id = _get(command.invocation_id)
     if type(invocation_id) is not str:  # ids are str; a mapping is not even hashable
         raise _conflict("unknown tool invocation", invocation_id=invocation_id)
     if invocation_id not in record.active_tools:
@@ -342,17 +360,17 @@ def _tool_completed(record: RunRecord, command: Command) -> dict[str, Any]:
     return {
         "active_tools": dissoc(record.active_tools, str(invocation_id)),
         "intents": put(record.intents, key, intent),
-        "tool_results": assoc(record.tool_results, str(invocation_id), command.input.get("result")),
+        "tool_results": assoc(record.tool_results, str(invocation_id), _get(command.result)),
         **_with_context(record, command),
     }
 
 
-def _wait_started(record: RunRecord, command: Command) -> dict[str, Any]:
+def _wait_started(record: RunRecord, command: WaitStarted) -> dict[str, Any]:
     _require_state(record, command, "running")
     if record.active_wait is not None:
         raise _conflict("a wait is already active", wait_id=record.active_wait.get("wait_id"))
     wait_id, counters = _next_id(record, "wait")
-    dependency = command.input.get("dependency", wait_id)
+    dependency = _get(command.dependency, wait_id)
     if type(dependency) is not str or not dependency:
         # dependencies are ids: sorted and hashed by cleanup_requirements
         raise Error(ErrorClass.VALIDATION, "wait dependency must be a non-empty str")
@@ -364,26 +382,26 @@ def _wait_started(record: RunRecord, command: Command) -> dict[str, Any]:
     }
 
 
-def _wait_resolved(record: RunRecord, command: Command) -> dict[str, Any]:
+def _wait_resolved(record: RunRecord, command: WaitResolved) -> dict[str, Any]:
     _require_state(record, command, "waiting_result")
     wait = record.active_wait
-    if wait is None or command.input.get("wait_id") != wait["wait_id"]:
+    if wait is None or _get(command.wait_id) != wait["wait_id"]:
         raise _conflict(
             "stale wait",
             expected=None if wait is None else wait["wait_id"],
-            received=command.input.get("wait_id"),
+            received=_get(command.wait_id),
         )
     dependencies = tuple(d for d in record.dependencies if d != wait["dependency"])
     return {"state": "running", "active_wait": None, "dependencies": dependencies}
 
 
-def _child_settled(record: RunRecord, command: Command) -> dict[str, Any]:
+def _child_settled(record: RunRecord, command: ChildSettled) -> dict[str, Any]:
     _require_state(record, command, "running")
-    child_id = command.input.get("child_id")
+    child_id = _get(command.child_id)
     child = record.children.get(child_id) if isinstance(child_id, str) else None
     if child is None or child.get("settled"):
         raise _conflict("not an owned unsettled child", child_id=child_id)
-    settled = {**child, "settled": True, "outcome": command.input.get("outcome")}
+    settled = {**child, "settled": True, "outcome": _get(command.outcome)}
     return {"children": assoc(record.children, str(child_id), settled)}
 
 
@@ -404,12 +422,12 @@ def _require_settled(record: RunRecord) -> None:
         raise _conflict("required work remains unsettled", unsettled=unsettled)
 
 
-def _finish(record: RunRecord, command: Command) -> dict[str, Any]:
+def _finish(record: RunRecord, command: Finish) -> dict[str, Any]:
     _require_state(record, command, "running")
-    status = command.input.get("status")
+    status = _get(command.status)
     if status not in ("completed", "failed"):
         raise Error(ErrorClass.VALIDATION, "finish status must be completed or failed")
-    outcome = command.input.get("outcome")
+    outcome = _get(command.outcome)
     if outcome is not None and not isinstance(outcome, Mapping):
         raise Error(ErrorClass.VALIDATION, "finish outcome must be a mapping")
     _require_settled(record)
@@ -422,9 +440,9 @@ def _stop(reason: str) -> _Handler:
     ``deadline_exceeded`` (always that reason): the final state follows the
     command, never a reason's text (CAN-08)."""
 
-    def handler(record: RunRecord, command: Command) -> dict[str, Any]:
+    def handler(record: RunRecord, command: Cancel | DeadlineExceeded) -> dict[str, Any]:
         _require_state(record, command, *sorted(ACTIVE_STATES))
-        given = command.input.get("reason")
+        given = _get(command.reason)
         stop = reason
         if reason != "deadline_exceeded" and isinstance(given, str) and given:
             if given == "deadline_exceeded":
@@ -456,12 +474,12 @@ def _id_lists(settled: Any, keys: Mapping[str, Any]) -> dict[str, list[str]] | N
     return lists
 
 
-def _cleanup_settled(record: RunRecord, command: Command) -> dict[str, Any]:
+def _cleanup_settled(record: RunRecord, command: CleanupSettled) -> dict[str, Any]:
     _require_state(record, command, "cancelling")
-    certainty = command.input.get("certainty")
+    certainty = _get(command.certainty)
     required = thaw(record.cleanup_required or cleanup_requirements(record))
     if certainty == "confirmed":
-        settled = command.input.get("settled", {})
+        settled = _get(command.settled, {})
         if _id_lists(settled, required) != {k: sorted(v) for k, v in required.items()}:
             raise _conflict(
                 "confirmed cleanup must settle exactly the outstanding work",
@@ -483,7 +501,7 @@ def _cleanup_settled(record: RunRecord, command: Command) -> dict[str, Any]:
             "outcome": {"status": final, "stop_reason": record.stop_reason, "cleanup": "confirmed"},
         }
     if certainty == "uncertain":
-        evidence = command.input.get("evidence")
+        evidence = _get(command.evidence)
         if not evidence:
             raise Error(ErrorClass.VALIDATION, "uncertain cleanup needs evidence")
         intents = {
@@ -503,24 +521,24 @@ def _cleanup_settled(record: RunRecord, command: Command) -> dict[str, Any]:
     raise Error(ErrorClass.VALIDATION, "cleanup certainty must be confirmed or uncertain")
 
 
-COMMANDS: Final[Mapping[str, _Handler]] = {
-    "admit": _admit,
-    "start": _start,
-    "conversation_updated": _conversation_updated,
-    "provider_started": _provider_started,
-    "provider_completed": _provider_completed,
-    "tool_invoked": _tool_invoked,
-    "tool_completed": _tool_completed,
-    "wait_started": _wait_started,
-    "wait_resolved": _wait_resolved,
-    "child_settled": _child_settled,
-    "finish": _finish,
-    "cancel": _stop("cancelled"),
-    "deadline_exceeded": _stop("deadline_exceeded"),
-    "cleanup_settled": _cleanup_settled,
+_HANDLERS: Final[Mapping[type[KernelCommand], _Handler]] = {
+    Admit: _admit,
+    Start: _start,
+    ConversationUpdated: _conversation_updated,
+    ProviderStarted: _provider_started,
+    ProviderCompleted: _provider_completed,
+    ToolInvoked: _tool_invoked,
+    ToolCompleted: _tool_completed,
+    WaitStarted: _wait_started,
+    WaitResolved: _wait_resolved,
+    ChildSettled: _child_settled,
+    Finish: _finish,
+    Cancel: _stop("cancelled"),
+    DeadlineExceeded: _stop("deadline_exceeded"),
+    CleanupSettled: _cleanup_settled,
 }
 #: ``"run.<command>"`` of every command.
-_EVENT_TYPES: Final = {kind: f"run.{kind}" for kind in COMMANDS}
+_EVENT_TYPES: Final = {cls: f"run.{cls.kind}" for cls in _HANDLERS}
 
 
 def cleanup_requirements(record: RunRecord) -> Mapping[str, Any]:
@@ -541,40 +559,8 @@ def _malformed(exc: BaseException) -> Error:
     )
 
 
-#: Sorted key lists of summarised inputs, by their keys in order (a
-#: conversation state has the same few keys at every checkpoint).
-_KEY_LISTS: Final[dict[tuple[str, ...], FrozenList]] = {}
-
-
-def _summary(value: Any) -> FrozenDict:
-    """What an event says of a large input: its shape, in constant time."""
-    if type(value) is FrozenDict or isinstance(value, Mapping):
-        keys = tuple(value)
-        listed = _KEY_LISTS.get(keys)
-        if listed is None:
-            listed = FrozenList(sorted(keys)[:32])
-            if len(_KEY_LISTS) < 256:
-                _KEY_LISTS[keys] = listed
-        summary: dict[str, Any] = {"keys": listed}
-        messages = value.get("messages")
-        if isinstance(messages, tuple | list):
-            summary["messages"] = len(messages)
-        return FrozenDict(summary)
-    if type(value) is FrozenList or isinstance(value, list | tuple):
-        return FrozenDict({"items": len(value)})
-    return FrozenDict({"type": type(value).__name__})
-
-
-def _event_input(command: Command) -> FrozenDict:
-    """The command input (frozen already) with large values summarised."""
-    given = command.input
-    if not _DIGESTED.intersection(given):
-        return given  # type: ignore[return-value]  # a FrozenDict (Command freezes it)
-    return FrozenDict({k: (_summary(v) if k in _DIGESTED else v) for k, v in given.items()})
-
-
 def transition(
-    record: RunRecord, command: Command, *, revision: int | None = None
+    record: RunRecord, command: Command | KernelCommand, *, revision: int | None = None
 ) -> tuple[RunRecord, list[RunEvent]]:
     """Apply ``command`` to ``record``: a new record (revision + 1) and one event.
 
@@ -583,23 +569,25 @@ def transition(
     the first keeps its record's (``revision == record.revision``)."""
     if type(record) is not RunRecord:
         raise Error(ErrorClass.VALIDATION, "transition needs a RunRecord")
-    if not isinstance(command, Command):
+    if type(command) is Command:
+        return _apply(record, typed(command), revision)
+    if type(command) not in _HANDLERS:
         raise Error(ErrorClass.VALIDATION, "transition needs a Command")
-    kind = command.kind
-    handler = COMMANDS.get(kind) if type(kind) is str else None
-    if handler is None:
-        raise Error(
-            ErrorClass.VALIDATION,
-            "unknown command",
-            {"command": kind[:100] if type(kind) is str else repr(kind)[:100]},
-        )
+    return _apply(record, command, revision)
+
+
+def _apply(
+    record: RunRecord, command: KernelCommand, revision: int | None
+) -> tuple[RunRecord, list[RunEvent]]:
+    handler = _HANDLERS[type(command)]
+    given = event_input(command)  # checks a typed command's values as JSON data
     if record.state in TERMINAL_STATES:
         raise _invalid(record, command)
     _check_identity(record, command)
     if (
         record.deadline is not None
         and command.at > record.deadline
-        and command.kind not in _AFTER_DEADLINE
+        and type(command) not in _AFTER_DEADLINE
     ):
         raise Error(
             ErrorClass.TIMEOUT,
@@ -622,11 +610,11 @@ def transition(
             {"revision": repr(revision)[:100], "record_revision": record.revision},
         )
     new = evolve_record(record, revision=revision, **changes)
-    payload = FrozenDict({"state": new.state, "input": _event_input(command)})
+    payload = FrozenDict({"state": new.state, "input": given})
     # A float, as every store gives event times back (SQL columns are doubles)
     at = command.at
     return new, [
-        kernel_event(_EVENT_TYPES[command.kind], at if type(at) is float else float(at), payload)
+        kernel_event(_EVENT_TYPES[type(command)], at if type(at) is float else float(at), payload)
     ]
 
 

@@ -22,7 +22,7 @@ import trio
 
 from .._public import NoPublicConstructor
 from ..errors import Error, ErrorClass, exception_leaves
-from ..kernel import TERMINAL_STATES, RunRecord
+from ..kernel import TERMINAL_STATES, Admit, RunRecord
 from ..store import Store
 from ..tools import (
     AdmittedBundle,
@@ -220,7 +220,7 @@ class Conversation(metaclass=NoPublicConstructor):
         turn_id: str | None = None
         try:
             await self._coordinator.commit(
-                "admit",
+                Admit,
                 {"state": "running", "deadline": state.wall_now() + self._options.run_timeout},
             )
             message = self._state.user_message(content)

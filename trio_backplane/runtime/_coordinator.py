@@ -18,7 +18,7 @@ from typing import Any, final
 import trio
 
 from ..errors import Error, ErrorClass
-from ..kernel import TERMINAL_STATES, RunEvent, RunRecord, transition
+from ..kernel import TERMINAL_STATES, KernelCommand, RunEvent, RunRecord, transition
 from ..store import Receipt, Store, verify_receipt
 from ._signals import _InputArrived, _Stop, _StorageFailed, storage_error
 from ._state import RunState
@@ -56,9 +56,12 @@ class Coordinator:
             None if not callable(nowait) or inspect.iscoroutinefunction(nowait) else nowait
         )
 
-    async def commit(self, kind: str, data: Mapping[str, Any] | None = None) -> RunRecord:
-        """Apply ``kind`` to the last acknowledged record and commit it."""
-        return await self.commit_steps((command_step(kind, data),))
+    async def commit(
+        self, command: Callable[..., KernelCommand], fields: Mapping[str, Any] | None = None
+    ) -> RunRecord:
+        """Apply ``command(at=now, **fields)`` to the last acknowledged record
+        and commit it."""
+        return await self.commit_steps((command_step(command, fields),))
 
     async def checkpoint(
         self, update: Any, extra: Mapping[str, Any] | None = None, *, as_input: bool = False

@@ -10,7 +10,7 @@ from typing import Any, final
 import trio
 
 from ..errors import Error, ErrorClass
-from ..kernel import RunRecord, freeze, thaw, utf8_size
+from ..kernel import RunRecord, ToolCompleted, freeze, thaw, utf8_size
 from ..schema import CompiledSchema, compile_with
 from ..tools import Rejection, ToolDescriptor, ToolResult
 from ._catalog import CatalogState
@@ -250,9 +250,7 @@ class Executor:
         message shows it); ``unless_stopped``: not once the run stops,
         however long the commit waits for the coordinator (``_Stop`` then)."""
         state = self._state
-        step = command_step(
-            "tool_completed", freeze({"invocation_id": invocation_id, "result": normalized})
-        )
+        step = command_step(ToolCompleted, {"invocation_id": invocation_id, "result": normalized})
         try:
             await self._coordinator.commit_steps((step,), as_input=unless_stopped)
         except Error as error:

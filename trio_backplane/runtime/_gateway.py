@@ -11,7 +11,16 @@ from typing import Any, final
 import trio
 
 from ..errors import Error, ErrorClass
-from ..kernel import Command, FrozenDict, FrozenList, RunRecord, freeze, loads, thaw
+from ..kernel import (
+    FrozenList,
+    KernelCommand,
+    RunRecord,
+    ToolCompleted,
+    ToolInvoked,
+    freeze,
+    loads,
+    thaw,
+)
 from ..tools import (
     Approval,
     ApprovalDecision,
@@ -103,7 +112,7 @@ class ToolGateway:
             await self._tool_message(call_id, name, error_result(error), before, carry)
             return
         record = await self._writer.effect_commit(
-            "tool_invoked", intent(descriptor, call_id, turn_id, bundle.authority), before
+            ToolInvoked, intent(descriptor, call_id, turn_id, bundle.authority), before
         )
         invocation_id = max(record.active_tools, key=invocation_number)
         await self._dispatch(
@@ -224,13 +233,13 @@ class ToolGateway:
             {"role": "tool", "tool_call_id": call_id, "name": name, "result": normalized}
         )
 
-        def build(record: RunRecord, now: float) -> Command:
-            data = {
-                "invocation_id": invocation_id,
-                "result": normalized,
-                "messages": FrozenList((message,)),
-            }
-            return Command("tool_completed", now, FrozenDict(data))
+        def build(record: RunRecord, now: float) -> KernelCommand:
+            return ToolCompleted(
+                at=now,
+                invocation_id=invocation_id,
+                result=normalized,
+                messages=FrozenList((message,)),
+            )
 
         def settled() -> None:
             state.unsettled.pop(invocation_id, None)

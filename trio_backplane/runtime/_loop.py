@@ -10,7 +10,7 @@ from typing import Any, final
 import attrs
 
 from ..errors import Error, ErrorClass
-from ..kernel import Command, RunRecord, freeze, thaw
+from ..kernel import Finish, KernelCommand, RunRecord, freeze, thaw
 from ._catalog import CatalogState
 from ._conversation_state import ConversationState, QueueName
 from ._coordinator import Coordinator
@@ -140,13 +140,13 @@ class TurnLoop:
     async def _finish(self, turn_id: str, error: Error | None) -> None:
         state = self._state
         outcome = _outcome(turn_id, error)
-        data = freeze({"status": outcome["status"], "outcome": outcome})
+        frozen = freeze(outcome)
 
-        def finish(record: RunRecord, now: float) -> Command:
+        def finish(record: RunRecord, now: float) -> KernelCommand:
             conversation = ConversationState.of(record)
             if conversation.follow_up or conversation.steering:
                 raise _InputArrived
-            return Command("finish", now, data)
+            return Finish(at=now, status=frozen["status"], outcome=frozen)
 
         await self._coordinator.commit_steps((Step(finish),))
         state.phase = Phase.TERMINAL

@@ -10,7 +10,7 @@ from typing import Any, final
 import trio
 
 from ..errors import Error, ErrorClass
-from ..kernel import RunRecord, thaw
+from ..kernel import RunRecord, ToolInvoked, thaw
 from ..tools import Invocation, ToolDescriptor, ToolResult, authorize, settlement
 from ._catalog import CatalogState
 from ._context import ContextHost, Effect, ToolContext, ToolOperation
@@ -145,7 +145,7 @@ class NestedCalls:
         _require_time_left(self._state, descriptor)
         try:
             record = await self._writer.effect_commit(
-                "tool_invoked",
+                ToolInvoked,
                 intent(descriptor, None, turn_id, self._catalog.bundle.authority),
                 unless_stopped=True,  # its task may be a host's, never cancelled by a stop
             )

@@ -12,7 +12,14 @@ from typing import Any, final
 import trio
 
 from ..errors import Error, ErrorClass
-from ..kernel import Command, FrozenDict, FrozenList, RunRecord, freeze
+from ..kernel import (
+    FrozenList,
+    KernelCommand,
+    ProviderCompleted,
+    ProviderStarted,
+    RunRecord,
+    freeze,
+)
 from ._attempt import AttemptOutcome, ResponseAssembler
 from ._catalog import CatalogState
 from ._coordinator import Coordinator
@@ -80,7 +87,7 @@ class Responses:
         (``_InputArrived``, the steps before it committed)."""
         state = self._state
         record = await self._writer.effect_commit(
-            "provider_started", {"turn_id": turn_id}, yield_to_steering=yield_to_steering
+            ProviderStarted, {"turn_id": turn_id}, yield_to_steering=yield_to_steering
         )
         active = record.active_provider
         assert active is not None
@@ -231,14 +238,12 @@ class Responses:
         """Commit a failed attempt, publish it, and fail the turn."""
         result = freeze({"error": failure.to_dict()})
 
-        def build_failed(record: RunRecord, now: float) -> Command:
+        def build_failed(record: RunRecord, now: float) -> KernelCommand:
             # From the record it lands on, not from the attempt's start: host
             # input acknowledged during the attempt (steering, follow-ups) is
             # in it, and stays queued (NEST-08).
-            return Command(
-                "provider_completed",
-                now,
-                _appending({"attempt_id": attempt_id, "result": result}, usage=usage),
+            return ProviderCompleted(
+                at=now, attempt_id=attempt_id, result=result, **_appending(usage=usage)
             )
 
         await self._coordinator.commit_steps((Step(build_failed),))
@@ -252,16 +257,13 @@ class Responses:
         state, publisher = self._state, self._publisher
         response, usage = outcome.message, outcome.usage
 
-        def build(record: RunRecord, now: float) -> Command:
+        def build(record: RunRecord, now: float) -> KernelCommand:
             frozen = freeze(response)
-            return Command(
-                "provider_completed",
-                now,
-                _appending(
-                    {"attempt_id": attempt_id, "result": FrozenDict({"message": frozen})},
-                    messages=(frozen,),
-                    usage=usage,
-                ),
+            return ProviderCompleted(
+                at=now,
+                attempt_id=attempt_id,
+                result={"message": frozen},
+                **_appending(messages=(frozen,), usage=usage),
             )
 
         def completed_event() -> None:
@@ -276,15 +278,16 @@ class Responses:
 
 
 def _appending(
-    data: dict[str, Any], *, messages: tuple[Any, ...] = (), usage: list[Any] | None = None
-) -> FrozenDict:
-    """``data`` (frozen values) with the frozen ``messages`` and ``usage``
-    reports to append to the record's, as a command takes its input."""
+    *, messages: tuple[Any, ...] = (), usage: list[Any] | None = None
+) -> dict[str, FrozenList]:
+    """The fields appending the frozen ``messages`` and ``usage`` reports to
+    the record's (none when there is nothing to append)."""
+    data: dict[str, FrozenList] = {}
     if messages:
         data["messages"] = FrozenList(messages)
     if usage:
         data["usage"] = FrozenList(freeze(report) for report in usage)
-    return FrozenDict(data)
+    return data
 
 
 def _async_iterator(stream: Any) -> Any:

@@ -12,7 +12,15 @@ import attrs
 import trio
 
 from ..errors import Error, ErrorClass
-from ..kernel import TERMINAL_STATES, Command, RunRecord, thaw
+from ..kernel import (
+    TERMINAL_STATES,
+    Cancel,
+    CleanupSettled,
+    DeadlineExceeded,
+    KernelCommand,
+    RunRecord,
+    thaw,
+)
 from ._catalog import CatalogState
 from ._coordinator import Coordinator
 from ._deadline import DeadlineBudget
@@ -346,18 +354,15 @@ class Settlement:
                 )
             )
         if record.state != "cancelling":
-            kind = "deadline_exceeded" if reason == "deadline_exceeded" else "cancel"
-            steps.append(command_step(kind, {"reason": reason}))
+            stop = DeadlineExceeded if reason == "deadline_exceeded" else Cancel
+            steps.append(command_step(stop, {"reason": reason}))
         uncertain = self._uncertain_work()
 
-        def settlement(record: RunRecord, now: float) -> Command:
-            data: dict[str, Any]
+        def settlement(record: RunRecord, now: float) -> KernelCommand:
             if uncertain:
-                data = {"certainty": "uncertain", "evidence": uncertain}
-            else:
-                requirements = thaw(record.cleanup_required or {})
-                data = {"certainty": "confirmed", "settled": requirements}
-            return Command("cleanup_settled", now, data)
+                return CleanupSettled(at=now, certainty="uncertain", evidence=uncertain)
+            requirements = thaw(record.cleanup_required or {})
+            return CleanupSettled(at=now, certainty="confirmed", settled=requirements)
 
         steps.append(Step(settlement))
         return steps

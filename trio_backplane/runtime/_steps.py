@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from ..kernel import Command, RunRecord, freeze
+from ..kernel import ConversationUpdated, KernelCommand, RunRecord
 from ._conversation_state import ConversationState
 
 __all__ = ["Step", "checkpoint_step", "command_step"]
@@ -20,17 +20,20 @@ class Step:
     command from the record it lands on and the commit time; ``after`` runs
     once the commit holding it is acknowledged (its events go out then)."""
 
-    build: Callable[[RunRecord, float], Command]
+    build: Callable[[RunRecord, float], KernelCommand]
     after: Callable[[], None] | None = None
     #: the invocation whose result this step commits (``tool_completed``)
     settles: str | None = None
 
 
 def command_step(
-    kind: str, data: Mapping[str, Any] | None = None, after: Callable[[], None] | None = None
+    command: Callable[..., KernelCommand],
+    fields: Mapping[str, Any] | None = None,
+    after: Callable[[], None] | None = None,
 ) -> Step:
-    """A step committing ``Command(kind, now, data)``."""
-    return Step(lambda _record, now: Command(kind, now, data), after)
+    """A step committing ``command(at=now, **fields)`` (a typed command class)."""
+    given = {} if fields is None else fields
+    return Step(lambda _record, now: command(at=now, **given), after)
 
 
 def checkpoint_step(
@@ -41,13 +44,13 @@ def checkpoint_step(
     """A ``conversation_updated`` step: ``update`` maps the conversation state
     of the record it lands on to the new state (``None``: unchanged)."""
 
-    def build(record: RunRecord, now: float) -> Command:
+    def build(record: RunRecord, now: float) -> KernelCommand:
         data: dict[str, Any] = {}
         if update is not None:
             old = ConversationState.of(record)
             data = update(old).changes(old)
         if extra:
             data.update(extra)
-        return Command("conversation_updated", now, freeze(data))
+        return ConversationUpdated(at=now, **data)
 
     return Step(build, after)

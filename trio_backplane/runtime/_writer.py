@@ -19,7 +19,7 @@ from typing import Any, NoReturn, final
 import trio
 
 from ..errors import Error, ErrorClass
-from ..kernel import Command, RunRecord
+from ..kernel import KernelCommand, RunRecord
 from ._conversation_state import ConversationState
 from ._coordinator import Coordinator
 from ._signals import _InputArrived, _Stop, _TurnFailed
@@ -79,8 +79,8 @@ class StepWriter:
 
     async def effect_commit(
         self,
-        kind: str,
-        data: Mapping[str, Any],
+        command: Callable[..., KernelCommand],
+        fields: Mapping[str, Any],
         before: Step | None = None,
         *,
         unless_stopped: bool = False,
@@ -101,7 +101,7 @@ class StepWriter:
             elif pending:
                 await self._coordinator.commit_steps(pending)
             raise _Stop
-        intent = command_step(kind, data)
+        intent = command_step(command, fields)
         if yield_to_steering:
             intent = Step(_unless_steered(intent.build, state))
         try:
@@ -153,13 +153,13 @@ class StepWriter:
 
 
 def _unless_steered(
-    build: Callable[[RunRecord, float], Command], state: RunState
-) -> Callable[[RunRecord, float], Command]:
+    build: Callable[[RunRecord, float], KernelCommand], state: RunState
+) -> Callable[[RunRecord, float], KernelCommand]:
     """``build``, refused with ``_InputArrived`` when the record it lands on
     has steering queued (read from ``state``'s conversation when it holds the
     same conversation mapping)."""
 
-    def guarded(record: RunRecord, now: float) -> Command:
+    def guarded(record: RunRecord, now: float) -> KernelCommand:
         if ConversationState.of(record, state.conversation).steering:
             raise _InputArrived
         return build(record, now)
