@@ -316,6 +316,10 @@ DIGESTED: Final = frozenset({"conversation", "result", "messages", "usage"})
 _KEY_LISTS: Final[dict[tuple[str, ...], FrozenList]] = {}
 
 
+#: The summaries of short lists (frozen: shared by every event showing one).
+_ITEMS: Final = tuple(FrozenDict({"items": n}) for n in range(16))
+
+
 def _summary(value: Any) -> FrozenDict:
     """What an event says of a large input: its shape, in constant time."""
     if type(value) is FrozenDict or isinstance(value, Mapping):
@@ -331,7 +335,8 @@ def _summary(value: Any) -> FrozenDict:
             summary["messages"] = len(messages)
         return FrozenDict(summary)
     if type(value) is FrozenList or isinstance(value, list | tuple):
-        return FrozenDict({"items": len(value)})
+        n = len(value)
+        return _ITEMS[n] if n < len(_ITEMS) else FrozenDict({"items": n})
     return FrozenDict({"type": type(value).__name__})
 
 
