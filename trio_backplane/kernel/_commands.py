@@ -12,12 +12,12 @@ checked as JSON data before a record or event holds it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final, TypeAlias, final
+from typing import Any, Final, TypeAlias, final, get_args
 
 import attrs
 
 from ..errors import Error, ErrorClass
-from ._records import Command, FrozenDict, FrozenList, LayeredDict, _at, freeze
+from ._records import _KEPT, Command, FrozenDict, FrozenList, _at, freeze
 
 __all__ = [
     "COMMANDS",
@@ -258,31 +258,11 @@ KernelCommand: TypeAlias = (
 
 #: Every command kind and its class.
 COMMANDS: Final[Mapping[str, type[KernelCommand]]] = {
-    cls.kind: cls
-    for cls in (
-        Admit,
-        Start,
-        ConversationUpdated,
-        ProviderStarted,
-        ProviderCompleted,
-        ToolInvoked,
-        ToolCompleted,
-        WaitStarted,
-        WaitResolved,
-        ChildSettled,
-        Finish,
-        Cancel,
-        DeadlineExceeded,
-        CleanupSettled,
-    )
+    cls.kind: cls for cls in get_args(KernelCommand)
 }
 
-#: Per class, the fields a generic input may set (all but the time).
-_FIELDS: Final = {
-    cls: frozenset(f.name for f in attrs.fields(cls) if f.init and f.name != "at")
-    for cls in COMMANDS.values()
-}
-#: Per class, its input fields in order: what its event shows when set.
+#: Per class, its input fields (all but the time) in order: what a generic
+#: input may set, and what its event shows when set.
 _ORDER: Final = {
     cls: tuple(f.name for f in attrs.fields(cls) if f.init and f.name != "at")
     for cls in COMMANDS.values()
@@ -302,7 +282,7 @@ def typed(command: Command) -> KernelCommand:
             {"command": kind[:100] if type(kind) is str else repr(kind)[:100]},
         )
     given = command.input
-    fields = _FIELDS[cls]
+    fields = _ORDER[cls]
     new = cls(at=command.at, **{k: v for k, v in given.items() if k in fields})
     object.__setattr__(new, "_source", given)
     return new
@@ -340,11 +320,6 @@ def _summary(value: Any) -> FrozenDict:
     return FrozenDict({"type": type(value).__name__})
 
 
-#: Values an event input keeps without a call: frozen already, or a leaf
-#: needing no check (ints need a size check, floats a finiteness check).
-_AS_IS: Final = frozenset({bool, type(None), FrozenDict, FrozenList, LayeredDict})
-
-
 def _checked(value: Any) -> Any:
     return freeze(value, "command input")
 
@@ -357,7 +332,7 @@ def _make_event_input(cls: type[KernelCommand]) -> Any:
         "FrozenDict": FrozenDict,
         "summary": _summary,
         "checked": _checked,
-        "as_is": _AS_IS,
+        "as_is": _KEPT,  # frozen already, or a leaf needing no check
         "str": str,
         "type": type,
     }

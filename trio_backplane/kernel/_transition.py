@@ -570,16 +570,16 @@ def transition(
     if type(record) is not RunRecord:
         raise Error(ErrorClass.VALIDATION, "transition needs a RunRecord")
     if type(command) is Command:
-        return _apply(record, typed(command), revision)
-    if type(command) not in _HANDLERS:
+        command = typed(command)
+    handler = _HANDLERS.get(type(command))
+    if handler is None:
         raise Error(ErrorClass.VALIDATION, "transition needs a Command")
-    return _apply(record, command, revision)
+    return _apply(record, command, handler, revision)
 
 
 def _apply(
-    record: RunRecord, command: KernelCommand, revision: int | None
+    record: RunRecord, command: KernelCommand, handler: _Handler, revision: int | None
 ) -> tuple[RunRecord, list[RunEvent]]:
-    handler = _HANDLERS[type(command)]
     given = event_input(command)  # checks a typed command's values as JSON data
     if record.state in TERMINAL_STATES:
         raise _invalid(record, command)
