@@ -13,6 +13,7 @@ import trio
 
 from ..errors import Error, ErrorClass
 from ..kernel import (
+    FrozenDict,
     FrozenList,
     KernelCommand,
     ProviderCompleted,
@@ -262,7 +263,7 @@ class Responses:
             return ProviderCompleted(
                 at=now,
                 attempt_id=attempt_id,
-                result={"message": frozen},
+                result=FrozenDict({"message": frozen}),  # frozen: stored as it is
                 **_appending(messages=(frozen,), usage=usage),
             )
 
