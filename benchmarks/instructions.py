@@ -26,12 +26,15 @@ a module the tree lacks).
 imports must therefore exist at every commit measured, back to ``aab4fe9``
 (the baseline a later issue compares against).
 
-The optional C extension (``trio_backplane/schema/_speedups*.so``) is built
-in place and not in git.  This checkout uses its own build when there is
-one.  For REV it is copied from this checkout when REV's ``_speedups.c`` is
-the same source, so both sides run the same C code; otherwise REV runs the
-pure-Python fallback and the script prints the command that measures this
-checkout the same way (``--pure-python``, which blocks the extension).
+The optional C extensions (``trio_backplane/schema/_speedups*.so``, the
+schema input check, and ``trio_backplane/kernel/_speedups*.so``, the kernel's
+``freeze``) are built in place and not in git.  This checkout uses its own
+builds when there are some.  For REV each one is copied from this checkout
+when REV has the same source, so both sides run the same C code; REV without
+the source never imports it (its own pure Python is what it ships); REV with
+another source runs its pure-Python fallback, and the script prints the
+command that measures this checkout the same way (``--pure-python``, which
+blocks every extension).
 
 One measurement (a run outside valgrind, then two callgrind runs: most of
 the time is the interpreter's start-up under valgrind) takes 30-50 s here,
@@ -58,9 +61,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 BASELINE = "aab4fe9"
-SPEEDUPS = "trio_backplane.schema._speedups"
-SPEEDUPS_C = "trio_backplane/schema/_speedups.c"
+#: The optional C extensions: module name -> its source.
+SPEEDUPS: dict[str, str] = {
+    "trio_backplane.schema._speedups": "trio_backplane/schema/_speedups.c",
+    "trio_backplane.kernel._speedups": "trio_backplane/kernel/_speedups.c",
+}
 MARK = "measured tree:"
+PURE_NOTE = "none: --pure-python (the pure-Python fallback)"
 FOREIGN = "foreign module:"
 
 
@@ -73,14 +80,15 @@ class Failure(Exception):
 
 def measured(steps: int, pure: bool, check: bool) -> None:
     """One run of ``steps`` tool steps on a MemoryStore, then one line naming
-    the ``trio_backplane`` imported and whether its C extension was loaded
+    the ``trio_backplane`` imported and which of its C extensions were loaded
     (printed in every run alike, so its cost cancels).  ``check`` (the run
     outside valgrind) also prints the package's modules loaded from outside
     its directory: the editable install's finder fills in, from the checkout
     it was installed from, any module an older tree lacks."""
     if pure:
         # A None entry makes ``import`` fail: the package falls back to Python.
-        sys.modules[SPEEDUPS] = None  # type: ignore[assignment]
+        for name in SPEEDUPS:
+            sys.modules[name] = None  # type: ignore[assignment]
     import trio
     from bench_engine import one_run
 
@@ -88,7 +96,7 @@ def measured(steps: int, pure: bool, check: bool) -> None:
     from trio_backplane.store import MemoryStore
 
     trio.run(one_run, MemoryStore(), "instructions", steps)
-    loaded = sys.modules.get(SPEEDUPS) is not None
+    loaded = ",".join(sorted(name for name in SPEEDUPS if sys.modules.get(name) is not None))
     package = Path(trio_backplane.__file__).resolve().parent
     if check:
         for name, module in sorted(sys.modules.items()):
@@ -96,7 +104,7 @@ def measured(steps: int, pure: bool, check: bool) -> None:
             inside = origin is None or Path(origin).resolve().is_relative_to(package)
             if name.startswith("trio_backplane.") and not inside:
                 print(f"{FOREIGN} {name} {origin}")
-    print(f"{MARK} {package} C={'yes' if loaded else 'no'}")
+    print(f"{MARK} {package} C={loaded or 'none'}")
 
 
 # -- the trees -----------------------------------------------------------------------
@@ -109,6 +117,8 @@ class Tree:
     root: Path
     label: str
     pure: bool
+    #: the extensions the program must load (none with ``pure``)
+    loads: frozenset[str]
     extension: str
 
 
@@ -129,10 +139,10 @@ def git_source(commit: str, path: str) -> bytes | None:
     return result.stdout if result.returncode == 0 else None
 
 
-def built_extension(root: Path) -> Path | None:
-    """The extension this interpreter would load from ``root``, if built."""
+def built_extension(root: Path, name: str) -> Path | None:
+    """The extension ``name`` this interpreter would load from ``root``, if built."""
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    path = root / (SPEEDUPS.replace(".", "/") + suffix)
+    path = root / (name.replace(".", "/") + suffix)
     return path if path.is_file() else None
 
 
@@ -140,10 +150,10 @@ def describe(commit: str) -> str:
     return git("log", "-1", "--format=%h (committed %cs)", commit)
 
 
-def stale_note(root: Path, extension: Path) -> str:
-    source = root / SPEEDUPS_C
+def stale_note(root: Path, name: str, extension: Path) -> str:
+    source = root / SPEEDUPS[name]
     if source.is_file() and source.stat().st_mtime > extension.stat().st_mtime:
-        return f"; WARNING: older than {SPEEDUPS_C}, rebuild it (pip install -e .)"
+        return f"; WARNING: older than {SPEEDUPS[name]}, rebuild it (pip install -e .)"
     return ""
 
 
@@ -156,20 +166,27 @@ def this_checkout(pure: bool) -> Tree:
             label += ", with uncommitted changes in trio_backplane/"
     except (Failure, OSError):
         label = f"this checkout, {ROOT} (not a git checkout)"
-    extension = built_extension(ROOT)
     if pure:
-        note = "no: --pure-python (the pure-Python fallback)"
-    elif extension is None:
-        note = "no: none built in this checkout (the pure-Python fallback)"
-    else:
-        note = f"yes: {extension.name}, built in place{stale_note(ROOT, extension)}"
-    return Tree(ROOT, label, pure or extension is None, note)
+        return Tree(
+            ROOT, label, True, frozenset(), "none: --pure-python (the pure-Python fallback)"
+        )
+    notes, loads = [], set()
+    for name in SPEEDUPS:
+        extension = built_extension(ROOT, name)
+        if extension is None:
+            notes.append(f"{name}: none built in this checkout (the pure-Python fallback)")
+        else:
+            loads.add(name)
+            notes.append(
+                f"{name}: {extension.name}, built in place{stale_note(ROOT, name, extension)}"
+            )
+    return Tree(ROOT, label, False, frozenset(loads), "; ".join(notes))
 
 
 @contextmanager
 def worktree_at(rev: str, pure: bool, rerun: list[str]) -> Iterator[Tree]:
-    """REV checked out in a temporary worktree, with the C extension copied
-    from this checkout when REV's source of it is the same."""
+    """REV checked out in a temporary worktree, with this checkout's C
+    extensions copied in where REV has the same source."""
     try:
         commit = git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
     except Failure:
@@ -179,32 +196,7 @@ def worktree_at(rev: str, pure: bool, rerun: list[str]) -> Iterator[Tree]:
     root = scratch / "tree"
     try:
         git("worktree", "add", "--detach", "--quiet", str(root), commit)
-        extension = built_extension(ROOT)
-        here_source = ROOT / SPEEDUPS_C
-        same = here_source.is_file() and git_source(commit, SPEEDUPS_C) == here_source.read_bytes()
-        if pure:
-            note = "no: --pure-python (the pure-Python fallback)"
-        elif extension is None:
-            pure = True
-            note = (
-                "no: this checkout has no built extension to copy (the pure-Python"
-                " fallback, as this checkout is measured too)"
-            )
-        elif not same:
-            pure = True
-            note = (
-                f"no: {rev}'s {SPEEDUPS_C} differs from the source of this checkout's"
-                f" build, so {rev} runs the pure-Python fallback; measure this checkout"
-                f" the same way: {shlex.join([*rerun, '--pure-python'])}"
-            )
-        else:
-            target = root / extension.relative_to(ROOT)
-            shutil.copy2(extension, target)
-            note = (
-                f"yes: {extension.name} copied from {ROOT} ({rev}'s {SPEEDUPS_C} is the"
-                f" same source{stale_note(ROOT, extension)})"
-            )
-        yield Tree(root, label, pure, note)
+        yield extensions_at(rev, commit, root, pure=pure, rerun=rerun, label=label)
     finally:
         subprocess.run(
             ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(root)],
@@ -215,6 +207,47 @@ def worktree_at(rev: str, pure: bool, rerun: list[str]) -> Iterator[Tree]:
         subprocess.run(
             ["git", "-C", str(ROOT), "worktree", "prune"], capture_output=True, check=False
         )
+
+
+def extensions_at(
+    rev: str, commit: str, root: Path, *, pure: bool, rerun: list[str], label: str
+) -> Tree:
+    """The tree of REV in ``root``, with each of this checkout's built
+    extensions copied in when REV has the same source."""
+    if pure:
+        return Tree(
+            root, label, True, frozenset(), "none: --pure-python (the pure-Python fallback)"
+        )
+    notes, loads, fallback = [], set(), False
+    for name, source in SPEEDUPS.items():
+        theirs = git_source(commit, source)
+        extension = built_extension(ROOT, name)
+        here = ROOT / source
+        if theirs is None:
+            notes.append(f"{name}: {rev} has no {source} (it does not use it)")
+        elif extension is None:
+            fallback = True
+            notes.append(f"{name}: this checkout has no build to copy (the pure-Python fallback)")
+        elif not here.is_file() or theirs != here.read_bytes():
+            fallback = True
+            notes.append(
+                f"{name}: {rev}'s {source} differs from this checkout's, so {rev} runs"
+                f" the pure-Python fallback; measure this checkout the same way:"
+                f" {shlex.join([*rerun, '--pure-python'])}"
+            )
+        else:
+            shutil.copy2(extension, root / extension.relative_to(ROOT))
+            loads.add(name)
+            notes.append(
+                f"{name}: {extension.name} copied from {ROOT} (the same source"
+                f"{stale_note(ROOT, name, extension)})"
+            )
+    if fallback:
+        # a partial set would mix C and Python: REV runs its own Python alone
+        for name in loads:
+            (root / built_extension(ROOT, name).relative_to(ROOT)).unlink()  # type: ignore[union-attr]
+        loads = set()
+    return Tree(root, label, fallback, frozenset(loads), "; ".join(notes))
 
 
 # -- the measurement -----------------------------------------------------------------
@@ -251,12 +284,12 @@ def check_line(tree: Tree, stdout: str) -> None:
             " install filled them in): " + "; ".join(foreign)
         )
     package, _, loaded = lines[-1][len(MARK) :].strip().rpartition(" C=")
+    names = frozenset() if loaded == "none" else frozenset(loaded.split(","))
     expected = (tree.root / "trio_backplane").resolve()
     if Path(package) != expected:
         raise Failure(f"trio_backplane was imported from {package}, not from {expected}")
-    if (loaded == "yes") == tree.pure:
-        state = "loaded" if loaded == "yes" else "not loaded"
-        raise Failure(f"the C extension was {state}, against {tree.extension!r}")
+    if names != tree.loads:
+        raise Failure(f"the C extensions loaded were {sorted(names)}, against {tree.extension!r}")
 
 
 def failed(what: str, result: subprocess.CompletedProcess[str]) -> Failure:
@@ -320,7 +353,7 @@ def measure(valgrind: str, tree: Tree, steps: int, command: list[str]) -> None:
         flush=True,
     )
     print(f"tree: {tree.label}")
-    print(f"C extension: {tree.extension}", flush=True)
+    print(f"C extensions: {tree.extension}", flush=True)
     warm_up(tree, steps)
     print(f"trio_backplane imported from {(tree.root / 'trio_backplane').resolve()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="trio_backplane-callgrind-") as name:
@@ -352,7 +385,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--pure-python",
         action="store_true",
-        help="block the C extension: measure the pure-Python fallback",
+        help="block the C extensions: measure the pure-Python fallback",
     )
     parser.add_argument("--run", type=int, metavar="N", help=argparse.SUPPRESS)
     parser.add_argument("--check", action="store_true", help=argparse.SUPPRESS)

@@ -38,7 +38,12 @@ def version() -> str:
 
 def wanted() -> list[str]:
     """Every module and package-data file of the source tree, repo-relative."""
-    data = [PACKAGE / "py.typed", *PACKAGE.glob("examples/*.json"), *PACKAGE.glob("schema/*.pyi")]
+    data = [
+        PACKAGE / "py.typed",
+        *PACKAGE.glob("examples/*.json"),
+        *PACKAGE.glob("schema/*.pyi"),
+        *PACKAGE.glob("kernel/*.pyi"),
+    ]
     if not any(p.suffix == ".json" for p in data) or not any(p.suffix == ".pyi" for p in data):
         raise SystemExit("the source tree has no examples/*.json or schema/*.pyi to ship")
     modules = [p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts]
@@ -67,7 +72,7 @@ def problems(dist: Path, release: str) -> list[str]:
         prefix = f"trio_backplane-{release}/"
         in_sdist = {name.removeprefix(prefix) for name in tarred.getnames()}
     needed = [*files, "pyproject.toml", "README.md", "LICENSE", "CHANGELOG.md"]
-    needed.append("trio_backplane/schema/_speedups.c")
+    needed += ["trio_backplane/schema/_speedups.c", "trio_backplane/kernel/_speedups.c"]
     found += [f"missing from the sdist: {n}" for n in needed if n not in in_sdist]
     found += [
         f"the sdist holds a compiled file: {n}"

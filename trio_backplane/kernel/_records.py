@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final, final
 
 import attrs
@@ -249,6 +249,10 @@ def freeze(value: Any, what: str = "committed intent", limit: int = MAX_DEPTH) -
     """
     if type(value) in _KEPT:  # frozen already, or a leaf: most calls, no second call
         return value
+    if _fast_freeze is not None:
+        frozen = _fast_freeze(value, limit)
+        if frozen is not NotImplemented:
+            return frozen
     try:
         return _freeze(value, what, 0, limit)
     except Error:
@@ -262,6 +266,15 @@ def freeze(value: Any, what: str = "committed intent", limit: int = MAX_DEPTH) -
 
 
 _RECURSION: Final = 64
+
+_fast_freeze: Callable[[Any, int], Any] | None
+try:  # the C accelerator; the Python walk is the reference and the fallback
+    from ._speedups import configure as _configure
+    from ._speedups import freeze as _fast_freeze
+except ImportError:  # pragma: no cover - exercised where no compiler was available
+    _fast_freeze = None
+else:
+    _configure(FrozenDict, FrozenList, LayeredDict)
 
 
 #: Types :func:`freeze` returns as they are: JSON leaves (``None`` included;

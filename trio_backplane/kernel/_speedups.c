@@ -1,0 +1,268 @@
+/* C accelerator for trio_backplane.kernel._records.freeze.
+ *
+ * configure(FrozenDict, FrozenList, LayeredDict) -> None
+ * freeze(value, limit) -> frozen value | NotImplemented
+ *
+ * freeze builds exactly what the Python walk builds for JSON data made of
+ * exact built-in types (dict, list, tuple, str, int, float, bool, None) and
+ * frozen containers: a new FrozenDict per dict (insertion order kept), a new
+ * FrozenList per list or tuple, leaves and frozen containers as they are.
+ * Anything else, and anything the walk refuses (a lone surrogate, a
+ * non-finite float, an integer of more than 4300 digits, a container nested
+ * at depth `limit` or deeper, a non-str key, any other type), returns
+ * NotImplemented: the Python walk then decides and words the error, so the
+ * accelerator never changes what is accepted or what an error says.
+ *
+ * Only exact built-in types are walked, so no Python code (no __eq__,
+ * __hash__, __iter__ of the walked data) runs; the items being walked are
+ * held by strong references all the same.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+
+/* 10**4300 has 14285 bits: an int of fewer bits has at most 4300 digits. */
+#define INT_BITS_OK 14285
+
+typedef struct {
+    PyObject *frozen_dict;
+    PyObject *frozen_list;
+    PyObject *layered_dict;
+} module_state;
+
+/* The "let the Python walk decide" result, a borrowed NotImplemented. */
+#define DECLINE Py_NotImplemented
+
+/* Whether an exact str holds no lone surrogate (Python strs never pair them). */
+static int
+is_text(PyObject *s)
+{
+    if (PyUnicode_IS_ASCII(s))
+        return 1;
+#if PY_VERSION_HEX < 0x030C0000
+    if (PyUnicode_READY(s) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+#endif
+    Py_ssize_t n = PyUnicode_GET_LENGTH(s);
+    const void *data = PyUnicode_DATA(s);
+    switch (PyUnicode_KIND(s)) {
+    case PyUnicode_1BYTE_KIND:
+        return 1;
+    case PyUnicode_2BYTE_KIND: {
+        const Py_UCS2 *p = data;
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (p[i] - 0xD800u < 0x800u)
+                return 0;
+        return 1;
+    }
+    default: {
+        const Py_UCS4 *p = data;
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (p[i] - 0xD800u < 0x800u)
+                return 0;
+        return 1;
+    }
+    }
+}
+
+static int
+int_fits(PyObject *v)
+{
+    int overflow;
+    (void)PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (!overflow)
+        return 1;
+    size_t bits = _PyLong_NumBits(v);
+    return bits != (size_t)-1 && bits < INT_BITS_OK;
+}
+
+/* A new reference to the frozen value; DECLINE (a new reference) to let
+ * Python decide; NULL with an exception set on a real failure (memory). */
+static PyObject *freeze_value(module_state *st, PyObject *v, int depth, int limit);
+
+static PyObject *
+freeze_dict(module_state *st, PyObject *v, int depth, int limit)
+{
+    PyObject *out = PyObject_CallNoArgs(st->frozen_dict);
+    if (out == NULL)
+        return NULL;
+    Py_ssize_t pos = 0;
+    PyObject *key, *item;
+    while (PyDict_Next(v, &pos, &key, &item)) {
+        if (!PyUnicode_CheckExact(key) || !is_text(key))
+            goto decline;
+        Py_INCREF(key);
+        Py_INCREF(item);
+        PyObject *frozen = freeze_value(st, item, depth + 1, limit);
+        Py_DECREF(item);
+        if (frozen == NULL || frozen == DECLINE) {
+            Py_DECREF(key);
+            Py_DECREF(out);
+            return frozen;
+        }
+        int failed = PyDict_SetItem(out, key, frozen);
+        Py_DECREF(key);
+        Py_DECREF(frozen);
+        if (failed) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    return out;
+decline:
+    Py_DECREF(out);
+    return Py_NewRef(DECLINE);
+}
+
+static PyObject *
+freeze_sequence(module_state *st, PyObject *v, int depth, int limit)
+{
+    PyObject *out = PyObject_CallNoArgs(st->frozen_list);
+    if (out == NULL)
+        return NULL;
+    /* a list's size is read at each item: nothing here can change it, but
+     * the walk never reads past its end whatever happens */
+    for (Py_ssize_t i = 0; i < Py_SIZE(v); i++) {
+        PyObject *item = PyList_CheckExact(v) ? PyList_GET_ITEM(v, i) : PyTuple_GET_ITEM(v, i);
+        Py_INCREF(item);
+        PyObject *frozen = freeze_value(st, item, depth + 1, limit);
+        Py_DECREF(item);
+        if (frozen == NULL || frozen == DECLINE) {
+            Py_DECREF(out);
+            return frozen;
+        }
+        int failed = PyList_Append(out, frozen);
+        Py_DECREF(frozen);
+        if (failed) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+static PyObject *
+freeze_value(module_state *st, PyObject *v, int depth, int limit)
+{
+    PyTypeObject *t = Py_TYPE(v);
+    if (t == &PyUnicode_Type)
+        return Py_NewRef(is_text(v) ? v : DECLINE);
+    if (t == &PyLong_Type)
+        return Py_NewRef(int_fits(v) ? v : DECLINE);
+    if (t == &PyFloat_Type)
+        return Py_NewRef(isfinite(PyFloat_AS_DOUBLE(v)) ? v : DECLINE);
+    if (v == Py_None || t == &PyBool_Type || (PyObject *)t == st->frozen_dict
+        || (PyObject *)t == st->frozen_list || (PyObject *)t == st->layered_dict)
+        return Py_NewRef(v);
+    if (t != &PyDict_Type && t != &PyList_Type && t != &PyTuple_Type)
+        return Py_NewRef(DECLINE);
+    if (depth >= limit)
+        return Py_NewRef(DECLINE);  /* too deep: the Python walk says so */
+    if (Py_EnterRecursiveCall(" in freeze"))
+        return NULL;
+    PyObject *out = t == &PyDict_Type ? freeze_dict(st, v, depth, limit)
+                                      : freeze_sequence(st, v, depth, limit);
+    Py_LeaveRecursiveCall();
+    return out;
+}
+
+static PyObject *
+freeze(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "freeze(value, limit) takes 2 arguments");
+        return NULL;
+    }
+    module_state *st = PyModule_GetState(module);
+    if (st->frozen_dict == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "freeze: configure() was not called");
+        return NULL;
+    }
+    long limit = PyLong_AsLong(args[1]);
+    if (limit == -1 && PyErr_Occurred())
+        return NULL;
+    if (limit < 0 || limit > 100000) {
+        PyErr_SetString(PyExc_ValueError, "freeze: limit must be in 0..100000");
+        return NULL;
+    }
+    return freeze_value(st, args[0], 0, (int)limit);
+}
+
+static PyObject *
+configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "configure takes the three frozen types");
+        return NULL;
+    }
+    for (int i = 0; i < 3; i++)
+        if (!PyType_Check(args[i])) {
+            PyErr_SetString(PyExc_TypeError, "configure takes types");
+            return NULL;
+        }
+    if (!PyType_IsSubtype((PyTypeObject *)args[0], &PyDict_Type)
+        || !PyType_IsSubtype((PyTypeObject *)args[1], &PyList_Type)) {
+        PyErr_SetString(PyExc_TypeError, "configure: a dict and a list subclass first");
+        return NULL;
+    }
+    module_state *st = PyModule_GetState(module);
+    Py_XSETREF(st->frozen_dict, Py_NewRef(args[0]));
+    Py_XSETREF(st->frozen_list, Py_NewRef(args[1]));
+    Py_XSETREF(st->layered_dict, Py_NewRef(args[2]));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"freeze", (PyCFunction)(void (*)(void))freeze, METH_FASTCALL,
+     "freeze(value, limit, /)\n--\n\n"
+     "The frozen copy of JSON data of exact built-in types, or NotImplemented."},
+    {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL,
+     "configure(frozen_dict, frozen_list, layered_dict, /)\n--\n\n"
+     "The types freeze builds and keeps."},
+    {NULL, NULL, 0, NULL},
+};
+
+static int
+module_traverse(PyObject *module, visitproc visit, void *arg)
+{
+    module_state *st = PyModule_GetState(module);
+    Py_VISIT(st->frozen_dict);
+    Py_VISIT(st->frozen_list);
+    Py_VISIT(st->layered_dict);
+    return 0;
+}
+
+static int
+module_clear(PyObject *module)
+{
+    module_state *st = PyModule_GetState(module);
+    Py_CLEAR(st->frozen_dict);
+    Py_CLEAR(st->frozen_list);
+    Py_CLEAR(st->layered_dict);
+    return 0;
+}
+
+static void
+module_free(void *module)
+{
+    module_clear((PyObject *)module);
+}
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "trio_backplane.kernel._speedups",
+    .m_doc = "C accelerator for trio_backplane.kernel._records.freeze.",
+    .m_size = sizeof(module_state),
+    .m_methods = methods,
+    .m_traverse = module_traverse,
+    .m_clear = module_clear,
+    .m_free = module_free,
+};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    return PyModuleDef_Init(&moduledef);
+}

@@ -1,0 +1,7 @@
+from typing import Any
+
+def configure(frozen_dict: type, frozen_list: type, layered_dict: type, /) -> None:
+    """The types ``freeze`` builds and keeps as they are."""
+
+def freeze(value: object, limit: int, /) -> Any:
+    """The frozen copy of JSON data of exact built-in types, or ``NotImplemented``."""
