@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final, final
 
@@ -918,7 +919,12 @@ def _make_copy() -> Any:
     return namespace["_copy_record"]
 
 
-_copy_record: Final = _make_copy()
+#: ``_copy_record(record)``: the C accelerator's slot copy, else the Python one.
+_copy_record: Callable[[Any], Any]
+try:
+    from ._speedups import copy_slots as _copy_record
+except ImportError:  # pragma: no cover - exercised where no compiler was available
+    _copy_record = functools.partial(_make_copy(), new_object=object.__new__, cls=RunRecord)
 
 
 #: Per field, the exact types its converter returns as they are: a frozen
@@ -937,7 +943,7 @@ def evolve_record(record: RunRecord, **changes: Any) -> RunRecord:
     """``attrs.evolve`` for the hot path: copies the record and runs the
     converter and validator of the changed fields only (the others were
     checked when ``record`` was built)."""
-    new: RunRecord = _copy_record(record, object.__new__, RunRecord)
+    new: RunRecord = _copy_record(record)
     for name, given in changes.items():
         field = _RECORD_FIELDS[name]  # KeyError: an unknown field is a bug
         converter = field.converter

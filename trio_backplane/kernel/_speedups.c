@@ -1,7 +1,8 @@
-/* C accelerator for trio_backplane.kernel._records.freeze.
+/* C accelerator for trio_backplane.kernel._records: freeze and the record copy.
  *
  * configure(FrozenDict, FrozenList, LayeredDict) -> None
  * freeze(value, limit) -> frozen value | NotImplemented
+ * copy_slots(obj) -> a new instance of type(obj) holding the same slot values
  *
  * freeze builds exactly what the Python walk builds for JSON data made of
  * exact built-in types (dict, list, tuple, str, int, float, bool, None) and
@@ -20,6 +21,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
+#include <structmember.h>
 
 /* 10**4300 has 14285 bits: an int of fewer bits has at most 4300 digits. */
 #define INT_BITS_OK 14285
@@ -190,6 +192,46 @@ freeze(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return freeze_value(st, args[0], 0, (int)limit);
 }
 
+/* copy_slots: for the kernel's records (attrs slotted classes): a blank
+ * instance of the same type with every __slots__ member (T_OBJECT_EX, of the
+ * type and its bases) pointing at the same value; no __init__, converter or
+ * validator runs, as the Python copy it replaces.  A type with a __dict__ or
+ * a member of another kind is refused: its state would not all be copied. */
+/* The read-only Py_ssize_t members 3.12+ lists for a heap type's weakref
+ * and dict offsets (__weaklistoffset__, __dictoffset__): not slots. */
+static int
+is_offset_marker(PyMemberDef *m)
+{
+    return m->type == T_PYSSIZET && (m->flags & READONLY);
+}
+
+static PyObject *
+copy_slots(PyObject *module, PyObject *obj)
+{
+    PyTypeObject *t = Py_TYPE(obj);
+    if (t->tp_dictoffset != 0 || !(t->tp_flags & Py_TPFLAGS_HEAPTYPE)) {
+        PyErr_SetString(PyExc_TypeError, "copy_slots: a slotted class without __dict__ only");
+        return NULL;
+    }
+    for (PyTypeObject *b = t; b != NULL; b = b->tp_base)
+        for (PyMemberDef *m = b->tp_members; m != NULL && m->name != NULL; m++)
+            if (m->type != T_OBJECT_EX && !is_offset_marker(m)) {
+                PyErr_SetString(PyExc_TypeError, "copy_slots: a member that is not a slot");
+                return NULL;
+            }
+    PyObject *new = t->tp_alloc(t, 0);
+    if (new == NULL)
+        return NULL;
+    for (PyTypeObject *b = t; b != NULL; b = b->tp_base)
+        for (PyMemberDef *m = b->tp_members; m != NULL && m->name != NULL; m++) {
+            if (is_offset_marker(m))
+                continue;
+            PyObject *value = *(PyObject **)((char *)obj + m->offset);
+            *(PyObject **)((char *)new + m->offset) = Py_XNewRef(value);
+        }
+    return new;
+}
+
 static PyObject *
 configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -218,6 +260,9 @@ static PyMethodDef methods[] = {
     {"freeze", (PyCFunction)(void (*)(void))freeze, METH_FASTCALL,
      "freeze(value, limit, /)\n--\n\n"
      "The frozen copy of JSON data of exact built-in types, or NotImplemented."},
+    {"copy_slots", copy_slots, METH_O,
+     "copy_slots(obj, /)\n--\n\n"
+     "A new instance of type(obj) with the same slot values (no __init__ run)."},
     {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL,
      "configure(frozen_dict, frozen_list, layered_dict, /)\n--\n\n"
      "The types freeze builds and keeps."},
@@ -253,7 +298,7 @@ module_free(void *module)
 static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT,
     .m_name = "trio_backplane.kernel._speedups",
-    .m_doc = "C accelerator for trio_backplane.kernel._records.freeze.",
+    .m_doc = "C accelerator for trio_backplane.kernel._records: freeze, copy_slots.",
     .m_size = sizeof(module_state),
     .m_methods = methods,
     .m_traverse = module_traverse,

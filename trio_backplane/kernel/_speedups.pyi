@@ -5,3 +5,6 @@ def configure(frozen_dict: type, frozen_list: type, layered_dict: type, /) -> No
 
 def freeze(value: object, limit: int, /) -> Any:
     """The frozen copy of JSON data of exact built-in types, or ``NotImplemented``."""
+
+def copy_slots(obj: object, /) -> Any:
+    """A new instance of ``type(obj)`` with the same slot values (no ``__init__`` run)."""

@@ -1,4 +1,5 @@
-"""The C accelerator ``kernel._speedups.freeze`` against the Python walk.
+"""The C accelerator ``kernel._speedups`` against the Python code it speeds up:
+``freeze`` against the Python walk, ``copy_slots`` against the record copy.
 
 The extension is imported unconditionally: CI builds it, so a missing build is
 a failure here, never a skip.  The accelerator either builds exactly what the
@@ -9,15 +10,29 @@ declines (``NotImplemented``), and it declines everything the walk refuses.
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from collections.abc import Mapping
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from trio_backplane.errors import Error
-from trio_backplane.kernel import FrozenDict, FrozenList, LayeredDict, _records, _speedups
+from trio_backplane.kernel import (
+    Admit,
+    FrozenDict,
+    FrozenList,
+    LayeredDict,
+    ProviderStarted,
+    RunRecord,
+    Start,
+    _records,
+    _speedups,
+    transition,
+)
 
 
 class _Int(int):
@@ -171,3 +186,78 @@ def test_bad_calls_are_refused() -> None:
         _speedups.freeze({}, -1)
     with pytest.raises(TypeError):
         _speedups.configure(dict, list)  # type: ignore[call-arg]
+
+
+def test_copy_slots_copies_a_record_as_the_python_copy_does() -> None:
+    record, _ = transition(RunRecord.new("run-copy"), Admit(at=1.0, state="running"))
+    record, _ = transition(record, Start(at=2.0))
+    record, _ = transition(record, ProviderStarted(at=3.0, turn_id="turn-1"))
+    fast = _speedups.copy_slots(record)
+    slow = _records._make_copy()(record, object.__new__, RunRecord)
+    assert type(fast) is RunRecord
+    assert fast is not record
+    assert fast == record == slow
+    for field in attrs.fields(RunRecord):
+        assert getattr(fast, field.name) is getattr(record, field.name)
+    assert _records._copy_record is _speedups.copy_slots
+    # the copy is its own object: a slot set on it leaves the original alone
+    _records._SETTERS["state"](fast, "completed")
+    assert record.state == "running"
+
+
+def test_copy_slots_refuses_an_object_whose_state_it_cannot_copy() -> None:
+    class Plain:
+        pass
+
+    with pytest.raises(TypeError, match="slotted"):
+        _speedups.copy_slots(Plain())
+    with pytest.raises(TypeError, match="slotted"):
+        _speedups.copy_slots(3)
+
+
+_LIFECYCLE = """
+from trio_backplane.kernel import (
+    Admit, ProviderCompleted, ProviderStarted, RunRecord, Start, ToolCompleted, ToolInvoked,
+    _records, freeze, transition,
+)
+
+record = RunRecord.new("run-fallback", context={"host": {"k": [1, 2.5, None, "\\u00e9"]}})
+events = []
+message = {"role": "assistant", "content": [{"type": "text", "text": "hi"}], "id": "m1"}
+for command in (
+    Admit(at=1.0, state="running"),
+    Start(at=1.0),
+    ProviderStarted(at=2.0, turn_id="turn-1"),
+    ProviderCompleted(at=3.0, attempt_id="attempt-1-1", result={"message": message},
+                      messages=[message], usage=[{"input_tokens": 3}]),
+    ToolInvoked(at=4.0, tool_name="echo", tool_call_id="call-1", arguments_digest="d"),
+    ToolCompleted(at=5.0, invocation_id="invocation-1-1", result={"ok": [1, {"x": (2,)}]},
+                  messages=[{"role": "tool", "content": "ok", "id": "m2"}]),
+):
+    record, produced = transition(record, command)
+    events.extend(produced)
+print("C" if _records._fast_freeze is not None else "python")
+print(repr(record))
+print(repr([(e.type, e.occurred_at, e.payload) for e in events]))
+print(repr(freeze({"a": [1, (2, {"b": None})], "c": 1.5})))
+"""
+
+
+def _run_lifecycle(block: bool) -> list[str]:
+    prelude = 'import sys; sys.modules["trio_backplane.kernel._speedups"] = None\n'
+    result = subprocess.run(
+        [sys.executable, "-c", (prelude if block else "") + _LIFECYCLE],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return result.stdout.splitlines()
+
+
+def test_the_pure_python_fallback_gives_the_same_records_and_events() -> None:
+    """Where no compiler built the extension, the kernel runs its Python code
+    and commits byte for byte what the accelerated kernel commits."""
+    fast, slow = _run_lifecycle(block=False), _run_lifecycle(block=True)
+    assert fast[0] == "C"
+    assert slow[0] == "python"
+    assert fast[1:] == slow[1:]
