@@ -132,6 +132,8 @@ _FIELDS = ("run_id", "tool_name", "tool_revision")
 
 
 def _read(invocation: Any) -> tuple[Any, Any, Any]:
+    if type(invocation) is Invocation:  # the engine's own: every field is there
+        return invocation.run_id, invocation.tool_name, invocation.tool_revision
     if isinstance(invocation, Mapping):
         missing = [f for f in _FIELDS if f not in invocation]
         values = tuple(invocation.get(f) for f in _FIELDS)
