@@ -302,7 +302,8 @@ _ITEMS: Final = tuple(FrozenDict({"items": n}) for n in range(16))
 
 def _summary(value: Any) -> FrozenDict:
     """What an event says of a large input: its shape, in constant time."""
-    if type(value) is FrozenDict or isinstance(value, Mapping):
+    kind = type(value)
+    if kind is FrozenDict or (kind is not FrozenList and isinstance(value, Mapping)):
         keys = tuple(value)
         listed = _KEY_LISTS.get(keys)
         if listed is None:

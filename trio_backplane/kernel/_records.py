@@ -475,7 +475,7 @@ def _frozen_mapping(value: Any) -> Mapping[str, Any]:
     if value is None:
         return _EMPTY
     frozen = freeze(value, limit=RECORD_DEPTH)
-    if not isinstance(frozen, Mapping):
+    if type(frozen) is not FrozenDict and not isinstance(frozen, Mapping):
         raise Error(ErrorClass.VALIDATION, "expected a mapping")
     return frozen
 

@@ -145,7 +145,7 @@ def _invoked_in_step(record: RunRecord, step_id: Any, call_id: Any) -> bool:
     n = record.counters.get("invocation", 0)
     while type(n) is int and n > 0:
         intent = intents.get(f"tool:invocation-{incarnation}-{n}")
-        if not isinstance(intent, Mapping):
+        if type(intent) is not FrozenDict and not isinstance(intent, Mapping):
             break
         if intent.get("step_id") != step_id:
             return False  # the step's tools are all above this one

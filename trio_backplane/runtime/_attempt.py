@@ -121,7 +121,8 @@ class ResponseAssembler:
         if failure is None and not self.terminal:
             failure = Error(ErrorClass.VALIDATION, "provider ended without terminal event")
         if failure is None and (
-            not isinstance(message, Mapping) or message.get("role") != "assistant"
+            (type(message) is not FrozenDict and not isinstance(message, Mapping))
+            or message.get("role") != "assistant"
         ):
             failure = Error(ErrorClass.VALIDATION, "provider message role must be assistant")
         if usage:
