@@ -9,6 +9,7 @@ declines (``NotImplemented``), and it declines everything the walk refuses.
 
 from __future__ import annotations
 
+import gc
 import math
 import subprocess
 import sys
@@ -261,3 +262,40 @@ def test_the_pure_python_fallback_gives_the_same_records_and_events() -> None:
     assert fast[0] == "C"
     assert slow[0] == "python"
     assert fast[1:] == slow[1:]
+
+
+@given(
+    st.lists(_values(), max_size=5).map(lambda v: _records.freeze(v) if _frozen_ok(v) else []),
+    st.lists(_LEAVES | st.lists(st.integers(), max_size=2), max_size=4),
+    st.booleans(),
+)
+def test_grown_appends_as_the_python_copy_does(items: Any, more: list[Any], as_tuple: bool) -> None:
+    """``grown`` builds the ``FrozenList`` the Python copy builds; it leaves
+    the cycle collector out only when every item is frozen (a leaf or a
+    frozen container), which can form no cycle."""
+    extra: Any = tuple(more) if as_tuple else more
+    fast = _speedups.grown(items, extra)
+    slow = _records._grown_python(items, extra)
+    assert type(fast) is FrozenList
+    assert _same(fast, slow)
+    assert fast is not items
+    frozen = all(
+        type(x) in (str, int, float, bool, type(None), FrozenDict, FrozenList, LayeredDict)
+        for x in [*items, *more]
+    )
+    assert gc.is_tracked(fast) is not frozen
+
+
+def _frozen_ok(value: Any) -> bool:
+    try:
+        _records.freeze(value)
+    except Error:
+        return False
+    return True
+
+
+def test_grown_refuses_what_is_not_a_sequence() -> None:
+    with pytest.raises(TypeError, match="lists or tuples"):
+        _speedups.grown(FrozenList(), {"a": 1})
+    with pytest.raises(TypeError):
+        _speedups.grown(FrozenList())  # type: ignore[call-arg]

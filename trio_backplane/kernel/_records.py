@@ -246,7 +246,9 @@ def freeze(value: Any, what: str = "committed intent", limit: int = MAX_DEPTH) -
     to encode and decode what is committed (JSON codecs recurse), so the same
     data is refused on every store, before it is stored.  Shallow values take
     a recursive fast path; anything nested deeper than ``_RECURSION`` levels
-    continues on an explicit stack, so walking it is never a danger.
+    continues on an explicit stack, so walking it is never a danger.  The
+    optional C accelerator builds the same value for data of exact built-in
+    types; what it declines, this walk decides (same results, same errors).
     """
     if type(value) in _KEPT:  # frozen already, or a leaf: most calls, no second call
         return value
@@ -822,6 +824,26 @@ def put(mapping: Mapping[str, Any], key: str, value: Any) -> Mapping[str, Any]:
     """:func:`assoc` for a ``value`` the kernel built itself from frozen parts
     (a ``FrozenDict`` of scalars and frozen values): no walk."""
     return _derive(mapping, _set(mapping, key, value), key)
+
+
+def _grown_python(
+    items: list[Any] | tuple[Any, ...], more: list[Any] | tuple[Any, ...]
+) -> FrozenList:
+    # ``FrozenList(items)`` of a list subclass copies through an iterator;
+    # a slice is an exact list, copied at C speed.
+    out = list(items[:])
+    out.extend(more)
+    return FrozenList(out)
+
+
+#: ``grown(items, more)``: a new ``FrozenList`` of the items of ``items``, then
+#: those of ``more`` (both lists or tuples of frozen values): the C
+#: accelerator's, else the Python copy.
+grown: Callable[[Any, Any], FrozenList]
+try:
+    from ._speedups import grown
+except ImportError:  # pragma: no cover - exercised where no compiler was available
+    grown = _grown_python
 
 
 def appended(items: Any, *values: Any) -> FrozenList:

@@ -3,6 +3,7 @@
  * configure(FrozenDict, FrozenList, LayeredDict) -> None
  * freeze(value, limit) -> frozen value | NotImplemented
  * copy_slots(obj) -> a new instance of type(obj) holding the same slot values
+ * grown(items, more) -> a new FrozenList: the items of items, then of more
  *
  * freeze builds exactly what the Python walk builds for JSON data made of
  * exact built-in types (dict, list, tuple, str, int, float, bool, None) and
@@ -232,6 +233,70 @@ copy_slots(PyObject *module, PyObject *obj)
     return new;
 }
 
+/* Whether v is frozen JSON data by its type alone: a leaf or a frozen
+ * container (which holds frozen data only). */
+static int
+is_frozen(module_state *st, PyObject *v)
+{
+    PyTypeObject *t = Py_TYPE(v);
+    return t == &PyUnicode_Type || t == &PyLong_Type || t == &PyFloat_Type || v == Py_None
+           || t == &PyBool_Type || (PyObject *)t == st->frozen_dict
+           || (PyObject *)t == st->frozen_list || (PyObject *)t == st->layered_dict;
+}
+
+/* grown: the kernel's append to a growing field (the transcript, the usage
+ * reports), one copy at C speed: list(items) of a list subclass goes item by
+ * item through an iterator.  A result holding frozen values only is not
+ * tracked by the cycle collector, as CPython does for a tuple of atoms:
+ * frozen values form no cycle, and a long transcript copied at every commit
+ * would otherwise be walked by every young collection. */
+static PyObject *
+grown(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "grown(items, more) takes 2 arguments");
+        return NULL;
+    }
+    module_state *st = PyModule_GetState(module);
+    if (st->frozen_list == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "grown: configure() was not called");
+        return NULL;
+    }
+    PyObject *items = args[0], *more = args[1];
+    if (!(PyList_Check(items) || PyTuple_Check(items)) || !(PyList_Check(more) || PyTuple_Check(more))) {
+        PyErr_SetString(PyExc_TypeError, "grown: items and more must be lists or tuples");
+        return NULL;
+    }
+    Py_ssize_t n = Py_SIZE(items), m = Py_SIZE(more);
+    PyObject **a = PyList_Check(items) ? ((PyListObject *)items)->ob_item : ((PyTupleObject *)items)->ob_item;
+    PyObject **b = PyList_Check(more) ? ((PyListObject *)more)->ob_item : ((PyTupleObject *)more)->ob_item;
+    PyObject *out = PyObject_CallNoArgs(st->frozen_list);
+    if (out == NULL)
+        return NULL;
+    PyListObject *list = (PyListObject *)out;
+    PyObject **slots = PyMem_New(PyObject *, n + m > 0 ? n + m : 1);
+    if (slots == NULL) {
+        Py_DECREF(out);
+        return PyErr_NoMemory();
+    }
+    int frozen = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        frozen = frozen && is_frozen(st, a[i]);
+        slots[i] = Py_NewRef(a[i]);
+    }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        frozen = frozen && is_frozen(st, b[i]);
+        slots[n + i] = Py_NewRef(b[i]);
+    }
+    PyMem_Free(list->ob_item);  /* an empty list's (NULL) */
+    list->ob_item = slots;
+    Py_SET_SIZE(list, n + m);
+    list->allocated = n + m > 0 ? n + m : 1;
+    if (frozen)
+        PyObject_GC_UnTrack(out);
+    return out;
+}
+
 static PyObject *
 configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -263,6 +328,9 @@ static PyMethodDef methods[] = {
     {"copy_slots", copy_slots, METH_O,
      "copy_slots(obj, /)\n--\n\n"
      "A new instance of type(obj) with the same slot values (no __init__ run)."},
+    {"grown", (PyCFunction)(void (*)(void))grown, METH_FASTCALL,
+     "grown(items, more, /)\n--\n\n"
+     "A new FrozenList of the items of items, then those of more."},
     {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL,
      "configure(frozen_dict, frozen_list, layered_dict, /)\n--\n\n"
      "The types freeze builds and keeps."},
@@ -298,7 +366,7 @@ module_free(void *module)
 static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT,
     .m_name = "trio_backplane.kernel._speedups",
-    .m_doc = "C accelerator for trio_backplane.kernel._records: freeze, copy_slots.",
+    .m_doc = "C accelerator for trio_backplane.kernel._records: freeze, copy_slots, grown.",
     .m_size = sizeof(module_state),
     .m_methods = methods,
     .m_traverse = module_traverse,

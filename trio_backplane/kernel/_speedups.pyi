@@ -8,3 +8,6 @@ def freeze(value: object, limit: int, /) -> Any:
 
 def copy_slots(obj: object, /) -> Any:
     """A new instance of ``type(obj)`` with the same slot values (no ``__init__`` run)."""
+
+def grown(items: list[Any] | tuple[Any, ...], more: list[Any] | tuple[Any, ...], /) -> Any:
+    """A new ``FrozenList`` of the items of ``items``, then those of ``more``."""

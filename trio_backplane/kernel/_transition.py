@@ -47,6 +47,7 @@ from ._records import (
     dissoc,
     evolve_record,
     freeze,
+    grown,
     kernel_event,
     put,
     reserve,
@@ -167,9 +168,7 @@ def _grown(items: FrozenList, more: Any, name: str) -> FrozenList:
     """``items`` with the frozen items of ``more`` appended."""
     if type(more) is not FrozenList and not isinstance(more, list | tuple):
         raise Error(ErrorClass.VALIDATION, f"{name} to append must be a list")
-    grown = FrozenList(items)
-    list.extend(grown, more)
-    return grown
+    return grown(items, more)
 
 
 def _with_context(
