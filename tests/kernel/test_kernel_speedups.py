@@ -299,3 +299,15 @@ def test_grown_refuses_what_is_not_a_sequence() -> None:
         _speedups.grown(FrozenList(), {"a": 1})
     with pytest.raises(TypeError):
         _speedups.grown(FrozenList())  # type: ignore[call-arg]
+
+
+def test_a_transcript_grown_again_stays_out_of_the_collector_while_frozen() -> None:
+    """The kernel grows the transcript from its last copy: frozen items keep
+    it untracked, and one unfrozen item (a hand-made list) tracks it again."""
+    first = _speedups.grown(_records.freeze([{"role": "user"}]), (FrozenDict(k=1),))
+    assert not gc.is_tracked(first)
+    second = _speedups.grown(first, [FrozenDict(role="assistant"), "text", 1.5])
+    assert not gc.is_tracked(second)
+    assert second == [{"role": "user"}, {"k": 1}, {"role": "assistant"}, "text", 1.5]
+    third = _speedups.grown(second, [[1]])
+    assert gc.is_tracked(third)

@@ -279,10 +279,18 @@ grown(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(out);
         return PyErr_NoMemory();
     }
+    /* An untracked FrozenList is one this function built: its items were
+     * found frozen then, and are not looked at again. */
     int frozen = 1;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        frozen = frozen && is_frozen(st, a[i]);
-        slots[i] = Py_NewRef(a[i]);
+    if ((PyObject *)Py_TYPE(items) == st->frozen_list && !PyObject_GC_IsTracked(items)) {
+        for (Py_ssize_t i = 0; i < n; i++)
+            slots[i] = Py_NewRef(a[i]);
+    }
+    else {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            frozen = frozen && is_frozen(st, a[i]);
+            slots[i] = Py_NewRef(a[i]);
+        }
     }
     for (Py_ssize_t i = 0; i < m; i++) {
         frozen = frozen && is_frozen(st, b[i]);
