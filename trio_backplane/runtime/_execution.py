@@ -142,7 +142,7 @@ class Executor:
             turn_id=turn_id,
             tool_name=descriptor.name,
             tool_revision=descriptor.revision,
-            catalog_revision=state.conversation.catalog_revision or 1,
+            catalog_revision=state.held().catalog_revision or 1,
             arguments=arguments,
             caller=authority.caller,
             effective_authority=authority,

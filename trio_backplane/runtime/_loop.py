@@ -227,7 +227,7 @@ class TurnLoop:
             raise
 
     async def _consume_steering(self, turn_id: str) -> bool:
-        queue = self._state.conversation.steering
+        queue = self._state.held().steering
         if not queue:
             return False
         await self._writer.flush()

@@ -164,6 +164,16 @@ class RunState:
             self._read_of = record
         return self._read
 
+    def held(self) -> ConversationState:
+        """The conversation state for its fields other than the growing ones
+        (queues, catalog revision, pending interaction, ...): the transcript
+        and usage it shows may be an earlier record's.  Reading them never
+        rebuilds the state for a commit that only grew the transcript."""
+        read = self._read
+        if read is not None and self.record.context.get("conversation") is read.source:
+            return read
+        return self.conversation
+
     @property
     def inactive(self) -> bool:
         return self.phase in INACTIVE_PHASES

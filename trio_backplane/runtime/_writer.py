@@ -160,7 +160,10 @@ def _unless_steered(
     same conversation mapping)."""
 
     def guarded(record: RunRecord, now: float) -> KernelCommand:
-        if ConversationState.of(record, state.conversation).steering:
+        held = state.held()
+        if record.context.get("conversation") is not held.source:
+            held = ConversationState.of(record)
+        if held.steering:
             raise _InputArrived
         return build(record, now)
 
