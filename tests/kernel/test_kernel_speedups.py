@@ -311,3 +311,68 @@ def test_a_transcript_grown_again_stays_out_of_the_collector_while_frozen() -> N
     assert second == [{"role": "user"}, {"k": 1}, {"role": "assistant"}, "text", 1.5]
     third = _speedups.grown(second, [[1]])
     assert gc.is_tracked(third)
+
+
+_PUT_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["put", "put", "put", "dissoc", "branch"]),
+        st.sampled_from([f"k{i}" for i in range(10)]),
+        st.integers(0, 3),
+    ),
+    max_size=40,
+)
+
+
+@given(
+    st.dictionaries(st.sampled_from([f"k{i}" for i in range(10)]), st.integers(), max_size=8),
+    _PUT_OPS,
+    st.sampled_from([(4, 3), (64, 32), (1, 1), (2, 8)]),
+)
+def test_put_derives_exactly_as_the_python_code(
+    start: dict[str, int], ops: list[tuple[str, str, int]], thresholds: tuple[int, int]
+) -> None:
+    """The accelerator's ``put`` gives the mapping the Python ``_set`` and
+    ``_derive`` give (type, entries, order, length) and the same lineage: the
+    keys ``changed_keys`` names between any two versions are the same, along
+    a chain with dissociations and branches from older versions."""
+    layer_from, overlay_max = thresholds
+    saved = _records._LAYER_FROM, _records._OVERLAY_MAX
+    _records._LAYER_FROM, _records._OVERLAY_MAX = layer_from, overlay_max
+    try:
+        fast: list[Any] = [_records.freeze(start)]
+        slow: list[Any] = [_records.freeze(start)]
+        for op, key, n in ops:
+            if op == "branch":  # derive from an older version next
+                index = n % len(fast)
+                fast.append(fast[index])
+                slow.append(slow[index])
+            elif op == "dissoc":
+                fast.append(_records.dissoc(fast[-1], key))
+                slow.append(_records.dissoc(slow[-1], key))
+            else:
+                derived = _speedups.put(fast[-1], key, n, layer_from, overlay_max)
+                assert derived is not NotImplemented
+                fast.append(derived)
+                slow.append(_records._derive(slow[-1], _records._set(slow[-1], key, n), key))
+        for a, b in zip(fast, slow, strict=True):
+            assert type(a) is type(b)
+            assert list(a.items()) == list(b.items())
+            assert len(a) == len(b)
+        for i in range(len(fast)):
+            for j in range(i, len(fast)):
+                assert _records.changed_keys(fast[i], fast[j]) == _records.changed_keys(
+                    slow[i], slow[j]
+                )
+    finally:
+        _records._LAYER_FROM, _records._OVERLAY_MAX = saved
+
+
+def test_put_declines_what_it_does_not_derive() -> None:
+    """A plain dict, a non-str key or a lineage set by hand go to the Python code."""
+    assert _speedups.put({"a": 1}, "b", 2, 64, 32) is NotImplemented
+    assert _speedups.put(FrozenDict(a=1), 3, 2, 64, 32) is NotImplemented
+    odd = FrozenDict(a=1)
+    odd._lineage = "not a lineage"  # type: ignore[assignment]
+    assert _speedups.put(odd, "b", 2, 64, 32) is NotImplemented
+    assert _records._fast_put is _speedups.put
+    assert _records.put({"a": 1}, "b", 2) == {"a": 1, "b": 2}  # the Python code

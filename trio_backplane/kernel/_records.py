@@ -213,6 +213,8 @@ _DERIVED: Final = (FrozenDict, LayeredDict)
 _LAYER_FROM = 64
 #: A ``LayeredDict`` overlay this large is merged into a new base.
 _OVERLAY_MAX = 32
+#: A lineage log longer than this starts over (memory stays bounded).
+_LINEAGE_MAX: Final = 1 << 20
 
 
 _EMPTY: Final[Mapping[str, Any]] = FrozenDict()
@@ -271,13 +273,15 @@ def freeze(value: Any, what: str = "committed intent", limit: int = MAX_DEPTH) -
 _RECURSION: Final = 64
 
 _fast_freeze: Callable[[Any, int], Any] | None
-try:  # the C accelerator; the Python walk is the reference and the fallback
+_fast_put: Callable[[Any, str, Any, int, int], Any] | None
+try:  # the C accelerator; the Python code is the reference and the fallback
     from ._speedups import configure as _configure
     from ._speedups import freeze as _fast_freeze
+    from ._speedups import put as _fast_put
 except ImportError:  # pragma: no cover - exercised where no compiler was available
-    _fast_freeze = None
+    _fast_freeze = _fast_put = None
 else:
-    _configure(FrozenDict, FrozenList, LayeredDict)
+    _configure(FrozenDict, FrozenList, LayeredDict, _LINEAGE_MAX)
 
 
 #: Types :func:`freeze` returns as they are: JSON leaves (``None`` included;
@@ -753,8 +757,6 @@ def _input(value: Any) -> Mapping[str, Any]:
     return freeze(value)  # type: ignore[no-any-return]
 
 
-#: A lineage log longer than this starts over (memory stays bounded).
-_LINEAGE_MAX: Final = 1 << 20
 
 
 def _derive(old: Mapping[str, Any], new: Derived, key: str) -> Derived:
@@ -817,12 +819,18 @@ def assoc(mapping: Mapping[str, Any], key: str, value: Any) -> Mapping[str, Any]
     """``mapping`` with ``key`` set to frozen ``value``: one C-speed copy (a
     ``LayeredDict`` layer once ``mapping`` is large), the other (already
     frozen) values shared."""
-    return _derive(mapping, _set(mapping, key, freeze(value)), key)
+    return put(mapping, key, freeze(value))
 
 
 def put(mapping: Mapping[str, Any], key: str, value: Any) -> Mapping[str, Any]:
     """:func:`assoc` for a ``value`` the kernel built itself from frozen parts
-    (a ``FrozenDict`` of scalars and frozen values): no walk."""
+    (a ``FrozenDict`` of scalars and frozen values): no walk.  The C
+    accelerator derives a ``FrozenDict`` or a ``LayeredDict`` (str keys)
+    exactly as this code does, lineage included."""
+    if _fast_put is not None:
+        new = _fast_put(mapping, key, value, _LAYER_FROM, _OVERLAY_MAX)
+        if new is not NotImplemented:
+            return new  # type: ignore[no-any-return]
     return _derive(mapping, _set(mapping, key, value), key)
 
 

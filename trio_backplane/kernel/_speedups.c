@@ -1,9 +1,10 @@
 /* C accelerator for trio_backplane.kernel._records: freeze and the record copy.
  *
- * configure(FrozenDict, FrozenList, LayeredDict) -> None
+ * configure(FrozenDict, FrozenList, LayeredDict, lineage_max) -> None
  * freeze(value, limit) -> frozen value | NotImplemented
  * copy_slots(obj) -> a new instance of type(obj) holding the same slot values
  * grown(items, more) -> a new FrozenList: the items of items, then of more
+ * put(mapping, key, value, layer_from, overlay_max) -> derived | NotImplemented
  *
  * freeze builds exactly what the Python walk builds for JSON data made of
  * exact built-in types (dict, list, tuple, str, int, float, bool, None) and
@@ -22,6 +23,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
+#include <string.h>
 #include <structmember.h>
 
 /* 10**4300 has 14285 bits: an int of fewer bits has at most 4300 digits. */
@@ -31,7 +33,12 @@ typedef struct {
     PyObject *frozen_dict;
     PyObject *frozen_list;
     PyObject *layered_dict;
+    /* slot offsets: FrozenDict._lineage; LayeredDict's _base, _over, _len, _lineage */
+    Py_ssize_t fd_lineage, ld_base, ld_over, ld_len, ld_lineage;
+    Py_ssize_t lineage_max;
 } module_state;
+
+#define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
 
 /* The "let the Python walk decide" result, a borrowed NotImplemented. */
 #define DECLINE Py_NotImplemented
@@ -305,11 +312,209 @@ grown(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return out;
 }
 
+/* A new LayeredDict of base, over and length, slot by slot (its __init__
+ * sets exactly these three). */
+static PyObject *
+make_layered(module_state *st, PyObject *base, PyObject *over, Py_ssize_t length)
+{
+    PyTypeObject *t = (PyTypeObject *)st->layered_dict;
+    PyObject *size = PyLong_FromSsize_t(length);
+    if (size == NULL)
+        return NULL;
+    PyObject *new = t->tp_alloc(t, 0);
+    if (new == NULL) {
+        Py_DECREF(size);
+        return NULL;
+    }
+    SLOT(new, st->ld_base) = Py_NewRef(base);
+    SLOT(new, st->ld_over) = Py_NewRef(over);
+    SLOT(new, st->ld_len) = size;
+    return new;
+}
+
+/* The lineage tuple (log, version) of a derived mapping, or NULL when unset;
+ * *bad is set for anything else (a value put there by hand). */
+static PyObject *
+lineage_of(PyObject *mapping, Py_ssize_t offset, int *bad)
+{
+    PyObject *lineage = SLOT(mapping, offset);
+    if (lineage != NULL
+        && !(PyTuple_CheckExact(lineage) && PyTuple_GET_SIZE(lineage) == 2
+             && PyList_CheckExact(PyTuple_GET_ITEM(lineage, 0))
+             && PyLong_CheckExact(PyTuple_GET_ITEM(lineage, 1))))
+        *bad = 1;
+    return lineage;
+}
+
+static int
+set_lineage(PyObject *mapping, Py_ssize_t offset, PyObject *log, Py_ssize_t version)
+{
+    PyObject *lineage = Py_BuildValue("(On)", log, version);
+    if (lineage == NULL)
+        return -1;
+    Py_XSETREF(SLOT(mapping, offset), lineage);
+    return 0;
+}
+
+/* The derived mapping of _records.put (its _set then its _derive, exactly),
+ * for a FrozenDict or a LayeredDict and a str key; NotImplemented for
+ * anything else (the Python code decides). */
+static PyObject *
+derive_put(module_state *st, PyObject *mapping, PyObject *key, PyObject *value,
+           Py_ssize_t layer_from, Py_ssize_t overlay_max)
+{
+    PyObject *t = (PyObject *)Py_TYPE(mapping);
+    int layered = t == st->layered_dict;
+    if ((!layered && t != st->frozen_dict) || !PyUnicode_CheckExact(key))
+        return Py_NewRef(DECLINE);
+    int bad = 0;
+    Py_ssize_t lineage_at = layered ? st->ld_lineage : st->fd_lineage;
+    PyObject *lineage = lineage_of(mapping, lineage_at, &bad);
+    PyObject *new = NULL, *over = NULL, *base = NULL;
+    Py_ssize_t old_len;
+    if (layered) {
+        base = SLOT(mapping, st->ld_base);
+        over = SLOT(mapping, st->ld_over);
+        PyObject *length = SLOT(mapping, st->ld_len);
+        if (bad || base == NULL || over == NULL || length == NULL || !PyDict_CheckExact(over)
+            || (PyObject *)Py_TYPE(base) != st->frozen_dict || !PyLong_CheckExact(length))
+            return Py_NewRef(DECLINE);
+        old_len = PyLong_AsSsize_t(length);
+        if (old_len == -1 && PyErr_Occurred())
+            return NULL;
+        int in_over = PyDict_Contains(over, key);
+        if (in_over < 0)
+            return NULL;
+        if (PyDict_GET_SIZE(over) < overlay_max || in_over) {
+            int in_base = in_over ? 1 : PyDict_Contains(base, key);
+            if (in_base < 0)
+                return NULL;
+            PyObject *grown = PyDict_Copy(over);
+            if (grown == NULL)
+                return NULL;
+            if (PyDict_SetItem(grown, key, value) < 0) {
+                Py_DECREF(grown);
+                return NULL;
+            }
+            new = make_layered(st, base, grown, in_base ? old_len : old_len + 1);
+            Py_DECREF(grown);
+        }
+        else {
+            new = PyObject_CallNoArgs(st->frozen_dict);
+            if (new != NULL && (PyDict_Update(new, base) < 0 || PyDict_Update(new, over) < 0
+                                || PyDict_SetItem(new, key, value) < 0))
+                Py_CLEAR(new);
+        }
+    }
+    else {
+        if (bad)
+            return Py_NewRef(DECLINE);
+        old_len = PyDict_GET_SIZE(mapping);
+        if (old_len >= layer_from) {
+            int in_mapping = PyDict_Contains(mapping, key);
+            if (in_mapping < 0)
+                return NULL;
+            PyObject *single = PyDict_New();
+            if (single == NULL)
+                return NULL;
+            if (PyDict_SetItem(single, key, value) < 0) {
+                Py_DECREF(single);
+                return NULL;
+            }
+            new = make_layered(st, mapping, single, in_mapping ? old_len : old_len + 1);
+            Py_DECREF(single);
+        }
+        else {
+            new = PyObject_CallNoArgs(st->frozen_dict);
+            if (new != NULL && (PyDict_Update(new, mapping) < 0
+                                || PyDict_SetItem(new, key, value) < 0))
+                Py_CLEAR(new);
+        }
+    }
+    if (new == NULL)
+        return NULL;
+    /* the lineage (_derive): extend the old mapping's log when it is the
+     * newest of it, root one at a non-empty mapping, else start a branch */
+    Py_ssize_t new_at = (PyObject *)Py_TYPE(new) == st->layered_dict ? st->ld_lineage : st->fd_lineage;
+    if (lineage == NULL && old_len > 0) {
+        PyObject *log = PyList_New(0);
+        if (log == NULL || set_lineage(mapping, lineage_at, log, 0) < 0) {
+            Py_XDECREF(log);
+            Py_DECREF(new);
+            return NULL;
+        }
+        Py_DECREF(log);
+        lineage = SLOT(mapping, lineage_at);
+    }
+    if (lineage != NULL) {
+        PyObject *log = PyTuple_GET_ITEM(lineage, 0);
+        Py_ssize_t version = PyLong_AsSsize_t(PyTuple_GET_ITEM(lineage, 1));
+        if (version == -1 && PyErr_Occurred()) {
+            Py_DECREF(new);
+            return NULL;
+        }
+        Py_ssize_t size = PyList_GET_SIZE(log);
+        if (version == size && size < st->lineage_max) {
+            if (PyList_Append(log, key) < 0 || set_lineage(new, new_at, log, version + 1) < 0) {
+                Py_DECREF(new);
+                return NULL;
+            }
+            return new;
+        }
+    }
+    PyObject *log = PyList_New(1);
+    if (log == NULL) {
+        Py_DECREF(new);
+        return NULL;
+    }
+    PyList_SET_ITEM(log, 0, Py_NewRef(key));
+    int failed = set_lineage(new, new_at, log, 1);
+    Py_DECREF(log);
+    if (failed) {
+        Py_DECREF(new);
+        return NULL;
+    }
+    return new;
+}
+
+static PyObject *
+put(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "put(mapping, key, value, layer_from, overlay_max) takes 5 arguments");
+        return NULL;
+    }
+    module_state *st = PyModule_GetState(module);
+    if (st->frozen_dict == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "put: configure() was not called");
+        return NULL;
+    }
+    Py_ssize_t layer_from = PyLong_AsSsize_t(args[3]);
+    if (layer_from == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t overlay_max = PyLong_AsSsize_t(args[4]);
+    if (overlay_max == -1 && PyErr_Occurred())
+        return NULL;
+    return derive_put(st, args[0], args[1], args[2], layer_from, overlay_max);
+}
+
+/* The offset of the __slots__ member `name` of type t, or -1. */
+static Py_ssize_t
+slot_offset(PyObject *t, const char *name)
+{
+    for (PyMemberDef *m = ((PyTypeObject *)t)->tp_members; m != NULL && m->name != NULL; m++)
+        if (m->type == T_OBJECT_EX && strcmp(m->name, name) == 0)
+            return m->offset;
+    return -1;
+}
+
 static PyObject *
 configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "configure takes the three frozen types");
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError,
+                        "configure takes the three frozen types and the lineage limit");
         return NULL;
     }
     for (int i = 0; i < 3; i++)
@@ -322,10 +527,26 @@ configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "configure: a dict and a list subclass first");
         return NULL;
     }
+    Py_ssize_t lineage_max = PyLong_AsSsize_t(args[3]);
+    if (lineage_max == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t fd_lineage = slot_offset(args[0], "_lineage");
+    Py_ssize_t ld_base = slot_offset(args[2], "_base"), ld_over = slot_offset(args[2], "_over");
+    Py_ssize_t ld_len = slot_offset(args[2], "_len"), ld_lineage = slot_offset(args[2], "_lineage");
+    if (fd_lineage < 0 || ld_base < 0 || ld_over < 0 || ld_len < 0 || ld_lineage < 0) {
+        PyErr_SetString(PyExc_TypeError, "configure: the frozen types lack their slots");
+        return NULL;
+    }
     module_state *st = PyModule_GetState(module);
     Py_XSETREF(st->frozen_dict, Py_NewRef(args[0]));
     Py_XSETREF(st->frozen_list, Py_NewRef(args[1]));
     Py_XSETREF(st->layered_dict, Py_NewRef(args[2]));
+    st->fd_lineage = fd_lineage;
+    st->ld_base = ld_base;
+    st->ld_over = ld_over;
+    st->ld_len = ld_len;
+    st->ld_lineage = ld_lineage;
+    st->lineage_max = lineage_max;
     Py_RETURN_NONE;
 }
 
@@ -339,9 +560,12 @@ static PyMethodDef methods[] = {
     {"grown", (PyCFunction)(void (*)(void))grown, METH_FASTCALL,
      "grown(items, more, /)\n--\n\n"
      "A new FrozenList of the items of items, then those of more."},
+    {"put", (PyCFunction)(void (*)(void))put, METH_FASTCALL,
+     "put(mapping, key, value, layer_from, overlay_max, /)\n--\n\n"
+     "_records.put for a FrozenDict or a LayeredDict, or NotImplemented."},
     {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL,
-     "configure(frozen_dict, frozen_list, layered_dict, /)\n--\n\n"
-     "The types freeze builds and keeps."},
+     "configure(frozen_dict, frozen_list, layered_dict, lineage_max, /)\n--\n\n"
+     "The types the accelerator builds and keeps, and the lineage limit."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -374,7 +598,7 @@ module_free(void *module)
 static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT,
     .m_name = "trio_backplane.kernel._speedups",
-    .m_doc = "C accelerator for trio_backplane.kernel._records: freeze, copy_slots, grown.",
+    .m_doc = "C accelerator for trio_backplane.kernel._records: freeze, copy_slots, grown, put.",
     .m_size = sizeof(module_state),
     .m_methods = methods,
     .m_traverse = module_traverse,

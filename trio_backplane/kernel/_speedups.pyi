@@ -1,6 +1,8 @@
 from typing import Any
 
-def configure(frozen_dict: type, frozen_list: type, layered_dict: type, /) -> None:
+def configure(
+    frozen_dict: type, frozen_list: type, layered_dict: type, lineage_max: int, /
+) -> None:
     """The types ``freeze`` builds and keeps as they are."""
 
 def freeze(value: object, limit: int, /) -> Any:
@@ -11,3 +13,6 @@ def copy_slots(obj: object, /) -> Any:
 
 def grown(items: list[Any] | tuple[Any, ...], more: list[Any] | tuple[Any, ...], /) -> Any:
     """A new ``FrozenList`` of the items of ``items``, then those of ``more``."""
+
+def put(mapping: object, key: object, value: object, layer_from: int, overlay_max: int, /) -> Any:
+    """``_records.put`` for a ``FrozenDict`` or a ``LayeredDict``, or ``NotImplemented``."""
