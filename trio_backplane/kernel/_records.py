@@ -969,18 +969,24 @@ _AS_IS: Final = {
 }
 
 
+#: Per field: its slot setter, the types its converter keeps as they are,
+#: its converter and its validator (``None`` when it has none), and itself.
+_FIELD_OPS: Final[dict[str, tuple[Any, frozenset[type], Any, Any, Any]]] = {
+    name: (_SETTERS[name], _AS_IS[name], field.converter, field.validator, field)
+    for name, field in _RECORD_FIELDS.items()
+}
+
+
 def evolve_record(record: RunRecord, **changes: Any) -> RunRecord:
     """``attrs.evolve`` for the hot path: copies the record and runs the
     converter and validator of the changed fields only (the others were
     checked when ``record`` was built)."""
     new: RunRecord = _copy_record(record)
     for name, given in changes.items():
-        field = _RECORD_FIELDS[name]  # KeyError: an unknown field is a bug
-        converter = field.converter
-        value = given
-        if converter is not None and type(given) not in _AS_IS[name]:
-            value = converter(given)  # type: ignore[operator]
-        _SETTERS[name](new, value)
-        if field.validator is not None:
-            field.validator(new, field, value)
+        # KeyError: an unknown field is a bug
+        setter, as_is, converter, validator, field = _FIELD_OPS[name]
+        value = given if converter is None or type(given) in as_is else converter(given)
+        setter(new, value)
+        if validator is not None:
+            validator(new, field, value)
     return new
