@@ -46,7 +46,7 @@ from typing import Any
 
 import trio
 
-from trio_backplane.kernel import Command, FrozenList, RunRecord, appended, transition
+from trio_backplane.kernel import Command, RunRecord, appended, transition
 from trio_backplane.runtime import open_conversation
 from trio_backplane.schema import compile_with
 from trio_backplane.store import MemoryStore, SQLiteStore
@@ -315,18 +315,17 @@ def raw_sqlite_commit(path: Path, count: int = 300) -> float:
 async def raw_commit(store: Any, count: int = 200) -> float:
     """µs per commit of the store itself: a growing conversation record, no engine."""
     rid = run_id()
-    record = RunRecord.new(rid, work=10, context={"conversation": {"messages": []}})
+    record = RunRecord.new(rid, work=10, context={"conversation": {}})
     await store.create(record)
     record, events = transition(record, Command("admit", 0.0, {"state": "running"}))
     await store.commit(rid, incarnation=1, expected_revision=0, record=record, events=events)
-    messages: Any = FrozenList()
     start = time.perf_counter()
     for i in range(count):
-        # frozen, as the engine keeps its transcript: the kernel does not walk it
-        messages = appended(messages, {"role": "tool", "tool_call_id": f"c{i}", "result": "ok"})
+        # one message appended to the transcript, as a tool step's commit does
+        # (the record's growing field: a store writes the new item alone)
+        message = appended((), {"role": "tool", "tool_call_id": f"c{i}", "result": "ok"})
         new, events = transition(
-            record,
-            Command("conversation_updated", float(i), {"conversation": {"messages": messages}}),
+            record, Command("conversation_updated", float(i), {"messages": message})
         )
         await store.commit(
             rid,
