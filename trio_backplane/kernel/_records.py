@@ -981,6 +981,12 @@ def evolve_record(record: RunRecord, **changes: Any) -> RunRecord:
     """``attrs.evolve`` for the hot path: copies the record and runs the
     converter and validator of the changed fields only (the others were
     checked when ``record`` was built)."""
+    return evolved(record, changes)
+
+
+def evolved(record: RunRecord, changes: Mapping[str, Any]) -> RunRecord:
+    """:func:`evolve_record` of a mapping of changes (the kernel's handlers
+    return one: no keyword arguments to build again)."""
     new: RunRecord = _copy_record(record)
     for name, given in changes.items():
         # KeyError: an unknown field is a bug

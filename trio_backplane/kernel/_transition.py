@@ -45,7 +45,7 @@ from ._records import (
     RunRecord,
     assoc,
     dissoc,
-    evolve_record,
+    evolved,
     freeze,
     grown,
     kernel_event,
@@ -608,7 +608,8 @@ def _apply(
             "a transition keeps its record's revision or raises it by one",
             {"revision": repr(revision)[:100], "record_revision": record.revision},
         )
-    new = evolve_record(record, revision=revision, **changes)
+    changes["revision"] = revision  # the handler's own dict
+    new = evolved(record, changes)
     payload = FrozenDict({"state": new.state, "input": given})
     # A float, as every store gives event times back (SQL columns are doubles)
     at = command.at
