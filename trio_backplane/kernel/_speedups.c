@@ -26,6 +26,10 @@
 #include <string.h>
 #include <structmember.h>
 
+/* Deeper data goes to the Python walk, which does not recurse past a few
+ * dozen levels: the C walk's own recursion stays small. */
+#define C_DEPTH_MAX 200
+
 /* 10**4300 has 14285 bits: an int of fewer bits has at most 4300 digits. */
 #define INT_BITS_OK 14285
 
@@ -168,10 +172,12 @@ freeze_value(module_state *st, PyObject *v, int depth, int limit)
         return Py_NewRef(v);
     if (t != &PyDict_Type && t != &PyList_Type && t != &PyTuple_Type)
         return Py_NewRef(DECLINE);
-    if (depth >= limit)
-        return Py_NewRef(DECLINE);  /* too deep: the Python walk says so */
-    if (Py_EnterRecursiveCall(" in freeze"))
-        return NULL;
+    if (depth >= limit || depth >= C_DEPTH_MAX)
+        return Py_NewRef(DECLINE);  /* too deep: the Python walk decides */
+    if (Py_EnterRecursiveCall(" in freeze")) {
+        PyErr_Clear();  /* near the interpreter's limit: the Python walk decides */
+        return Py_NewRef(DECLINE);
+    }
     PyObject *out = t == &PyDict_Type ? freeze_dict(st, v, depth, limit)
                                       : freeze_sequence(st, v, depth, limit);
     Py_LeaveRecursiveCall();
@@ -274,12 +280,15 @@ grown(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "grown: items and more must be lists or tuples");
         return NULL;
     }
-    Py_ssize_t n = Py_SIZE(items), m = Py_SIZE(more);
-    PyObject **a = PyList_Check(items) ? ((PyListObject *)items)->ob_item : ((PyTupleObject *)items)->ob_item;
-    PyObject **b = PyList_Check(more) ? ((PyListObject *)more)->ob_item : ((PyTupleObject *)more)->ob_item;
+    /* The new list first: an object allocation may run a collection (and a
+     * finalizer); the sizes and item arrays are read after it, and nothing
+     * between reading and copying them runs Python code. */
     PyObject *out = PyObject_CallNoArgs(st->frozen_list);
     if (out == NULL)
         return NULL;
+    Py_ssize_t n = Py_SIZE(items), m = Py_SIZE(more);
+    PyObject **a = PyList_Check(items) ? ((PyListObject *)items)->ob_item : ((PyTupleObject *)items)->ob_item;
+    PyObject **b = PyList_Check(more) ? ((PyListObject *)more)->ob_item : ((PyTupleObject *)more)->ob_item;
     PyListObject *list = (PyListObject *)out;
     PyObject **slots = PyMem_New(PyObject *, n + m > 0 ? n + m : 1);
     if (slots == NULL) {
@@ -356,9 +365,52 @@ set_lineage(PyObject *mapping, Py_ssize_t offset, PyObject *log, Py_ssize_t vers
     return 0;
 }
 
+/* new, with the lineage of a derivation from mapping (_derive): the old
+ * mapping's log extended when it is the newest version of it, a log rooted
+ * at a non-empty mapping that has none, else a new branch.  Steals new;
+ * lineage is mapping's (a strong reference, or NULL). */
+static PyObject *
+with_lineage(module_state *st, PyObject *mapping, Py_ssize_t lineage_at, PyObject *lineage,
+             Py_ssize_t old_len, PyObject *key, PyObject *new)
+{
+    Py_ssize_t new_at = (PyObject *)Py_TYPE(new) == st->layered_dict ? st->ld_lineage : st->fd_lineage;
+    PyObject *log = NULL;
+    Py_ssize_t version = 0;
+    if (lineage == NULL && old_len > 0) {
+        log = PyList_New(0);  /* rooted at the old mapping, version 0 */
+        if (log == NULL || set_lineage(mapping, lineage_at, log, 0) < 0)
+            goto failed;
+    }
+    else if (lineage != NULL) {
+        log = Py_NewRef(PyTuple_GET_ITEM(lineage, 0));
+        version = PyLong_AsSsize_t(PyTuple_GET_ITEM(lineage, 1));
+        if (version == -1 && PyErr_Occurred())
+            goto failed;
+    }
+    if (log != NULL && version == PyList_GET_SIZE(log) && version < st->lineage_max) {
+        if (PyList_Append(log, key) < 0 || set_lineage(new, new_at, log, version + 1) < 0)
+            goto failed;
+        Py_DECREF(log);
+        return new;
+    }
+    Py_XSETREF(log, PyList_New(1));  /* a branch: a new log */
+    if (log == NULL)
+        goto failed;
+    PyList_SET_ITEM(log, 0, Py_NewRef(key));
+    if (set_lineage(new, new_at, log, 1) < 0)
+        goto failed;
+    Py_DECREF(log);
+    return new;
+failed:
+    Py_XDECREF(log);
+    Py_DECREF(new);
+    return NULL;
+}
+
 /* The derived mapping of _records.put (its _set then its _derive, exactly),
  * for a FrozenDict or a LayeredDict and a str key; NotImplemented for
- * anything else (the Python code decides). */
+ * anything else (the Python code decides).  The mapping's parts are held
+ * by strong references while the new one is built. */
 static PyObject *
 derive_put(module_state *st, PyObject *mapping, PyObject *key, PyObject *value,
            Py_ssize_t layer_from, Py_ssize_t overlay_max)
@@ -370,34 +422,36 @@ derive_put(module_state *st, PyObject *mapping, PyObject *key, PyObject *value,
     int bad = 0;
     Py_ssize_t lineage_at = layered ? st->ld_lineage : st->fd_lineage;
     PyObject *lineage = lineage_of(mapping, lineage_at, &bad);
-    PyObject *new = NULL, *over = NULL, *base = NULL;
+    if (bad)
+        return Py_NewRef(DECLINE);
+    PyObject *new = NULL, *over = NULL, *base = NULL, *grown = NULL;
     Py_ssize_t old_len;
+    Py_XINCREF(lineage);
     if (layered) {
         base = SLOT(mapping, st->ld_base);
         over = SLOT(mapping, st->ld_over);
         PyObject *length = SLOT(mapping, st->ld_len);
-        if (bad || base == NULL || over == NULL || length == NULL || !PyDict_CheckExact(over)
-            || (PyObject *)Py_TYPE(base) != st->frozen_dict || !PyLong_CheckExact(length))
+        if (base == NULL || over == NULL || length == NULL || !PyDict_CheckExact(over)
+            || (PyObject *)Py_TYPE(base) != st->frozen_dict || !PyLong_CheckExact(length)) {
+            Py_XDECREF(lineage);
             return Py_NewRef(DECLINE);
+        }
+        Py_INCREF(base);
+        Py_INCREF(over);
         old_len = PyLong_AsSsize_t(length);
         if (old_len == -1 && PyErr_Occurred())
-            return NULL;
+            goto done;
         int in_over = PyDict_Contains(over, key);
         if (in_over < 0)
-            return NULL;
+            goto done;
         if (PyDict_GET_SIZE(over) < overlay_max || in_over) {
             int in_base = in_over ? 1 : PyDict_Contains(base, key);
             if (in_base < 0)
-                return NULL;
-            PyObject *grown = PyDict_Copy(over);
-            if (grown == NULL)
-                return NULL;
-            if (PyDict_SetItem(grown, key, value) < 0) {
-                Py_DECREF(grown);
-                return NULL;
-            }
+                goto done;
+            grown = PyDict_Copy(over);
+            if (grown == NULL || PyDict_SetItem(grown, key, value) < 0)
+                goto done;
             new = make_layered(st, base, grown, in_base ? old_len : old_len + 1);
-            Py_DECREF(grown);
         }
         else {
             new = PyObject_CallNoArgs(st->frozen_dict);
@@ -407,22 +461,15 @@ derive_put(module_state *st, PyObject *mapping, PyObject *key, PyObject *value,
         }
     }
     else {
-        if (bad)
-            return Py_NewRef(DECLINE);
         old_len = PyDict_GET_SIZE(mapping);
         if (old_len >= layer_from) {
             int in_mapping = PyDict_Contains(mapping, key);
             if (in_mapping < 0)
-                return NULL;
-            PyObject *single = PyDict_New();
-            if (single == NULL)
-                return NULL;
-            if (PyDict_SetItem(single, key, value) < 0) {
-                Py_DECREF(single);
-                return NULL;
-            }
-            new = make_layered(st, mapping, single, in_mapping ? old_len : old_len + 1);
-            Py_DECREF(single);
+                goto done;
+            grown = PyDict_New();
+            if (grown == NULL || PyDict_SetItem(grown, key, value) < 0)
+                goto done;
+            new = make_layered(st, mapping, grown, in_mapping ? old_len : old_len + 1);
         }
         else {
             new = PyObject_CallNoArgs(st->frozen_dict);
@@ -431,49 +478,13 @@ derive_put(module_state *st, PyObject *mapping, PyObject *key, PyObject *value,
                 Py_CLEAR(new);
         }
     }
-    if (new == NULL)
-        return NULL;
-    /* the lineage (_derive): extend the old mapping's log when it is the
-     * newest of it, root one at a non-empty mapping, else start a branch */
-    Py_ssize_t new_at = (PyObject *)Py_TYPE(new) == st->layered_dict ? st->ld_lineage : st->fd_lineage;
-    if (lineage == NULL && old_len > 0) {
-        PyObject *log = PyList_New(0);
-        if (log == NULL || set_lineage(mapping, lineage_at, log, 0) < 0) {
-            Py_XDECREF(log);
-            Py_DECREF(new);
-            return NULL;
-        }
-        Py_DECREF(log);
-        lineage = SLOT(mapping, lineage_at);
-    }
-    if (lineage != NULL) {
-        PyObject *log = PyTuple_GET_ITEM(lineage, 0);
-        Py_ssize_t version = PyLong_AsSsize_t(PyTuple_GET_ITEM(lineage, 1));
-        if (version == -1 && PyErr_Occurred()) {
-            Py_DECREF(new);
-            return NULL;
-        }
-        Py_ssize_t size = PyList_GET_SIZE(log);
-        if (version == size && size < st->lineage_max) {
-            if (PyList_Append(log, key) < 0 || set_lineage(new, new_at, log, version + 1) < 0) {
-                Py_DECREF(new);
-                return NULL;
-            }
-            return new;
-        }
-    }
-    PyObject *log = PyList_New(1);
-    if (log == NULL) {
-        Py_DECREF(new);
-        return NULL;
-    }
-    PyList_SET_ITEM(log, 0, Py_NewRef(key));
-    int failed = set_lineage(new, new_at, log, 1);
-    Py_DECREF(log);
-    if (failed) {
-        Py_DECREF(new);
-        return NULL;
-    }
+    if (new != NULL)
+        new = with_lineage(st, mapping, lineage_at, lineage, old_len, key, new);
+done:
+    Py_XDECREF(grown);
+    Py_XDECREF(base);
+    Py_XDECREF(over);
+    Py_XDECREF(lineage);
     return new;
 }
 
