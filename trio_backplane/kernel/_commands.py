@@ -291,9 +291,10 @@ def typed(command: Command) -> KernelCommand:
 #: Input keys whose (possibly large) values events summarise, so the event
 #: log does not repeat the transcript at every checkpoint.
 DIGESTED: Final = frozenset({"conversation", "result", "messages", "usage"})
-#: Sorted key lists of summarised inputs, by their keys in order (a
-#: conversation state has the same few keys at every checkpoint).
-_KEY_LISTS: Final[dict[tuple[str, ...], FrozenList]] = {}
+#: The summaries of mappings without a ``"messages"`` list, by their keys in
+#: order (a conversation state, a tool result or a response has the same few
+#: keys at every step): frozen, shared by every event showing one.
+_KEY_SUMMARIES: Final[dict[tuple[str, ...], FrozenDict]] = {}
 
 
 #: The summaries of short lists (frozen: shared by every event showing one).
@@ -305,16 +306,16 @@ def _summary(value: Any) -> FrozenDict:
     kind = type(value)
     if kind is FrozenDict or (kind is not FrozenList and isinstance(value, Mapping)):
         keys = tuple(value)
-        listed = _KEY_LISTS.get(keys)
-        if listed is None:
-            listed = FrozenList(sorted(keys)[:32])
-            if len(_KEY_LISTS) < 256:
-                _KEY_LISTS[keys] = listed
-        summary: dict[str, Any] = {"keys": listed}
         messages = value.get("messages")
         if isinstance(messages, tuple | list):
-            summary["messages"] = len(messages)
-        return FrozenDict(summary)
+            listed = FrozenList(sorted(keys)[:32])
+            return FrozenDict({"keys": listed, "messages": len(messages)})
+        summary = _KEY_SUMMARIES.get(keys)
+        if summary is None:
+            summary = FrozenDict({"keys": FrozenList(sorted(keys)[:32])})
+            if len(_KEY_SUMMARIES) < 256:
+                _KEY_SUMMARIES[keys] = summary
+        return summary
     if type(value) is FrozenList or isinstance(value, list | tuple):
         n = len(value)
         return _ITEMS[n] if n < len(_ITEMS) else FrozenDict({"items": n})
