@@ -107,11 +107,12 @@ def _check_identity(record: RunRecord, command: KernelCommand) -> None:
 
 
 def _next_id(
-    record: RunRecord, kind: str, counters: Mapping[str, int] | None = None
+    record: RunRecord, kind: str, counters: FrozenDict | None = None
 ) -> tuple[str, FrozenDict]:
-    """The next ``<kind>-<incarnation>-<n>`` id and the counters that issued it
-    (from ``counters`` when given, else the record's)."""
-    new = FrozenDict(record.counters if counters is None else counters)
+    """The next ``<kind>-<incarnation>-<n>`` id and the counters that issued it:
+    a copy of the record's, or ``counters`` when given (the copy an earlier
+    call of this transition made, not yet in any record: updated in place)."""
+    new = FrozenDict(record.counters) if counters is None else counters
     n = new.get(kind, 0)
     if type(n) is not int or n < 0:
         raise Error(
