@@ -757,8 +757,6 @@ def _input(value: Any) -> Mapping[str, Any]:
     return freeze(value)  # type: ignore[no-any-return]
 
 
-
-
 def _derive(old: Mapping[str, Any], new: Derived, key: str) -> Derived:
     """Record that ``new`` is ``old`` with ``key`` changed (see ``FrozenDict``)."""
     derived = type(old) in _DERIVED
