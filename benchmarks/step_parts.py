@@ -13,7 +13,9 @@ start-up and the imports cancel), so they compare with the figure of
   kernel transitions of a step cost, the same commands on the same records.
 - **trio**: the Trio skeleton of a step alone: two cancel scopes with a
   deadline (the provider attempt's and the tool's effect budgets), one
-  checkpoint that yields, five ``checkpoint_if_cancelled``; N steps, or 0.
+  checkpoint that yields, five ``checkpoint_if_cancelled``; N steps, or 0;
+  and, for scale, one ``CancelScope`` with a deadline entered and left, and
+  one checkpoint that yields (1,000 of each, or 0).
 
 What neither counts (the runtime's parts, the store, the provider and the
 tool of the benchmark) is the step's figure minus both.  Needs valgrind on
@@ -74,6 +76,22 @@ def skeleton(steps: int) -> None:
     trio.run(main)
 
 
+def primitive(kind: str, count: int) -> None:
+    """``count`` cancel scopes with a deadline, or yielding checkpoints."""
+    import trio
+
+    async def main() -> None:
+        now = trio.current_time
+        for _ in range(count):
+            if kind == "scope":
+                with trio.CancelScope(deadline=now() + 3600):
+                    pass
+            else:
+                await trio.lowlevel.checkpoint()
+
+    trio.run(main)
+
+
 def counted(valgrind: str, args: list[str], scratch: Path) -> int:
     out = scratch / "callgrind.out"
     command = [valgrind, "--tool=callgrind", f"--callgrind-out-file={out}"]
@@ -94,12 +112,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--replays", type=int, default=5, metavar="R")
     parser.add_argument("--kernel", type=int, metavar="R", help=argparse.SUPPRESS)
     parser.add_argument("--skeleton", type=int, metavar="N", help=argparse.SUPPRESS)
+    parser.add_argument("--primitive", nargs=2, metavar=("KIND", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.kernel is not None:
         kernel(args.steps, args.kernel)
         return 0
     if args.skeleton is not None:
         skeleton(args.skeleton)
+        return 0
+    if args.primitive is not None:
+        primitive(args.primitive[0], int(args.primitive[1]))
         return 0
     valgrind = shutil.which("valgrind")
     if valgrind is None:
@@ -111,11 +133,21 @@ def main(argv: list[str]) -> int:
         replayed = counted(valgrind, ["--steps", str(n), "--kernel", str(r)], scratch)
         idle = counted(valgrind, ["--skeleton", "0"], scratch)
         busy = counted(valgrind, ["--skeleton", str(n)], scratch)
+        each = {
+            kind: (
+                counted(valgrind, ["--primitive", kind, "1000"], scratch)
+                - counted(valgrind, ["--primitive", kind, "0"], scratch)
+            )
+            / 1000
+            for kind in ("scope", "yield")
+        }
     kernel_step = (replayed - base) / (r * n)
     trio_step = (busy - idle) / n
     print(f"callgrind, PYTHONHASHSEED=0, {n} steps, {r} replays")
     print(f"kernel: {kernel_step / 1e3:8.1f} k instructions a step (four transitions)")
     print(f"trio:   {trio_step / 1e3:8.1f} k instructions a step (two scopes, six checkpoints)")
+    print(f"        {each['scope'] / 1e3:8.1f} k a CancelScope with a deadline, entered and left")
+    print(f"        {each['yield'] / 1e3:8.1f} k a checkpoint that yields")
     return 0
 
 
