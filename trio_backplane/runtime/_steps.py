@@ -4,9 +4,7 @@ from the record they land on."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
-
-import attrs
+from typing import Any, NamedTuple
 
 from ..kernel import ConversationUpdated, KernelCommand, RunRecord
 from ._conversation_state import ConversationState
@@ -14,11 +12,11 @@ from ._conversation_state import ConversationState
 __all__ = ["Step", "checkpoint_step", "command_step"]
 
 
-@attrs.frozen
-class Step:
+class Step(NamedTuple):
     """One decided change for the commit coordinator: ``build`` makes its
     command from the record it lands on and the commit time; ``after`` runs
-    once the commit holding it is acknowledged (its events go out then)."""
+    once the commit holding it is acknowledged (its events go out then).
+    A named tuple: a step is built for every commit, and read once."""
 
     build: Callable[[RunRecord, float], KernelCommand]
     after: Callable[[], None] | None = None
