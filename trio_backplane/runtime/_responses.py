@@ -13,6 +13,7 @@ import trio
 
 from ..errors import Error, ErrorClass
 from ..kernel import (
+    UNSET,
     FrozenDict,
     FrozenList,
     KernelCommand,
@@ -244,7 +245,7 @@ class Responses:
             # input acknowledged during the attempt (steering, follow-ups) is
             # in it, and stays queued (NEST-08).
             return ProviderCompleted(
-                at=now, attempt_id=attempt_id, result=result, **_appending(usage=usage)
+                at=now, attempt_id=attempt_id, result=result, usage=_reports(usage)
             )
 
         await self._coordinator.commit_steps((Step(build_failed),))
@@ -264,7 +265,8 @@ class Responses:
                 at=now,
                 attempt_id=attempt_id,
                 result=FrozenDict({"message": frozen}),  # frozen: stored as it is
-                **_appending(messages=(frozen,), usage=usage),
+                messages=FrozenList((frozen,)),
+                usage=_reports(usage),
             )
 
         def completed_event() -> None:
@@ -278,17 +280,9 @@ class Responses:
         return Step(build, completed_event)
 
 
-def _appending(
-    *, messages: tuple[Any, ...] = (), usage: list[Any] | None = None
-) -> dict[str, FrozenList]:
-    """The fields appending the frozen ``messages`` and ``usage`` reports to
-    the record's (none when there is nothing to append)."""
-    data: dict[str, FrozenList] = {}
-    if messages:
-        data["messages"] = FrozenList(messages)
-    if usage:
-        data["usage"] = FrozenList(freeze(report) for report in usage)
-    return data
+def _reports(usage: list[Any] | None) -> Any:
+    """The usage reports a response appends, frozen (``UNSET``: none)."""
+    return FrozenList(freeze(report) for report in usage) if usage else UNSET
 
 
 def _async_iterator(stream: Any) -> Any:
