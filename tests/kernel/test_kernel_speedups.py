@@ -9,6 +9,8 @@ declines (``NotImplemented``), and it declines everything the walk refuses.
 
 from __future__ import annotations
 
+import array
+import collections
 import gc
 import math
 import subprocess
@@ -183,10 +185,27 @@ def test_freeze_uses_the_accelerator_and_keeps_the_walks_errors() -> None:
 def test_bad_calls_are_refused() -> None:
     with pytest.raises(TypeError):
         _speedups.freeze({})  # type: ignore[call-arg]
-    with pytest.raises(ValueError, match="limit"):
-        _speedups.freeze({}, -1)
     with pytest.raises(TypeError):
         _speedups.configure(dict, list)  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize("limit", [-1, 100_001, 2**70, 3.0, "3"])
+def test_a_limit_the_accelerator_does_not_take_goes_to_the_walk(limit: Any) -> None:
+    """The walk decides any limit (review of session 15: C raised where the
+    walk answered)."""
+    assert _speedups.freeze([[1]], limit) is NotImplemented
+
+
+def test_a_frozen_mapping_past_the_limit_goes_to_the_walk() -> None:
+    """A frozen mapping kept as it is deeper than ``limit`` is the walk's to
+    refuse (it does, past its recursive levels), not the accelerator's to keep."""
+    value: Any = FrozenDict(a=1)
+    for _ in range(100):
+        value = [value]
+    assert _speedups.freeze(value, 100) is NotImplemented
+    with pytest.raises(Error, match="nests deeper than 100"):
+        _records.freeze(value, limit=100)
+    assert _speedups.freeze(value, 256) is not NotImplemented
 
 
 def test_copy_slots_copies_a_record_as_the_python_copy_does() -> None:
@@ -207,13 +226,52 @@ def test_copy_slots_copies_a_record_as_the_python_copy_does() -> None:
 
 
 def test_copy_slots_refuses_an_object_whose_state_it_cannot_copy() -> None:
+    """Only classes with ``__slots__`` over ``object``: a built-in base keeps
+    state a blank instance would lack (review of session 15: a copied
+    ``FrozenDict`` or ``array`` crashed the interpreter when used)."""
+
     class Plain:
         pass
 
-    with pytest.raises(TypeError, match="slotted"):
-        _speedups.copy_slots(Plain())
-    with pytest.raises(TypeError, match="slotted"):
-        _speedups.copy_slots(3)
+    class SlottedSet(set):  # type: ignore[type-arg]
+        __slots__ = ("a",)
+
+    class SlottedDeque(collections.deque):  # type: ignore[type-arg]
+        __slots__ = ("a",)
+
+    class SlottedStr(str):
+        __slots__ = ()
+
+    for value in (
+        Plain(),
+        3,
+        FrozenDict(a=1),
+        FrozenList([1]),
+        SlottedSet({1}),
+        SlottedDeque([1]),
+        SlottedStr("text"),
+        array.array("i", [1]),
+    ):
+        with pytest.raises(TypeError, match="__slots__ over object"):
+            _speedups.copy_slots(value)
+
+
+def test_copy_slots_copies_inherited_slots() -> None:
+    class Base:
+        __slots__ = ("__weakref__", "a")
+
+    class Derived(Base):
+        __slots__ = ("b",)
+
+    original = Derived()
+    original.a, original.b = [1], "x"
+    copied = _speedups.copy_slots(original)
+    assert type(copied) is Derived
+    assert copied.a is original.a
+    assert copied.b == "x"
+    half = Derived()
+    half.b = 2
+    assert not hasattr(_speedups.copy_slots(half), "a")  # unset stays unset
 
 
 _LIFECYCLE = """
@@ -271,19 +329,16 @@ def test_the_pure_python_fallback_gives_the_same_records_and_events() -> None:
 )
 def test_grown_appends_as_the_python_copy_does(items: Any, more: list[Any], as_tuple: bool) -> None:
     """``grown`` builds the ``FrozenList`` the Python copy builds; it leaves
-    the cycle collector out only when every item is frozen (a leaf or a
-    frozen container), which can form no cycle."""
+    the cycle collector out only when every item is (an atom, or a container
+    the collector does not track), CPython's rule for a tuple: no cycle can
+    pass through it."""
     extra: Any = tuple(more) if as_tuple else more
     fast = _speedups.grown(items, extra)
     slow = _records._grown_python(items, extra)
     assert type(fast) is FrozenList
     assert _same(fast, slow)
     assert fast is not items
-    frozen = all(
-        type(x) in (str, int, float, bool, type(None), FrozenDict, FrozenList, LayeredDict)
-        for x in [*items, *more]
-    )
-    assert gc.is_tracked(fast) is not frozen
+    assert gc.is_tracked(fast) is any(gc.is_tracked(x) for x in [*items, *more])
 
 
 def _frozen_ok(value: Any) -> bool:
@@ -302,15 +357,33 @@ def test_grown_refuses_what_is_not_a_sequence() -> None:
 
 
 def test_a_transcript_grown_again_stays_out_of_the_collector_while_frozen() -> None:
-    """The kernel grows the transcript from its last copy: frozen items keep
-    it untracked, and one unfrozen item (a hand-made list) tracks it again."""
-    first = _speedups.grown(_records.freeze([{"role": "user"}]), (FrozenDict(k=1),))
+    """The kernel grows the transcript from its last copy: messages ``freeze``
+    built keep it untracked; a hand-made ``FrozenDict`` holding a mutable
+    list (it could take part in a cycle) keeps the copy tracked."""
+    first = _speedups.grown(_records.freeze([{"role": "user"}]), (_records.freeze({"k": 1}),))
     assert not gc.is_tracked(first)
-    second = _speedups.grown(first, [FrozenDict(role="assistant"), "text", 1.5])
+    second = _speedups.grown(first, [_records.freeze({"role": "assistant"}), "text", 1.5])
     assert not gc.is_tracked(second)
     assert second == [{"role": "user"}, {"k": 1}, {"role": "assistant"}, "text", 1.5]
-    third = _speedups.grown(second, [[1]])
+    inner: list[Any] = []
+    third = _speedups.grown(second, [FrozenDict(m=inner)])
     assert gc.is_tracked(third)
+    inner.append(third)  # a cycle through the copy: the collector finds it
+    del inner, third
+    assert gc.collect() > 0
+
+
+def test_freeze_leaves_containers_of_atoms_untracked() -> None:
+    """A container ``freeze`` built holding only atoms or untracked
+    containers is not tracked; one holding a tracked value is; setting a
+    mutable value in a frozen dict (``dict.__setitem__``) tracks it again."""
+    frozen = _records.freeze({"a": [1, {"b": "c"}], "d": 1.5})
+    assert not gc.is_tracked(frozen)
+    assert not gc.is_tracked(frozen["a"])
+    kept = _records.freeze({"a": FrozenDict(m=[1])})  # a hand-made frozen value
+    assert gc.is_tracked(kept)
+    dict.__setitem__(frozen, "x", [])
+    assert gc.is_tracked(frozen)
 
 
 _PUT_OPS = st.lists(
@@ -374,5 +447,11 @@ def test_put_declines_what_it_does_not_derive() -> None:
     odd = FrozenDict(a=1)
     odd._lineage = "not a lineage"  # type: ignore[assignment]
     assert _speedups.put(odd, "b", 2, 64, 32) is NotImplemented
+    huge = FrozenDict(a=1)
+    huge._lineage = ([], 2**70)  # type: ignore[assignment]
+    assert _speedups.put(huge, "b", 2, 64, 32) is NotImplemented
+    assert _records.put(huge, "b", 2)._lineage == (["b"], 1)  # type: ignore[attr-defined]
+    long = LayeredDict(FrozenDict(a=1), {}, 2**70)
+    assert _speedups.put(long, "b", 2, 64, 32) is NotImplemented
     assert _records._fast_put is _speedups.put
     assert _records.put({"a": 1}, "b", 2) == {"a": 1, "b": 2}  # the Python code

@@ -947,12 +947,24 @@ def _make_copy() -> Any:
     return namespace["_copy_record"]
 
 
-#: ``_copy_record(record)``: the C accelerator's slot copy, else the Python one.
-_copy_record: Callable[[Any], Any]
-try:
-    from ._speedups import copy_slots as _copy_record
-except ImportError:  # pragma: no cover - exercised where no compiler was available
-    _copy_record = functools.partial(_make_copy(), new_object=object.__new__, cls=RunRecord)
+def _pick_copy() -> Callable[[Any], Any]:
+    """``_copy_record(record)``: the C accelerator's slot copy when it copies
+    a ``RunRecord`` on this interpreter (it refuses a type whose state it
+    would not all copy), else the Python one."""
+    python_copy = functools.partial(_make_copy(), new_object=object.__new__, cls=RunRecord)
+    try:
+        from ._speedups import copy_slots
+    except ImportError:  # pragma: no cover - exercised where no compiler was available
+        return python_copy
+    probe = RunRecord(run_id="probe")
+    try:
+        copied = copy_slots(probe)
+    except TypeError:  # pragma: no cover - an interpreter laying slots out otherwise
+        return python_copy
+    return copy_slots if copied == probe else python_copy
+
+
+_copy_record: Final = _pick_copy()
 
 
 #: Per field, the exact types its converter returns as they are: a frozen

@@ -89,7 +89,21 @@ int_fits(PyObject *v)
     if (!overflow)
         return 1;
     size_t bits = _PyLong_NumBits(v);
-    return bits != (size_t)-1 && bits < INT_BITS_OK;
+    if (bits == (size_t)-1) {
+        PyErr_Clear();  /* the Python walk decides */
+        return 0;
+    }
+    return bits < INT_BITS_OK;
+}
+
+/* Whether the cycle collector may skip v: an atom (no GC type) or a
+ * container it does not track.  CPython's own rule for a tuple: a container
+ * holding only such values is left untracked too, since no cycle can pass
+ * through it (a dict re-tracks itself when a trackable value is set in it). */
+static inline int
+untracked(PyObject *v)
+{
+    return !PyObject_IS_GC(v) || !PyObject_GC_IsTracked(v);
 }
 
 /* A new reference to the frozen value; DECLINE (a new reference) to let
@@ -104,6 +118,7 @@ freeze_dict(module_state *st, PyObject *v, int depth, int limit)
         return NULL;
     Py_ssize_t pos = 0;
     PyObject *key, *item;
+    int atoms = 1;
     while (PyDict_Next(v, &pos, &key, &item)) {
         if (!PyUnicode_CheckExact(key) || !is_text(key))
             goto decline;
@@ -116,6 +131,7 @@ freeze_dict(module_state *st, PyObject *v, int depth, int limit)
             Py_DECREF(out);
             return frozen;
         }
+        atoms = atoms && untracked(frozen);
         int failed = PyDict_SetItem(out, key, frozen);
         Py_DECREF(key);
         Py_DECREF(frozen);
@@ -124,6 +140,8 @@ freeze_dict(module_state *st, PyObject *v, int depth, int limit)
             return NULL;
         }
     }
+    if (atoms)
+        PyObject_GC_UnTrack(out);
     return out;
 decline:
     Py_DECREF(out);
@@ -138,6 +156,7 @@ freeze_sequence(module_state *st, PyObject *v, int depth, int limit)
         return NULL;
     /* a list's size is read at each item: nothing here can change it, but
      * the walk never reads past its end whatever happens */
+    int atoms = 1;
     for (Py_ssize_t i = 0; i < Py_SIZE(v); i++) {
         PyObject *item = PyList_CheckExact(v) ? PyList_GET_ITEM(v, i) : PyTuple_GET_ITEM(v, i);
         Py_INCREF(item);
@@ -147,6 +166,7 @@ freeze_sequence(module_state *st, PyObject *v, int depth, int limit)
             Py_DECREF(out);
             return frozen;
         }
+        atoms = atoms && untracked(frozen);
         int failed = PyList_Append(out, frozen);
         Py_DECREF(frozen);
         if (failed) {
@@ -154,6 +174,8 @@ freeze_sequence(module_state *st, PyObject *v, int depth, int limit)
             return NULL;
         }
     }
+    if (atoms)
+        PyObject_GC_UnTrack(out);
     return out;
 }
 
@@ -167,9 +189,11 @@ freeze_value(module_state *st, PyObject *v, int depth, int limit)
         return Py_NewRef(int_fits(v) ? v : DECLINE);
     if (t == &PyFloat_Type)
         return Py_NewRef(isfinite(PyFloat_AS_DOUBLE(v)) ? v : DECLINE);
-    if (v == Py_None || t == &PyBool_Type || (PyObject *)t == st->frozen_dict
-        || (PyObject *)t == st->frozen_list || (PyObject *)t == st->layered_dict)
+    if (v == Py_None || t == &PyBool_Type || (PyObject *)t == st->frozen_list)
         return Py_NewRef(v);
+    if ((PyObject *)t == st->frozen_dict || (PyObject *)t == st->layered_dict)
+        /* kept; the Python walk refuses a mapping past the limit */
+        return Py_NewRef(depth < limit ? v : DECLINE);
     if (t != &PyDict_Type && t != &PyList_Type && t != &PyTuple_Type)
         return Py_NewRef(DECLINE);
     if (depth >= limit || depth >= C_DEPTH_MAX)
@@ -196,73 +220,80 @@ freeze(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_RuntimeError, "freeze: configure() was not called");
         return NULL;
     }
-    long limit = PyLong_AsLong(args[1]);
-    if (limit == -1 && PyErr_Occurred())
-        return NULL;
-    if (limit < 0 || limit > 100000) {
-        PyErr_SetString(PyExc_ValueError, "freeze: limit must be in 0..100000");
-        return NULL;
-    }
+    /* a limit this walk does not take (not an int, negative, huge): the
+     * Python walk decides */
+    if (!PyLong_CheckExact(args[1]))
+        return Py_NewRef(DECLINE);
+    int overflow;
+    long limit = PyLong_AsLongAndOverflow(args[1], &overflow);
+    if (overflow || limit < 0 || limit > 100000)
+        return Py_NewRef(DECLINE);
     return freeze_value(st, args[0], 0, (int)limit);
 }
 
-/* copy_slots: for the kernel's records (attrs slotted classes): a blank
- * instance of the same type with every __slots__ member (T_OBJECT_EX, of the
- * type and its bases) pointing at the same value; no __init__, converter or
- * validator runs, as the Python copy it replaces.  A type with a __dict__ or
- * a member of another kind is refused: its state would not all be copied. */
-/* The read-only Py_ssize_t members 3.12+ lists for a heap type's weakref
- * and dict offsets (__weaklistoffset__, __dictoffset__): not slots. */
+/* The read-only Py_ssize_t members a C type may list for its weakref and
+ * dict offsets (__weaklistoffset__, __dictoffset__): not slots. */
 static int
 is_offset_marker(PyMemberDef *m)
 {
     return m->type == T_PYSSIZET && (m->flags & READONLY);
 }
 
+/* Whether copy_slots copies all of an instance of t: t and every base but
+ * object are classes a class statement made with __slots__ (no __dict__, no
+ * variable size, no C base whose state tp_alloc would leave zeroed), and
+ * every member is a slot. */
+static int
+slots_only(PyTypeObject *t)
+{
+    if (t->tp_dictoffset != 0 || (t->tp_flags & Py_TPFLAGS_IS_ABSTRACT))
+        return 0;
+    for (PyTypeObject *b = t; b != &PyBaseObject_Type; b = b->tp_base) {
+        if (b == NULL || !(b->tp_flags & Py_TPFLAGS_HEAPTYPE) || b->tp_itemsize != 0
+            || ((PyHeapTypeObject *)b)->ht_slots == NULL)
+            return 0;
+        for (PyMemberDef *m = b->tp_members; m != NULL && m->name != NULL; m++)
+            if (m->type != T_OBJECT_EX && !is_offset_marker(m))
+                return 0;
+    }
+    return 1;
+}
+
+/* copy_slots: for the kernel's records (attrs slotted classes): a blank
+ * instance of the same type with every __slots__ member (of the type and
+ * its bases) pointing at the same value; no __init__, converter or
+ * validator runs, as the Python copy it replaces.  Any other type is
+ * refused (TypeError): its state would not all be copied. */
 static PyObject *
 copy_slots(PyObject *module, PyObject *obj)
 {
     PyTypeObject *t = Py_TYPE(obj);
-    if (t->tp_dictoffset != 0 || !(t->tp_flags & Py_TPFLAGS_HEAPTYPE)) {
-        PyErr_SetString(PyExc_TypeError, "copy_slots: a slotted class without __dict__ only");
+    if (!slots_only(t)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "copy_slots: only classes with __slots__ over object (no __dict__)");
         return NULL;
     }
-    for (PyTypeObject *b = t; b != NULL; b = b->tp_base)
-        for (PyMemberDef *m = b->tp_members; m != NULL && m->name != NULL; m++)
-            if (m->type != T_OBJECT_EX && !is_offset_marker(m)) {
-                PyErr_SetString(PyExc_TypeError, "copy_slots: a member that is not a slot");
-                return NULL;
-            }
+    Py_INCREF(t);  /* held across the allocation, which may run a finalizer */
     PyObject *new = t->tp_alloc(t, 0);
-    if (new == NULL)
-        return NULL;
-    for (PyTypeObject *b = t; b != NULL; b = b->tp_base)
-        for (PyMemberDef *m = b->tp_members; m != NULL && m->name != NULL; m++) {
-            if (is_offset_marker(m))
-                continue;
-            PyObject *value = *(PyObject **)((char *)obj + m->offset);
-            *(PyObject **)((char *)new + m->offset) = Py_XNewRef(value);
-        }
+    if (new != NULL)
+        for (PyTypeObject *b = t; b != &PyBaseObject_Type; b = b->tp_base)
+            for (PyMemberDef *m = b->tp_members; m != NULL && m->name != NULL; m++) {
+                if (is_offset_marker(m))
+                    continue;
+                PyObject *value = *(PyObject **)((char *)obj + m->offset);
+                *(PyObject **)((char *)new + m->offset) = Py_XNewRef(value);
+            }
+    Py_DECREF(t);
     return new;
-}
-
-/* Whether v is frozen JSON data by its type alone: a leaf or a frozen
- * container (which holds frozen data only). */
-static int
-is_frozen(module_state *st, PyObject *v)
-{
-    PyTypeObject *t = Py_TYPE(v);
-    return t == &PyUnicode_Type || t == &PyLong_Type || t == &PyFloat_Type || v == Py_None
-           || t == &PyBool_Type || (PyObject *)t == st->frozen_dict
-           || (PyObject *)t == st->frozen_list || (PyObject *)t == st->layered_dict;
 }
 
 /* grown: the kernel's append to a growing field (the transcript, the usage
  * reports), one copy at C speed: list(items) of a list subclass goes item by
- * item through an iterator.  A result holding frozen values only is not
- * tracked by the cycle collector, as CPython does for a tuple of atoms:
- * frozen values form no cycle, and a long transcript copied at every commit
- * would otherwise be walked by every young collection. */
+ * item through an iterator.  The result is left untracked by the cycle
+ * collector when every item is (see untracked): a long transcript copied at
+ * every commit is then not walked by every young collection.  Messages the
+ * kernel froze are untracked; one holding a mutable value keeps the copy
+ * tracked. */
 static PyObject *
 grown(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -286,6 +317,11 @@ grown(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *out = PyObject_CallNoArgs(st->frozen_list);
     if (out == NULL)
         return NULL;
+    if (!PyList_Check(out) || Py_SIZE(out) != 0) {
+        Py_DECREF(out);
+        PyErr_SetString(PyExc_TypeError, "grown: the configured list type made no empty list");
+        return NULL;
+    }
     Py_ssize_t n = Py_SIZE(items), m = Py_SIZE(more);
     PyObject **a = PyList_Check(items) ? ((PyListObject *)items)->ob_item : ((PyTupleObject *)items)->ob_item;
     PyObject **b = PyList_Check(more) ? ((PyListObject *)more)->ob_item : ((PyTupleObject *)more)->ob_item;
@@ -295,28 +331,29 @@ grown(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(out);
         return PyErr_NoMemory();
     }
-    /* An untracked FrozenList is one this function built: its items were
-     * found frozen then, and are not looked at again. */
-    int frozen = 1;
+    /* An untracked FrozenList is one this function (or freeze) left
+     * untracked: its items were found untracked then and are not looked at
+     * again (a frozen list is not appended to). */
+    int atoms = 1;
     if ((PyObject *)Py_TYPE(items) == st->frozen_list && !PyObject_GC_IsTracked(items)) {
         for (Py_ssize_t i = 0; i < n; i++)
             slots[i] = Py_NewRef(a[i]);
     }
     else {
         for (Py_ssize_t i = 0; i < n; i++) {
-            frozen = frozen && is_frozen(st, a[i]);
+            atoms = atoms && untracked(a[i]);
             slots[i] = Py_NewRef(a[i]);
         }
     }
     for (Py_ssize_t i = 0; i < m; i++) {
-        frozen = frozen && is_frozen(st, b[i]);
+        atoms = atoms && untracked(b[i]);
         slots[n + i] = Py_NewRef(b[i]);
     }
     PyMem_Free(list->ob_item);  /* an empty list's (NULL) */
     list->ob_item = slots;
     Py_SET_SIZE(list, n + m);
     list->allocated = n + m > 0 ? n + m : 1;
-    if (frozen)
+    if (atoms)
         PyObject_GC_UnTrack(out);
     return out;
 }
@@ -347,11 +384,16 @@ static PyObject *
 lineage_of(PyObject *mapping, Py_ssize_t offset, int *bad)
 {
     PyObject *lineage = SLOT(mapping, offset);
-    if (lineage != NULL
-        && !(PyTuple_CheckExact(lineage) && PyTuple_GET_SIZE(lineage) == 2
-             && PyList_CheckExact(PyTuple_GET_ITEM(lineage, 0))
-             && PyLong_CheckExact(PyTuple_GET_ITEM(lineage, 1))))
+    if (lineage == NULL)
+        return NULL;
+    if (!(PyTuple_CheckExact(lineage) && PyTuple_GET_SIZE(lineage) == 2
+          && PyList_CheckExact(PyTuple_GET_ITEM(lineage, 0))
+          && PyLong_CheckExact(PyTuple_GET_ITEM(lineage, 1))))
         *bad = 1;
+    else if (PyLong_AsSsize_t(PyTuple_GET_ITEM(lineage, 1)) == -1 && PyErr_Occurred()) {
+        PyErr_Clear();  /* a version no log reaches: the Python code decides */
+        *bad = 1;
+    }
     return lineage;
 }
 
@@ -439,8 +481,11 @@ derive_put(module_state *st, PyObject *mapping, PyObject *key, PyObject *value,
         Py_INCREF(base);
         Py_INCREF(over);
         old_len = PyLong_AsSsize_t(length);
-        if (old_len == -1 && PyErr_Occurred())
+        if (old_len == -1 && PyErr_Occurred()) {
+            PyErr_Clear();  /* a length set by hand: the Python code decides */
+            new = Py_NewRef(DECLINE);
             goto done;
+        }
         int in_over = PyDict_Contains(over, key);
         if (in_over < 0)
             goto done;
