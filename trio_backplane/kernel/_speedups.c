@@ -208,18 +208,29 @@ freeze_value(module_state *st, PyObject *v, int depth, int limit)
     return out;
 }
 
-static PyObject *
-freeze(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+/* The state of a configured module called with `expected` arguments, or
+ * NULL with TypeError / RuntimeError set (`signature` names the call). */
+static module_state *
+called(PyObject *module, Py_ssize_t nargs, Py_ssize_t expected, const char *signature)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "freeze(value, limit) takes 2 arguments");
+    if (nargs != expected) {
+        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments", signature, expected);
         return NULL;
     }
     module_state *st = PyModule_GetState(module);
     if (st->frozen_dict == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "freeze: configure() was not called");
+        PyErr_Format(PyExc_RuntimeError, "%s: configure() was not called", signature);
         return NULL;
     }
+    return st;
+}
+
+static PyObject *
+freeze(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    module_state *st = called(module, nargs, 2, "freeze(value, limit)");
+    if (st == NULL)
+        return NULL;
     /* a limit this walk does not take (not an int, negative, huge): the
      * Python walk decides */
     if (!PyLong_CheckExact(args[1]))
@@ -297,15 +308,9 @@ copy_slots(PyObject *module, PyObject *obj)
 static PyObject *
 grown(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "grown(items, more) takes 2 arguments");
+    module_state *st = called(module, nargs, 2, "grown(items, more)");
+    if (st == NULL)
         return NULL;
-    }
-    module_state *st = PyModule_GetState(module);
-    if (st->frozen_list == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "grown: configure() was not called");
-        return NULL;
-    }
     PyObject *items = args[0], *more = args[1];
     if (!(PyList_Check(items) || PyTuple_Check(items)) || !(PyList_Check(more) || PyTuple_Check(more))) {
         PyErr_SetString(PyExc_TypeError, "grown: items and more must be lists or tuples");
@@ -536,16 +541,9 @@ done:
 static PyObject *
 put(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError,
-                        "put(mapping, key, value, layer_from, overlay_max) takes 5 arguments");
+    module_state *st = called(module, nargs, 5, "put(mapping, key, value, layer_from, overlay_max)");
+    if (st == NULL)
         return NULL;
-    }
-    module_state *st = PyModule_GetState(module);
-    if (st->frozen_dict == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "put: configure() was not called");
-        return NULL;
-    }
     Py_ssize_t layer_from = PyLong_AsSsize_t(args[3]);
     if (layer_from == -1 && PyErr_Occurred())
         return NULL;
