@@ -272,16 +272,18 @@ def freeze(value: Any, what: str = "committed intent", limit: int = MAX_DEPTH) -
 
 _RECURSION: Final = 64
 
-_fast_freeze: Callable[[Any, int], Any] | None
-_fast_put: Callable[[Any, str, Any, int, int], Any] | None
-try:  # the C accelerator; the Python code is the reference and the fallback
-    from ._speedups import configure as _configure
-    from ._speedups import freeze as _fast_freeze
-    from ._speedups import put as _fast_put
+# The C accelerator (``_speedups.c``), imported once: ``freeze``, ``put``,
+# ``grown`` and the record copy use it when it is built; the Python code is
+# the reference and the fallback.
+_accelerator: Any
+try:
+    from . import _speedups as _accelerator
 except ImportError:  # pragma: no cover - exercised where no compiler was available
-    _fast_freeze = _fast_put = None
+    _accelerator = None
 else:
-    _configure(FrozenDict, FrozenList, LayeredDict, _LINEAGE_MAX)
+    _accelerator.configure(FrozenDict, FrozenList, LayeredDict, _LINEAGE_MAX)
+_fast_freeze: Callable[[Any, int], Any] | None = getattr(_accelerator, "freeze", None)
+_fast_put: Callable[[Any, str, Any, int, int], Any] | None = getattr(_accelerator, "put", None)
 
 
 #: Types :func:`freeze` returns as they are: JSON leaves (``None`` included;
@@ -845,11 +847,7 @@ def _grown_python(
 #: ``grown(items, more)``: a new ``FrozenList`` of the items of ``items``, then
 #: those of ``more`` (both lists or tuples of frozen values): the C
 #: accelerator's, else the Python copy.
-grown: Callable[[Any, Any], FrozenList]
-try:
-    from ._speedups import grown
-except ImportError:  # pragma: no cover - exercised where no compiler was available
-    grown = _grown_python
+grown: Callable[[Any, Any], FrozenList] = getattr(_accelerator, "grown", _grown_python)
 
 
 def appended(items: Any, *values: Any) -> FrozenList:
@@ -952,10 +950,9 @@ def _pick_copy() -> Callable[[Any], Any]:
     a ``RunRecord`` on this interpreter (it refuses a type whose state it
     would not all copy), else the Python one."""
     python_copy = functools.partial(_make_copy(), new_object=object.__new__, cls=RunRecord)
-    try:
-        from ._speedups import copy_slots
-    except ImportError:  # pragma: no cover - exercised where no compiler was available
+    if _accelerator is None:  # pragma: no cover - exercised where no compiler was available
         return python_copy
+    copy_slots = _accelerator.copy_slots
     probe = RunRecord(run_id="probe")
     try:
         copied = copy_slots(probe)
