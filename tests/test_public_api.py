@@ -83,7 +83,8 @@ NAMESPACES: dict[str, list[str]] = {
         "open_conversation",
     ],
     "trio_backplane.testing": [
-        "STO_11_CHECKS", "Hang", "Raise", "ScriptedProvider", "Sleep", "StoreConformance",
+        "STO_11_CHECKS", "FaultyStore", "Hang", "Raise", "ScriptedProvider", "Sleep",
+        "StoreConformance",
     ],
     "trio_backplane.adapters.mcp": [
         "CACHE_SIZE", "MCP_SCHEMA_OPTIONS", "BoundaryValidator", "McpCatalog", "McpRefreshTool",

@@ -65,12 +65,24 @@ class Delegating:
     async def events(self, run_id: str, *, after: int = 0) -> list[RunEvent]:
         return await self.inner.events(run_id, after=after)  # type: ignore[no-any-return]
 
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
 
 class TimelineStore(Delegating):
     """Wraps a store; ``timeline`` interleaves ``("commit", "run.<kind>")`` with
     ``("event", Event)`` for the subscriber channels attached with ``attach``:
     they are drained at the start of every commit, so an event listed before a
     commit was published before that commit was attempted."""
+
+    def __new__(cls, inner: Any) -> TimelineStore:
+        # The engine commits without waiting when ``inner``'s class offers it:
+        # so does the wrapper, through a class that defines ``commit_nowait``.
+        nowait = getattr(type(inner), "commit_nowait", None)
+        chosen: type[TimelineStore] = cls
+        if cls is TimelineStore and callable(nowait) and not inspect.iscoroutinefunction(nowait):
+            chosen = _NowaitTimelineStore
+        return super().__new__(chosen)
 
     def __init__(self, inner: Any) -> None:
         super().__init__(inner)
@@ -81,10 +93,6 @@ class TimelineStore(Delegating):
         #: ``fail(kind, commits_so_far)`` may return an exception to raise
         #: instead of committing (nothing is stored then)
         self.fail: Callable[[str, list[str]], BaseException | None] | None = None
-        nowait = getattr(inner, "commit_nowait", None)
-        if callable(nowait) and not inspect.iscoroutinefunction(nowait):
-            # the engine then commits without waiting, as it would on ``inner``
-            self.commit_nowait = self._commit_nowait
 
     def attach(self, channel: trio.MemoryReceiveChannel[Event]) -> None:
         self._channels.append(channel)
@@ -130,7 +138,11 @@ class TimelineStore(Delegating):
         self.records.extend(kwargs["record"] for _ in kinds)  # aligned with commits()
         return receipt  # type: ignore[no-any-return]
 
-    def _commit_nowait(self, run_id: str, **kwargs: Any) -> Receipt:
+
+class _NowaitTimelineStore(TimelineStore):
+    """A ``TimelineStore`` around a store that never waits."""
+
+    def commit_nowait(self, run_id: str, **kwargs: Any) -> Receipt:
         kinds = self._before_commit(kwargs["events"])
         receipt = self.inner.commit_nowait(run_id, **kwargs)
         self.records.extend(kwargs["record"] for _ in kinds)

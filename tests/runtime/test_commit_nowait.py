@@ -7,13 +7,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import trio
 
 from trio_backplane.errors import Error, ErrorClass
+from trio_backplane.runtime import open_conversation
 from trio_backplane.store import MemoryStore, Receipt
 from trio_backplane.testing import ScriptedProvider
-from trio_backplane.tools import ToolResult
+from trio_backplane.tools import ToolRegistry, ToolResult
 
-from .support import Delegating, RecordingBackend, make_tool, run_to_settled
+from .support import Delegating, RecordingBackend, granted, make_tool, run_to_settled
 
 
 class Nowait(Delegating):
@@ -106,3 +108,45 @@ async def test_a_coroutine_commit_nowait_is_not_taken_for_one(autojump_clock: An
     )
     assert finished.snapshot.run.state == "completed"
     assert store.awaited >= 4
+
+
+class Forwarding:
+    """A store wrapper as hosts write them: ``commit`` overridden, every other
+    attribute forwarded to ``inner`` by ``__getattr__`` (so the inner store's
+    ``commit_nowait`` shows through an instance lookup)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.commits = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def commit(self, run_id: str, **kwargs: Any) -> Receipt:
+        self.commits += 1
+        return await self.inner.commit(run_id, **kwargs)  # type: ignore[no-any-return]
+
+
+async def test_a_forwarding_wrapper_is_never_bypassed(autojump_clock: Any) -> None:
+    """Only a ``commit_nowait`` the store's class defines is taken: a wrapper
+    that forwards unknown attributes to a ``MemoryStore`` has its own
+    ``commit`` called for every commit of the run (issue 21, item 4)."""
+    inner = MemoryStore()
+    store = Forwarding(inner)
+    registry = ToolRegistry([make_tool("t", RecordingBackend(ToolResult("ok")))])
+    async with open_conversation(
+        "fwd",
+        store=store,  # type: ignore[arg-type]
+        provider=one_tool_step(),
+        registry=registry,
+        authority=granted(registry, "fwd"),
+        wall_clock=trio.current_time,
+    ) as conversation:
+        await conversation.prompt("go")
+        snapshot = await conversation.wait_settled()
+    assert snapshot.run.state == "completed"
+    stored = await inner.load("fwd")
+    assert stored is not None
+    # every commit after ``create`` (revision 0) went through the wrapper
+    assert store.commits == stored.revision
+    assert store.commits >= 4

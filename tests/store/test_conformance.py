@@ -17,7 +17,7 @@ import trio
 from tests.store.broken import BROKEN_STORES, FileStore
 from trio_backplane import Error, ErrorClass
 from trio_backplane.store import MemoryStore, PostgresStore, SQLiteStore, Store
-from trio_backplane.testing import STO_11_CHECKS, StoreConformance
+from trio_backplane.testing import STO_11_CHECKS, FaultyStore, StoreConformance
 
 pytest_plugins = ["tests.store.postgres_fixture"]
 
@@ -28,11 +28,6 @@ CHECKS = sorted(
     for name, member in inspect.getmembers(StoreConformance)
     if name.startswith("test_") and inspect.iscoroutinefunction(member)
 )
-
-
-async def _maybe_await(value: Any) -> None:
-    if inspect.isawaitable(value):
-        await value
 
 
 # -- the reference: a tiny correct durable store on files -------------------
@@ -79,15 +74,12 @@ class TestSQLiteConformance(StoreConformance):
         self.root = tmp_path
 
     async def make_store(self) -> Store:
-        return SQLiteStore(self.root / f"runs-{next(self._counter)}.db")
+        return FaultyStore(SQLiteStore(self.root / f"runs-{next(self._counter)}.db"))
 
     async def reopen(self, store: Store) -> Store:
-        assert isinstance(store, SQLiteStore)
-        return SQLiteStore(store.path)
-
-    async def fail_next_commit(self, store: Store) -> None:
-        assert isinstance(store, SQLiteStore)
-        await _maybe_await(store._fail_next_commit())
+        assert isinstance(store, FaultyStore)
+        assert isinstance(store.inner, SQLiteStore)
+        return FaultyStore(SQLiteStore(store.inner.path))
 
 
 # -- STO-11: PostgreSQL ----------------------------------------------------------
@@ -117,15 +109,12 @@ class TestPostgresConformance(StoreConformance):
     async def make_store(self) -> Store:
         schema = f"conformance_{uuid.uuid4().hex[:16]}"
         self.schemas.append(schema)
-        return PostgresStore(self.dsn, schema=schema)
+        return FaultyStore(PostgresStore(self.dsn, schema=schema))
 
     async def reopen(self, store: Store) -> Store:
-        assert isinstance(store, PostgresStore)
-        return PostgresStore(self.dsn, schema=store._schema)
-
-    async def fail_next_commit(self, store: Store) -> None:
-        assert isinstance(store, PostgresStore)
-        await _maybe_await(store._fail_next_commit())
+        assert isinstance(store, FaultyStore)
+        assert isinstance(store.inner, PostgresStore)
+        return FaultyStore(PostgresStore(self.dsn, schema=store.inner.schema))
 
 
 # -- STO-12: MemoryStore is refused ------------------------------------------

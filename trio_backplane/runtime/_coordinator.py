@@ -50,10 +50,13 @@ class Coordinator:
         self._failed = failed
         #: held by the commit in flight (and by the settlement while it decides)
         self.lock = trio.Lock()
-        #: ``store.commit_nowait`` when the store offers it (it never waits)
-        nowait = getattr(store, "commit_nowait", None)
+        #: ``store.commit_nowait`` when the store's class defines it (it
+        #: never waits); a wrapper forwarding attributes keeps its ``commit``
+        nowait = getattr(type(store), "commit_nowait", None)
         self._commit_nowait: Callable[..., Receipt] | None = (
-            None if not callable(nowait) or inspect.iscoroutinefunction(nowait) else nowait
+            None
+            if not callable(nowait) or inspect.iscoroutinefunction(nowait)
+            else getattr(store, "commit_nowait", None)
         )
 
     async def commit(

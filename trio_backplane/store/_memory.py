@@ -107,6 +107,9 @@ class MemoryStore:
             if states is None or r.state in states
         ]
 
+    async def aclose(self) -> None:
+        """Nothing to release: the runs stay readable."""
+
     async def events(self, run_id: str, *, after: int = 0) -> list[RunEvent]:
         check_arguments(run_id, after=after)
         log = self._events.get(run_id, [])

@@ -323,6 +323,11 @@ class PostgresStore:
             "last_bytes": 0,
         }
 
+    @property
+    def schema(self) -> str | None:
+        """The PostgreSQL schema holding the tables (``None``: the search path)."""
+        return self._schema
+
     # -- SQL ---------------------------------------------------------------------
 
     def _statements(self) -> dict[str, Any]:

@@ -63,10 +63,14 @@ class RunSummary:
 class Store(Protocol):
     """Durable (or not) storage of run records and their event log.
 
-    A store whose commit never waits (``MemoryStore``) may also offer
-    ``commit_nowait`` with ``commit``'s arguments and result: the runtime then
-    calls it directly, without the shielded commit-deadline scope an awaited
-    commit needs.  A store that may wait for I/O must not offer it."""
+    Every method here is one the runtime calls.  One more is optional: a
+    store whose commit never waits (``MemoryStore``) may define
+    ``commit_nowait`` in its class, a plain method with ``commit``'s
+    arguments and result; the runtime then calls it instead of ``commit``,
+    without the shielded commit-deadline scope an awaited commit needs.  Only
+    a method the store's class defines counts: a wrapper that forwards
+    unknown attributes to another store (``__getattr__``) still has its own
+    ``commit`` called.  A store that may wait for I/O must not define it."""
 
     async def create(self, record: RunRecord) -> Receipt: ...
 
@@ -87,6 +91,9 @@ class Store(Protocol):
     async def list_runs(self, *, states: Collection[str] | None = None) -> list[RunSummary]: ...
 
     async def events(self, run_id: str, *, after: int = 0) -> list[RunEvent]: ...
+
+    async def aclose(self) -> None:
+        """Release what the store holds (threads, connections); idempotent."""
 
 
 def check_arguments(

@@ -6,9 +6,18 @@
 
 from .._public import fixup_module_metadata
 from ._conformance import STO_11_CHECKS, StoreConformance
+from ._faults import FaultyStore
 from ._scripted import Hang, Raise, ScriptedProvider, Sleep
 
-__all__ = ["STO_11_CHECKS", "Hang", "Raise", "ScriptedProvider", "Sleep", "StoreConformance"]
+__all__ = [
+    "STO_11_CHECKS",
+    "FaultyStore",
+    "Hang",
+    "Raise",
+    "ScriptedProvider",
+    "Sleep",
+    "StoreConformance",
+]
 
 fixup_module_metadata(__name__, globals())
 del fixup_module_metadata

@@ -47,6 +47,7 @@ from ..kernel import (
 )
 from ..recovery import recover
 from ..store import Receipt, Store, verify_receipt
+from ._faults import FaultyStore
 
 __all__ = ["StoreConformance"]
 
@@ -194,8 +195,15 @@ class StoreConformance:
         raise TypeError(f"{type(self).__name__} must define reopen()")
 
     async def fail_next_commit(self, store: Store) -> None:
-        """Make ``store``'s next commit fail before it is acknowledged."""
-        raise TypeError(f"{type(self).__name__} must define fail_next_commit()")
+        """Make ``store``'s next commit fail before it is acknowledged.  The
+        default serves a :class:`FaultyStore` (wrap the store in one in
+        :meth:`make_store` and :meth:`reopen`)."""
+        if isinstance(store, FaultyStore):
+            store.fail_next_commit()
+            return
+        raise TypeError(
+            f"{type(self).__name__} must define fail_next_commit(), or make FaultyStore stores"
+        )
 
     async def close_store(self, store: Store) -> None:
         """Release ``store`` (default: ``await store.aclose()`` if it exists)."""
