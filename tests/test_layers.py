@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import ast
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 import trio_backplane
 
@@ -158,11 +161,21 @@ def _runtime_trees() -> list[tuple[str, ast.Module, str]]:
     ]
 
 
-def test_runtime_modules_and_functions_are_short() -> None:
-    """No runtime module over 600 lines, no function over 60."""
+def _store_trees() -> list[tuple[str, ast.Module, str]]:
+    return [
+        (str(path.relative_to(PACKAGE)), ast.parse(text := path.read_text()), text)
+        for path in sorted((PACKAGE / "store").rglob("*.py"))
+    ]
+
+
+@pytest.mark.parametrize("trees", [_runtime_trees, _store_trees], ids=["runtime", "store"])
+def test_runtime_and_store_modules_and_functions_are_short(
+    trees: Callable[[], list[tuple[str, ast.Module, str]]],
+) -> None:
+    """No runtime or store module over 600 lines, no function over 60."""
     long_modules: list[str] = []
     long_functions: list[str] = []
-    for name, tree, text in _runtime_trees():
+    for name, tree, text in trees():
         if text.count("\n") > 600:
             long_modules.append(name)
         for node in ast.walk(tree):
@@ -173,6 +186,27 @@ def test_runtime_modules_and_functions_are_short() -> None:
                     long_functions.append(f"{name}:{node.name} ({length})")
     assert long_modules == []
     assert long_functions == []
+
+
+def test_sql_drivers_leave_trio_to_the_engine() -> None:
+    """The SQL drivers are synchronous code a worker thread runs: only the
+    engine's modules import Trio (issue 21); a driver module imports the
+    rows, the seam and the engine its store class configures, nothing else."""
+    drivers = {"_sqlite.py", "_postgres.py"}
+    for path in sorted((PACKAGE / "store" / "_sql").glob("*.py")):
+        imported: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module.split(".")[0])
+            elif isinstance(node, ast.ImportFrom) and node.level == 1 and path.name in drivers:
+                assert node.module in {"_rows", "_driver", "_engine", "_memory"}, (
+                    path,
+                    node.module,
+                )
+        if path.name in drivers:
+            assert "trio" not in imported, path.name
 
 
 def test_no_runtime_part_reads_another_objects_private_state() -> None:

@@ -24,10 +24,11 @@ import attrs
 import pytest
 import trio
 
+from tests.store import faults
 from trio_backplane import Error, ErrorClass
 from trio_backplane.kernel import Command, RunEvent, RunRecord, evolve_record, thaw, transition
 from trio_backplane.store import PostgresStore, Receipt, RunSummary, Store
-from trio_backplane.testing import StoreConformance
+from trio_backplane.testing import FaultyStore, StoreConformance
 
 if TYPE_CHECKING:  # imported by pytest_plugins, so pytest rewrites its asserts
     from tests.store.postgres_fixture import StoreFactory
@@ -250,23 +251,33 @@ def test_invalid_options_are_validation(kwargs: dict[str, Any]) -> None:
     assert raised.value.error_class is ErrorClass.VALIDATION
 
 
-def test_a_deadline_cut_after_success_keeps_its_connection_out_of_the_pool() -> None:
-    """A cut that shut a call's socket down just after the call succeeded is
-    reported by ``detach``, so that connection is closed, never pooled for
-    the next call (which failed as if the server had gone)."""
-    from trio_backplane.store._postgres import _Flight
+async def test_a_deadline_cut_after_success_never_reaches_the_connection() -> None:
+    """A cut that comes just after a call finished never reaches its driver:
+    the connection is not shut down under the next call (which would then
+    fail as if the server had gone)."""
+    from trio_backplane.store._sql._workers import Workers
 
-    class Conn:
-        pgconn = None  # no socket: _shut_down does nothing
+    interrupted: list[str] = []
 
-    flight = _Flight(deadline=0.0)
-    flight.attach(Conn())
-    flight.interrupt()
-    assert flight.detach() is True
-    late = _Flight(deadline=0.0)
-    late.attach(Conn())
-    assert late.detach() is False
-    late.interrupt()  # after the call let go: reaches nothing
+    class Driver:
+        def interrupt(self) -> None:
+            interrupted.append("cut")
+
+        def close(self) -> None:
+            pass
+
+    workers = Workers(Driver, 1, "test")  # type: ignore[arg-type]
+    result, cut = await workers.run(lambda driver: "done", cut_at=trio.current_time() + 60)
+    assert (result.unwrap(), cut) == ("done", False)
+    finished = workers._shared
+    assert finished is not None
+    from trio_backplane.store._sql._workers import _FINISHED, _Call
+
+    call = _Call(lambda driver: None, None)
+    call.state = _FINISHED
+    workers._cut(call)
+    assert interrupted == []
+    await workers.aclose()
 
 
 async def test_sto_event_times_keep_every_digit_whatever_the_server_default(
@@ -452,9 +463,9 @@ async def test_sto05_failed_commit_leaves_the_previous_record(
     record = await _rich(store)
     log = await store.events(record.run_id)
     new, events = _step(record, "tool_completed", invocation_id="invocation-1-1", result={"n": 1})
-    store._fail_next_commit()
+    faults.fail_next_commit(store)
     error = await _raises(ErrorClass.STORAGE_FAILED, _commit(store, record, new, events))
-    assert isinstance(error.__cause__, OSError)
+    assert isinstance(error.__cause__, _psycopg().OperationalError)
     for instance in (store, pg_store_factory()):
         assert await instance.load(record.run_id) == record
         assert await instance.events(record.run_id) == log
@@ -471,7 +482,7 @@ async def test_sto06_lost_acknowledgement_is_storage_failed_and_reconcilable(
     store = pg_store_factory()
     record = await _running(store)
     new, events = _step(record, "conversation_updated", conversation=_messages(3))
-    store._lose_next_ack()
+    faults.fail_next_commit(store, after_commit=True)
     await _raises(ErrorClass.STORAGE_FAILED, _commit(store, record, new, events))
     assert await pg_store_factory().load(record.run_id) == new
     assert await store.load(record.run_id) == new
@@ -496,7 +507,7 @@ async def test_sto06_killed_connection_is_storage_failed(
     """STO-06: the server dropping the store's connection mid-use is
     ``storage_failed``; nothing is half-written and the store recovers."""
     store = pg_store_factory(max_connections=1)
-    store._ping_after = math.inf  # the dead connection is used, not pinged first
+    store._settings.ping_after = math.inf  # the dead connection is used, not pinged first
     record = await _running(store)
     killed = await _sql(
         pg_dsn,
@@ -519,7 +530,7 @@ async def test_sto_06_an_idle_connection_dropped_by_the_server_is_replaced(
     restart) is found dead by a ping before it is handed out, and replaced:
     the next call works, no false ``storage_failed``."""
     store = pg_store_factory(max_connections=2)
-    store._ping_after = 0.0  # every idle connection is pinged (normally after 1 s idle)
+    store._settings.ping_after = 0.0  # every idle connection is pinged (normally after 1 s idle)
     record = await _running(store)
     assert await store.load(record.run_id) == record
     killed = await _sql(
@@ -841,7 +852,7 @@ async def test_many_concurrent_runs_share_a_bounded_pool(
         nursery.cancel_scope.cancel()
     assert len(await store.list_runs()) == 16
     assert 1 <= peak <= 2, peak
-    assert len(store._idle) <= 2
+    assert len(store._workers.threads) <= 2
 
 
 async def test_schema_creation_races_and_isolates(
@@ -881,15 +892,12 @@ class TestPostgresConformance(StoreConformance):
     async def make_store(self) -> Store:
         schema = f"test_{uuid.uuid4().hex[:16]}"
         self.schemas.append(schema)
-        return PostgresStore(self.dsn, schema=schema)
+        return FaultyStore(PostgresStore(self.dsn, schema=schema))
 
     async def reopen(self, store: Store) -> Store:
-        assert isinstance(store, PostgresStore)
-        return PostgresStore(self.dsn, schema=store._schema)
-
-    async def fail_next_commit(self, store: Store) -> None:
-        assert isinstance(store, PostgresStore)
-        store._fail_next_commit()
+        assert isinstance(store, FaultyStore)
+        assert isinstance(store.inner, PostgresStore)
+        return FaultyStore(PostgresStore(self.dsn, schema=store.inner.schema))
 
 
 # -- issue 4 item 8: commit 5 000 costs what commit 10 did ------------------------------
@@ -953,7 +961,8 @@ async def test_commits_from_a_remembered_run_skip_the_row_lock_read(
     assert reloaded == moved
     after = await _advance(a, moved, "conversation_updated", conversation=_messages(10))
     after = await _advance(a, after, "conversation_updated", conversation=_messages(11))
-    assert a.stats["fast_commits"] == before + 1  # slow once (sequence unknown), then fast
+    # no row lock read either time: the first reads the event sequence only
+    assert a.stats["fast_commits"] == before + 2
     assert await b.load(record.run_id) == after
     log = await b.events(record.run_id)
     assert [e.sequence for e in log] == list(range(1, after.revision + 1))
@@ -1061,14 +1070,8 @@ async def test_sto_06_a_failed_group_transaction_reports_every_commit_failed(
     store, reader = pg_store_factory(), pg_store_factory()
     plug = await _running(store, "plug")
     records = [await _running(store, f"grpfail{i}") for i in range(4)]
-    original = store._commit_together
-
-    def commit_together(jobs: list[Any]) -> list[Any]:
-        # armed for the group's transaction only (the plug commits alone)
-        store._fail_next_commit() if when == "before" else store._lose_next_ack()
-        return original(jobs)
-
-    store._commit_together = commit_together  # type: ignore[method-assign]
+    # armed for the group's transaction only (the plug commits alone, first)
+    faults.fail_next_commit(store, after_commit=when == "after", skip=1)
     results = await _grouped(store, pg_dsn, pg_schema, plug, records)
     assert all(isinstance(r, Error) for r in results), results
     assert all(r.error_class is ErrorClass.STORAGE_FAILED for r in results)  # type: ignore[union-attr]
@@ -1094,10 +1097,7 @@ async def test_sto_06_a_failed_group_fails_every_commit_in_it(
     # warm the group path, then fail the next transaction of several commits
     records = await _all_at_once(store, records)  # type: ignore[assignment]
     batches = store.stats["batches"]
-    if when == "before":
-        store._fail_next_commit()
-    else:
-        store._lose_next_ack()
+    faults.fail_next_commit(store, after_commit=when == "after")
     results = await _all_at_once(store, records)
     failed = [r for r in results if isinstance(r, Error)]
     assert failed
@@ -1128,8 +1128,8 @@ async def test_sto_10_a_group_aborted_before_its_commit_is_committed_one_by_one(
             " $$ BEGIN RAISE EXCEPTION 'simulated deadlock' USING ERRCODE = '40P01'; END $$"
         )
     batches = store.stats["batches"]
-    store._sql = {
-        **store._sql,
+    store._settings.sql = {
+        **store._settings.sql,
         "insert_events": f"SELECT {pg_schema}.deadlock(%b::text[], %b::bigint[],"
         " %b::text[], %b::double precision[], %b::text[])",
     }
@@ -1178,7 +1178,9 @@ async def test_sto_06_a_cancelled_group_leader_never_cancels_the_others(
             # queue behind it.
             scope = trio.CancelScope()
             nursery.start_soon(commit, "l", leader, scope)
-            await until(lambda: store._limiter.statistics().tasks_waiting == 1)
+            limiter = store._workers.limiter
+            assert limiter is not None
+            await until(lambda: limiter.statistics().tasks_waiting == 1)
             nursery.start_soon(commit, "y", second, trio.CancelScope())
             nursery.start_soon(commit, "z", third, trio.CancelScope())
             await until(lambda: len(store._group.queue) == 3)
@@ -1378,8 +1380,9 @@ async def test_sto_05_a_commit_no_store_can_hold_is_refused_alone_in_its_group(
     pg_dsn: str, pg_store_factory: StoreFactory, pg_schema: str
 ) -> None:
     """STO-05, STO-01: a commit refused before anything is sent (a key
-    holding NUL, ``validation``) fails alone: the commits grouped with it in
-    one transaction land (it failed them all with its own ``validation``)."""
+    holding NUL, ``validation``) fails alone, refused by its caller before
+    it is queued: the commits queued with it land in one transaction (it
+    failed them all with its own ``validation`` once)."""
     store = pg_store_factory()
     plug = await _running(store, "plug")
     good = [await _running(store, f"good{i}") for i in range(2)]
@@ -1410,7 +1413,8 @@ async def test_sto_05_a_commit_no_store_can_hold_is_refused_alone_in_its_group(
         await lock.wait_for_waiters(1)
         nursery.start_soon(rest)
         with trio.fail_after(15):
-            while len(store._group.queue) < 3:
+            # the poisoned commit is refused by its caller, never queued
+            while len(store._group.queue) < 2:
                 await trio.sleep(0.01)
         await lock.release()
     assert isinstance(results[0], Error)
@@ -1433,18 +1437,20 @@ async def test_sto_06_the_server_bounds_what_a_cut_or_vanished_host_holds(
     store = pg_store_factory(operation_timeout=1.0)
     record = await _running(store)
 
-    def settings(conn: Any) -> Any:
-        return conn.execute(
+    def settings(driver: Any) -> Any:
+        result = driver.connection.execute(
             "SELECT current_setting('lock_timeout'),"
             " current_setting('idle_in_transaction_session_timeout'),"
             " current_setting('tcp_keepalives_idle')"
         ).fetchone()
+        driver.rollback()
+        return result
 
-    assert await store._run(settings) == ("1s", "1s", "10")
+    assert await store._call(settings) == ("1s", "1s", "10")
     # PostgreSQL takes these in ms up to 2**31 - 1: a longer operation_timeout
     # is held to that, never a failure of every call
     month = pg_store_factory(operation_timeout=30 * 86400.0)
-    assert (await month._run(settings))[:2] == ("2147483647ms", "2147483647ms")
+    assert (await month._call(settings))[:2] == ("2147483647ms", "2147483647ms")
     new, events = _step(record, "conversation_updated", conversation=_messages(2))
     async with _RowLock(pg_dsn, pg_schema, record.run_id) as lock:
         # The caller's deadline (0.3 s) cuts the commit well before the

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import trio
 
+from tests.store import faults
 from trio_backplane.errors import Error, ErrorClass
 from trio_backplane.kernel import Command, RunEvent, RunRecord, evolve_record, transition
 from trio_backplane.store import SQLiteStore
-from trio_backplane.store._layout import join_record
-from trio_backplane.store._sqlite import join, split
+from trio_backplane.store._layout import join, join_record, split
 
 
 def _admitted(run_id: str, **kwargs: Any) -> RunRecord:
@@ -137,7 +137,7 @@ async def test_sto05_sto06_failed_commit_leaves_previous_record(store: SQLiteSto
     record = await _fresh(store, "r1")
     record = await _step(store, record, Command("admit", 1.0, {"state": "running"}))
     new, events = transition(record, Command("provider_started", 2.0))
-    store._fail_next_commit()
+    faults.fail_next_commit(store)
     with pytest.raises(Error) as info:
         await store.commit("r1", incarnation=1, expected_revision=1, record=new, events=events)
     assert info.value.error_class is ErrorClass.STORAGE_FAILED
@@ -156,7 +156,7 @@ async def test_sto06_lost_acknowledgement_is_reconciled_by_load(tmp_path: Path) 
     async with SQLiteStore(path) as store:
         record = await _fresh(store, "r1")
         new, events = transition(record, Command("admit", 1.0, {"state": "running"}))
-        store._fail_next_commit(after_commit=True)
+        faults.fail_next_commit(store, after_commit=True)
         with pytest.raises(Error) as info:
             await store.commit("r1", incarnation=1, expected_revision=0, record=new, events=events)
         assert info.value.error_class is ErrorClass.STORAGE_FAILED
@@ -403,7 +403,7 @@ async def test_group_commit_failure_fails_whole_batch(store: SQLiteStore) -> Non
         except Error as exc:
             outcomes[record.run_id] = exc
 
-    store._fail_next_commit()
+    faults.fail_next_commit(store)
     async with trio.open_nursery() as nursery:
         for record in records:
             nursery.start_soon(commit, record)
@@ -862,7 +862,7 @@ def test_switching_a_new_file_to_wal_waits_out_a_lock() -> None:
     """Several processes opening a new file at once: SQLite answers the WAL
     switch "database is locked" at once, without waiting; the store retries
     it until the busy timeout instead of failing the first call."""
-    from trio_backplane.store._sqlite import _journal_wal
+    from trio_backplane.store._sql._sqlite import _journal_wal
 
     class Busy:
         def __init__(self, failures: int) -> None:
@@ -931,25 +931,40 @@ async def test_sto_06_a_commit_into_a_file_gone_from_its_path_fails(
     assert stored is None or stored.revision == 0
 
 
-async def test_the_store_remembers_a_bounded_number_of_runs(tmp_path: Path) -> None:
-    """A host serving runs for days: the store remembers the last record of
-    the most recently used ``_CACHE_RUNS`` runs only (it kept every run it
-    ever touched: memory grew with each); a run it forgot commits on, read
-    back from its row."""
-    from trio_backplane.store._sqlite import _CACHE_RUNS
-
-    async with SQLiteStore(tmp_path / "runs.db") as store:
+async def test_the_store_remembers_runs_up_to_a_number_of_entries(tmp_path: Path) -> None:
+    """A host serving runs for days: what the store remembers is bounded by
+    the entries of the records it remembers (``cache_items``), not by a
+    number of runs (it kept 256 runs, and a 257th made every commit read its
+    run back); a run it forgot commits on, read back from its row."""
+    async with SQLiteStore(tmp_path / "runs.db", cache_items=50) as store:
         first = await _fresh(store, "run-0")
-        for n in range(1, _CACHE_RUNS + 50):
+        for n in range(1, 100):
             await _step(
                 store, await _fresh(store, f"run-{n}"), Command("admit", 0.0, {"state": "running"})
             )
-        assert len(store._cache) == _CACHE_RUNS
-        assert "run-0" not in store._cache
+        kept = [store.remembered(f"run-{n}") for n in range(100)]
+        assert sum(run.size for run in kept if run is not None) <= 50
+        assert kept[0] is None
+        assert kept[-1] is not None
         admitted = await _step(store, first, Command("admit", 0.0, {"state": "running"}))
         assert await store.load("run-0") == admitted
-        assert len(store._cache) == _CACHE_RUNS
-        assert "run-0" in store._cache
+        assert store.remembered("run-0") is not None
+
+
+async def test_more_live_runs_than_a_run_count_commit_without_reading(tmp_path: Path) -> None:
+    """300 live runs (more than the 256 the store used to remember) all stay
+    remembered: each one's next commit is decided without a read."""
+    async with SQLiteStore(tmp_path / "runs.db") as store:
+        records = [await _fresh(store, f"run-{n}") for n in range(300)]
+        admitted = [
+            await _step(store, record, Command("admit", 0.0, {"state": "running"}))
+            for record in records
+        ]
+        assert all(store.remembered(r.run_id) is not None for r in admitted)
+        fast = store.stats["fast_commits"]
+        for record in admitted:
+            await _step(store, record, Command("provider_started", 1.0))
+        assert store.stats["fast_commits"] == fast + 300
 
 
 async def test_a_relative_path_names_one_file_whatever_the_directory(
@@ -1000,9 +1015,11 @@ async def test_aclose_in_a_forked_process_returns(
     with trio.fail_after(5):
         await store.aclose()
     monkeypatch.setattr(os, "getpid", lambda: parent)
-    store._requests.put(0)  # the real thread (this process's): stop it
-    assert store._thread is not None
-    store._thread.join(5)
+    (thread,) = store._workers.threads  # the real thread (this process's): stop it
+    assert store._workers._shared is not None
+    store._workers._shared.requests.put(None)
+    thread.join(5)
+    assert not thread.is_alive()
 
 
 async def test_memory_database_stays_in_memory(

@@ -12,7 +12,7 @@ import pytest
 from trio_backplane import Error, ErrorClass
 from trio_backplane.kernel import Command, FrozenList, RunRecord, freeze, transition
 from trio_backplane.store import SQLiteStore
-from trio_backplane.store._sqlite import LAYOUT_VERSION
+from trio_backplane.store._sql._sqlite import LAYOUT_VERSION
 
 
 def _respond(record: RunRecord, n: int) -> RunRecord:

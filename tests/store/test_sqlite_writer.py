@@ -14,10 +14,12 @@ from typing import Any
 import pytest
 import trio
 
+from tests.store import faults
 from tests.store.test_sqlite import _step
 from trio_backplane.errors import Error, ErrorClass
 from trio_backplane.kernel import Command, RunRecord, transition
-from trio_backplane.store import SQLiteStore, _sqlite
+from trio_backplane.store import SQLiteStore
+from trio_backplane.store._sql import _workers
 
 
 @pytest.fixture(params=["pipe", "token"])
@@ -25,7 +27,7 @@ def wake(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     """A batch leader waits on the wake-up pipe (POSIX) or, as on Windows,
     through the Trio token like every other call."""
     if request.param == "token":
-        monkeypatch.setattr(_sqlite, "_WAKE_PIPE", False)
+        monkeypatch.setattr(_workers, "_PIPES", False)
     return str(request.param)
 
 
@@ -61,22 +63,17 @@ async def test_one_daemon_writer_thread_runs_every_sqlite_call(tmp_path: Path, w
     assert not _writers(store)  # started lazily
     seen: set[int] = set()
     statements: list[str] = []
-    guarded, write_batch = store._guarded, store._write_batch
+    guarded = store._guarded
 
-    def record_thread(fn: Any) -> Any:
+    def record_thread(fn: Any, driver: Any) -> Any:
         seen.add(threading.get_ident())
-        return guarded(fn)
-
-    def record_batch(jobs: Any) -> None:
-        seen.add(threading.get_ident())
-        write_batch(jobs)
+        return guarded(fn, driver)
 
     store._guarded = record_thread  # type: ignore[method-assign]
-    store._write_batch = record_batch  # type: ignore[method-assign]
     record = await _fresh(store, "r")
     (writer,) = _writers(store)
     assert writer.daemon
-    await store._run(lambda conn: conn.set_trace_callback(statements.append))
+    await store._call(lambda driver: driver.connection.set_trace_callback(statements.append))  # type: ignore[attr-defined]
     for n in range(4):
         record = await _commit(store, record, n)
     await store.fence("r", incarnation=2)
@@ -142,12 +139,12 @@ async def test_event_sequence_after_failures_and_reloads(tmp_path: Path) -> None
     async with SQLiteStore(path) as store:
         record = await _fresh(store, "r")
         record = await _commit(store, record, 1)
-        store._fail_next_commit()
+        faults.fail_next_commit(store)
         new, events = _next(record, 2)
         with pytest.raises(Error):
             await store.commit("r", incarnation=1, expected_revision=1, record=new, events=events)
         record = await _commit(store, record, 2)
-        store._fail_next_commit(after_commit=True)
+        faults.fail_next_commit(store, after_commit=True)
         with pytest.raises(Error):
             await _commit(store, record, 3)
         reloaded = await store.load("r")
@@ -169,15 +166,15 @@ async def test_a_cancelled_leader_waits_its_batch_out(tmp_path: Path, wake: str)
     async with SQLiteStore(tmp_path / "runs.db") as store:
         a = await _fresh(store, "a")
         b = await _fresh(store, "b")
-        write_batch = store._write_batch
+        write_batch = store._batch
         started = threading.Event()
 
-        def slow(jobs: Any) -> None:
+        def slow(jobs: Any, *rest: Any) -> None:
             started.set()
             time.sleep(0.2)
-            write_batch(jobs)
+            write_batch(jobs, *rest)
 
-        store._write_batch = slow  # type: ignore[method-assign]
+        store._batch = slow  # type: ignore[method-assign]
         receipts: dict[str, Any] = {}
         new_a, ev_a = _next(a, 1)
         new_b, ev_b = _next(b, 1)
@@ -202,7 +199,7 @@ async def test_a_cancelled_leader_waits_its_batch_out(tmp_path: Path, wake: str)
         assert scope.cancelled_caught
         assert receipts["a"].revision == 1
         assert "b" not in receipts
-        store._write_batch = write_batch  # type: ignore[method-assign]
+        store._batch = write_batch  # type: ignore[method-assign]
         assert await store.load("a") == new_a
         assert await store.load("b") == b
         # the store goes on: the thread and the wake-up pipe are fine
@@ -218,17 +215,17 @@ async def test_a_follower_cancelled_once_its_batch_is_taken_gets_its_outcome(
     never both written and reported as withdrawn."""
     async with SQLiteStore(tmp_path / "runs.db") as store:
         a, b, c = [await _fresh(store, name) for name in "abc"]
-        write_batch = store._write_batch
+        write_batch = store._batch
         batches: list[list[str]] = []
         taken = threading.Semaphore(0)
 
-        def slow(jobs: Any) -> None:
+        def slow(jobs: Any, *rest: Any) -> None:
             batches.append(sorted(job.run_id for job in jobs))
             taken.release()
             time.sleep(0.2)
-            write_batch(jobs)
+            write_batch(jobs, *rest)
 
-        store._write_batch = slow  # type: ignore[method-assign]
+        store._batch = slow  # type: ignore[method-assign]
         receipts: dict[str, Any] = {}
         after_cancel: list[str] = []
 
@@ -263,19 +260,19 @@ async def test_a_follower_cancelled_once_its_batch_is_taken_gets_its_outcome(
             stored = await store.load(record.run_id)
             assert stored is not None
             assert stored.revision == 1
-        store._write_batch = write_batch  # type: ignore[method-assign]
+        store._batch = write_batch  # type: ignore[method-assign]
 
 
 async def test_closing_fails_queued_commits_and_new_work(tmp_path: Path, wake: str) -> None:
     store = SQLiteStore(tmp_path / "runs.db")
     records = [await _fresh(store, f"r{i}") for i in range(5)]
-    write_batch = store._write_batch
+    write_batch = store._batch
 
-    def slow(jobs: Any) -> None:
+    def slow(jobs: Any, *rest: Any) -> None:
         time.sleep(0.05)
-        write_batch(jobs)
+        write_batch(jobs, *rest)
 
-    store._write_batch = slow  # type: ignore[method-assign]
+    store._batch = slow  # type: ignore[method-assign]
     outcomes: dict[str, Any] = {}
 
     async def commit(record: RunRecord) -> None:
@@ -369,7 +366,7 @@ async def test_group_commit_through_either_wake_up(tmp_path: Path, wake: str) ->
         for run_id, record in records.items():
             assert await store.load(run_id) == record
             assert [e.sequence for e in await store.events(run_id)] == list(range(1, 11))
-        store._fail_next_commit()
+        faults.fail_next_commit(store)
         failures: list[ErrorClass] = []
 
         async def one(record: RunRecord) -> None:
@@ -455,15 +452,15 @@ async def test_a_batch_written_together_over_a_stale_cache_decides_each_commit_a
         assert loaded is not None
         moved = await _commit(b, loaded, 2)  # a's cache of r2 is stale now
         gate = threading.Event()
-        write_batch = a._write_batch
+        write_batch = a._batch
         sizes: list[int] = []
 
-        def gated(jobs: Any) -> None:
+        def gated(jobs: Any, *rest: Any) -> None:
             gate.wait()
             sizes.append(len(jobs))
-            write_batch(jobs)
+            write_batch(jobs, *rest)
 
-        a._write_batch = gated  # type: ignore[method-assign]
+        a._batch = gated  # type: ignore[method-assign]
         results: dict[int, Any] = {}
 
         async def commit(i: int) -> None:

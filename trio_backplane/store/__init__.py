@@ -2,7 +2,6 @@
 
 from .._public import fixup_module_metadata
 from ._memory import MemoryStore
-from ._postgres import PostgresStore
 from ._protocol import (
     PreparedCommit,
     Receipt,
@@ -13,7 +12,8 @@ from ._protocol import (
     prepare_create,
     verify_receipt,
 )
-from ._sqlite import SQLiteStore
+from ._sql._postgres import PostgresStore
+from ._sql._sqlite import SQLiteStore
 
 __all__ = [
     "MemoryStore",

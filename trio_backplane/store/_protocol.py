@@ -230,11 +230,9 @@ def check_commit(
     must be ``RunEvent`` values with finite times (their payloads are JSON
     data by construction, KER-11).
 
-    Stores call this inside their transaction, with the row they locked.
-    Only the identity and revision of ``stored`` are read, so a store may pass
+    Only the identity and revision of ``stored`` are read: a store may pass
     a stand-in ``RunRecord(run_id=..., incarnation=..., revision=...)`` built
-    from the row.  Costs two checks per event, nothing per field.
-    """
+    from its locked row.  Costs two checks per event, nothing per field."""
     if not isinstance(record, RunRecord):
         raise Error(ErrorClass.VALIDATION, "a store commits RunRecord values")
     if record.run_id != run_id or record.incarnation != incarnation:

@@ -1,0 +1,1 @@
+"""The SQL stores: one engine (``_engine``) over a driver per database."""

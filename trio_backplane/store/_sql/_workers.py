@@ -1,0 +1,336 @@
+"""Worker threads that own a SQL store's connections.
+
+Each of ``count`` daemon threads owns one :class:`Driver` (one connection)
+and takes calls from one queue, in submission order.  A call's caller waits
+on Trio: cancelled while its call is still queued, it withdraws the call;
+once the call has started, it waits it out (the outcome is never lost), and
+a call with a cut time is interrupted through its driver when that time
+passes.  Threads hold no reference to the store between calls: a store
+dropped without ``aclose`` stops them from a ``weakref.finalize``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any, Final, TypeVar, final
+
+import outcome
+import trio
+
+from ...errors import Error, ErrorClass
+from ._driver import Driver
+
+__all__ = ["Workers", "current_cut"]
+
+T = TypeVar("T")
+
+_QUEUED: Final = 0
+_RUNNING: Final = 1
+_FINISHED: Final = 2
+_WITHDRAWN: Final = 3
+#: The queue item that stops one thread.
+_STOP: Final = None
+#: A waiter wakes through a pipe Trio watches when it asks to and the
+#: platform has one (one wake-up of Trio's I/O loop, cheaper than
+#: ``run_sync_soon``); else through the Trio token.
+_PIPES: Final = os.name == "posix"
+
+
+class _Call:
+    __slots__ = ("cut", "cut_at", "driver", "event", "fn", "result", "state", "token")
+
+    def __init__(
+        self,
+        fn: Callable[[Driver], Any],
+        token: trio.lowlevel.TrioToken | None,
+        cut_at: float = math.inf,
+    ) -> None:
+        self.fn: Callable[[Driver], Any] | None = fn
+        #: when the call is cut, as ``time.monotonic`` (what the thread reads)
+        self.cut_at = cut_at
+        self.token = token
+        self.event: trio.Event | None = None if token is None else trio.Event()
+        self.state = _QUEUED
+        self.result: outcome.Outcome[Any] | None = None
+        self.driver: Driver | None = None
+        #: whether the call was interrupted at its cut time
+        self.cut = False
+
+
+class _Shared:
+    """What the threads share with the store (never the store itself)."""
+
+    __slots__ = ("alive", "lock", "requests", "wake")
+
+    def __init__(self, wake: tuple[int, int] | None) -> None:
+        self.requests: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.wake = wake
+        self.alive = 0
+
+
+#: The call the current worker thread is making.
+_CURRENT = threading.local()
+
+
+def current_cut() -> tuple[float, bool]:
+    """In a worker: when the call it makes is cut (``time.monotonic``), and
+    whether it has been."""
+    call: _Call | None = getattr(_CURRENT, "call", None)
+    return (math.inf, False) if call is None else (call.cut_at, call.cut)
+
+
+def _serve(shared: _Shared, make_driver: Callable[[], Driver], abandoned: list[bool]) -> None:
+    driver = make_driver()
+    lock = shared.lock
+    try:
+        while True:
+            call = shared.requests.get()
+            if call is None:
+                return
+            with lock:
+                if call.state == _WITHDRAWN:
+                    continue
+                call.state = _RUNNING
+                call.driver = driver
+            fn, call.fn = call.fn, None
+            assert fn is not None
+            _CURRENT.call = call
+            call.result = outcome.capture(fn, driver)
+            _CURRENT.call = None
+            del fn
+            with lock:
+                call.state = _FINISHED
+                call.driver = None
+            _deliver(call, shared.wake)
+            del call
+    finally:
+        driver.close()
+        with lock:
+            shared.alive -= 1
+            last = shared.alive == 0
+        if last and abandoned[0] and shared.wake is not None:
+            for fd in shared.wake:  # nobody else writes to it any more
+                os.close(fd)
+
+
+def _deliver(call: _Call, wake: tuple[int, int] | None) -> None:
+    try:
+        if call.token is None:
+            assert wake is not None
+            os.write(wake[1], b"\0")
+        else:
+            assert call.event is not None
+            call.token.run_sync_soon(call.event.set)
+    except OSError:  # the pipe is full: a wake-up is pending anyway
+        pass
+    except trio.RunFinishedError:  # the Trio run is over: nobody waits
+        pass
+
+
+def _stop_all(shared: _Shared, count: int, abandoned: list[bool]) -> None:
+    abandoned[0] = True
+    for _ in range(count):
+        shared.requests.put(_STOP)
+
+
+@final
+class Workers:
+    """``count`` threads, each owning a driver from ``make_driver``."""
+
+    def __init__(
+        self, make_driver: Callable[[], Driver], count: int, name: str, *, limited: bool = False
+    ) -> None:
+        self._make_driver = make_driver
+        self._count = count
+        #: ``limited``: a call first takes one of ``count`` slots (cancellable
+        #: while it waits), so a call submitted always finds a free thread
+        self.limiter: trio.CapacityLimiter | None = trio.CapacityLimiter(count) if limited else None
+        self._name = name
+        self._shared: _Shared | None = None
+        self._threads: list[threading.Thread] = []
+        self._pid = os.getpid()
+        self._closed = False
+        self._abandoned = [False]
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+
+    @property
+    def threads(self) -> list[threading.Thread]:
+        return list(self._threads)
+
+    def _closed_error(self) -> Error:
+        return Error(ErrorClass.STORAGE_FAILED, "store is closed", {"store": self._name})
+
+    def _submit(self, call: _Call) -> None:
+        if self._closed:
+            raise self._closed_error()
+        if self._threads and os.getpid() != self._pid:
+            # A fork copied the store, not its threads: the call would wait
+            # for ever, and the connections are not the child's to use.
+            raise Error(
+                ErrorClass.STORAGE_FAILED,
+                "store used in a forked process: open a new one there",
+                {"store": self._name},
+            )
+        if self._shared is None:
+            self._start()
+        assert self._shared is not None
+        self._shared.requests.put(call)
+
+    def _start(self) -> None:
+        wake: tuple[int, int] | None = None
+        if _PIPES:
+            wake = os.pipe()
+            for fd in wake:
+                os.set_blocking(fd, False)
+        shared = _Shared(wake)
+        self._pid = os.getpid()
+        try:
+            for n in range(self._count):
+                thread = threading.Thread(
+                    target=_serve,
+                    args=(shared, self._make_driver, self._abandoned),
+                    name=f"trio_backplane {self._name} worker {n}",
+                    daemon=True,
+                )
+                with shared.lock:
+                    shared.alive += 1
+                thread.start()
+                self._threads.append(thread)
+        except BaseException:
+            _stop_all(shared, len(self._threads), [False])
+            for thread in self._threads:
+                thread.join()
+            if wake is not None:
+                for fd in wake:
+                    os.close(fd)
+            self._threads = []
+            raise
+        self._shared = shared
+        self._finalizer = weakref.finalize(self, _stop_all, shared, self._count, self._abandoned)
+
+    async def run(
+        self,
+        fn: Callable[[Driver], T],
+        *,
+        cut_at: float = math.inf,
+        withdrawable: bool = True,
+        wake: bool = False,
+        slot_held: bool = False,
+    ) -> tuple[outcome.Outcome[T], bool]:
+        """The outcome of ``fn(driver)`` in a worker thread, and whether the
+        call was cut.
+
+        ``cut_at`` (Trio time): past it, the driver is interrupted.
+        ``withdrawable``: a cancelled caller withdraws the call while it is
+        queued (``Cancelled`` raised); otherwise, and once it started, the
+        call is waited out and the cancellation strikes at the caller's
+        next checkpoint.  ``wake``: through the wake-up pipe (one such
+        waiter at a time).  ``slot_held``: the caller holds a slot of
+        :attr:`limiter` already."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if self.limiter is None or slot_held:
+            return await self._run(fn, cut_at, withdrawable, wake)
+        async with self.limiter:
+            return await self._run(fn, cut_at, withdrawable, wake)
+
+    async def _run(
+        self, fn: Callable[[Driver], T], cut_at: float, withdrawable: bool, wake: bool
+    ) -> tuple[outcome.Outcome[T], bool]:
+        token = None if wake and _PIPES else trio.lowlevel.current_trio_token()
+        cut_mono = cut_at
+        if cut_at != math.inf:
+            cut_mono = time.monotonic() + (cut_at - trio.current_time())
+        call = _Call(fn, token, cut_mono)
+        self._submit(call)
+        await self._wait(call, cut_at, withdrawable)
+        assert call.result is not None
+        return call.result, call.cut
+
+    async def _wait(self, call: _Call, cut_at: float, withdrawable: bool) -> None:
+        if withdrawable:
+            with trio.CancelScope(deadline=cut_at):
+                try:
+                    await self._done(call)
+                    return
+                except trio.Cancelled:
+                    if self._withdraw(call):
+                        raise
+            if call.state == _WITHDRAWN:  # its cut time came before a thread did
+                call.cut = True
+                call.result = outcome.Error(
+                    Error(ErrorClass.STORAGE_FAILED, "call not started before its deadline")
+                )
+                return
+        with trio.CancelScope(shield=True, deadline=cut_at):
+            await self._done(call)
+        if call.state != _FINISHED:
+            self._cut(call)
+            with trio.CancelScope(shield=True):
+                await self._done(call)
+
+    def _withdraw(self, call: _Call) -> bool:
+        assert self._shared is not None
+        with self._shared.lock:
+            if call.state == _QUEUED:
+                call.state = _WITHDRAWN
+                return True
+            return False
+
+    def _cut(self, call: _Call) -> None:
+        assert self._shared is not None
+        with self._shared.lock:
+            if call.state == _QUEUED:
+                call.state = _WITHDRAWN
+                call.cut = True
+                call.result = outcome.Error(
+                    Error(ErrorClass.STORAGE_FAILED, "call not started before its deadline")
+                )
+                return
+            call.cut = True
+            if call.driver is not None:  # under the lock: never a finished call's
+                call.driver.interrupt()
+
+    async def _done(self, call: _Call) -> None:
+        if call.event is not None:
+            await call.event.wait()
+            return
+        assert self._shared is not None
+        assert self._shared.wake is not None
+        fd = self._shared.wake[0]
+        while call.state not in (_FINISHED, _WITHDRAWN):
+            await trio.lowlevel.wait_readable(fd)
+            with contextlib.suppress(BlockingIOError):
+                os.read(fd, 512)
+
+    async def aclose(self) -> None:
+        """Let the calls submitted finish, then stop and join the threads
+        (each closes its driver)."""
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            return
+        self._closed = True
+        shared = self._shared
+        if shared is None or os.getpid() != self._pid:
+            await trio.lowlevel.checkpoint()
+            return
+        for _ in self._threads:
+            shared.requests.put(_STOP)
+        await trio.to_thread.run_sync(self._join)
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        if shared.wake is not None:
+            trio.lowlevel.notify_closing(shared.wake[0])
+            for fd in shared.wake:
+                os.close(fd)
+
+    def _join(self) -> None:
+        for thread in self._threads:
+            thread.join()
