@@ -160,14 +160,14 @@ def raw_create(conn: sqlite3.Connection, record: RunRecord) -> None:
 
 
 def raw_loop(conn: sqlite3.Connection, plan: list[Any]) -> float:
-    """commits/s of the plain loop writing ``plan``."""
+    """commits/s of the plain loop writing ``plan``: the rows a store must
+    write (the compare-and-set ``UPDATE``, the changed parts, the events) in
+    one durable transaction each, and nothing else."""
     start = time.perf_counter()
+    last = 0
     for old, new, head, upserts, events in plan:
         run_id = new.run_id
         conn.execute("BEGIN IMMEDIATE")
-        conn.execute(
-            "SELECT incarnation, revision FROM runs WHERE run_id = ?", (run_id,)
-        ).fetchone()
         conn.execute(
             "UPDATE runs SET incarnation = ?, revision = ?, state = ?, head = ?"
             " WHERE run_id = ? AND incarnation = ? AND revision = ?",
@@ -178,9 +178,6 @@ def raw_loop(conn: sqlite3.Connection, plan: list[Any]) -> float:
             " DO UPDATE SET value = excluded.value",
             [(run_id, *row) for row in upserts],
         )
-        (last,) = conn.execute(
-            "SELECT COALESCE(MAX(sequence), 0) FROM run_events WHERE run_id = ?", (run_id,)
-        ).fetchone()
         conn.executemany(
             "INSERT INTO run_events VALUES (?, ?, ?, ?, ?)",
             [
@@ -188,6 +185,7 @@ def raw_loop(conn: sqlite3.Connection, plan: list[Any]) -> float:
                 for i, e in enumerate(events, start=1)
             ],
         )
+        last += len(events)
         conn.execute("COMMIT")
     return len(plan) / (time.perf_counter() - start)
 
@@ -259,10 +257,11 @@ async def single_run(root: Path) -> float:
         f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)}; target >= 0.8x)"
     )
     raw_us = 1e6 / raw_rate
+    store_us = 1e6 / store_rate
     print(
-        f"  floor of any store keeping blocking calls off the Trio thread: the raw loop"
-        f" ({raw_us:.0f}us) + one writer-thread round trip doing nothing ({hand_off:.0f}us)"
-        f" = {raw_us / (raw_us + hand_off):.2f}x the raw loop"
+        f"  SQLiteStore commit {store_us:.0f}us against the raw loop ({raw_us:.0f}us) + one"
+        f" writer-thread round trip doing nothing ({hand_off:.0f}us):"
+        f" {store_us / (raw_us + hand_off):.2f}x (target <= 1.3x)"
     )
     print(
         f"  the store's cost a commit above the raw loop: {1e6 / store_rate - raw_us:.0f}us"
@@ -271,22 +270,24 @@ async def single_run(root: Path) -> float:
     return store_rate
 
 
-async def hand_off_floor(store: SQLiteStore, count: int = 2000) -> float:
-    """µs of one round trip through the store's writer thread with no work, on
-    the path a commit batch takes (the writer's queue in, the wake pipe out):
-    the hand-off every commit pays for keeping sqlite off the Trio thread."""
-    from trio_backplane.store._sqlite import _Call
+async def hand_off_floor(store: Any, count: int = 2000) -> float:
+    """µs of one round trip through the store's worker with no work, on the
+    path a commit batch takes (the worker's queue in, the wake-up out): the
+    hand-off every commit pays for keeping blocking calls off the Trio thread."""
+    workers = store._workers
 
-    def nothing() -> None:
+    def nothing(driver: Any) -> None:
         return None
 
     times = []
     for _ in range(3):
         start = time.perf_counter()
         for _ in range(count):
-            call = _Call(nothing)
-            store._submit(call)
-            await store._wait(call)
+            if workers.limiter is None:
+                await workers.run(nothing, withdrawable=False, wake=True)
+            else:
+                async with workers.limiter:
+                    await workers.run(nothing, withdrawable=False, wake=True, slot_held=True)
         times.append((time.perf_counter() - start) / count * 1e6)
     return statistics.median(times)
 
@@ -354,24 +355,25 @@ async def concurrent(make: Callable[[], Awaitable[Any]], single_rate: float, lab
 
 
 class _WriterClock:
-    """CPU seconds a ``SQLiteStore``'s writer thread spends writing batches
-    (``time.thread_time`` inside ``_write_batch``); a no-op for other stores."""
+    """CPU seconds a SQL store's workers spend writing batches
+    (``time.thread_time`` inside the engine's ``_batch``)."""
 
     def __init__(self, store: Any) -> None:
         self.seconds = 0.0
-        write_batch = getattr(store, "_write_batch", None)
-        self.hooked = write_batch is not None
-        if write_batch is None:
+        inner = getattr(store, "_store", store)
+        batch = getattr(inner, "_batch", None)
+        self.hooked = batch is not None
+        if batch is None:
             return
 
-        def timed(jobs: Any) -> None:
+        def timed(*args: Any) -> None:
             cpu = time.thread_time()
             try:
-                write_batch(jobs)
+                batch(*args)
             finally:
                 self.seconds += time.thread_time() - cpu
 
-        store._write_batch = timed
+        inner._batch = timed
 
 
 async def late_vs_early(root: Path) -> None:
@@ -418,7 +420,7 @@ async def late_vs_early(root: Path) -> None:
     e, lt = statistics.median(early_store), statistics.median(late_store)
     print(
         f"commit {grow} vs commit 10 of one run (store.commit): {lt * 1e6:.0f}us vs "
-        f"{e * 1e6:.0f}us = {lt / e:.2f}x (target <= 1.5x; {rows} part rows per commit; "
+        f"{e * 1e6:.0f}us = {lt / e:.2f}x (target <= 1.1x; {rows} part rows per commit; "
         f"transcript {len(long_run.conversation['messages']) if long_run.conversation else 0}"
         f" messages; commits {grow}..{grow + window - 1} vs commits 10 and 11 of"
         f" {len(short_runs)} runs)"
@@ -430,35 +432,116 @@ async def late_vs_early(root: Path) -> None:
     )
 
 
-async def postgres() -> None:
+def pg_raw_loop(dsn: str, schema: str, plan: list[Any]) -> float:
+    """commits/s of a plain psycopg loop writing ``plan`` into ``schema``'s
+    tables: the compare-and-set ``UPDATE``, the parts and the events in one
+    pipeline, then ``COMMIT``, as a store's fast path sends them."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=False) as conn:
+        conn.execute(f'SET search_path TO "{schema}"')
+        conn.commit()
+        last = conn.execute("SELECT coalesce(max(sequence), 0) FROM run_events").fetchone()[0]
+        start = time.perf_counter()
+        for old, new, head, upserts, events in plan:
+            run_id = new.run_id
+            where = (run_id, old.incarnation, old.revision)
+            with conn.pipeline(), conn.cursor() as cur:
+                cur.execute(
+                    "UPDATE runs SET incarnation = %s, revision = %s, state = %s, head = %s"
+                    " WHERE run_id = %s AND incarnation = %s AND revision = %s",
+                    (*(new.incarnation, new.revision, new.state, head), *where),
+                )
+                cur.executemany(
+                    "INSERT INTO run_parts VALUES (%s, %s, %s, %s)"
+                    " ON CONFLICT (run_id, part, key) DO UPDATE SET value = EXCLUDED.value",
+                    [(run_id, *row) for row in upserts],
+                )
+                cur.executemany(
+                    "INSERT INTO run_events VALUES (%s, %s, %s, %s, %s)",
+                    [
+                        (run_id, last + i, e["type"], e["occurred_at"], dumps(e["payload"]))
+                        for i, e in enumerate(events, start=1)
+                    ],
+                )
+            last += len(events)
+            conn.commit()
+        return len(plan) / (time.perf_counter() - start)
+
+
+def drop_schemas(dsn: str, schemas: list[str]) -> None:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for schema in schemas:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+async def postgres() -> float | None:
     dsn = os.environ.get("TRIO_BACKPLANE_PG_DSN")
     if not dsn:
         print("PostgresStore: skipped (TRIO_BACKPLANE_PG_DSN not set)")
-        return
-    try:
-        from trio_backplane.store import PostgresStore
-    except ImportError as exc:
-        print(f"PostgresStore: skipped ({exc})")
-        return
-    suffix = f"{os.getpid()}-{time.time_ns()}"
+        return None
+    from trio_backplane.store import PostgresStore
 
-    async def make() -> Any:
-        return PostgresStore(dsn)
-
-    store = await make()
+    tag = f"{os.getpid()}_{time.time_ns()}"
+    raw_schema, store_schema = f"bench_raw_{tag}", f"bench_store_{tag}"
+    rounds, per_round = (3, 100) if QUICK else (7, 200)
     try:
-        record = fresh(f"pg-{suffix}")
-        await store.create(record)
-        _, commits = chain(record, 100 if QUICK else 500)
-        rate = await drive(store, commits)
+        async with PostgresStore(dsn, schema=raw_schema) as raw_tables:
+            raw_record = fresh("raw")
+            await raw_tables.create(raw_record)
+        async with PostgresStore(dsn, schema=store_schema) as store:
+            record = fresh("s")
+            await store.create(record)
+            store_rates, raw_rates = [], []
+            for _ in range(rounds):
+                raw_record, plan = raw_rows(raw_record, per_round)
+                record, commits = chain(record, per_round)
+                raw_rates.append(await trio.to_thread.run_sync(pg_raw_loop, dsn, raw_schema, plan))
+                store_rates.append(await drive(store, commits))
+            hand_off = await hand_off_floor(store)
     finally:
-        await store.aclose()
+        await trio.to_thread.run_sync(drop_schemas, dsn, [raw_schema, store_schema])
+    rate, raw_rate = statistics.median(store_rates), statistics.median(raw_rates)
+    store_us, raw_us = 1e6 / rate, 1e6 / raw_rate
+    print(f"raw psycopg loop single run: {raw_rate:10.0f} commits/s")
     print(f"PostgresStore    single run: {rate:10.0f} commits/s")
+    print(
+        f"  PostgresStore commit {store_us:.0f}us against the raw loop ({raw_us:.0f}us) + one"
+        f" worker round trip doing nothing ({hand_off:.0f}us):"
+        f" {store_us / (raw_us + hand_off):.2f}x (target <= 1.3x)"
+    )
+    suffix = tag
 
     async def make_unique() -> Any:
-        return _Renamed(await make(), suffix)
+        return _Renamed(PostgresStore(dsn), suffix)
 
     await concurrent(make_unique, rate, "PostgresStore   ")
+    return rate
+
+
+async def conversations(make: Callable[[], Awaitable[Any]], label: str) -> None:
+    """Steps a second of N conversations at once on one store, 10 tool steps
+    each (``bench_engine``'s step), for N = 100 and 1,000: the rate must
+    hold as N grows (target: 1,000 at least as fast as 100)."""
+    from bench_engine import one_run
+
+    rates: dict[int, float] = {}
+    for n in (100, 1000):
+        store = await make()
+        try:
+            start = time.perf_counter()
+            async with trio.open_nursery() as nursery:
+                for i in range(n):
+                    nursery.start_soon(one_run, store, f"conv-{n}-{i}-{time.time_ns()}", 10)
+            rates[n] = n * 10 / (time.perf_counter() - start)
+        finally:
+            await store.aclose()
+    print(
+        f"{label} conversations of 10 steps at once: 100 -> {rates[100]:.0f} steps/s,"
+        f" 1,000 -> {rates[1000]:.0f} steps/s ({rates[1000] / rates[100]:.2f}x; target >= 1x)"
+    )
 
 
 class _Renamed:
@@ -498,7 +581,22 @@ async def main() -> None:
 
         await concurrent(make, single, "SQLiteStore     ")
         await late_vs_early(root)
+        await conversations(make, "SQLiteStore     ")
     await postgres()
+    dsn = os.environ.get("TRIO_BACKPLANE_PG_DSN")
+    if dsn:
+        from trio_backplane.store import PostgresStore
+
+        schemas: list[str] = []
+
+        async def make_pg() -> Any:
+            schemas.append(f"bench_conv_{os.getpid()}_{time.time_ns()}")
+            return PostgresStore(dsn, schema=schemas[-1], max_connections=4)
+
+        try:
+            await conversations(make_pg, "PostgresStore   ")
+        finally:
+            await trio.to_thread.run_sync(drop_schemas, dsn, schemas)
 
 
 if __name__ == "__main__":

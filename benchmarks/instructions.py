@@ -1,6 +1,6 @@
 """How many instructions does the engine's tool-call step take?
 
-    python benchmarks/instructions.py [--steps N] [--at REV] [--pure-python]
+    python benchmarks/instructions.py [--steps N] [--at REV] [--pure-python] [--workload store]
     python3 -m nox -s instructions -- [--steps N] [--at REV] [--pure-python]
 
 The wall-clock figures of ``bench_engine.py`` move with the machine's load
@@ -78,9 +78,59 @@ class Failure(Exception):
 # -- the measured program ----------------------------------------------------------
 
 
-def measured(steps: int, pure: bool, check: bool) -> None:
-    """One run of ``steps`` tool steps on a MemoryStore, then one line naming
-    the ``trio_backplane`` imported and which of its C extensions were loaded
+def store_commits(count: int, total: int) -> None:
+    """The ``store`` workload: ``total`` kernel transitions of one run made
+    first (the same in every run of the program), then the first ``count``
+    committed to a ``SQLiteStore``, one after the other: what a store costs
+    a commit, without the engine.  A commit alternates ``provider_started``
+    and ``provider_completed`` (one message appended to the transcript)."""
+    import trio
+
+    from trio_backplane.kernel import Command, FrozenList, RunRecord, freeze, transition
+    from trio_backplane.store import SQLiteStore
+
+    first = RunRecord.new("instructions", work=10**6, context={"conversation": {"messages": []}})
+    record, chain = first, []
+    for n in range(total):
+        if record.state == "queued":
+            command = Command("admit", 0.0, {"state": "running"})
+        elif record.active_provider is None:
+            command = Command("provider_started", float(n))
+        else:
+            conversation = record.conversation or {"messages": FrozenList()}
+            text = f"reply {n}: " + "lorem ipsum " * 8
+            message = freeze({"role": "assistant", "content": text})
+            messages = FrozenList((*conversation["messages"], message))
+            command = Command(
+                "provider_completed",
+                float(n),
+                {"result": {"text": text}, "conversation": {**conversation, "messages": messages}},
+            )
+        new, events = transition(record, command)
+        chain.append((record, new, events))
+        record = new
+
+    async def main() -> None:
+        with tempfile.TemporaryDirectory(prefix="instructions-store-") as root:
+            store = SQLiteStore(Path(root) / "runs.db")
+            await store.create(first)
+            for old, new, events in chain[:count]:
+                await store.commit(
+                    old.run_id,
+                    incarnation=old.incarnation,
+                    expected_revision=old.revision,
+                    record=new,
+                    events=events,
+                )
+            await store.aclose()
+
+    trio.run(main)
+
+
+def measured(steps: int, pure: bool, check: bool, workload: str, total: int) -> None:
+    """One run of ``steps`` tool steps on a MemoryStore (the ``engine``
+    workload; ``store``: :func:`store_commits`), then one line naming the
+    ``trio_backplane`` imported and which of its C extensions were loaded
     (printed in every run alike, so its cost cancels).  ``check`` (the run
     outside valgrind) also prints the package's modules loaded from outside
     its directory: the editable install's finder fills in, from the checkout
@@ -95,7 +145,10 @@ def measured(steps: int, pure: bool, check: bool) -> None:
     import trio_backplane
     from trio_backplane.store import MemoryStore
 
-    trio.run(one_run, MemoryStore(), "instructions", steps)
+    if workload == "store":
+        store_commits(steps, total)
+    else:
+        trio.run(one_run, MemoryStore(), "instructions", steps)
     loaded = ",".join(sorted(name for name in SPEEDUPS if sys.modules.get(name) is not None))
     package = Path(trio_backplane.__file__).resolve().parent
     if check:
@@ -253,9 +306,13 @@ def extensions_at(
 # -- the measurement -----------------------------------------------------------------
 
 
-def program(tree: Tree, steps: int, check: bool = False) -> tuple[list[str], dict[str, str]]:
+def program(
+    tree: Tree, steps: int, check: bool = False, workload: str = "engine", total: int = 0
+) -> tuple[list[str], dict[str, str]]:
     """The measured program's command and environment for ``steps`` steps."""
     command = [sys.executable, str(Path(__file__).resolve()), "--run", str(steps)]
+    if workload != "engine":
+        command += ["--workload", workload, "--total", str(total)]
     if check:
         command.append("--check")
     if tree.pure:
@@ -303,21 +360,23 @@ def failed(what: str, result: subprocess.CompletedProcess[str]) -> Failure:
     )
 
 
-def warm_up(tree: Tree, steps: int) -> None:
+def warm_up(tree: Tree, steps: int, workload: str) -> None:
     """One run outside valgrind: it compiles the bytecode both measured runs
     then find, and checks which package and extension the program loads."""
-    command, env = program(tree, steps, check=True)
+    command, env = program(tree, steps, check=True, workload=workload, total=steps)
     result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise failed(f"the measured program ({steps} steps, no valgrind)", result)
     check_line(tree, result.stdout)
 
 
-def callgrind(valgrind: str, tree: Tree, steps: int, scratch: Path) -> tuple[int, str]:
+def callgrind(
+    valgrind: str, tree: Tree, steps: int, scratch: Path, *, workload: str, total: int
+) -> tuple[int, str]:
     """Instructions of the measured program's run of ``steps`` steps, and the
     command that counted them."""
     out = scratch / f"callgrind.out.{steps}"
-    command, env = program(tree, steps)
+    command, env = program(tree, steps, workload=workload, total=total)
     command = [valgrind, "--tool=callgrind", f"--callgrind-out-file={out}", *command]
     result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if result.returncode != 0:
@@ -345,7 +404,9 @@ def display_command(argv: list[str]) -> list[str]:
     return [near(sys.executable), near(__file__), *argv]
 
 
-def measure(valgrind: str, tree: Tree, steps: int, command: list[str]) -> None:
+def measure(
+    valgrind: str, tree: Tree, steps: int, command: list[str], workload: str = "engine"
+) -> None:
     start = time.monotonic()
     print(
         f"callgrind instruction count, python {platform.python_version()},"
@@ -354,17 +415,20 @@ def measure(valgrind: str, tree: Tree, steps: int, command: list[str]) -> None:
     )
     print(f"tree: {tree.label}")
     print(f"C extensions: {tree.extension}", flush=True)
-    warm_up(tree, steps)
+    print(f"workload: {workload}", flush=True)
+    warm_up(tree, steps, workload)
     print(f"trio_backplane imported from {(tree.root / 'trio_backplane').resolve()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="trio_backplane-callgrind-") as name:
         scratch = Path(name)
-        base, base_command = callgrind(valgrind, tree, 0, scratch)
+        base, base_command = callgrind(valgrind, tree, 0, scratch, workload=workload, total=steps)
         print(f"  0-step run: {base / 1e6:10.1f} M instructions: {base_command}", flush=True)
-        total, total_command = callgrind(valgrind, tree, steps, scratch)
+        total, total_command = callgrind(valgrind, tree, steps, scratch, workload=workload, total=steps)
         print(f"  {steps}-step run: {total / 1e6:10.1f} M instructions: {total_command}")
     figure = total - base
+    unit = "commit" if workload == "store" else "step"
     print(
-        f"{steps} steps: {figure / 1e6:.1f} M instructions ({figure / steps / 1e6:.3f} M a step;"
+        f"{steps} {unit}s: {figure / 1e6:.1f} M instructions"
+        f" ({figure / steps / 1e6:.3f} M a {unit};"
         f" measured in {time.monotonic() - start:.0f} s)"
     )
     print(f"command (from {ROOT}): {shlex.join(command)}")
@@ -387,11 +451,19 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="block the C extensions: measure the pure-Python fallback",
     )
+    parser.add_argument(
+        "--workload",
+        choices=("engine", "store"),
+        default="engine",
+        help="engine: N tool steps on a MemoryStore (default); store: N SQLiteStore commits"
+        " of precomputed records, no engine",
+    )
+    parser.add_argument("--total", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--run", type=int, metavar="N", help=argparse.SUPPRESS)
     parser.add_argument("--check", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.run is not None:
-        measured(args.run, args.pure_python, args.check)
+        measured(args.run, args.pure_python, args.check, args.workload, args.total)
         return 0
     if args.steps < 1:
         parser.error("--steps must be at least 1")
@@ -404,11 +476,15 @@ def main(argv: list[str]) -> int:
     command = display_command(argv)
     try:
         if args.at is None:
-            measure(valgrind, this_checkout(args.pure_python), args.steps, command)
+            tree = this_checkout(args.pure_python)
+            measure(valgrind, tree, args.steps, command, args.workload)
         else:
-            rerun = display_command([] if args.steps == 200 else ["--steps", str(args.steps)])
+            rerun = display_command(
+                ([] if args.steps == 200 else ["--steps", str(args.steps)])
+                + ([] if args.workload == "engine" else ["--workload", args.workload])
+            )
             with worktree_at(args.at, args.pure_python, rerun) as tree:
-                measure(valgrind, tree, args.steps, command)
+                measure(valgrind, tree, args.steps, command, args.workload)
     except Failure as error:
         sys.exit(f"instructions.py: {error}")
     return 0

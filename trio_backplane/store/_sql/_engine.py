@@ -293,18 +293,22 @@ class SQLStore:
         """Write ``batch`` in a worker and wait it out, cancelled or not;
         afterwards every job has its receipt or error."""
         deadline = max(job.deadline for job in batch)
-        trio_deadline = (
-            math.inf if deadline == math.inf else trio.current_time() + deadline - time.monotonic()
-        )
+        cut_at = math.inf
+        if self._cut_after is not None:
+            cut_at = trio.current_time() + self._cut_after
+            if deadline != math.inf:
+                cut_at = min(cut_at, trio.current_time() + deadline - time.monotonic())
         try:
-            await self._call(
+            self._check_open()
+            result, _ = await self._workers.run(
                 partial(self._batch, batch, deadline),
-                deadline=trio_deadline,
+                cut_at=cut_at,
                 withdrawable=False,
                 wake=True,
                 slot_held=True,  # the group's leader took the slot
             )
-        except BaseException as exc:  # the worker never got it, or it was cut
+            result.unwrap()
+        except BaseException as exc:  # the worker never got it
             for job in batch:
                 if job.receipt is None and job.error is None:
                     job.error = exc
@@ -318,6 +322,7 @@ class SQLStore:
         staged: list[tuple[_Job, tuple[Remembered, int, int]]] = []
         writes = Writes()
         try:
+            driver.open(current_cut()[0])
             driver.begin(deadline)
             for job in jobs:
                 plan = job.plan
@@ -428,8 +433,7 @@ class SQLStore:
         for job, written in staged:
             job.receipt = self._acknowledged(job.record, written, fast=fast)
         if len(staged) > 1:
-            with self._lock:
-                self.stats["batches"] += 1
+            self.stats["batches"] += 1  # (one batch in flight at a time)
 
     def _acknowledged(
         self, record: RunRecord, written: tuple[Remembered, int, int], *, fast: bool

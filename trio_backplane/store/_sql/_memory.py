@@ -9,7 +9,13 @@ from typing import Final
 
 from ...kernel import TERMINAL_STATES, RunEvent, RunRecord
 from .._layout import Entry, diff, encode_part, head_fields, join_head
-from ._rows import EventRow, PartKey, PartRow, RunRow, RunUpdate, Writes
+from ._rows import EventRow, PartKey, PartRow, RunRow, RunUpdate, Writes, maker
+
+_run_row: Final = maker(RunRow)
+_run_update: Final = maker(RunUpdate)
+_part_row: Final = maker(PartRow)
+_part_key: Final = maker(PartKey)
+_event_row: Final = maker(EventRow)
 
 __all__ = ["CACHE_ITEMS", "Memory", "Plan", "Remembered"]
 
@@ -49,28 +55,33 @@ class Plan:
         self.base = base
         self.entry, self.upserts, self.deletes = diff(base.entry, record)
         self.head = head_fields(record, old, base.head)
-        row = RunRow(
-            record.run_id, record.incarnation, record.revision, record.state, join_head(self.head)
-        )
-        self.update = RunUpdate(row, old.incarnation, old.revision, record.state != old.state)
+        state = record.state
+        row = (record.run_id, record.incarnation, record.revision, state, join_head(self.head))
+        moved = state != old.state
+        self.update = _run_update((_run_row(row), old.incarnation, old.revision, moved))
         self.events = [(e.type, e.occurred_at, encode_part(e.payload)) for e in events]
 
     def stage(self, writes: Writes, last: int | None) -> tuple[Remembered, int, int]:
         """Add the rows to ``writes``, events numbered after ``last``; what to
         remember once committed, the part rows and the bytes written."""
-        run_id = self.update.row.run_id
-        writes.updates.append(self.update)
-        writes.parts += [PartRow(run_id, *row) for row in self.upserts]
-        writes.gone += [PartKey(run_id, *row) for row in self.deletes]
-        if self.events:
+        update = self.update
+        run_id = update.row.run_id
+        writes.updates.append(update)
+        upserts = self.upserts
+        if upserts:
+            writes.parts += [_part_row((run_id, *row)) for row in upserts]
+        if self.deletes:
+            writes.gone += [_part_key((run_id, *row)) for row in self.deletes]
+        events = self.events
+        if events:
             assert last is not None
             writes.events += [
-                EventRow(run_id, sequence, *event)
-                for sequence, event in enumerate(self.events, last + 1)
+                _event_row((run_id, sequence, *event))
+                for sequence, event in enumerate(events, last + 1)
             ]
-            last += len(self.events)
-        size = len(self.update.row.head) + sum(len(row[2]) for row in self.upserts)
-        return Remembered(self.entry, last, self.head), len(self.upserts) + len(self.deletes), size
+            last += len(events)
+        size = len(update.row.head) + sum(len(row[2]) for row in upserts)
+        return Remembered(self.entry, last, self.head), len(upserts) + len(self.deletes), size
 
 
 class Memory:

@@ -6,9 +6,20 @@ They are ``NamedTuple`` values: a driver hands them to its database's
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable, Iterable
+from functools import partial
+from typing import Any, NamedTuple, TypeVar
 
-__all__ = ["EventRow", "PartKey", "PartRow", "RunRow", "RunUpdate", "Writes"]
+__all__ = ["EventRow", "PartKey", "PartRow", "RunRow", "RunUpdate", "Writes", "maker"]
+
+R = TypeVar("R", bound=tuple[Any, ...])
+
+
+def maker(row: type[R]) -> Callable[[Iterable[Any]], R]:
+    """``row``'s constructor from an iterable of its fields, with no Python
+    frame (a ``NamedTuple``'s own ``__new__`` is Python code): for the rows
+    a commit builds, several a commit."""
+    return partial(tuple.__new__, row)
 
 
 class RunRow(NamedTuple):

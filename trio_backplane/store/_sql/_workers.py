@@ -235,7 +235,8 @@ class Workers:
         next checkpoint.  ``wake``: through the wake-up pipe (one such
         waiter at a time).  ``slot_held``: the caller holds a slot of
         :attr:`limiter` already."""
-        await trio.lowlevel.checkpoint_if_cancelled()
+        if withdrawable:
+            await trio.lowlevel.checkpoint_if_cancelled()
         if self.limiter is None or slot_held:
             return await self._run(fn, cut_at, withdrawable, wake)
         async with self.limiter:
@@ -255,6 +256,17 @@ class Workers:
         return call.result, call.cut
 
     async def _wait(self, call: _Call, cut_at: float, withdrawable: bool) -> None:
+        if cut_at == math.inf:
+            # Never cut: no scope to enter (a batch's every commit pays for
+            # one); shielded only once a cancellation arrives.
+            try:
+                await self._done(call)
+            except trio.Cancelled:
+                if withdrawable and self._withdraw(call):
+                    raise
+                with trio.CancelScope(shield=True):
+                    await self._done(call)
+            return
         if withdrawable:
             with trio.CancelScope(deadline=cut_at):
                 try:
