@@ -163,8 +163,10 @@ def raw_loop(conn: sqlite3.Connection, plan: list[Any]) -> float:
     """commits/s of the plain loop writing ``plan``: the rows a store must
     write (the compare-and-set ``UPDATE``, the changed parts, the events) in
     one durable transaction each, and nothing else."""
+    (last,) = conn.execute(
+        "SELECT COALESCE(MAX(sequence), 0) FROM run_events WHERE run_id = ?", (plan[0][1].run_id,)
+    ).fetchone()
     start = time.perf_counter()
-    last = 0
     for old, new, head, upserts, events in plan:
         run_id = new.run_id
         conn.execute("BEGIN IMMEDIATE")
@@ -441,7 +443,8 @@ def pg_raw_loop(dsn: str, schema: str, plan: list[Any]) -> float:
     with psycopg.connect(dsn, autocommit=False) as conn:
         conn.execute(f'SET search_path TO "{schema}"')
         conn.commit()
-        last = conn.execute("SELECT coalesce(max(sequence), 0) FROM run_events").fetchone()[0]
+        query = "SELECT coalesce(max(sequence), 0) FROM run_events WHERE run_id = %s"
+        last = conn.execute(query, (plan[0][1].run_id,)).fetchone()[0]
         start = time.perf_counter()
         for old, new, head, upserts, events in plan:
             run_id = new.run_id

@@ -44,6 +44,7 @@ whatever ``--steps``.  Needs valgrind on PATH (``apt-get install valgrind``).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
 import shlex
@@ -371,7 +372,7 @@ def warm_up(tree: Tree, steps: int, workload: str) -> None:
 
 
 def callgrind(
-    valgrind: str, tree: Tree, steps: int, scratch: Path, *, workload: str, total: int
+    valgrind: str, tree: Tree, steps: int, *, scratch: Path, workload: str, total: int
 ) -> tuple[int, str]:
     """Instructions of the measured program's run of ``steps`` steps, and the
     command that counted them."""
@@ -420,9 +421,10 @@ def measure(
     print(f"trio_backplane imported from {(tree.root / 'trio_backplane').resolve()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="trio_backplane-callgrind-") as name:
         scratch = Path(name)
-        base, base_command = callgrind(valgrind, tree, 0, scratch, workload=workload, total=steps)
+        run = functools.partial(callgrind, valgrind, tree, scratch=scratch, workload=workload)
+        base, base_command = run(0, total=steps)
         print(f"  0-step run: {base / 1e6:10.1f} M instructions: {base_command}", flush=True)
-        total, total_command = callgrind(valgrind, tree, steps, scratch, workload=workload, total=steps)
+        total, total_command = run(steps, total=steps)
         print(f"  {steps}-step run: {total / 1e6:10.1f} M instructions: {total_command}")
     figure = total - base
     unit = "commit" if workload == "store" else "step"

@@ -1,48 +1,25 @@
-"""How SQL stores lay a record out so a commit costs what changed, not the run.
+"""How SQL stores lay a record out, so a commit writes what changed.
 
-A record is stored as a small *head* (every field but the growing ones) and
+A record is stored as a *head* (every field but the growing ones) and
 *parts*: one row per entry of the maps that grow with the run (``intents``,
-``tool_results``, ``budget.reservations``) and one row per item of the
-record's growing lists (``transcript`` and ``usage``, the kernel's
-:data:`~trio_backplane.kernel.GROWING`).  In the head, each of those slots
-holds the placeholder ``"__parts__"``; :func:`join` fills them in again and
-returns exactly ``encode_record(record)``, ready for ``decode_record``.
-A head of record schema version 1 held the lists inside
-``context["conversation"]`` (as ``"messages"`` and ``"usage"``), stored as the
-same rows: :func:`join` fills those in and ``decode_record`` upgrades it.
+``tool_results``, ``budget.reservations``) and per item of its growing lists
+(``transcript``, ``usage``).  In the head each of those slots holds
+``"__parts__"``; :func:`join` fills them in again and returns exactly
+``encode_record(record)``.  A head of record schema version 1 kept the lists
+inside ``context["conversation"]``; :func:`join` fills those in and
+``decode_record`` upgrades it.
 
-**Incremental commits.**  A store remembers, per run, an :class:`Entry` for
-the last committed record (keyed by incarnation and revision, which the store
-checks against what is stored; on a mismatch it reloads the record and
-builds the entry with :func:`entry_of`).  Committed records are frozen values
-that evolve by sharing unchanged entries, so :func:`diff` compares the new
-record with the remembered one by object identity -- a map or transcript
-that is the same object costs nothing; one that changed is compared as
-aligned key/value lists (C-speed list comparisons: identical items compare
-without a call; the last entries, where commits change things, are checked
-one by one, the rest bisected) -- and encodes only the entries that changed.
-Positions are only a shortcut: keys are always compared too, and a map whose
-keys moved is diffed key by key.  Finding what changed still reads every
-entry of a map that changed (C speed, a few nanoseconds an entry); encoding,
-rows and I/O cost what changed, so commit 5 000 of a run costs about what
-commit 10 did.
+:func:`diff` turns a remembered :class:`Entry` into the part rows a new
+record needs, encoding only what changed: frozen values that evolve by
+sharing are compared by identity first (an unchanged map or transcript
+costs nothing), then as aligned key/value lists.  Keys are always compared,
+so a map whose keys moved is diffed key by key.  Caveat: an entry replaced
+by an *equal* value of another JSON type (``1`` vs ``1.0`` vs ``true``)
+inside an otherwise unchanged range is not rewritten.  :func:`head_fields`
+encodes only the head fields that are not the very objects the previous
+record held.  Every text is ``validation`` when it is not JSON data.
 
-The head holds no growing field.  :func:`head_text` encodes it straight from
-the record's fields without copying the record; :func:`head_fields` encodes
-it field by field and, given the previous record and its fields, encodes only
-the fields that are not the very same objects.  Both are byte for byte
-``encode_record`` of the record with its growing slots replaced (see
-:func:`blank`).
-
-Records are JSON data by construction (``RunRecord`` freezes and validates
-every field, KER-11), and everything written is encoded here by a strict
-encoder that turns any non-JSON value into ``validation`` anyway.
-
-Caveat of the equality shortcut: an entry replaced by an *equal* value of
-another JSON type (``1`` vs ``1.0`` vs ``true``) inside an otherwise unchanged
-range is not rewritten.
-
-Pure functions: no I/O.  ``SQLiteStore`` and ``PostgresStore`` both use them.
+Pure functions: no I/O.
 """
 
 from __future__ import annotations
