@@ -351,13 +351,13 @@ class PostgresDriver:
                         row = u.row
                         values = (row.incarnation, row.revision, row.state, row.head, row.run_id)
                         cur = conn.execute(sql["update_run"], (*values, *u[1:3]))
-                    with conn.cursor() as many:
-                        if writes.parts:
-                            many.executemany(sql["upsert_part"], writes.parts)
-                        if writes.gone:
-                            many.executemany(sql["delete_part"], writes.gone)
-                        if writes.events:
-                            many.executemany(sql["insert_event"], writes.events)
+                    many = conn.cursor()
+                    if writes.parts:
+                        many.executemany(sql["upsert_part"], writes.parts)
+                    if writes.gone:
+                        many.executemany(sql["delete_part"], writes.gone)
+                    if writes.events:
+                        many.executemany(sql["insert_event"], writes.events)
         except self._psycopg.errors.UniqueViolation:
             return False  # an event sequence was taken: the memory was stale
         matched = 0 if cur is None else cur.rowcount
