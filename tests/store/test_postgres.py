@@ -1470,3 +1470,47 @@ async def test_sto_06_the_server_bounds_what_a_cut_or_vanished_host_holds(
         await lock.release()
     await _commit(store, record, new, events)
     assert await store.load(record.run_id) == new
+
+
+async def test_sto_runs_written_by_earlier_code_read_as_written(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """The rows of ``tests/fixtures/layout2.sqlite3`` (written by earlier
+    code, the layout both SQL stores share) copied into PostgreSQL read
+    through ``PostgresStore`` as ``SQLiteStore`` reads them from the file,
+    and the run waiting there commits on (issue 21: both stores read
+    databases written by earlier code)."""
+    import sqlite3
+
+    from tests.conftest import FIXTURES
+    from trio_backplane.store import SQLiteStore
+
+    psycopg = _psycopg()
+    with sqlite3.connect(FIXTURES / "layout2.sqlite3") as source:
+        tables = {
+            name: source.execute(f"SELECT * FROM {name}").fetchall()
+            for name in ("runs", "run_parts", "run_events")
+        }
+    async with PostgresStore(pg_dsn, schema=pg_schema) as store:
+        assert await store.list_runs() == []  # lays the tables out
+        with psycopg.connect(pg_dsn) as conn:  # a test's own setup: blocking is fine
+            for name, rows in tables.items():
+                marks = ", ".join(["%s"] * len(rows[0]))
+                with conn.cursor() as cur:
+                    cur.executemany(f'INSERT INTO "{pg_schema}".{name} VALUES ({marks})', rows)
+        async with SQLiteStore(FIXTURES / "layout2.sqlite3", create_tables=False) as original:
+            runs = await original.list_runs()
+            assert runs
+            assert await store.list_runs() == runs
+            for summary in runs:
+                assert await store.load(summary.run_id) == await original.load(summary.run_id)
+                assert await store.events(summary.run_id) == await original.events(summary.run_id)
+        waiting = [s for s in runs if s.state == "running"]
+        assert waiting
+        record = await store.load(waiting[0].run_id)
+        assert record is not None
+        new, events = _step(record, "conversation_updated", conversation=_messages(2))
+        receipt = await _commit(store, record, new, events)
+        assert receipt.revision == record.revision + 1
+    async with PostgresStore(pg_dsn, schema=pg_schema) as other:
+        assert await other.load(record.run_id) == new
