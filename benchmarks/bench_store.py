@@ -77,22 +77,15 @@ def step(record: RunRecord, n: int) -> tuple[RunRecord, list[RunEvent]]:
         return _transition(record, Command("admit", 0.0, {"state": "running"}))
     if record.active_provider is None:
         return _transition(record, Command("provider_started", float(n)))
-    # The transcript stays frozen, as the runtime keeps it (``_conversation``):
-    # the command then costs one C-speed tuple copy, not a walk of every message.
-    conversation = record.conversation or {"messages": FrozenList()}
+    # One message appended to the transcript (the record's growing field):
+    # a store writes the new message alone.
     message = freeze({"role": "assistant", "content": f"reply {n}: " + "lorem ipsum " * 8})
     return _transition(
         record,
         Command(
             "provider_completed",
             float(n),
-            {
-                "result": {"text": f"reply {n}"},
-                "conversation": {
-                    **conversation,
-                    "messages": FrozenList((*conversation["messages"], message)),
-                },
-            },
+            {"result": {"text": f"reply {n}"}, "messages": FrozenList((message,))},
         ),
     )
 
@@ -423,7 +416,7 @@ async def late_vs_early(root: Path) -> None:
     print(
         f"commit {grow} vs commit 10 of one run (store.commit): {lt * 1e6:.0f}us vs "
         f"{e * 1e6:.0f}us = {lt / e:.2f}x (target <= 1.1x; {rows} part rows per commit; "
-        f"transcript {len(long_run.conversation['messages']) if long_run.conversation else 0}"
+        f"transcript {len(long_run.transcript)}"
         f" messages; commits {grow}..{grow + window - 1} vs commits 10 and 11 of"
         f" {len(short_runs)} runs)"
     )

@@ -90,7 +90,7 @@ def store_commits(count: int, total: int) -> None:
     from trio_backplane.kernel import Command, FrozenList, RunRecord, freeze, transition
     from trio_backplane.store import SQLiteStore
 
-    first = RunRecord.new("instructions", work=10**6, context={"conversation": {"messages": []}})
+    first = RunRecord.new("instructions", work=10**6)
     record, chain = first, []
     for n in range(total):
         if record.state == "queued":
@@ -98,14 +98,12 @@ def store_commits(count: int, total: int) -> None:
         elif record.active_provider is None:
             command = Command("provider_started", float(n))
         else:
-            conversation = record.conversation or {"messages": FrozenList()}
             text = f"reply {n}: " + "lorem ipsum " * 8
             message = freeze({"role": "assistant", "content": text})
-            messages = FrozenList((*conversation["messages"], message))
             command = Command(
                 "provider_completed",
                 float(n),
-                {"result": {"text": text}, "conversation": {**conversation, "messages": messages}},
+                {"result": {"text": text}, "messages": FrozenList((message,))},
             )
         new, events = transition(record, command)
         chain.append((record, new, events))
@@ -123,6 +121,26 @@ def store_commits(count: int, total: int) -> None:
                     record=new,
                     events=events,
                 )
+            await store.aclose()
+
+    trio.run(main)
+
+
+def handoffs(count: int) -> None:
+    """The ``handoff`` workload: ``count`` round trips doing nothing through
+    a ``SQLiteStore``'s worker thread, on the path a commit batch takes (the
+    worker's queue in, the wake-up pipe out): what any store keeping its
+    blocking calls off the Trio thread pays a commit, at least."""
+    import trio
+
+    from trio_backplane.store import SQLiteStore
+
+    async def main() -> None:
+        with tempfile.TemporaryDirectory(prefix="instructions-handoff-") as root:
+            store = SQLiteStore(Path(root) / "runs.db")
+            workers = store._workers  # the engine's own seam
+            for _ in range(count):
+                await workers.run(lambda driver: None, withdrawable=False, wake=True)
             await store.aclose()
 
     trio.run(main)
@@ -148,6 +166,8 @@ def measured(steps: int, pure: bool, check: bool, workload: str, total: int) -> 
 
     if workload == "store":
         store_commits(steps, total)
+    elif workload == "handoff":
+        handoffs(steps)
     else:
         trio.run(one_run, MemoryStore(), "instructions", steps)
     loaded = ",".join(sorted(name for name in SPEEDUPS if sys.modules.get(name) is not None))
@@ -427,7 +447,7 @@ def measure(
         total, total_command = run(steps, total=steps)
         print(f"  {steps}-step run: {total / 1e6:10.1f} M instructions: {total_command}")
     figure = total - base
-    unit = "commit" if workload == "store" else "step"
+    unit = {"store": "commit", "handoff": "round trip"}.get(workload, "step")
     print(
         f"{steps} {unit}s: {figure / 1e6:.1f} M instructions"
         f" ({figure / steps / 1e6:.3f} M a {unit};"
@@ -455,10 +475,11 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument(
         "--workload",
-        choices=("engine", "store"),
+        choices=("engine", "store", "handoff"),
         default="engine",
         help="engine: N tool steps on a MemoryStore (default); store: N SQLiteStore commits"
-        " of precomputed records, no engine",
+        " of precomputed records, no engine; handoff: N bare round trips through the"
+        " SQLiteStore's worker thread (this checkout's engine only)",
     )
     parser.add_argument("--total", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--run", type=int, metavar="N", help=argparse.SUPPRESS)

@@ -111,7 +111,7 @@ class SQLStore:
         self._name = name
         self._cut_after = cut_after
         self._where = dict(where or {})
-        self._group: GroupCommit[_Job] = GroupCommit(self._write_batch, self._workers.limiter)
+        self._group: GroupCommit[_Job] = GroupCommit(self._write_batch, self._workers.slot)
         self._memory = Memory(cache_items)
         self._lock = threading.Lock()  # guards the stats
         self._closed = False

@@ -142,6 +142,26 @@ def _stop_all(shared: _Shared, count: int, abandoned: list[bool]) -> None:
 
 
 @final
+class _Slot:
+    """One slot of a ``CapacityLimiter``, taken without a scheduling round
+    when one is free (``acquire`` always yields, a commit's worth of work)."""
+
+    __slots__ = ("_limiter",)
+
+    def __init__(self, limiter: trio.CapacityLimiter) -> None:
+        self._limiter = limiter
+
+    async def __aenter__(self) -> None:
+        try:
+            self._limiter.acquire_nowait()
+        except trio.WouldBlock:
+            await self._limiter.acquire()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._limiter.release()
+
+
+@final
 class Workers:
     """``count`` threads, each owning a driver from ``make_driver``."""
 
@@ -153,6 +173,8 @@ class Workers:
         #: ``limited``: a call first takes one of ``count`` slots (cancellable
         #: while it waits), so a call submitted always finds a free thread
         self.limiter: trio.CapacityLimiter | None = trio.CapacityLimiter(count) if limited else None
+        #: a slot of :attr:`limiter`, as an async context manager
+        self.slot: _Slot | None = None if self.limiter is None else _Slot(self.limiter)
         self._name = name
         self._shared: _Shared | None = None
         self._threads: list[threading.Thread] = []
@@ -237,9 +259,9 @@ class Workers:
         :attr:`limiter` already."""
         if withdrawable:
             await trio.lowlevel.checkpoint_if_cancelled()
-        if self.limiter is None or slot_held:
+        if self.slot is None or slot_held:
             return await self._run(fn, cut_at, withdrawable, wake)
-        async with self.limiter:
+        async with self.slot:
             return await self._run(fn, cut_at, withdrawable, wake)
 
     async def _run(
