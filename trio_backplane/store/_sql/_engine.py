@@ -34,7 +34,6 @@ from collections.abc import Callable, Collection, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
-import outcome
 import trio
 
 from ...errors import Error, ErrorClass
@@ -116,10 +115,10 @@ class SQLStore:
         self._lock = threading.Lock()  # guards the stats
         self._closed = False
         #: Diagnostics and tests: ``commits`` (acknowledged), ``batches``
-        #: (transactions that committed several runs' commits), ``fast_commits`` (written
-        #: without reading the run), ``part_rows`` (part rows upserted or
-        #: deleted), ``last_part_rows`` and ``last_bytes`` (head and part
-        #: text written) of the last commit.
+        #: (transactions that committed several runs' commits),
+        #: ``fast_commits`` (written without reading the run), ``part_rows``
+        #: (part rows upserted or deleted), ``last_part_rows`` and
+        #: ``last_bytes`` (head and part text written) of the last commit.
         self.stats: dict[str, int] = dict.fromkeys(
             ("commits", "batches", "fast_commits", "part_rows", "last_part_rows", "last_bytes"), 0
         )
@@ -163,19 +162,13 @@ class SQLStore:
         cut_at = math.inf
         if self._cut_after is not None:
             cut_at = min(deadline, trio.current_time() + self._cut_after)
-        result, cut = await self._workers.run(
+        result, _ = await self._workers.run(
             partial(self._guarded, fn),
             cut_at=cut_at,
             withdrawable=withdrawable,
             wake=wake,
             slot_held=slot_held,
         )
-        if cut and isinstance(result, outcome.Error):
-            raise Error(
-                ErrorClass.STORAGE_FAILED,
-                f"{self._name} call cut at its deadline",
-                {"cause": _describe(result.error), "operation_timeout": self._cut_after},
-            ) from result.error
         return result.unwrap()
 
     def _guarded(self, fn: Callable[[Driver], T], driver: Driver) -> T:
@@ -510,7 +503,3 @@ class SQLStore:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:500]

@@ -299,9 +299,7 @@ class Workers:
                         raise
             if call.state == _WITHDRAWN:  # its cut time came before a thread did
                 call.cut = True
-                call.result = outcome.Error(
-                    Error(ErrorClass.STORAGE_FAILED, "call not started before its deadline")
-                )
+                call.result = outcome.Error(self._not_started())
                 return
         with trio.CancelScope(shield=True, deadline=cut_at):
             await self._done(call)
@@ -309,6 +307,13 @@ class Workers:
             self._cut(call)
             with trio.CancelScope(shield=True):
                 await self._done(call)
+
+    def _not_started(self) -> Error:
+        return Error(
+            ErrorClass.STORAGE_FAILED,
+            f"{self._name} call cut at its deadline: no worker took it in time",
+            {"store": self._name},
+        )
 
     def _withdraw(self, call: _Call) -> bool:
         assert self._shared is not None
@@ -324,9 +329,7 @@ class Workers:
             if call.state == _QUEUED:
                 call.state = _WITHDRAWN
                 call.cut = True
-                call.result = outcome.Error(
-                    Error(ErrorClass.STORAGE_FAILED, "call not started before its deadline")
-                )
+                call.result = outcome.Error(self._not_started())
                 return
             call.cut = True
             if call.driver is not None:  # under the lock: never a finished call's
