@@ -280,6 +280,23 @@ async def test_a_deadline_cut_after_success_never_reaches_the_connection() -> No
     await workers.aclose()
 
 
+async def test_a_cut_landing_after_a_call_finished_its_work_costs_the_next_call_nothing(
+    pg_store_factory: StoreFactory,
+) -> None:
+    """A cut may shut a connection's socket down after its call's last
+    statement (the call then returns its result); the next call on that
+    worker gets a new connection instead of failing ``storage_failed`` on
+    the dead one (psycopg notices a shut socket only at its next use)."""
+    store = pg_store_factory(max_connections=1)
+    record = await _running(store)
+    driver = await store._call(lambda driver: driver)
+    driver.interrupt()  # as a cut arriving just after the call's work
+    assert await store.load(record.run_id) == record
+    new, events = _step(record, "conversation_updated", conversation=_messages(2))
+    await _commit(store, record, new, events)
+    assert await store.load(record.run_id) == new
+
+
 async def test_sto_event_times_keep_every_digit_whatever_the_server_default(
     pg_dsn: str, pg_schema: str
 ) -> None:

@@ -42,6 +42,7 @@ from ...kernel import fence as kernel_fence
 from .._group import GroupCommit, Job
 from .._layout import (
     NOTHING,
+    CorruptRecord,
     decode_stored,
     decode_stored_event,
     diff,
@@ -73,6 +74,10 @@ class _Job(Job):
     deadline: float
     #: decided and encoded by its caller against the run remembered then
     plan: Plan | None
+
+
+def _by_run(job: _Job) -> str:
+    return job.run_id
 
 
 def _conflict(message: str, run_id: str) -> Error:
@@ -196,7 +201,9 @@ class SQLStore:
             )
         if error is not exc:
             error.__cause__ = exc
-        if error.error_class is ErrorClass.STORAGE_FAILED:
+        if isinstance(error, CorruptRecord):
+            self._memory.forget(str(error.details.get("run_id")))  # that run's rows only
+        elif error.error_class is ErrorClass.STORAGE_FAILED:
             self._memory.clear()
         return error
 
@@ -310,28 +317,15 @@ class SQLStore:
         """In a worker: the jobs planned against remembered runs in one
         transaction; the others, and all of them when a compare-and-set
         found a run moved on, one by one from their stored rows."""
-        jobs.sort(key=lambda job: job.run_id)  # one row-lock order across hosts
+        if len(jobs) > 1:
+            jobs.sort(key=_by_run)  # one row-lock order across hosts
         alone: list[_Job] = []
         staged: list[tuple[_Job, tuple[Remembered, int, int]]] = []
         writes = Writes()
         try:
             driver.open(current_cut()[0])
             driver.begin(deadline)
-            for job in jobs:
-                plan = job.plan
-                if plan is None or plan.base is not self._memory.get(job.run_id):
-                    try:
-                        plan = self._planned(job)
-                    except Error as exc:
-                        job.error = exc
-                        continue
-                if plan is None:
-                    alone.append(job)
-                    continue
-                last = plan.base.last
-                if plan.events and last is None:
-                    last = driver.last_sequence(job.run_id)
-                staged.append((job, plan.stage(writes, last)))
+            self._stage(jobs, driver, writes, staged, alone)
             if not staged:
                 driver.rollback()
             elif driver.write(writes):
@@ -340,7 +334,7 @@ class SQLStore:
                 staged = []
             else:  # a run moved on: nothing of the group is written
                 driver.rollback()
-                alone = sorted(alone + [job for job, _ in staged], key=lambda job: job.run_id)
+                alone = sorted(alone + [job for job, _ in staged], key=_by_run)
         except BaseException as exc:
             driver.rollback()
             failure = self._classed(driver, exc)
@@ -356,8 +350,8 @@ class SQLStore:
                     raise
                 return
             # A deadlock or serialization failure with another host's group:
-            # nothing was written, each commit is made alone.
-            alone = sorted(alone + [job for job, _ in staged], key=lambda job: job.run_id)
+            # nothing was written, each commit not yet refused is made alone.
+            alone = [job for job in jobs if job.receipt is None and job.error is None]
         for job in alone:
             try:
                 self._alone(job, deadline, driver)
@@ -366,6 +360,33 @@ class SQLStore:
                 job.error = self._classed(driver, exc)
                 if not isinstance(exc, Exception):
                     raise
+
+    def _stage(
+        self,
+        jobs: list[_Job],
+        driver: Driver,
+        writes: Writes,
+        staged: list[tuple[_Job, tuple[Remembered, int, int]]],
+        alone: list[_Job],
+    ) -> None:
+        """Add to ``writes`` the rows of every job planned against the run
+        remembered now (to ``staged``); the others go to ``alone``, and a
+        job the decision refuses gets its error."""
+        for job in jobs:
+            plan = job.plan
+            if plan is None or plan.base is not self._memory.get(job.run_id):
+                try:
+                    plan = self._planned(job)
+                except Error as exc:
+                    job.error = exc
+                    continue
+            if plan is None:
+                alone.append(job)
+                continue
+            last = plan.base.last
+            if plan.events and last is None:
+                last = driver.last_sequence(job.run_id)
+            staged.append((job, plan.stage(writes, last)))
 
     def _alone(self, job: _Job, deadline: float, driver: Driver) -> None:
         """One commit in its own transaction: written at once when it is at

@@ -222,6 +222,8 @@ class PostgresDriver:
         self._psycopg = settings.psycopg
         self._conn: Any = None
         self._used = 0.0
+        #: a cut shut this connection's socket down: it is replaced
+        self._interrupted = False
 
     @property
     def connection(self) -> Any:
@@ -229,6 +231,12 @@ class PostgresDriver:
 
     def open(self, deadline: float) -> None:
         conn = self._conn
+        if self._interrupted:
+            # A cut may shut the socket down after the call's last statement:
+            # psycopg would notice only at the next call's first one.
+            self._interrupted = False
+            self.close()
+            conn = None
         if conn is not None:
             if not conn.closed and not conn.broken:
                 idle = time.monotonic() - self._used
@@ -377,6 +385,7 @@ class PostgresDriver:
 
     def interrupt(self) -> None:
         if self._conn is not None:
+            self._interrupted = True
             _shut_down(self._conn)
 
     def close(self) -> None:

@@ -399,8 +399,8 @@ class SQLiteStore(SQLStore):
                 {"type": type(path).__name__},
             )
         text = os.fspath(path)
-        if not isinstance(text, str) or not text:
-            raise Error(ErrorClass.VALIDATION, "path must name the SQLite file")
+        if not isinstance(text, str) or not text or "\x00" in text:
+            raise Error(ErrorClass.VALIDATION, "path must name the SQLite file (no NUL)")
         if type(cache_items) is not int or cache_items < 1:
             raise Error(ErrorClass.VALIDATION, "cache_items must be a positive int")
         self._path = text

@@ -202,7 +202,14 @@ class Workers:
                 {"store": self._name},
             )
         if self._shared is None:
-            self._start()
+            try:
+                self._start()
+            except (OSError, RuntimeError) as exc:  # no pipe, no thread: a full process
+                raise Error(
+                    ErrorClass.STORAGE_FAILED,
+                    "cannot start the store's worker threads",
+                    {"store": self._name, "cause": f"{type(exc).__name__}: {exc}"[:300]},
+                ) from exc
         assert self._shared is not None
         self._shared.requests.put(call)
 
@@ -305,6 +312,8 @@ class Workers:
             await self._done(call)
         if call.state != _FINISHED:
             self._cut(call)
+            if call.state == _WITHDRAWN:  # no thread took it: nothing to wait for
+                return
             with trio.CancelScope(shield=True):
                 await self._done(call)
 
