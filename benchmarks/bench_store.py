@@ -280,10 +280,12 @@ async def hand_off_floor(store: Any, count: int = 2000) -> float:
         start = time.perf_counter()
         for _ in range(count):
             if workers.limiter is None:
-                await workers.run(nothing, withdrawable=False, wake=True)
+                await workers.run(nothing, withdrawable=False, wake=True, writer=True)
             else:
                 async with workers.limiter:
-                    await workers.run(nothing, withdrawable=False, wake=True, slot_held=True)
+                    await workers.run(
+                        nothing, withdrawable=False, wake=True, slot_held=True, writer=True
+                    )
         times.append((time.perf_counter() - start) / count * 1e6)
     return statistics.median(times)
 

@@ -140,7 +140,7 @@ def handoffs(count: int) -> None:
             store = SQLiteStore(Path(root) / "runs.db")
             workers = store._workers  # the engine's own seam
             for _ in range(count):
-                await workers.run(lambda driver: None, withdrawable=False, wake=True)
+                await workers.run(lambda driver: None, withdrawable=False, wake=True, writer=True)
             await store.aclose()
 
     trio.run(main)

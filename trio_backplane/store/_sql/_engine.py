@@ -306,6 +306,7 @@ class SQLStore:
                 withdrawable=False,
                 wake=True,
                 slot_held=True,  # the group's leader took the slot
+                writer=True,
             )
             result.unwrap()
         except BaseException as exc:  # the worker never got it

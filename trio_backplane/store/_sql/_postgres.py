@@ -415,7 +415,8 @@ class PostgresStore(SQLStore):
     ``schema`` puts the tables in that PostgreSQL schema (created if missing),
     so stores on one database can be isolated; by default the tables are
     unqualified and land in the connection's ``search_path``.
-    ``max_connections`` worker threads each own one connection.
+    ``max_connections`` worker threads each own one connection; with two
+    or more, one of them writes the group commit's batches alone.
     ``operation_timeout`` bounds every database call, in seconds (its
     caller's deadline bounds it too): past it the call is cut and fails with
     ``storage_failed``.  With ``create_tables=False`` the store creates

@@ -67,10 +67,14 @@ class _Call:
 class _Shared:
     """What the threads share with the store (never the store itself)."""
 
-    __slots__ = ("alive", "lock", "requests", "wake")
+    __slots__ = ("alive", "lock", "requests", "wake", "writer")
 
-    def __init__(self, wake: tuple[int, int] | None) -> None:
+    def __init__(self, wake: tuple[int, int] | None, count: int) -> None:
         self.requests: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        #: the group commit's own queue, served by thread 0 alone when there
+        #: are several threads: every batch on one connection, as a plain
+        #: loop would write them (thread 0 then serves nothing else)
+        self.writer = self.requests if count == 1 else queue.SimpleQueue()
         self.lock = threading.Lock()
         self.wake = wake
         self.alive = 0
@@ -87,12 +91,22 @@ def current_cut() -> tuple[float, bool]:
     return (math.inf, False) if call is None else (call.cut_at, call.cut)
 
 
-def _serve(shared: _Shared, make_driver: Callable[[], Driver], abandoned: list[bool]) -> None:
+def _queues(shared: _Shared, count: int) -> list[queue.SimpleQueue[_Call | None]]:
+    """The queue each of ``count`` threads serves."""
+    return [shared.writer, *[shared.requests] * (count - 1)]
+
+
+def _serve(
+    shared: _Shared,
+    requests: queue.SimpleQueue[_Call | None],
+    make_driver: Callable[[], Driver],
+    abandoned: list[bool],
+) -> None:
     driver = make_driver()
     lock = shared.lock
     try:
         while True:
-            call = shared.requests.get()
+            call = requests.get()
             if call is None:
                 return
             with lock:
@@ -137,8 +151,8 @@ def _deliver(call: _Call, wake: tuple[int, int] | None) -> None:
 
 def _stop_all(shared: _Shared, count: int, abandoned: list[bool]) -> None:
     abandoned[0] = True
-    for _ in range(count):
-        shared.requests.put(_STOP)
+    for requests in _queues(shared, count):
+        requests.put(_STOP)
 
 
 @final
@@ -190,7 +204,7 @@ class Workers:
     def _closed_error(self) -> Error:
         return Error(ErrorClass.STORAGE_FAILED, "store is closed", {"store": self._name})
 
-    def _submit(self, call: _Call) -> None:
+    def _submit(self, call: _Call, writer: bool) -> None:
         if self._closed:
             raise self._closed_error()
         if self._threads and os.getpid() != self._pid:
@@ -211,7 +225,7 @@ class Workers:
                     {"store": self._name, "cause": f"{type(exc).__name__}: {exc}"[:300]},
                 ) from exc
         assert self._shared is not None
-        self._shared.requests.put(call)
+        (self._shared.writer if writer else self._shared.requests).put(call)
 
     def _start(self) -> None:
         wake: tuple[int, int] | None = None
@@ -219,13 +233,13 @@ class Workers:
             wake = os.pipe()
             for fd in wake:
                 os.set_blocking(fd, False)
-        shared = _Shared(wake)
+        shared = _Shared(wake, self._count)
         self._pid = os.getpid()
         try:
-            for n in range(self._count):
+            for n, requests in enumerate(_queues(shared, self._count)):
                 thread = threading.Thread(
                     target=_serve,
-                    args=(shared, self._make_driver, self._abandoned),
+                    args=(shared, requests, self._make_driver, self._abandoned),
                     name=f"trio_backplane {self._name} worker {n}",
                     daemon=True,
                 )
@@ -253,6 +267,7 @@ class Workers:
         withdrawable: bool = True,
         wake: bool = False,
         slot_held: bool = False,
+        writer: bool = False,
     ) -> tuple[outcome.Outcome[T], bool]:
         """The outcome of ``fn(driver)`` in a worker thread, and whether the
         call was cut.
@@ -263,23 +278,24 @@ class Workers:
         call is waited out and the cancellation strikes at the caller's
         next checkpoint.  ``wake``: through the wake-up pipe (one such
         waiter at a time).  ``slot_held``: the caller holds a slot of
-        :attr:`limiter` already."""
+        :attr:`limiter` already.  ``writer``: the group commit's batch, run
+        by thread 0 (which runs nothing else when there are several)."""
         if withdrawable:
             await trio.lowlevel.checkpoint_if_cancelled()
         if self.slot is None or slot_held:
-            return await self._run(fn, cut_at, withdrawable, wake)
+            return await self._run(fn, cut_at, withdrawable, wake, writer)
         async with self.slot:
-            return await self._run(fn, cut_at, withdrawable, wake)
+            return await self._run(fn, cut_at, withdrawable, wake, writer)
 
     async def _run(
-        self, fn: Callable[[Driver], T], cut_at: float, withdrawable: bool, wake: bool
+        self, fn: Callable[[Driver], T], cut_at: float, withdrawable: bool, wake: bool, writer: bool
     ) -> tuple[outcome.Outcome[T], bool]:
         token = None if wake and _PIPES else trio.lowlevel.current_trio_token()
         cut_mono = cut_at
         if cut_at != math.inf:
             cut_mono = time.monotonic() + (cut_at - trio.current_time())
         call = _Call(fn, token, cut_mono)
-        self._submit(call)
+        self._submit(call, writer)
         await self._wait(call, cut_at, withdrawable)
         assert call.result is not None
         return call.result, call.cut
@@ -367,8 +383,8 @@ class Workers:
         if shared is None or os.getpid() != self._pid:
             await trio.lowlevel.checkpoint()
             return
-        for _ in self._threads:
-            shared.requests.put(_STOP)
+        for requests in _queues(shared, len(self._threads)):
+            requests.put(_STOP)
         await trio.to_thread.run_sync(self._join)
         if self._finalizer is not None:
             self._finalizer.detach()
