@@ -242,6 +242,7 @@ def test_import_does_not_need_psycopg() -> None:
         {"schema": ""},
         {"schema": "pg_mystore"},  # PostgreSQL reserves pg_: every call would fail
         {"create_tables": 1},
+        {"cache_items": 0},
     ],
 )
 def test_invalid_options_are_validation(kwargs: dict[str, Any]) -> None:

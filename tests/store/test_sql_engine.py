@@ -213,3 +213,10 @@ async def test_worker_threads_that_cannot_start_are_storage_failed(
     assert "worker threads" in raised.value.message
     assert isinstance(raised.value.__cause__, RuntimeError)
     assert sqlite3.sqlite_version  # the database itself was never touched
+
+
+@pytest.mark.parametrize("items", [0, -1, True, 1.5])
+def test_a_memory_bound_that_is_not_a_positive_int_is_refused(tmp_path: Path, items: Any) -> None:
+    with pytest.raises(Error) as raised:
+        SQLiteStore(tmp_path / "runs.db", cache_items=items)
+    assert raised.value.error_class is ErrorClass.VALIDATION

@@ -70,7 +70,7 @@ T = TypeVar("T")
 
 class _Job(Job):
     __slots__ = ("deadline", "plan")
-    #: ``time.monotonic`` by which its caller stops waiting (``inf``: never)
+    #: its caller's effective deadline (Trio time; ``inf``: none)
     deadline: float
     #: decided and encoded by its caller against the run remembered then
     plan: Plan | None
@@ -109,6 +109,8 @@ class SQLStore:
         cache_items: int = CACHE_ITEMS,
         where: dict[str, Any] | None = None,
     ) -> None:
+        if type(cache_items) is not int or cache_items < 1:
+            raise Error(ErrorClass.VALIDATION, "cache_items must be a positive int")
         # ``limited``: a call waits for a free worker before it is queued (and
         # a batch before it is taken), cancellable while it waits.
         self._workers = Workers(make_driver, workers, name, limited=limited)
@@ -164,17 +166,20 @@ class SQLStore:
         self._check_open()
         if deadline is None:
             deadline = trio.current_effective_deadline()
-        cut_at = math.inf
-        if self._cut_after is not None:
-            cut_at = min(deadline, trio.current_time() + self._cut_after)
         result, _ = await self._workers.run(
             partial(self._guarded, fn),
-            cut_at=cut_at,
+            cut_at=self._cut_at(deadline),
             withdrawable=withdrawable,
             wake=wake,
             slot_held=slot_held,
         )
         return result.unwrap()
+
+    def _cut_at(self, deadline: float) -> float:
+        """When a call whose caller waits until ``deadline`` is cut (Trio time)."""
+        if self._cut_after is None:
+            return math.inf
+        return min(deadline, trio.current_time() + self._cut_after)
 
     def _guarded(self, fn: Callable[[Driver], T], driver: Driver) -> T:
         """In a worker: ``fn(driver)``; any failure rolls back, and one of the
@@ -264,7 +269,7 @@ class SQLStore:
         await trio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
         job = _Job(run_id, incarnation, expected_revision, record, tuple(events))
-        job.deadline = _monotonic(trio.current_effective_deadline())
+        job.deadline = trio.current_effective_deadline()
         job.plan = self._planned(job)
         receipt: Receipt = await self._group.submit(job)
         return receipt
@@ -292,17 +297,12 @@ class SQLStore:
     async def _write_batch(self, batch: list[_Job]) -> None:
         """Write ``batch`` in a worker and wait it out, cancelled or not;
         afterwards every job has its receipt or error."""
-        deadline = max(job.deadline for job in batch)
-        cut_at = math.inf
-        if self._cut_after is not None:
-            cut_at = trio.current_time() + self._cut_after
-            if deadline != math.inf:
-                cut_at = min(cut_at, trio.current_time() + deadline - time.monotonic())
+        deadline = max(job.deadline for job in batch)  # cut once every caller stopped waiting
         try:
             self._check_open()
             result, _ = await self._workers.run(
-                partial(self._batch, batch, deadline),
-                cut_at=cut_at,
+                partial(self._batch, batch, _monotonic(deadline)),
+                cut_at=self._cut_at(deadline),
                 withdrawable=False,
                 wake=True,
                 slot_held=True,  # the group's leader took the slot
@@ -384,10 +384,7 @@ class SQLStore:
             if plan is None:
                 alone.append(job)
                 continue
-            last = plan.base.last
-            if plan.events and last is None:
-                last = driver.last_sequence(job.run_id)
-            staged.append((job, plan.stage(writes, last)))
+            staged.append((job, self._staged(driver, plan, writes)))
 
     def _alone(self, job: _Job, deadline: float, driver: Driver) -> None:
         """One commit in its own transaction: written at once when it is at
@@ -397,12 +394,8 @@ class SQLStore:
         plan = self._planned(job)
         if plan is not None:
             driver.begin(deadline)
-            last = plan.base.last
-            if plan.events and last is None:
-                last = driver.last_sequence(run_id)
-            writes = Writes()
-            written = plan.stage(writes, last)
-            if driver.write(writes):
+            written = self._written(driver, plan)
+            if written is not None:
                 driver.commit()
                 job.receipt = self._acknowledged(job.record, written, fast=True)
                 return
@@ -432,15 +425,26 @@ class SQLStore:
     ) -> tuple[Remembered, int, int]:
         """Write ``base`` -> ``record`` under the row lock; what
         :meth:`Plan.stage` returns."""
-        plan = Plan(base, record, events)
-        last = base.last
-        if plan.events and last is None:
-            last = driver.last_sequence(record.run_id)
-        writes = Writes()
-        written = plan.stage(writes, last)
-        if not driver.write(writes):  # pragma: no cover - the row is locked
+        written = self._written(driver, Plan(base, record, events))
+        if written is None:  # pragma: no cover - the row is locked
             raise _conflict("stale revision", record.run_id)
         return written
+
+    @staticmethod
+    def _staged(driver: Driver, plan: Plan, writes: Writes) -> tuple[Remembered, int, int]:
+        """``plan`` staged into ``writes``, its events numbered after the
+        run's last (read inside the transaction when not remembered)."""
+        last = plan.base.last
+        if plan.events and last is None:
+            last = driver.last_sequence(plan.update.row.run_id)
+        return plan.stage(writes, last)
+
+    def _written(self, driver: Driver, plan: Plan) -> tuple[Remembered, int, int] | None:
+        """``plan`` written alone; ``None`` when the compare-and-set did not
+        match (nothing the caller may keep: it rolls back)."""
+        writes = Writes()
+        written = self._staged(driver, plan, writes)
+        return written if driver.write(writes) else None
 
     def _acknowledge(
         self, staged: list[tuple[_Job, tuple[Remembered, int, int]]], *, fast: bool

@@ -440,8 +440,6 @@ class PostgresStore(SQLStore):
             raise Error(ErrorClass.VALIDATION, "max_connections must be a positive int")
         if not is_seconds(operation_timeout):
             raise Error(ErrorClass.VALIDATION, "operation_timeout must be a positive number")
-        if type(cache_items) is not int or cache_items < 1:
-            raise Error(ErrorClass.VALIDATION, "cache_items must be a positive int")
         if schema is not None and (not _SCHEMA_NAME.fullmatch(schema) or schema.startswith("pg_")):
             raise Error(
                 ErrorClass.VALIDATION,

@@ -401,8 +401,6 @@ class SQLiteStore(SQLStore):
         text = os.fspath(path)
         if not isinstance(text, str) or not text or "\x00" in text:
             raise Error(ErrorClass.VALIDATION, "path must name the SQLite file (no NUL)")
-        if type(cache_items) is not int or cache_items < 1:
-            raise Error(ErrorClass.VALIDATION, "cache_items must be a positive int")
         self._path = text
         super().__init__(
             lambda: SQLiteDriver(text, create_tables=create_tables),

@@ -321,8 +321,7 @@ class Workers:
                     if self._withdraw(call):
                         raise
             if call.state == _WITHDRAWN:  # its cut time came before a thread did
-                call.cut = True
-                call.result = outcome.Error(self._not_started())
+                self._not_started(call)
                 return
         with trio.CancelScope(shield=True, deadline=cut_at):
             await self._done(call)
@@ -333,11 +332,15 @@ class Workers:
             with trio.CancelScope(shield=True):
                 await self._done(call)
 
-    def _not_started(self) -> Error:
-        return Error(
-            ErrorClass.STORAGE_FAILED,
-            f"{self._name} call cut at its deadline: no worker took it in time",
-            {"store": self._name},
+    def _not_started(self, call: _Call) -> None:
+        """``call``, withdrawn at its cut time: cut, and failed."""
+        call.cut = True
+        call.result = outcome.Error(
+            Error(
+                ErrorClass.STORAGE_FAILED,
+                f"{self._name} call cut at its deadline: no worker took it in time",
+                {"store": self._name},
+            )
         )
 
     def _withdraw(self, call: _Call) -> bool:
@@ -353,8 +356,7 @@ class Workers:
         with self._shared.lock:
             if call.state == _QUEUED:
                 call.state = _WITHDRAWN
-                call.cut = True
-                call.result = outcome.Error(self._not_started())
+                self._not_started(call)
                 return
             call.cut = True
             if call.driver is not None:  # under the lock: never a finished call's
