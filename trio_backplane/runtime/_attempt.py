@@ -1,8 +1,7 @@
 """One provider attempt's events in, its response out: sans-I/O, like h11.
 
 :class:`ResponseAssembler` does what an attempt's events mean: output
-accounting (PRV-12..15), tool-call assembly (PRV-09, PRV-17), usage
-(PRV-16), the terminal event (PRV-03, PRV-07) and the checks of what a
+accounting, tool-call assembly, usage, the terminal event and the checks of what a
 provider may put in a response.  It reads no clock, awaits nothing and
 publishes nothing: ``feed`` returns the transient event to publish, and the
 Trio side (``_responses.Responses``) keeps the scopes, the closing and
@@ -49,7 +48,7 @@ class AttemptOutcome:
 
 
 class _Accounting:
-    """Provider output per attempt (PRV-12..15): each block counts once, as the
+    """Provider output per attempt: each block counts once, as the
     larger of its summed deltas and its largest snapshot."""
 
     def __init__(self, limit: float) -> None:
@@ -89,7 +88,7 @@ class ResponseAssembler:
         self._usage: list[Any] = []
         self._completed: list[dict[str, Any]] = []
         self._message: Mapping[str, Any] | None = None
-        #: a terminal event ended the response (PRV-03)
+        #: a terminal event ended the response
         self.terminal = False
         #: why the attempt failed, once it has
         self.failure: Error | None = None
@@ -215,11 +214,11 @@ def _account_content(accounting: _Accounting, message: Mapping[str, Any]) -> Non
         return
     # a block without "index" takes its position among blocks of its own
     # kind, matching TextDelta/ThinkingDelta indexes (both start at 0), so a
-    # text block after a thinking block is not counted twice (PRV-14)
+    # text block after a thinking block is not counted twice
     positions = {"text": 0, "thinking": 0}
     # Two blocks of this message never share a key: each counts (a message
     # repeating one index or tool call id a thousand times must not pass as
-    # one block, PRV-13).
+    # one block).
     seen: set[Any] = set()
     for position, block in enumerate(content):
         if type(block) is not FrozenDict and not isinstance(block, Mapping):
@@ -288,7 +287,7 @@ def _malformed_call(calls: list[dict[str, Any]]) -> Error | None:
 def _tool_calls(
     message: Mapping[str, Any], completed: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
-    """PRV-17: tool-call blocks of the terminal message are authoritative;
+    """Tool-call blocks of the terminal message are authoritative;
     otherwise the incrementally completed calls, in completion order."""
     content = message.get("content")
     blocks: list[dict[str, Any]] = []

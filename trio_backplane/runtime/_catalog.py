@@ -1,5 +1,5 @@
 """Dynamic catalog publication: stage while a tool executes, publish at a safe
-boundary once the producer's success is acknowledged (PUB-01..19).
+boundary once the producer's success is acknowledged.
 
 Staging is synchronous and validates everything up front (fence, revision,
 admission); the staged bundle stays process-local until the boundary after
@@ -117,7 +117,7 @@ class CatalogState:
         """The catalog's tools as providers get them: each ``parameters`` a
         read-only copy, so a provider editing what it is sent (stripping a
         keyword it cannot send on) never edits the schema the gateway
-        validates with (CAT-08).  Built once per catalog."""
+        validates with.  Built once per catalog."""
         held = self._provider_tools
         bundle = self.bundle
         if held is not None and held[0] is bundle:
@@ -128,7 +128,7 @@ class CatalogState:
 
     @property
     def receipts(self) -> tuple[PublicationReceipt, ...]:
-        """Newest first, at most 16 (PUB-14, PUB-17)."""
+        """Newest first, at most 16."""
         newest = reversed(self._receipts.values())
         return tuple(receipt for _, receipt in itertools.islice(newest, MAX_RECEIPTS))
 
@@ -180,7 +180,7 @@ class CatalogState:
         producers: list[str],
     ) -> PublicationReceipt:
         """Validate and stage ``publication`` for the executing ``producers``
-        (innermost last); returns its receipt at once (PUB-02)."""
+        (innermost last); returns its receipt at once."""
         if isinstance(publication, Mapping):
             publication = Publication.from_mapping(publication)
         if not isinstance(publication, Publication):
@@ -230,7 +230,7 @@ class CatalogState:
 
     def producer_settled(self, invocation_id: str, *, success: bool) -> None:
         """An invocation's result was acknowledged: success removes it from
-        what the staging waits for; failure discards the staging (PUB-09)."""
+        what the staging waits for; failure discards the staging."""
         staged = self.staged
         if staged is None or invocation_id not in staged.waiting_for:
             return
@@ -242,7 +242,7 @@ class CatalogState:
             staged.eligible = True
 
     def discard(self) -> None:
-        """Drop the staging (PUB-09), unless its publication checkpoint is
+        """Drop the staging, unless its publication checkpoint is
         being committed: then the commit decides (:meth:`publish` or
         :meth:`abort_publish`)."""
         staged = self.staged
@@ -255,7 +255,7 @@ class CatalogState:
         """At the boundary: the catalog revision an eligible staging will have
         once its checkpoint commits, or ``None``.  Nothing changes until
         :meth:`publish` (after the commit): a receipt never says "published"
-        for a catalog that was not (PUB-06)."""
+        for a catalog that was not."""
         staged = self.staged
         if staged is None or not staged.eligible:
             return None

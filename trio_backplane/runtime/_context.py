@@ -1,5 +1,5 @@
-"""What a tool backend holds while it executes: its operation (TOOL-05) and
-the context bound to that one effect (TOOL-27, INT-17, NEST-01, PUB-12)."""
+"""What a tool backend holds while it executes: its operation and
+the context bound to that one effect."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def stage(
     """Stage for ``producer`` (a tool's own context) and the tools that
     enclose it, or for every executing invocation (innermost last).  A
     nested call the producer made is not among them: its failure is the
-    producer's to handle (NEST-05), not a reason to discard (PUB-18)."""
+    producer's to handle, not a reason to discard."""
     if (
         not state.executing
         or state.stop_reason is not None
@@ -121,7 +121,7 @@ class Effect:
 @final
 class ToolContext:
     """Callables bound to one executing effect; each raises ``resource_conflict``
-    once that effect has ended (TOOL-27, INT-17, NEST-01, PUB-12)."""
+    once that effect has ended."""
 
     __slots__ = ("_effect", "_host")
 
@@ -130,7 +130,7 @@ class ToolContext:
         self._effect = effect
 
     def emit(self, update: Mapping[str, Any]) -> None:
-        """Forward ``update`` to subscribers as a transient ``tool_update`` (TOOL-27)."""
+        """Forward ``update`` to subscribers as a transient ``tool_update``."""
         self._host.state.require_own_run()  # never from a worker thread
         if not self._effect.live:
             raise Error(ErrorClass.RESOURCE_CONFLICT, "stale stream")
@@ -139,8 +139,8 @@ class ToolContext:
         self._host.publisher.publish("tool_update", freeze(update, "tool update"))
 
     async def interact(self, request: Mapping[str, Any]) -> Any:
-        """Ask a person; returns the committed answer (INT-05). While waiting, the
-        run and every armed effect deadline are suspended (INT-06, INT-18)."""
+        """Ask a person; returns the committed answer. While waiting, the
+        run and every armed effect deadline are suspended."""
         self._host.state.require_own_run()
         effect = self._effect
         if not isinstance(request, Mapping):
@@ -159,7 +159,7 @@ class ToolContext:
             try:
                 answer, _ = await self._host.interactions.wait(request)
             except _StorageFailed as failed:
-                raise failed.error from None  # the backend sees storage_failed (CAN-17)
+                raise failed.error from None  # the backend sees storage_failed
             except _Stop:
                 raise _stopping() from None  # settled meanwhile: classed for the backend
             finally:
@@ -167,7 +167,7 @@ class ToolContext:
                 ended.set()
                 effect.waits.discard(ended)
             return answer
-        # the effect ended while this waited (INT-17)
+        # the effect ended while this waited
         raise Error(ErrorClass.RESOURCE_CONFLICT, "stale or overlapping interaction")
 
     @property
@@ -177,7 +177,7 @@ class ToolContext:
         return self._host.catalog.bundle.registry
 
     def stage_catalog(self, publication: Any) -> PublicationReceipt:
-        """Stage a catalog produced by this tool (synchronous, PUB-02)."""
+        """Stage a catalog produced by this tool (synchronous)."""
         self._host.state.require_own_run()
         if not self._effect.executing():  # (a nested call whose caller ended stages nothing)
             raise Error(ErrorClass.RESOURCE_CONFLICT, "staging requires an executing tool")
@@ -186,7 +186,7 @@ class ToolContext:
 
     async def nested_dispatch(self, tool_name: str, arguments: Any) -> ToolResult:
         """Run another tool from this one: one at a time, never itself, never an
-        approval-gated tool; its own intent, work unit and deadline (NEST-01..09)."""
+        approval-gated tool; its own intent, work unit and deadline."""
         self._host.state.require_own_run()
         effect = self._effect
         if not effect.live or effect.nested_busy:
@@ -197,7 +197,7 @@ class ToolContext:
         effect.nested_ended = trio.Event()
         try:
             return await self._host.nested(effect, tool_name, arguments)
-        except _StorageFailed as failed:  # the nested intent or result commit failed (CAN-17)
+        except _StorageFailed as failed:  # the nested intent or result commit failed
             raise failed.error from None
         except _Stop:
             raise _stopping() from None  # settled meanwhile: classed for the backend
@@ -214,7 +214,7 @@ def _stopping() -> Error:
 @final
 @attrs.frozen
 class ToolOperation:
-    """What a backend's ``execute`` receives (TOOL-05)."""
+    """What a backend's ``execute`` receives."""
 
     run_id: str
     incarnation: int

@@ -172,7 +172,7 @@ class Conversation(metaclass=NoPublicConstructor):
         self._options = options
 
     def status(self) -> Snapshot:
-        """The last committed state (CONV-23)."""
+        """The last committed state."""
         state = self._state
         conversation = state.conversation
         return Snapshot(
@@ -196,7 +196,7 @@ class Conversation(metaclass=NoPublicConstructor):
         )
 
     def subscribe(self, *, buffer: int = 1024) -> trio.MemoryReceiveChannel[Event]:
-        """A channel of this conversation's events (EVT); see CONV-29 for loss."""
+        """A channel of this conversation's events; a slow subscriber may lose transient ones."""
         self._state.require_own_run()
         if type(buffer) is not int or buffer < 1:
             raise Error(ErrorClass.VALIDATION, "buffer must be a positive int")
@@ -254,9 +254,9 @@ class Conversation(metaclass=NoPublicConstructor):
         state = self._state
         if state.phase in (Phase.STORAGE_FAILED, Phase.RECOVERY_REQUIRED):
             # the store failed while the hook ran: what every waiting
-            # caller learns (CAN-17), not the hook's verdict
+            # caller learns, not the hook's verdict
             return state.last_error or storage_error("store is unavailable")
-        if state.stop_reason is not None:  # cancelled while the hook ran (CONV-12)
+        if state.stop_reason is not None:  # cancelled while the hook ran
             return Error(ErrorClass.RESOURCE_CONFLICT, "run is not accepting input")
         self._settlement.start_worker(turn_id, error)
         return error
@@ -265,7 +265,7 @@ class Conversation(metaclass=NoPublicConstructor):
         """The prompt failed: refused by the kernel, or its caller cancelled
         (interrupted) before the message was committed.  Before the admission
         nothing changed; after it the turn fails and the run finishes, never
-        left admitted with no worker to settle it (CONV-27).  Starting the
+        left admitted with no worker to settle it.  Starting the
         worker does not checkpoint, so it happens even while the caller is
         cancelled."""
         state = self._state
@@ -298,17 +298,17 @@ class Conversation(metaclass=NoPublicConstructor):
 
     async def resolve(self, interaction_id: str, answer: Any) -> None:
         """Answer the pending interaction after authenticating the responder;
-        returns once the answer is committed (INT-04, INT-05, INT-12)."""
+        returns once the answer is committed."""
         self._state.require_own_run()
         await self._interactions.resolve(interaction_id, answer)
 
     def stage_catalog(self, publication: Any) -> PublicationReceipt:
-        """Stage a catalog on behalf of the tool executing now (PUB-02, PUB-19)."""
+        """Stage a catalog on behalf of the tool executing now."""
         self._state.require_own_run()
         return stage(self._state, self._catalog, publication)
 
     async def cancel(self) -> None:
-        """Accept cancellation and return at once (CAN-01); settlement follows."""
+        """Accept cancellation and return at once; settlement follows."""
         state = self._state
         state.require_own_run()
         if state.inactive or state.record.state in TERMINAL_STATES:
@@ -355,7 +355,7 @@ async def open_conversation(
     wall_clock: Callable[[], float] | None = None,
 ) -> AsyncIterator[Conversation]:
     """Open a conversation that owns a nursery; leaving the block cancels and
-    settles an active run (CAN-18).  What the run stores (its deadline, an
+    settles an active run.  What the run stores (its deadline, an
     approval's expiry, each command's time) is wall-clock seconds since the
     epoch read from ``wall_clock`` (``time.time``) once at opening and
     advanced by Trio's clock after (tests with ``MockClock`` inject one)."""
@@ -492,7 +492,7 @@ async def _owning_nursery() -> AsyncIterator[trio.Nursery]:
 
 
 def _surface(flat: list[BaseException]) -> BaseException:
-    """Cancelled, KeyboardInterrupt and SystemExit propagate unchanged (CAN-18);
+    """Cancelled, KeyboardInterrupt and SystemExit propagate unchanged;
     anything else surfaces as one ``Error`` chained from the group."""
     for kind in (KeyboardInterrupt, SystemExit, trio.Cancelled):
         for item in flat:

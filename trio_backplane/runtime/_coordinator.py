@@ -143,7 +143,7 @@ class Coordinator:
     ) -> Sequence[Step]:
         """``steps``, after a checkpoint moving the stored run deadline when a
         commit comes during a human wait (a nested call's, say) past it: the
-        wait has moved it in memory but not yet in the store (INT-06, INT-18)."""
+        wait has moved it in memory but not yet in the store."""
         pending = self._state.pending
         if (
             pending is None
@@ -206,5 +206,5 @@ class Coordinator:
             if not scope.cancel_called:
                 return receipt
             # A store that waits its write out acknowledged it after the
-            # deadline: not within commit_timeout (CAN-11), whatever it says.
+            # deadline: not within commit_timeout, whatever it says.
         raise storage_error("commit was not acknowledged within commit_timeout")

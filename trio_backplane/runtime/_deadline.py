@@ -97,5 +97,5 @@ class DeadlineBudget:
             return False
         # Its deadline cancelled the scope: what it bounds either gave way
         # (caught), or ignored the cancellation and ended late, which is a
-        # timeout all the same (KER-10).
+        # timeout all the same.
         return scope.cancel_called and self._now() >= scope.deadline

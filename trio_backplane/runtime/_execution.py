@@ -108,7 +108,7 @@ class Executor:
 
     def validator(self, descriptor: ToolDescriptor) -> CompiledSchema:
         """The descriptor's compiled input schema, compiled once per descriptor
-        object for this run (the schema object is the one admitted, CAT-08),
+        object for this run (the schema object is the one admitted),
         so a call does not pay for fingerprinting its schema."""
         held = self._validators.get(id(descriptor))
         if held is not None and held[0] is descriptor:
@@ -154,11 +154,11 @@ class Executor:
         self, descriptor: ToolDescriptor, operation: ToolOperation, effect: Effect
     ) -> tuple[Any, bool]:
         """Run the backend under its own effect budget: ``(outcome, timed out)``.
-        Its context expires when execution ends, before settlement (NEST-01).
+        Its context expires when execution ends, before settlement.
 
         A nested invocation's deadline lies inside the outer one: at most half
         of what the outer tool has left, so a nested timeout always leaves the
-        outer tool time to react (NEST-05)."""
+        outer tool time to react."""
         state = self._state
         invocation_id, caller = operation.invocation_id, effect.caller
         state.unsettled[invocation_id] = "tool dispatched; outcome unknown"
@@ -181,7 +181,7 @@ class Executor:
                 caller.nested_stop = None
         if state.stop_reason is not None:
             # The run stopped while it executed: its outcome stays unsettled,
-            # whatever it returned or however long it took (TOOL-22).
+            # whatever it returned or however long it took.
             raise _Stop
         if scope.cancelled_caught and caller is not None and not caller.live:
             raise CallerEnded  # a nested call its caller left running
@@ -223,7 +223,7 @@ class Executor:
     async def _nested_left_running(self, effect: Effect) -> None:
         """A nested call or an interaction the tool left running (in a
         host's task) ended with it (``_end``): each is over before this call
-        is settled, and before the batch goes on (TOOL-01; an interaction
+        is settled, and before the batch goes on (an interaction
         left pending would refuse the next call's approval).  A nested call
         that outlives its cancellation too is out of reach: the run stops
         ``unknown_outcome``."""
@@ -263,14 +263,14 @@ class Executor:
             raise
         # Settled only once its result is committed: a result (a rejection
         # included) returned after cancel() never commits, so the effect stays
-        # unsettled evidence and the run ends unknown_outcome (TOOL-22).
+        # unsettled evidence and the run ends unknown_outcome.
         state.unsettled.pop(invocation_id, None)  # (a nested call withdrawn: never in it)
         self._catalog.producer_settled(invocation_id, success=not normalized.get("is_error"))
 
     def uncertain_result(self, result: Any, descriptor: ToolDescriptor, invocation_id: str) -> None:
         """Stop the run as unknown_outcome for an uncertain tool outcome (rule 4),
         raising ``_Stop``; what it quotes of the tool's ``backend_context`` is
-        redacted (TOOL-10)."""
+        redacted."""
         reason = _uncertainty(result, descriptor)
         self._state.unsettled[invocation_id] = reason.message
         self._writer.uncertain(reason)
@@ -278,8 +278,8 @@ class Executor:
     def normalize(self, result: Any, descriptor: ToolDescriptor) -> Mapping[str, Any]:
         """The result as committed and projected: frozen once, here, so the
         result command, the tool message and its event share it unwalked.
-        A refusal quoting the tool's ``backend_context`` has it redacted
-        (TOOL-10); what a result says is the backend's own output."""
+        A refusal quoting the tool's ``backend_context`` has it redacted;
+        what a result says is the backend's own output."""
         if isinstance(result, ToolResult):
             try:
                 normalized: Mapping[str, Any] = freeze(result.to_dict(), "tool result")
@@ -297,7 +297,7 @@ class Executor:
         error = result.error if isinstance(result, Rejection) else result
         assert isinstance(error, Error)
         error = redacted(error, secrets_of(descriptor.backend_context))
-        # A refusal's message and details are the backend's output too (TOOL-12).
+        # A refusal's message and details are the backend's output too.
         refused = error_result(error)
         return self._bounded(refused, utf8_size(refused))
 
@@ -346,7 +346,7 @@ def _uncertainty(result: Any, descriptor: ToolDescriptor) -> Error:
 def intent(
     descriptor: ToolDescriptor, call_id: str | None, turn_id: str, authority: Any
 ) -> Mapping[str, Any]:
-    """The durable intent of one invocation: no grants, no credentials (TOOL-10).
+    """The durable intent of one invocation: no grants, no credentials.
     Frozen as built (the command takes it unwalked)."""
     data: dict[str, Any] = {
         "tool_name": descriptor.name,
@@ -376,7 +376,7 @@ def started(operation: ToolOperation) -> dict[str, Any]:
         "tool_name": operation.tool_name,
         "tool_revision": operation.tool_revision,
         # a read-only copy: no subscriber can edit what the backend runs
-        # with (TOOL-04), nor what another subscriber receives
+        # with, nor what another subscriber receives
         "arguments": freeze(operation.arguments, "tool arguments"),
     }
 

@@ -122,9 +122,9 @@ class ToolGateway:
     async def _approve(
         self, descriptor: ToolDescriptor, call_id: str, turn_id: str, arguments: Any
     ) -> None:
-        """A permission interaction before any intent (INT-01); only the exact
+        """A permission interaction before any intent; only the exact
         answer "approved" passes, checked by ``decide_approval`` against the
-        invocation about to dispatch (INT-02, INT-15)."""
+        invocation about to dispatch."""
         state = self._state
         record = state.record
         digest = arguments_digest(arguments)
@@ -206,7 +206,7 @@ class ToolGateway:
             executor.uncertain_result(result, descriptor, invocation_id)
         normalized = executor.normalize(result, descriptor)
         # A result returned after cancel() is never committed: the effect
-        # stays unsettled evidence and the run ends unknown_outcome (TOOL-22).
+        # stays unsettled evidence and the run ends unknown_outcome.
         await trio.lowlevel.checkpoint_if_cancelled()
         step = self._completion(invocation_id, call_id, descriptor.name, normalized)
         if carry:
@@ -225,7 +225,7 @@ class ToolGateway:
     ) -> Step:
         """The ``tool_completed`` step of a settled result, its transcript
         message in the same command: a result is durable no later than the
-        message showing it (TOOL-08, TOOL-25).  Settled, and the message
+        message showing it.  Settled, and the message
         published, only once it is committed: until then the effect is
         unsettled evidence."""
         state, catalog, publisher = self._state, self._catalog, self._publisher
@@ -257,7 +257,7 @@ class ToolGateway:
         carry: bool = False,
     ) -> None:
         """The transcript message of a call that ran nothing (a refusal), its
-        ``tool_completed`` event once committed (EVT-13); with ``carry`` (and
+        ``tool_completed`` event once committed; with ``carry`` (and
         nothing ``before`` it) committed with the next provider attempt's
         intent."""
         publisher = self._publisher

@@ -63,7 +63,7 @@ class HookRunner:
         if refusal is None:
             try:
                 # committed as the message: JSON data, a user message whose
-                # content is what a prompt may hold (CONV-09)
+                # content is what a prompt may hold
                 result = check_user_message(freeze(result, "prompt hook result"))
             except Error as exc:
                 refusal = Error(
@@ -75,7 +75,7 @@ class HookRunner:
             event = self._publisher.event(
                 "prompt_rejected", {"message_id": message_id, "error": refusal.to_dict()}
             )
-            # The rejected message belongs to ``turn_id`` (CONV-26), even before
+            # The rejected message belongs to ``turn_id``, even before
             # any checkpoint names that turn.
             self._publisher.hub.publish(attrs.evolve(event, turn_id=turn_id))
             raise _Rejected(refusal)

@@ -4,7 +4,7 @@ While a person answers, the run deadline and every armed effect deadline
 (outer tool, nested tool) are suspended; commit and cleanup deadlines keep
 running (rule 5).  The answer reaches the waiting effect only after the
 resolution checkpoint commits, and that checkpoint moves the stored run
-deadline later by exactly the time waited (INT-05, INT-07).
+deadline later by exactly the time waited.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class Interactions:
     async def wait(self, request: Any) -> tuple[Any, float]:
         """Open an interaction and wait for its answer: ``(answer, seconds waited)``.
 
-        Raises ``trio.Cancelled`` when the run is cancelled meanwhile (INT-11).
+        Raises ``trio.Cancelled`` when the run is cancelled meanwhile.
         """
         state = self._state
         if not isinstance(request, Mapping):
@@ -78,7 +78,7 @@ class Interactions:
         state = self._state
         # The run's remaining budget, which the wait freezes, stored with the
         # wall-clock instant it was read at: another process inspecting the
-        # waiting run knows how much of the run is left (INT-07).
+        # waiting run knows how much of the run is left.
         deadline = state.record.deadline
         requested_at = state.wall_now()
         remaining = None if deadline is None else max(0.0, deadline - requested_at)
@@ -94,7 +94,7 @@ class Interactions:
         pending.stored = True
         # The deadlines keep running while the pending checkpoint commits: an
         # acknowledgement cannot revive an interaction after a cancellation or a
-        # deadline won meanwhile (INT-10).
+        # deadline won meanwhile.
         await trio.lowlevel.checkpoint_if_cancelled()
         if state.stop_reason is not None or state.pending is not pending:
             # A stop won while the request committed: never announced, never
@@ -116,11 +116,11 @@ class Interactions:
             await pending.delivered.wait()
         if pending.waiter.cancelled_caught:
             # The run stopped: nobody will answer.  In the worker, its own
-            # cancellation is what the effect sees (INT-11).
+            # cancellation is what the effect sees.
             await trio.lowlevel.checkpoint_if_cancelled()
             raise _Stop
         # A cancellation accepted after the answer was committed but before this
-        # task ran again wins: the answer never reaches the effect (INT-11).
+        # task ran again wins: the answer never reaches the effect.
         await trio.lowlevel.checkpoint_if_cancelled()
         answered_at = pending.answered_at if pending.answered_at is not None else state.now()
         return pending.answer, max(0.0, answered_at - pending.started)
@@ -138,7 +138,7 @@ class Interactions:
         if suspended:
             # The wait ended when ``resolve`` measured it (the stored deadline
             # moved by exactly that); the resolution commit after it counts
-            # against the budgets, as commits do (rule 5, INT-07).
+            # against the budgets, as commits do (rule 5).
             ended = pending.answered_at
             if ended is not None:  # never before the wait began
                 ended = max(ended, pending.started)
@@ -146,8 +146,8 @@ class Interactions:
             state.resume_deadlines(at=ended)
         if pending.stored and not pending.resolving and state.stop_reason is None:
             # Given up without an answer (the waiting effect was cut, or ended):
-            # the stored record must not keep it pending (INT-10), and the stored
-            # deadline moves by the time waited, as the resumed budget did (INT-07).
+            # the stored record must not keep it pending, and the stored
+            # deadline moves by the time waited, as the resumed budget did.
             await self._withdraw(pending, suspended)
 
     async def _withdraw(self, pending: Pending, suspended: bool) -> None:
@@ -172,7 +172,7 @@ class Interactions:
             await self._coordinator.checkpoint(cleared, extra)
 
     async def resolve(self, interaction_id: Any, answer: Any) -> None:
-        """The host's answer: committed, then delivered (INT-04, INT-05, INT-12)."""
+        """The host's answer: committed, then delivered."""
         state = self._state
         pending = self._answerable(interaction_id)
         answered = freeze(answer, "interaction answer")  # JSON data only: it is committed
@@ -203,7 +203,7 @@ class Interactions:
         except BaseException:
             # Not committed (the caller was cancelled before the commit, or the
             # kernel refused it): the interaction is still open, and a retry of
-            # this resolve must find it (INT-04) -- unless its effect stopped
+            # this resolve must find it -- unless its effect stopped
             # waiting meanwhile (it left the withdrawal to this answer): then it
             # is withdrawn here, its deadline moved by the wait it had.
             pending.resolving = False

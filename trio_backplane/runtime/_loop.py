@@ -69,7 +69,7 @@ class TurnLoop:
         host's input may commit between the worker's last look and them):
         steering that arrived before its turn's outcome is consumed by that
         turn, and any input queued before ``finish`` starts another turn, so
-        acknowledged input is never dropped (CONV-27)."""
+        acknowledged input is never dropped."""
         state = self._state
         turn_id = first_turn or state.new_id("turn")
         error = failed
@@ -83,7 +83,7 @@ class TurnLoop:
                 steered = True  # steering came as the turn ended: it goes on
                 continue
             steered = False
-            # The turn is over: its provider step is not current any more (CONV-26)
+            # The turn is over: its provider step is not current any more
             state.step_id = state.attempt_id = None
             while (follow := await self._next_follow_up()) is None:
                 try:
@@ -102,7 +102,7 @@ class TurnLoop:
                 raise _InputArrived
             # The turn record names its turn: a turn whose prompt was rejected
             # before any checkpoint still reports its own turn_id on its
-            # events (CONV-26).
+            # events.
             return attrs.evolve(conversation, last_turn=freeze(outcome), turn_id=turn_id)
 
         await self._coordinator.checkpoint(record)
@@ -181,7 +181,7 @@ class TurnLoop:
                     return None
         except _TurnFailed as failed:
             # The batch never reached its boundary: a staging it left is
-            # never published, and its receipt goes (PUB-09).
+            # never published, and its receipt goes.
             self._catalog.discard()
             return failed.error
 
@@ -204,7 +204,7 @@ class TurnLoop:
 
     async def _publish_catalog(self) -> None:
         """The boundary after a tool batch: an eligible staging takes effect
-        before steering, hooks or the next provider attempt (PUB-03, EVT-14)."""
+        before steering, hooks or the next provider attempt."""
         catalog, publisher, writer = self._catalog, self._publisher, self._writer
         if catalog.staged is not None and writer.carry:
             # the staging waits for its producer's result to be committed
@@ -223,7 +223,7 @@ class TurnLoop:
         try:
             await writer.flush(step)
         except BaseException:
-            catalog.abort_publish()  # not committed: the staging is discarded (PUB-09)
+            catalog.abort_publish()  # not committed: the staging is discarded
             raise
 
     async def _consume_steering(self, turn_id: str) -> bool:

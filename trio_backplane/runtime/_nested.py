@@ -1,5 +1,5 @@
-"""Nested calls: a tool running another tool through its context
-(NEST-01..09).  Each has its own intent, work unit and deadline inside its
+"""Nested calls: a tool running another tool through its context.
+Each has its own intent, work unit and deadline inside its
 caller's; none outlives its caller's execution, and none is dispatched once
 the run stops."""
 
@@ -81,7 +81,7 @@ class NestedCalls:
         )
 
     async def dispatch(self, outer: Effect, tool_name: str, arguments: Any) -> ToolResult:
-        """A nested invocation on behalf of ``outer`` (NEST-01..09)."""
+        """A nested invocation on behalf of ``outer``."""
         state = self._state
         descriptor, arguments = self._admission(tool_name, arguments)
         outer_call = state.record.active_tools.get(outer.invocation_id, {})
@@ -137,10 +137,10 @@ class NestedCalls:
     ) -> tuple[RunRecord, str]:
         """Commit a nested call's intent: the record and its invocation id.
         None is dispatched once its caller's deadline has passed or its
-        caller's execution ended (withdrawn then, CAN-10)."""
+        caller's execution ended (withdrawn then)."""
         state = self._state
         outer_record = state.record
-        # No effect starts once its caller's deadline has passed (CAN-10): a
+        # No effect starts once its caller's deadline has passed: a
         # caller shielding itself past it gets a timeout, no intent, no work.
         _require_time_left(self._state, descriptor)
         try:
@@ -172,9 +172,9 @@ class NestedCalls:
 
     async def _cut(self, descriptor: ToolDescriptor, invocation_id: str) -> None:
         """Cut by the calling tool's own scope, not by a stop of the run, after
-        dispatch: a read-only call did nothing lasting (settled as an error,
-        NEST-05); a mutating one stays unresolved and stops the run, whatever
-        the caller does next (NEST-09)."""
+        dispatch: a read-only call did nothing lasting (settled as an error);
+        a mutating one stays unresolved and stops the run, whatever the
+        caller does next."""
         if descriptor.read_only:
             cut = Error(
                 ErrorClass.CANCELLED,
@@ -199,7 +199,7 @@ class NestedCalls:
         invocation_id = operation.invocation_id
         if timed_out and descriptor.read_only:
             # A read-only nested timeout did nothing lasting: settle it as an
-            # error and let the outer tool decide (NEST-05).
+            # error and let the outer tool decide.
             error = Error(
                 ErrorClass.TIMEOUT,
                 "nested tool outlived its deadline",
@@ -211,7 +211,7 @@ class NestedCalls:
             result = Error(ErrorClass.TIMEOUT, "nested tool outlived its deadline")
         if settlement(result, descriptor, operation) == "uncertain":
             # A mutating nested failure stays unresolved whatever the outer
-            # tool does with the error (NEST-09).
+            # tool does with the error.
             try:
                 self._executor.uncertain_result(result, descriptor, invocation_id)
             except _Stop:
@@ -241,7 +241,7 @@ class NestedCalls:
 
     async def _complete(self, invocation_id: str, normalized: Any) -> None:
         """Commit a nested call's settled result, never once the run stops
-        (its task may be a host's, which a stop does not cancel: TOOL-22);
+        (its task may be a host's, which a stop does not cancel);
         its caller's own scope cutting the commit does not leave a known
         result unsettled."""
         try:
@@ -253,7 +253,7 @@ class NestedCalls:
     async def _complete_cut(self, invocation_id: str, normalized: Any) -> None:
         """Commit a nested call's result while its caller's scope is cut:
         shielded, and never once the run stops (a result after cancel() is
-        never committed, TOOL-22: the run's settlement then holds the call
+        never committed: the run's settlement then holds the call
         unsettled, or withdraws one never dispatched)."""
         if self._state.stop_reason is not None:
             return

@@ -23,7 +23,7 @@ __all__ = [
 ]
 
 MAX_TIMEOUT: Final = 3600.0
-#: Who resolves approvals from ``resolve`` (INT-02); no run may be named so.
+#: Who resolves approvals from ``resolve``; no run may be named so.
 HOST_RESOLVER: Final = "host"
 
 
@@ -57,8 +57,8 @@ def check_inputs(
     stored run, and ``run`` or ``messages``, not both.
     Returns the checked messages."""
     if run_id == HOST_RESOLVER:
-        # The host answers approvals as resolver "host" (INT-02), and a
-        # resolver named like the run is the model approving itself (KER-15).
+        # The host answers approvals as resolver "host", and a
+        # resolver named like the run is the model approving itself.
         raise Error(
             ErrorClass.VALIDATION,
             f"run id {HOST_RESOLVER!r} is reserved: it names the host resolving approvals",

@@ -66,7 +66,7 @@ class ToolCallCompleted:
 @final
 @attrs.frozen
 class Usage:
-    """Provider usage, a mapping kept verbatim (PRV-16)."""
+    """Provider usage, a mapping kept verbatim."""
 
     usage: Mapping[str, Any]
 
@@ -112,7 +112,7 @@ PROVIDER_EVENTS = (
 @final
 @attrs.frozen
 class ProviderRequest:
-    """What a provider attempt is asked (PRV-01); no trusted context inside."""
+    """What a provider attempt is asked; no trusted context inside."""
 
     run_id: str
     incarnation: int

@@ -1,7 +1,6 @@
 """Credentials a host hands the runtime (``provider_context``, a tool's
-``backend_context``) never reach a store, an event or a request (PRV-18,
-TOOL-10): what a failure quotes of them is replaced by ``[redacted]``
-before it is committed or published.
+``backend_context``) never reach a store, an event or a request: what a
+failure quotes of them is replaced by ``[redacted]`` before it is committed or published.
 
 The texts looked for are every ``str`` (and ``bytes``, as UTF-8) inside the
 context, keys included, nested in mappings, lists, tuples and sets: a

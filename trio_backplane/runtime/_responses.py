@@ -77,7 +77,7 @@ class Responses:
         self._options = options
         self._provider = provider
         self._context = provider_context
-        #: what a provider failure must never quote of its context (PRV-18)
+        #: what a provider failure must never quote of its context
         self._secrets = secrets_of(provider_context)
 
     async def attempt(self, turn_id: str, *, yield_to_steering: bool = False) -> Attempt:
@@ -102,7 +102,7 @@ class Responses:
         late = await self._stream(request, assembler, budget)
         if assembler.failure is not None:
             # what the provider said of its failure is committed and
-            # published: never a credential it was given (PRV-18)
+            # published: never a credential it was given
             assembler.fail(redacted(assembler.failure, self._secrets))
         self._judge_cut(budget, assembler.terminal, late, attempt_id)
         outcome = assembler.outcome()
@@ -204,7 +204,7 @@ class Responses:
             # After the terminal event the response is what it said; closing
             # the stream cannot change it (an error, or a generator that
             # yields again).  Nor can it hide what interrupted the stream: a
-            # cut by effect_timeout stays uncertain (CAN-08).
+            # cut by effect_timeout stays uncertain.
             if not assembler.terminal and not interrupted:
                 raise
         finally:
@@ -216,7 +216,7 @@ class Responses:
         """A close cut by effect_timeout after the terminal event leaves the
         response as it arrived; a stop still interrupts it.  A terminal event
         arriving past effect_timeout (the stream ignored its cut) is a timeout
-        all the same (KER-10)."""
+        all the same."""
         state = self._state
         stopping = state.stop_reason is not None or state.now() >= state.run_budget.deadline
         if not ((budget.timed_out() and (stopping or not terminal)) or late):
@@ -243,7 +243,7 @@ class Responses:
         def build_failed(record: RunRecord, now: float) -> KernelCommand:
             # From the record it lands on, not from the attempt's start: host
             # input acknowledged during the attempt (steering, follow-ups) is
-            # in it, and stays queued (NEST-08).
+            # in it, and stays queued.
             return ProviderCompleted(
                 at=now, attempt_id=attempt_id, result=result, usage=_reports(usage)
             )

@@ -1,7 +1,6 @@
 """Stop, watch, settle: the worker that runs the turns, the stop that
 cancels it, the watchdog that settles without a worker ignoring its
-cancellation, and the one shielded settlement that ends a stopped run
-(CAN-01..20, EVT-17)."""
+cancellation, and the one shielded settlement that ends a stopped run."""
 
 from __future__ import annotations
 
@@ -73,7 +72,7 @@ class Settlement:
         self._worker: trio.CancelScope | None = None
         self.worker_running = False
         self._stop_requested = trio.Event()
-        self._settling = False  # one settlement at a time (CAN-06)
+        self._settling = False  # one settlement at a time
 
     def runs(self, turns: Turns) -> None:
         """What the worker runs (given once the turn loop is built)."""
@@ -103,12 +102,12 @@ class Settlement:
         pending = state.pending
         if pending is not None:
             if not pending.resolving:
-                state.pending = None  # a resolve after cancel() returned is not_found (INT-13)
+                state.pending = None  # a resolve after cancel() returned is not_found
             if pending.waiter is not None:
                 pending.waiter.cancel()  # no answer comes now, wherever the effect waits
         for scope in state.effect_stops:
             scope.cancel()  # every executing effect ends, wherever its task runs
-        self._catalog.discard()  # a cancelled or uncertain producer discards (PUB-09)
+        self._catalog.discard()  # a cancelled or uncertain producer discards
         if state.stop_reason is None:
             state.stop_reason = reason
             if state.stop_due is None:
@@ -127,7 +126,7 @@ class Settlement:
         if state.phase in (Phase.STORAGE_FAILED, Phase.RECOVERY_REQUIRED):
             return
         if error.error_class is ErrorClass.RESOURCE_CONFLICT:
-            state.phase = Phase.RECOVERY_REQUIRED  # a newer incarnation owns the run (CAN-19)
+            state.phase = Phase.RECOVERY_REQUIRED  # a newer incarnation owns the run
             state.last_error = error
             self._publisher.hub.finish()  # no event will come: nothing is ours to say any more
         else:
@@ -171,7 +170,7 @@ class Settlement:
                 and not state.inactive
             ):
                 # (a storage failure or a takeover while the worker unwound
-                # past the deadline stays what the run is: CAN-11, CAN-19)
+                # past the deadline stays what the run is)
                 self.stopping("deadline_exceeded")
         finally:
             self._worker = None
@@ -213,7 +212,7 @@ class Settlement:
         blocking call in a thread that cannot be interrupted) never holds the
         settlement back: once the cleanup budget after a stop (or after the
         run deadline) is spent with the worker still running, the run
-        settles without it, its effects reported uncertain (CAN-18).  Trio
+        settles without it, its effects reported uncertain.  Trio
         cannot stop such a task: the block waits for it to return, and
         whatever it commits after the settlement is refused."""
         state, lock = self._state, self._coordinator.lock
@@ -250,15 +249,15 @@ class Settlement:
 
     async def _settle(self) -> None:
         """Shielded cleanup: commit cancel/deadline and a cleanup settlement,
-        publish exactly one terminal event (EVT-17)."""
+        publish exactly one terminal event."""
         state = self._state
         if state.settled.is_set() or self._settling:
-            return  # a repeated cancel() must not start a second settlement (CAN-06)
+            return  # a repeated cancel() must not start a second settlement
         self._settling = True
         try:
             if state.record.state in TERMINAL_STATES or state.inactive:
                 return
-            # No resource registry: resource cleanup counts as confirmed (CAN-20).
+            # No resource registry: resource cleanup counts as confirmed.
             state.resource_cleanup = ResourceCleanup(status="confirmed")
             # The whole settlement fits in cleanup_timeout + commit_timeout
             # from when the stop was due, even if the worker noticed it late
@@ -310,8 +309,7 @@ class Settlement:
         if commit_by <= state.now():
             # Noticed after its whole window (time passed in synchronous
             # code, no checkpoint for the deadline): the store still gets its
-            # commit_timeout.  A commit given no time is no storage failure
-            # (CAN-11).
+            # commit_timeout.  A commit given no time is no storage failure.
             commit_by = state.now() + self._options.commit_timeout
         try:
             await self._coordinator.commit_locked(steps, commit_by=commit_by)
@@ -343,7 +341,7 @@ class Settlement:
         never cut between its stop and its cleanup (it would leave the run
         cancelling with no terminal event).  The queues are suspended by a
         checkpoint while the run is still running (a conversation checkpoint
-        applies in ``running`` only, KER-02); a run never admitted has no
+        applies in ``running`` only); a run never admitted has no
         queue to suspend."""
         record = self._state.record
         steps: list[Step] = []
@@ -393,7 +391,7 @@ class Settlement:
 
     async def close(self) -> None:
         """Leaving the block: cancel an active run and wait for its settlement,
-        bounded by ``cleanup_timeout`` + ``commit_timeout`` (CAN-18)."""
+        bounded by ``cleanup_timeout`` + ``commit_timeout``."""
         state = self._state
         if not state.settled.is_set() and state.record.state not in TERMINAL_STATES:
             if not state.inactive:

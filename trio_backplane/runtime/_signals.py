@@ -26,7 +26,7 @@ class _Stop(Exception):
 class _InputArrived(Exception):
     """Internal: a step that ends a turn or the run was refused because host
     input (steering, a follow-up) is queued in the record it would land on:
-    input committed meanwhile is never dropped (CONV-27)."""
+    input committed meanwhile is never dropped."""
 
 
 class _StorageFailed(Exception):

@@ -30,7 +30,7 @@ __all__ = ["INACTIVE_PHASES", "Pending", "Publisher", "RunState"]
 
 #: Phases in which the conversation drives nothing any more.
 INACTIVE_PHASES: Final = frozenset({Phase.TERMINAL, Phase.RECOVERY_REQUIRED, Phase.STORAGE_FAILED})
-#: Events after which a run publishes nothing (EVT-17, EVT-18).
+#: Events after which a run publishes nothing.
 _LAST_WORDS: Final = frozenset({"run_completed", "run_failed", "run_cancelled", "storage_failed"})
 
 
@@ -126,7 +126,7 @@ class RunState:
     token: trio.lowlevel.TrioToken = attrs.field(factory=trio.lowlevel.current_trio_token)
     stop_reason: str | None = None  # "cancelled" | "deadline_exceeded" | "uncertain"
     #: when the stop was due (the run deadline for a deadline stop): the
-    #: settlement's cleanup and commit budgets count from here (CAN-18)
+    #: settlement's cleanup and commit budgets count from here
     stop_due: float | None = None
     last_error: Error | None = None
     pending: Pending | None = None
@@ -206,7 +206,7 @@ class RunState:
 
     def bound_closing(self, cleanup_timeout: float) -> None:
         """A stream closing when the run stops, or past the run deadline,
-        closes within the cleanup budget (CAN-18): its shield keeps the run's
+        closes within the cleanup budget: its shield keeps the run's
         cancellation out, not the settlement's clock."""
         scope = self.closing
         if scope is not None:
@@ -218,7 +218,7 @@ class RunState:
                 scope.deadline = bound
 
     def suspend_deadlines(self) -> None:
-        """A human wait: stop the run and effect clocks (rule 5, INT-06, INT-18)."""
+        """A human wait: stop the run and effect clocks (rule 5)."""
         self.run_budget.suspend()
         for budget in self.effects:
             budget.suspend()

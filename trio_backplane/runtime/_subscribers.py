@@ -1,4 +1,4 @@
-"""Subscriber fan-out: a slow subscriber never delays the run (CONV-29).
+"""Subscriber fan-out: a slow subscriber never delays the run.
 
 Each subscriber gets its own memory channel.  Publishing never waits: a
 transient event that finds ``buffer`` events already waiting for that

@@ -22,7 +22,7 @@ __all__ = [
     "Snapshot",
 ]
 
-#: Events a slow subscriber may lose (CONV-29); every other event is always delivered.
+#: Events a slow subscriber may lose; every other event is always delivered.
 TRANSIENT_EVENTS = frozenset(
     {
         "content_text_delta",
@@ -80,7 +80,7 @@ class ResourceCleanup:
 @final
 @attrs.frozen
 class Snapshot:
-    """The last committed state of a conversation (CONV-23)."""
+    """The last committed state of a conversation."""
 
     phase: Phase
     run: RunRecord
@@ -115,7 +115,7 @@ class HookContext:
 
 
 class Hooks(Protocol):
-    """Both methods are optional (CONV-21)."""
+    """Both methods are optional."""
 
     async def prompt(
         self, message: Mapping[str, Any], context: HookContext

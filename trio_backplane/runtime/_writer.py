@@ -67,7 +67,7 @@ class StepWriter:
         committed: a stop of the run does not undo a result, so when it cuts
         their commit before it starts, they are committed shielded (bounded
         by commit_timeout all the same): the transcript answers every call
-        whose result is stored (TOOL-25), and a run continued from it never
+        whose result is stored, and a run continued from it never
         sees a completed call as unanswered."""
         try:
             await self._coordinator.commit_steps(pending)
@@ -88,9 +88,9 @@ class StepWriter:
     ) -> RunRecord:
         """Commit the intent of an effect, in one write with the decided steps
         (``before``, the carried one) that precede it; a kernel refusal fails
-        the turn, an expired deadline stops the run (KER-08).
+        the turn, an expired deadline stops the run.
         ``unless_stopped``: never once the run stops, however long the commit
-        waits for the coordinator (NEST-07; ``_Stop`` then).
+        waits for the coordinator (``_Stop`` then).
         ``yield_to_steering``: refused with ``_InputArrived`` (the steps
         before it committed) when steering is queued by the time it lands."""
         state = self._state
@@ -116,9 +116,9 @@ class StepWriter:
                 raise _Stop from None
             raise _TurnFailed(error) from None
         if state.stop_reason is not None:
-            raise _Stop  # a cancellation raced the intent commit: never dispatch (CAN-04)
+            raise _Stop  # a cancellation raced the intent commit: never dispatch
         # The run deadline may have expired while the (shielded) commit was in
-        # flight: never start the effect after it (CAN-10).
+        # flight: never start the effect after it.
         await trio.lowlevel.checkpoint_if_cancelled()
         return record
 
@@ -142,7 +142,7 @@ class StepWriter:
         state = self._state
         if state.phase not in (Phase.RECOVERY_REQUIRED, Phase.STORAGE_FAILED):
             # A takeover or a storage failure that caused this keeps its own
-            # error: it is what the host must act on (CAN-17, CAN-19).
+            # error: it is what the host must act on.
             state.last_error = error
         self._stop("uncertain")
 

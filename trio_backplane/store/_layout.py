@@ -109,7 +109,7 @@ def encode_part(value: Any) -> str:
     built by hand skips ``freeze``, and no database could store it)."""
     try:
         text = dumps(value)
-    except (TypeError, ValueError, RecursionError) as exc:  # KER-11
+    except (TypeError, ValueError, RecursionError) as exc:
         raise Error(
             ErrorClass.VALIDATION,
             "committed record contains a runtime handle",

@@ -22,7 +22,7 @@ __all__ = ["MemoryStore"]
 @final
 class MemoryStore:
     """Runs in a dict.  Same compare-and-set as the durable stores; ``fence``
-    raises ``unsupported_capability`` "durable store required" (STO-07).
+    raises ``unsupported_capability`` "durable store required".
 
     It keeps the committed ``RunRecord`` itself (frozen, JSON data by
     construction): a commit encodes nothing but its events."""

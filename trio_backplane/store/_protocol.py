@@ -171,7 +171,7 @@ def check_states(states: Any) -> None:
 
 
 def verify_receipt(receipt: Receipt, *, run_id: str, expected_revision: int) -> Receipt:
-    """The runtime's check of an acknowledgement (STO-03)."""
+    """The runtime's check of an acknowledgement."""
     if receipt.run_id != run_id or receipt.revision != expected_revision + 1:
         raise Error(
             ErrorClass.RESOURCE_CONFLICT,
@@ -188,7 +188,7 @@ class PreparedCommit:
 
     Encoding the record is the store's business (and costs what changed, see
     ``_layout``): a ``RunRecord`` is JSON data by construction (every field is
-    frozen and validated, KER-11), so the decision never re-encodes it.
+    frozen and validated), so the decision never re-encodes it.
     """
 
     record: RunRecord
@@ -205,7 +205,7 @@ def _prepare(record: RunRecord, events: Sequence[RunEvent]) -> PreparedCommit:
     if not isinstance(record, RunRecord):
         raise Error(ErrorClass.VALIDATION, "a store commits RunRecord values")
     # The events are checked (check_commit); JSON by construction: a
-    # RunEvent's payload is frozen (KER-11).
+    # RunEvent's payload is frozen.
     return PreparedCommit(record=record, events=[encode_event(event) for event in events])
 
 
@@ -225,10 +225,10 @@ def check_commit(
     record: RunRecord,
     events: Sequence[RunEvent] = (),
 ) -> None:
-    """The compare-and-set decision, against the ``stored`` record (STO-01..04):
+    """The compare-and-set decision, against the ``stored`` record:
     raises ``validation`` or ``resource_conflict``, else returns.  ``events``
     must be ``RunEvent`` values with finite times (their payloads are JSON
-    data by construction, KER-11).
+    data by construction).
 
     Only the identity and revision of ``stored`` are read: a store may pass
     a stand-in ``RunRecord(run_id=..., incarnation=..., revision=...)`` built

@@ -17,7 +17,7 @@ from ._rejected import Rejected
 
 __all__ = ["MODES", "AdmittedBundle", "admit_batch", "check_mode", "has_awaitable_execute"]
 
-#: The admission modes (CAT-07).
+#: The admission modes.
 MODES: Final = frozenset({"strict", "quarantine"})
 
 Mode = Literal["strict", "quarantine"]
@@ -78,7 +78,7 @@ def _preflight(descriptor: ToolDescriptor) -> Error | None:
     """Compile the descriptor's schemas with its own options.
 
     Returns the ``unsupported_capability`` error that quarantine may act on,
-    ``None`` when both schemas compile, and raises any other refusal (CAT-05).
+    ``None`` when both schemas compile, and raises any other refusal.
     """
     options = descriptor.options
     quarantinable: Error | None = None
@@ -113,7 +113,7 @@ def _json_text(value: Any) -> str | None:
     """``value`` as canonical JSON (key order aside), ``None`` if it is not JSON.
 
     Python's ``==`` calls ``true`` and ``1``, or ``1.0`` and ``1``, equal; what
-    a provider sees must encode to the descriptor's JSON (CAT-08, CAT-13).
+    a provider sees must encode to the descriptor's JSON.
     """
     try:
         return _canonical(value)
@@ -162,7 +162,7 @@ def _check_authority(authority: Any, registry: ToolRegistry, run_id: Any) -> Aut
     if not isinstance(authority, Authority):
         raise Error(ErrorClass.VALIDATION, "authority must be an Authority")
     # ``Authority()``, bound to no run, authorizes nothing: nothing to misuse,
-    # so it admits an empty catalog for any run (CAT-02)
+    # so it admits an empty catalog for any run
     unbound_and_empty = authority.run_id is None and not authority.grants and not len(registry)
     if run_id is not None and authority.run_id != run_id and not unbound_and_empty:
         raise Error(ErrorClass.FORBIDDEN, "authority is bound to another run")
@@ -194,7 +194,7 @@ def admit_batch(
     mode: str = "strict",
     run_id: str | None = None,
 ) -> AdmittedBundle:
-    """Admit a batch of tools as one executable bundle (spec 000; CAT-02..CAT-13).
+    """Admit a batch of tools as one executable bundle.
 
     ``strict`` (the default) raises the first refusal.  ``quarantine`` omits
     only tools whose input or output schema preflight (with the descriptor's

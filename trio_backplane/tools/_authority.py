@@ -57,7 +57,7 @@ def _optional_revision(instance: Any, attribute: attrs.Attribute[Any], value: An
 @final
 @attrs.frozen
 class Authority:
-    """What a run may execute (API.md, Tools; KER-14, TOOL-06, TOOL-07).
+    """What a run may execute (API.md, Tools).
 
     ``Authority()`` authorizes nothing.  ``tool_revisions`` is stored as a
     read-only mapping; the legacy single ``tool_revision`` is the fallback

@@ -14,7 +14,7 @@ from ._names import check_name_validator
 
 __all__ = ["DUPLICATE_NAMES", "ProviderTool", "ToolDescriptor", "ToolRegistry"]
 
-#: The message of the duplicate-name refusal (CAT-06).
+#: The message of the duplicate-name refusal.
 DUPLICATE_NAMES = "admission batch contains duplicate tool names"
 
 
@@ -76,9 +76,9 @@ class ToolDescriptor:
 
     The ``schema`` and ``output_schema`` objects are kept as given (identity,
     never copied or rewritten), so what the provider sees and what the
-    gateway validates are byte for byte the host's schema (CAT-08).
+    gateway validates are byte for byte the host's schema.
     ``schema_options`` (``None`` = ``SchemaOptions()``) is used wherever the
-    descriptor's schemas are compiled (CAT-16).  Construction checks only the
+    descriptor's schemas are compiled.  Construction checks only the
     metadata; the schemas and the backend are checked by :func:`admit_batch`.
     """
 
@@ -108,7 +108,7 @@ class ToolRegistry:
     """An immutable, name-indexed set of descriptors; iterates in name order.
 
     Duplicate names raise ``validation`` "admission batch contains duplicate
-    tool names" (CAT-06).
+    tool names".
     """
 
     __slots__ = ("_by_name",)
@@ -171,7 +171,7 @@ class ToolRegistry:
         return tuple(self._by_name)
 
     def provider_tools(self) -> tuple[ProviderTool, ...]:
-        """Every descriptor's provider projection, in name order (PUB-01)."""
+        """Every descriptor's provider projection, in name order."""
         return tuple(d.provider_tool() for d in self)
 
     def __eq__(self, other: object) -> bool:
@@ -186,7 +186,7 @@ class ToolRegistry:
 
 
 def check_unique(names: Iterable[str]) -> None:
-    """Raise ``validation`` (CAT-06) if ``names`` repeats a name."""
+    """Raise ``validation`` if ``names`` repeats a name."""
     seen: set[str] = set()
     duplicates: set[str] = set()
     for name in names:

@@ -10,10 +10,10 @@ from ..errors import Error, ErrorClass
 
 __all__ = ["MAX_NAME_LENGTH", "is_mcp_name", "check_name"]
 
-#: The longest tool name accepted (CAT-01).
+#: The longest tool name accepted.
 MAX_NAME_LENGTH: Final = 128
 
-#: MCP's advisory (SEP-986) character set: a warning, never a refusal.
+#: MCP's advisory character set: a warning, never a refusal.
 _MCP_NAME: Final = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
 
 
@@ -32,7 +32,7 @@ def _bad(name: Any, why: str) -> Error:
 
 
 def check_name(name: Any) -> str:
-    """Return ``name`` if it is a valid tool name, else raise ``validation`` (CAT-01)."""
+    """Return ``name`` if it is a valid tool name, else raise ``validation``."""
     if type(name) is not str:
         raise _bad(name, "a tool name must be a str")
     if not name:

@@ -1,4 +1,4 @@
-"""Catalog publication records (spec 002; CAT-07, CAT-14): pure data and checks.
+"""Catalog publication records (spec 002): pure data and checks.
 
 Staging and publishing (stale revisions, receipts in the store) belong to
 the runtime; these records only refuse what is invalid on its face.
@@ -81,7 +81,7 @@ def _known_keys(data: Mapping[str, Any], allowed: tuple[str, ...]) -> dict[str, 
 @attrs.frozen
 class CatalogUpdate:
     """A new catalog: registry, authority and optionally the provider tools
-    (``tools=None``: projected from the registry, PUB-01)."""
+    (``tools=None``: projected from the registry)."""
 
     revision: int = attrs.field(validator=_positive_int)
     registry: ToolRegistry = attrs.field(converter=_to_registry)
@@ -90,7 +90,7 @@ class CatalogUpdate:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> CatalogUpdate:
-        """Spec 002's mapping form; an unknown key raises ``validation`` (CAT-07)."""
+        """Spec 002's mapping form; an unknown key raises ``validation``."""
         if not isinstance(data, Mapping):
             raise _invalid("a catalog update must be a mapping")
         fields = _known_keys(data, ("revision", "registry", "authority", "tools"))
@@ -111,10 +111,10 @@ def _to_catalog(value: Any) -> CatalogUpdate:
 @final
 @attrs.frozen
 class Publication:
-    """A request to publish ``catalog`` at ``expected_revision + 1`` (CAT-14).
+    """A request to publish ``catalog`` at ``expected_revision + 1``.
 
     ``schema_admission`` is ``"strict"``, ``"quarantine"`` or ``None`` (the
-    conversation's own mode); anything else raises ``validation`` (CAT-07).
+    conversation's own mode); anything else raises ``validation``.
     """
 
     publication_id: str = attrs.field(validator=_str)
@@ -136,7 +136,7 @@ class Publication:
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> Publication:
         """Spec 002's mapping form; an unknown key raises ``validation``
-        "unknown admission option" (CAT-07)."""
+        "unknown admission option"."""
         if not isinstance(data, Mapping):
             raise _invalid("a publication must be a mapping")
         fields = _known_keys(data, tuple(a.name for a in attrs.fields(cls)))

@@ -1,7 +1,7 @@
 """What a tool backend produces, and how the runtime judges it.
 
 ``settlement(result, descriptor)`` trusts only the *kind* of outcome and the
-pinned descriptor's ``read_only`` (TOOL-23): a ``ToolResult`` or a rejection
+pinned descriptor's ``read_only``: a ``ToolResult`` or a rejection
 verified against the exact operation is settled; an ``Error`` is settled only
 for a read-only tool and never when its class is ``unknown_outcome``;
 anything else (another exception, a timeout, a malformed value) is uncertain.
@@ -94,7 +94,7 @@ def _complete(identity: Mapping[str, Any]) -> bool:
 
 
 def reject(operation: Any, error: Error) -> Rejection:
-    """A rejection bound to ``operation``'s whole identity (TOOL-19, TOOL-21).
+    """A rejection bound to ``operation``'s whole identity.
 
     Raises ``unknown_outcome`` for an ``unknown_outcome`` error (that is not a
     rejection) or an operation whose identity is incomplete.
@@ -131,7 +131,7 @@ def _proof(rejection: Rejection) -> bool:
 
 
 def verify_rejection(rejection: Rejection, operation: Any) -> bool:
-    """Whether ``rejection`` names exactly ``operation`` (TOOL-20), as a
+    """Whether ``rejection`` names exactly ``operation``, as a
     proof :func:`reject` would build."""
     return _proof(rejection) and dict(rejection.identity) == _identity(operation)
 
@@ -140,7 +140,7 @@ Settlement = Literal["settled", "uncertain"]
 
 
 def settlement(result: Any, descriptor: ToolDescriptor, operation: Any = None) -> Settlement:
-    """Judge a backend's outcome against the pinned descriptor (TOOL-23)."""
+    """Judge a backend's outcome against the pinned descriptor."""
     if isinstance(result, ToolResult):
         return "settled"
     if isinstance(result, Rejection):

@@ -2,8 +2,8 @@
 
 Guarantees, for every driver:
 
-- A commit is a compare-and-set on ``(run_id, incarnation, revision)``
-  (STO-01..05): decided against the stored run, never a remembered one
+- A commit is a compare-and-set on ``(run_id, incarnation, revision)``:
+  decided against the stored run, never a remembered one
   alone.  The engine remembers each live run's last record it committed or
   read (:class:`Remembered`); a commit at that incarnation and revision is
   decided and encoded against it by its caller, on Trio, and the worker
@@ -261,8 +261,8 @@ class SQLStore:
         record: RunRecord,
         events: Sequence[RunEvent],
     ) -> Receipt:
-        """Atomic compare-and-set on ``(run_id, incarnation, expected_revision)``
-        (STO-01..05), group-committed with concurrent callers."""
+        """Atomic compare-and-set on ``(run_id, incarnation, expected_revision)``,
+        group-committed with concurrent callers."""
         check_arguments(
             run_id, incarnation=incarnation, expected_revision=expected_revision, events=events
         )
@@ -469,7 +469,7 @@ class SQLStore:
         return Receipt(record.run_id, record.incarnation, record.revision)
 
     async def fence(self, run_id: str, *, incarnation: int) -> Receipt:
-        """Advance the run to ``incarnation`` atomically (STO-08): afterwards the
+        """Advance the run to ``incarnation`` atomically: afterwards the
         old incarnation can never commit; ``resource_conflict`` unless it rises."""
         check_arguments(run_id, incarnation=incarnation)
         at = time.time()

@@ -7,7 +7,7 @@ text skips the server's parse.  A commit at a run's remembered revision is
 one pipeline (compare-and-set ``UPDATE``, part rows and events, each kind of
 row one statement of binary arrays) and a ``COMMIT``; any other takes the
 run row's lock (``SELECT ... FOR UPDATE``), which serialises writers on one
-run across hosts (STO-10).  ``fence`` takes the same lock (STO-08).
+run across hosts.  ``fence`` takes the same lock.
 
 Every call is bounded: past its caller's deadline, or ``operation_timeout``,
 its socket is shut down, so a blocked libpq call fails at once
