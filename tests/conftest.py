@@ -26,7 +26,7 @@ WORKLOADS = REPO / "benchmarks" / "workloads"
 # few intents, results or reservations runs on the layered representation
 # (stores, codec, recovery and engine alike); tests/kernel/test_layered.py
 # checks the production thresholds themselves.
-from trio_backplane.kernel import _records  # noqa: E402
+from trio_backplane.kernel import _derived  # noqa: E402
 
-_records._LAYER_FROM = 4
-_records._OVERLAY_MAX = 3
+_derived._LAYER_FROM = 4
+_derived._OVERLAY_MAX = 3

@@ -18,7 +18,7 @@ from hypothesis import given
 
 from trio_backplane.errors import Error, ErrorClass
 from trio_backplane.kernel import FrozenDict, FrozenList, freeze, thaw
-from trio_backplane.kernel._records import _RECURSION, MAX_DEPTH
+from trio_backplane.kernel._frozen import _RECURSION, MAX_DEPTH
 
 from .support import json_values
 
@@ -98,7 +98,7 @@ def innermost_frozen(value: Any) -> Any:
 @given(json_values)
 def test_ker_11_iterative_path_equals_recursive_path(value: Any) -> None:
     """The explicit-stack path gives exactly what the recursive one gives."""
-    from trio_backplane.kernel._records import _freeze, _freeze_iterative
+    from trio_backplane.kernel._frozen import _freeze, _freeze_iterative
 
     assert _freeze_iterative(value, "x") == _freeze(value, "x", 0)
     assert type(_freeze_iterative(value, "x")) is type(_freeze(value, "x", 0))

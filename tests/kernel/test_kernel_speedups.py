@@ -32,7 +32,9 @@ from trio_backplane.kernel import (
     ProviderStarted,
     RunRecord,
     Start,
-    _records,
+    _derived,
+    _evolve,
+    _frozen,
     _speedups,
     transition,
 )
@@ -89,7 +91,7 @@ def _values() -> st.SearchStrategy[Any]:
 
 
 def _python(value: Any, limit: int) -> Any:
-    return _records._freeze(value, "committed intent", 0, limit)
+    return _frozen._freeze(value, "committed intent", 0, limit)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -165,21 +167,21 @@ def test_depth_limit_declines_at_the_walks_limit() -> None:
         deep = [deep]
     assert _speedups.freeze(deep, 256) is NotImplemented
     with pytest.raises(Error, match="nests deeper than 256"):
-        _records.freeze(deep)
+        _frozen.freeze(deep)
 
 
 def test_freeze_uses_the_accelerator_and_keeps_the_walks_errors() -> None:
     """``kernel.freeze`` goes through the accelerator (this build has it) and
     still raises the walk's classed errors for what it declines."""
-    assert _records._fast_freeze is _speedups.freeze
+    assert _frozen._fast_freeze is _speedups.freeze
     with pytest.raises(Error, match="lone surrogate"):
-        _records.freeze({"k": "\ud800"})
+        _frozen.freeze({"k": "\ud800"})
     with pytest.raises(Error, match="non-finite"):
-        _records.freeze([math.inf])
+        _frozen.freeze([math.inf])
     with pytest.raises(Error, match="runtime handle"):
-        _records.freeze({"k": object()})
+        _frozen.freeze({"k": object()})
     with pytest.raises(Error, match="runtime handle"):
-        _records.freeze({"k": _Int(3)})  # an int subclass is not JSON data
+        _frozen.freeze({"k": _Int(3)})  # an int subclass is not JSON data
 
 
 def test_bad_calls_are_refused() -> None:
@@ -204,7 +206,7 @@ def test_a_frozen_mapping_past_the_limit_goes_to_the_walk() -> None:
         value = [value]
     assert _speedups.freeze(value, 100) is NotImplemented
     with pytest.raises(Error, match="nests deeper than 100"):
-        _records.freeze(value, limit=100)
+        _frozen.freeze(value, limit=100)
     assert _speedups.freeze(value, 256) is not NotImplemented
 
 
@@ -213,15 +215,15 @@ def test_copy_slots_copies_a_record_as_the_python_copy_does() -> None:
     record, _ = transition(record, Start(at=2.0))
     record, _ = transition(record, ProviderStarted(at=3.0, turn_id="turn-1"))
     fast = _speedups.copy_slots(record)
-    slow = _records._make_copy()(record, object.__new__, RunRecord)
+    slow = _evolve._make_copy()(record, object.__new__, RunRecord)
     assert type(fast) is RunRecord
     assert fast is not record
     assert fast == record == slow
     for field in attrs.fields(RunRecord):
         assert getattr(fast, field.name) is getattr(record, field.name)
-    assert _records._copy_record is _speedups.copy_slots
+    assert _evolve._copy_record is _speedups.copy_slots
     # the copy is its own object: a slot set on it leaves the original alone
-    _records._SETTERS["state"](fast, "completed")
+    _evolve._SETTERS["state"](fast, "completed")
     assert record.state == "running"
 
 
@@ -277,7 +279,7 @@ def test_copy_slots_copies_inherited_slots() -> None:
 _LIFECYCLE = """
 from trio_backplane.kernel import (
     Admit, ProviderCompleted, ProviderStarted, RunRecord, Start, ToolCompleted, ToolInvoked,
-    _records, freeze, transition,
+    _frozen, freeze, transition,
 )
 
 record = RunRecord.new("run-fallback", context={"host": {"k": [1, 2.5, None, "\\u00e9"]}})
@@ -295,7 +297,7 @@ for command in (
 ):
     record, produced = transition(record, command)
     events.extend(produced)
-print("C" if _records._fast_freeze is not None else "python")
+print("C" if _frozen._fast_freeze is not None else "python")
 print(repr(record))
 print(repr([(e.type, e.occurred_at, e.payload) for e in events]))
 print(repr(freeze({"a": [1, (2, {"b": None})], "c": 1.5})))
@@ -323,7 +325,7 @@ def test_the_pure_python_fallback_gives_the_same_records_and_events() -> None:
 
 
 @given(
-    st.lists(_values(), max_size=5).map(lambda v: _records.freeze(v) if _frozen_ok(v) else []),
+    st.lists(_values(), max_size=5).map(lambda v: _frozen.freeze(v) if _frozen_ok(v) else []),
     st.lists(_LEAVES | st.lists(st.integers(), max_size=2), max_size=4),
     st.booleans(),
 )
@@ -334,7 +336,7 @@ def test_grown_appends_as_the_python_copy_does(items: Any, more: list[Any], as_t
     pass through it."""
     extra: Any = tuple(more) if as_tuple else more
     fast = _speedups.grown(items, extra)
-    slow = _records._grown_python(items, extra)
+    slow = _derived._grown_python(items, extra)
     assert type(fast) is FrozenList
     assert _same(fast, slow)
     assert fast is not items
@@ -343,7 +345,7 @@ def test_grown_appends_as_the_python_copy_does(items: Any, more: list[Any], as_t
 
 def _frozen_ok(value: Any) -> bool:
     try:
-        _records.freeze(value)
+        _frozen.freeze(value)
     except Error:
         return False
     return True
@@ -360,9 +362,9 @@ def test_a_transcript_grown_again_stays_out_of_the_collector_while_frozen() -> N
     """The kernel grows the transcript from its last copy: messages ``freeze``
     built keep it untracked; a hand-made ``FrozenDict`` holding a mutable
     list (it could take part in a cycle) keeps the copy tracked."""
-    first = _speedups.grown(_records.freeze([{"role": "user"}]), (_records.freeze({"k": 1}),))
+    first = _speedups.grown(_frozen.freeze([{"role": "user"}]), (_frozen.freeze({"k": 1}),))
     assert not gc.is_tracked(first)
-    second = _speedups.grown(first, [_records.freeze({"role": "assistant"}), "text", 1.5])
+    second = _speedups.grown(first, [_frozen.freeze({"role": "assistant"}), "text", 1.5])
     assert not gc.is_tracked(second)
     assert second == [{"role": "user"}, {"k": 1}, {"role": "assistant"}, "text", 1.5]
     inner: list[Any] = []
@@ -377,10 +379,10 @@ def test_freeze_leaves_containers_of_atoms_untracked() -> None:
     """A container ``freeze`` built holding only atoms or untracked
     containers is not tracked; one holding a tracked value is; setting a
     mutable value in a frozen dict (``dict.__setitem__``) tracks it again."""
-    frozen = _records.freeze({"a": [1, {"b": "c"}], "d": 1.5})
+    frozen = _frozen.freeze({"a": [1, {"b": "c"}], "d": 1.5})
     assert not gc.is_tracked(frozen)
     assert not gc.is_tracked(frozen["a"])
-    kept = _records.freeze({"a": FrozenDict(m=[1])})  # a hand-made frozen value
+    kept = _frozen.freeze({"a": FrozenDict(m=[1])})  # a hand-made frozen value
     assert gc.is_tracked(kept)
     dict.__setitem__(frozen, "x", [])
     assert gc.is_tracked(frozen)
@@ -409,35 +411,35 @@ def test_put_derives_exactly_as_the_python_code(
     keys ``changed_keys`` names between any two versions are the same, along
     a chain with dissociations and branches from older versions."""
     layer_from, overlay_max = thresholds
-    saved = _records._LAYER_FROM, _records._OVERLAY_MAX
-    _records._LAYER_FROM, _records._OVERLAY_MAX = layer_from, overlay_max
+    saved = _derived._LAYER_FROM, _derived._OVERLAY_MAX
+    _derived._LAYER_FROM, _derived._OVERLAY_MAX = layer_from, overlay_max
     try:
-        fast: list[Any] = [_records.freeze(start)]
-        slow: list[Any] = [_records.freeze(start)]
+        fast: list[Any] = [_frozen.freeze(start)]
+        slow: list[Any] = [_frozen.freeze(start)]
         for op, key, n in ops:
             if op == "branch":  # derive from an older version next
                 index = n % len(fast)
                 fast.append(fast[index])
                 slow.append(slow[index])
             elif op == "dissoc":
-                fast.append(_records.dissoc(fast[-1], key))
-                slow.append(_records.dissoc(slow[-1], key))
+                fast.append(_derived.dissoc(fast[-1], key))
+                slow.append(_derived.dissoc(slow[-1], key))
             else:
                 derived = _speedups.put(fast[-1], key, n, layer_from, overlay_max)
                 assert derived is not NotImplemented
                 fast.append(derived)
-                slow.append(_records._derive(slow[-1], _records._set(slow[-1], key, n), key))
+                slow.append(_derived._derive(slow[-1], _derived._set(slow[-1], key, n), key))
         for a, b in zip(fast, slow, strict=True):
             assert type(a) is type(b)
             assert list(a.items()) == list(b.items())
             assert len(a) == len(b)
         for i in range(len(fast)):
             for j in range(i, len(fast)):
-                assert _records.changed_keys(fast[i], fast[j]) == _records.changed_keys(
+                assert _derived.changed_keys(fast[i], fast[j]) == _derived.changed_keys(
                     slow[i], slow[j]
                 )
     finally:
-        _records._LAYER_FROM, _records._OVERLAY_MAX = saved
+        _derived._LAYER_FROM, _derived._OVERLAY_MAX = saved
 
 
 def test_put_declines_what_it_does_not_derive() -> None:
@@ -450,8 +452,8 @@ def test_put_declines_what_it_does_not_derive() -> None:
     huge = FrozenDict(a=1)
     huge._lineage = ([], 2**70)  # type: ignore[assignment]
     assert _speedups.put(huge, "b", 2, 64, 32) is NotImplemented
-    assert _records.put(huge, "b", 2)._lineage == (["b"], 1)  # type: ignore[attr-defined]
+    assert _derived.put(huge, "b", 2)._lineage == (["b"], 1)  # type: ignore[attr-defined]
     long = LayeredDict(FrozenDict(a=1), {}, 2**70)
     assert _speedups.put(long, "b", 2, 64, 32) is NotImplemented
-    assert _records._fast_put is _speedups.put
-    assert _records.put({"a": 1}, "b", 2) == {"a": 1, "b": 2}  # the Python code
+    assert _derived._fast_put is _speedups.put
+    assert _derived.put({"a": 1}, "b", 2) == {"a": 1, "b": 2}  # the Python code

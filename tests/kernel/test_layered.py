@@ -23,7 +23,7 @@ from trio_backplane.kernel import (
     FrozenDict,
     LayeredDict,
     RunRecord,
-    _records,
+    _derived,
     assoc,
     changed_keys,
     decode_record,
@@ -34,7 +34,7 @@ from trio_backplane.kernel import (
     thaw,
     transition,
 )
-from trio_backplane.kernel._records import put
+from trio_backplane.kernel._derived import put
 
 keys = st.sampled_from([f"k{i}" for i in range(12)])
 operations = st.lists(
@@ -46,8 +46,8 @@ operations = st.lists(
 @pytest.fixture(params=[(4, 3), (64, 32), (1, 1)], ids=["suite", "production", "tiny"])
 def thresholds(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     layer_from, overlay_max = request.param
-    monkeypatch.setattr(_records, "_LAYER_FROM", layer_from)
-    monkeypatch.setattr(_records, "_OVERLAY_MAX", overlay_max)
+    monkeypatch.setattr(_derived, "_LAYER_FROM", layer_from)
+    monkeypatch.setattr(_derived, "_OVERLAY_MAX", overlay_max)
 
 
 # the thresholds fixture is constant across examples
@@ -113,9 +113,9 @@ def test_changed_keys_names_every_changed_entry(
 def test_production_thresholds() -> None:
     """A mapping becomes layered from 64 entries; after 32 keys set in its
     overlay the next change merges them into a plain FrozenDict base."""
-    assert (_records._LAYER_FROM, _records._OVERLAY_MAX) != (64, 32)  # the suite's
-    saved = _records._LAYER_FROM, _records._OVERLAY_MAX
-    _records._LAYER_FROM, _records._OVERLAY_MAX = 64, 32
+    assert (_derived._LAYER_FROM, _derived._OVERLAY_MAX) != (64, 32)  # the suite's
+    saved = _derived._LAYER_FROM, _derived._OVERLAY_MAX
+    _derived._LAYER_FROM, _derived._OVERLAY_MAX = 64, 32
     try:
         mapping: Any = freeze({f"k{i}": i for i in range(63)})
         mapping = put(mapping, "k63", 63)
@@ -129,7 +129,7 @@ def test_production_thresholds() -> None:
         assert type(mapping) is FrozenDict
         assert list(mapping) == [f"k{i}" for i in range(97)]
     finally:
-        _records._LAYER_FROM, _records._OVERLAY_MAX = saved
+        _derived._LAYER_FROM, _derived._OVERLAY_MAX = saved
 
 
 def test_a_layered_record_round_trips_and_copies_as_itself(thresholds: None) -> None:

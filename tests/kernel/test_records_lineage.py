@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trio_backplane.kernel import FrozenDict, assoc, changed_keys, dissoc, freeze
-from trio_backplane.kernel._records import put
+from trio_backplane.kernel._derived import put
 
 KEYS = st.sampled_from(["a", "b", "c", "d"])
 OPS = st.lists(st.tuples(st.sampled_from(["assoc", "put", "dissoc"]), KEYS, st.integers()))

@@ -274,7 +274,7 @@ async def test_deep_data_is_judged_the_same_on_every_store(durable_store: Any) -
     ``validation`` on every store (a durable store's JSON codecs could not
     hold it), and a tool result that deep becomes an error result: never
     ``storage_failed``."""
-    from trio_backplane.kernel._records import MAX_DEPTH
+    from trio_backplane.kernel._frozen import MAX_DEPTH
 
     class Deep:
         async def execute(self, operation: Any) -> ToolResult:

@@ -5,6 +5,7 @@ command)`` returns the next record and its events or raises ``Error``.
 """
 
 from .._public import fixup_module_metadata
+from ._checks import cleanup_requirements
 from ._codec import decode_event, decode_record, encode_event, encode_record
 from ._commands import (
     COMMANDS,
@@ -25,35 +26,24 @@ from ._commands import (
     WaitResolved,
     WaitStarted,
 )
+from ._derived import appended, assoc, changed_keys, dissoc
+from ._evolve import evolve_record
+from ._fields import MAX_INT, MAX_RUN_ID, check_run_id, is_time
+from ._frozen import FrozenDict, FrozenList, LayeredDict, check_json, freeze, thaw
 from ._json import dumps, loads, utf8_size
 from ._records import (
     ACTIVE_STATES,
     GROWING,
-    MAX_INT,
-    MAX_RUN_ID,
     RUN_STATES,
     SCHEMA_VERSION,
     TERMINAL_STATES,
     Budget,
     Command,
-    FrozenDict,
-    FrozenList,
-    LayeredDict,
     RunEvent,
     RunRecord,
-    appended,
-    assoc,
-    changed_keys,
-    check_json,
-    check_run_id,
-    dissoc,
-    evolve_record,
-    freeze,
-    is_time,
     reserve,
-    thaw,
 )
-from ._transition import cleanup_requirements, fence, transition
+from ._transition import fence, transition
 
 __all__ = [
     "ACTIVE_STATES",

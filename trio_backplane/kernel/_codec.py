@@ -14,19 +14,9 @@ import attrs
 import cattrs
 
 from ..errors import Error, ErrorClass
-from ._records import (
-    MAX_INT,
-    RECORD_DEPTH,
-    SCHEMA_VERSION,
-    Budget,
-    FrozenDict,
-    FrozenList,
-    RunEvent,
-    RunRecord,
-    freeze,
-    is_time,
-    thaw,
-)
+from ._fields import MAX_INT, is_time
+from ._frozen import RECORD_DEPTH, FrozenDict, FrozenList, freeze, thaw
+from ._records import SCHEMA_VERSION, Budget, RunEvent, RunRecord
 
 __all__ = ["decode_event", "decode_record", "encode_event", "encode_record", "upgrade"]
 

@@ -17,7 +17,9 @@ from typing import Any, Final, TypeAlias, final, get_args
 import attrs
 
 from ..errors import Error, ErrorClass
-from ._records import _KEPT, Command, FrozenDict, FrozenList, _at, freeze
+from ._fields import _at
+from ._frozen import _KEPT, FrozenDict, FrozenList, freeze
+from ._records import Command
 
 __all__ = [
     "COMMANDS",
@@ -68,8 +70,8 @@ def _json(value: Any) -> Any:
 @attrs.frozen(kw_only=True)
 class _Base:
     """What every command has: the time ``at`` (the caller's clock; the kernel
-    never reads one, KER-01) and, optionally, the run and incarnation it is
-    meant for (a command naming another is refused, KER-04)."""
+    never reads one) and, optionally, the run and incarnation it is meant
+    for (a command naming another is refused)."""
 
     kind = ""  # the subclass's
 
@@ -106,7 +108,7 @@ class Start(_Base):
 @attrs.frozen(kw_only=True)
 class ConversationUpdated(_Base):
     """A checkpoint: the conversation state, transcript and usage appended,
-    and a later ``execution_deadline`` (INT-07)."""
+    and a later ``execution_deadline``."""
 
     kind = "conversation_updated"
     conversation: Any = UNSET
@@ -359,7 +361,7 @@ _EVENT_INPUTS: Final = {cls: _make_event_input(cls) for cls in COMMANDS.values()
 def event_input(command: KernelCommand) -> FrozenDict:
     """The input the command's event shows: the generic command's input, or
     the typed command's set fields, large values summarised.  Checks a typed
-    command's other values as JSON data (KER-11)."""
+    command's other values as JSON data."""
     source = command._source
     if source is None:
         built: FrozenDict = _EVENT_INPUTS[type(command)](command)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
-from ._records import LayeredDict
+from ._frozen import LayeredDict
 
 __all__ = ["dumps", "loads", "utf8_size"]
 

@@ -1,4 +1,4 @@
-/* C accelerator for trio_backplane.kernel._records: freeze and the record copy.
+/* C accelerator for the kernel: freeze (_frozen), put (_derived), the record copy (_evolve).
  *
  * configure(FrozenDict, FrozenList, LayeredDict, lineage_max) -> None
  * freeze(value, limit) -> frozen value | NotImplemented
@@ -454,7 +454,7 @@ failed:
     return NULL;
 }
 
-/* The derived mapping of _records.put (its _set then its _derive, exactly),
+/* The derived mapping of _derived.put (its _set then its _derive, exactly),
  * for a FrozenDict or a LayeredDict and a str key; NotImplemented for
  * anything else (the Python code decides).  The mapping's parts are held
  * by strong references while the new one is built. */
@@ -616,7 +616,7 @@ static PyMethodDef methods[] = {
      "A new FrozenList of the items of items, then those of more."},
     {"put", (PyCFunction)(void (*)(void))put, METH_FASTCALL,
      "put(mapping, key, value, layer_from, overlay_max, /)\n--\n\n"
-     "_records.put for a FrozenDict or a LayeredDict, or NotImplemented."},
+     "_derived.put for a FrozenDict or a LayeredDict, or NotImplemented."},
     {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL,
      "configure(frozen_dict, frozen_list, layered_dict, lineage_max, /)\n--\n\n"
      "The types the accelerator builds and keeps, and the lineage limit."},
@@ -652,7 +652,7 @@ module_free(void *module)
 static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT,
     .m_name = "trio_backplane.kernel._speedups",
-    .m_doc = "C accelerator for trio_backplane.kernel._records: freeze, copy_slots, grown, put.",
+    .m_doc = "C accelerator for the kernel: freeze, copy_slots, grown, put.",
     .m_size = sizeof(module_state),
     .m_methods = methods,
     .m_traverse = module_traverse,

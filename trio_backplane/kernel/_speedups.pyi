@@ -15,4 +15,4 @@ def grown(items: list[Any] | tuple[Any, ...], more: list[Any] | tuple[Any, ...],
     """A new ``FrozenList`` of the items of ``items``, then those of ``more``."""
 
 def put(mapping: object, key: object, value: object, layer_from: int, overlay_max: int, /) -> Any:
-    """``_records.put`` for a ``FrozenDict`` or a ``LayeredDict``, or ``NotImplemented``."""
+    """``_derived.put`` for a ``FrozenDict`` or a ``LayeredDict``, or ``NotImplemented``."""
