@@ -1,6 +1,6 @@
 """How many instructions does the engine's tool-call step take?
 
-    python benchmarks/instructions.py [--steps N] [--at REV] [--pure-python] [--workload store]
+    python benchmarks/instructions.py [--steps N] [--at REV] [--pure-python] [--workload W]
     python3 -m nox -s instructions -- [--steps N] [--at REV] [--pure-python]
 
 The wall-clock figures of ``bench_engine.py`` move with the machine's load
@@ -146,11 +146,34 @@ def handoffs(count: int) -> None:
     trio.run(main)
 
 
+def compiles(count: int) -> None:
+    """The ``compile`` workload: ``count`` compiles of the schemas of
+    ``workloads/schemas.json`` (beside this script), taking them in turn,
+    the compiled-schema cache emptied before each, so every one pays the
+    fingerprint, the preflight and the engine's build.  Each schema is
+    compiled once first, in every run alike: what the first compile of a
+    process sets up once cancels.  Public API only (``--at`` an older tree)."""
+    import json
+
+    from trio_backplane import schema
+
+    documents = [
+        work["schema"]
+        for work in json.loads((HERE / "workloads/schemas.json").read_text()).values()
+    ]
+    for document in documents:
+        schema.compile(document)
+    for n in range(count):
+        schema.cache_clear()
+        schema.compile(documents[n % len(documents)])
+
+
 def measured(steps: int, pure: bool, check: bool, workload: str, total: int) -> None:
     """One run of ``steps`` tool steps on a MemoryStore (the ``engine``
-    workload; ``store``: :func:`store_commits`), then one line naming the
-    ``trio_backplane`` imported and which of its C extensions were loaded
-    (printed in every run alike, so its cost cancels).  ``check`` (the run
+    workload; ``store``: :func:`store_commits`; ``compile``:
+    :func:`compiles`), then one line naming the ``trio_backplane`` imported
+    and which of its C extensions were loaded (printed in every run alike,
+    so its cost cancels).  ``check`` (the run
     outside valgrind) also prints the package's modules loaded from outside
     its directory: the editable install's finder fills in, from the checkout
     it was installed from, any module an older tree lacks."""
@@ -168,6 +191,8 @@ def measured(steps: int, pure: bool, check: bool, workload: str, total: int) -> 
         store_commits(steps, total)
     elif workload == "handoff":
         handoffs(steps)
+    elif workload == "compile":
+        compiles(steps)
     else:
         trio.run(one_run, MemoryStore(), "instructions", steps)
     loaded = ",".join(sorted(name for name in SPEEDUPS if sys.modules.get(name) is not None))
@@ -447,7 +472,7 @@ def measure(
         total, total_command = run(steps, total=steps)
         print(f"  {steps}-step run: {total / 1e6:10.1f} M instructions: {total_command}")
     figure = total - base
-    unit = {"store": "commit", "handoff": "round trip"}.get(workload, "step")
+    unit = {"store": "commit", "handoff": "round trip", "compile": "compile"}.get(workload, "step")
     print(
         f"{steps} {unit}s: {figure / 1e6:.1f} M instructions"
         f" ({figure / steps / 1e6:.3f} M a {unit};"
@@ -475,11 +500,13 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument(
         "--workload",
-        choices=("engine", "store", "handoff"),
+        choices=("engine", "store", "handoff", "compile"),
         default="engine",
         help="engine: N tool steps on a MemoryStore (default); store: N SQLiteStore commits"
         " of precomputed records, no engine; handoff: N bare round trips through the"
-        " SQLiteStore's worker thread (this checkout's engine only)",
+        " SQLiteStore's worker thread (this checkout's engine only); compile: N uncached"
+        " schema compiles of benchmarks/workloads/schemas.json, in turn (an even N"
+        " weighs them alike)",
     )
     parser.add_argument("--total", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--run", type=int, metavar="N", help=argparse.SUPPRESS)

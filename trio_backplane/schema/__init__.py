@@ -7,13 +7,8 @@ classed errors and a fingerprint-keyed compiled cache.
 """
 
 from .._public import fixup_module_metadata
+from ._cache import CACHE_SIZE, cache_clear, cache_info
 from ._compile import (
-    CACHE_SIZE,
-    MAX_ERROR_ENTRIES,
-    REGEX_BACKTRACK_LIMIT,
-    CompiledSchema,
-    cache_clear,
-    cache_info,
     check_bounds,
     compile,
     compile_output,
@@ -22,6 +17,7 @@ from ._compile import (
     validate_output,
     validate_schema,
 )
+from ._compiled import MAX_ERROR_ENTRIES, REGEX_BACKTRACK_LIMIT, CompiledSchema
 from ._options import DIALECTS, Limits, SchemaLoader, SchemaOptions
 
 __all__ = [

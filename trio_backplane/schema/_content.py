@@ -1,20 +1,7 @@
 """``content_assertion=True``: ``contentEncoding``, ``contentMediaType`` and
-``contentSchema`` as assertions (SCH-14).
-
-Draft 2020-12 makes them annotations; a host that wants them enforced opts
-in, and then an encoding or media type we cannot check is refused at
-preflight (``unsupported_capability``) rather than silently passed.  The
-arguments are never decoded in place: decoding happens on a copy, only to
-judge the verdict.
-
-A ``contentSchema`` is evaluated by a validator the compilation builds for
-it (see ``_compile``) with the main validator's options, reached through a
-reference into the enclosing document so that its own references resolve
-there.  The engine turns any exception a keyword raises into an ordinary
-error, which ``not`` would turn into a pass; so a regex work-limit failure
-inside a ``contentSchema`` is also noted per thread, and the compiled schema
-raises ``execution_failure`` for it whatever the verdict (SCH-29, SCH-30).
-"""
+``contentSchema`` as assertions, on a decoded copy (the arguments are never
+changed).  A failure the engine's verdict could hide (a regex work limit, a
+limit in decoded content) is noted per thread and raised whatever the verdict."""
 
 from __future__ import annotations
 
@@ -80,7 +67,7 @@ def _verdicts() -> dict[tuple[int, str], str | None]:
 def _note_limit(error: Error) -> None:
     """A limit hit inside decoded content: the engine sees a mismatch, which
     ``not`` or ``oneOf`` would turn into a pass; the validation raises this
-    instead, whatever the verdict (SCH-30)."""
+    instead, whatever the verdict."""
     if getattr(_noted, "message", None) is None:
         _noted.message = error
 

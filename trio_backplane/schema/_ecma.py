@@ -1,141 +1,45 @@
-"""A syntax check for ECMA-262 regular expressions in Unicode mode.
+"""ECMA-262 patterns in Unicode mode: a syntax check against the ES2024
+grammar (``Pattern[+UnicodeMode, +NamedCaptureGroups]``, no Annex B), and the
+text the engine is to be given where it would match otherwise.
 
-JSON Schema says ``pattern`` and the keys of ``patternProperties`` are ECMA-262
-regular expressions with Unicode semantics, so a schema is checked against the
-ES2024 grammar with the ``u`` flag (``Pattern[+UnicodeMode, +NamedCaptureGroups]``,
-no Annex B relaxations) before any engine sees it.  Python- and PCRE-only syntax
-(``(?P<n>...)``, inline flags, ``\\A``, possessive quantifiers, atomic groups,
-POSIX classes, ...) is refused, as is everything else the grammar and its early
-errors refuse.
-
-:func:`pattern_syntax_error` is a single left-to-right pass with no Python
-recursion: open groups live on an explicit stack, so nesting depth costs memory,
-not stack frames.  Every code point is looked at a bounded number of times, so
-the pass is linear in the pattern length.  Backreferences are checked once the
-whole pattern is read (``\\2`` and ``\\k<n>`` may refer to a later group).
-
-Known deliberate deviations from a full ECMA-262 engine:
-
-* ``\\p{...}`` / ``\\P{...}`` are checked for syntax only (``Name`` or
-  ``Name=Value``); the property names and values are not looked up in the
-  Unicode tables, so ``\\p{Foo}`` is accepted here although an engine refuses it.
-* ES2025 pattern modifiers ``(?i:...)`` / ``(?-s:...)`` are refused (ES2024 has
-  none), as are ES2025 duplicate named groups in different alternatives.
-* ID_Start / ID_Continue for group names are derived from the general categories
-  of the Python ``unicodedata`` tables (plus Other_ID_Start / Other_ID_Continue,
-  minus Pattern_Syntax), whose Unicode version may lag the engine's: a letter
-  assigned after that version is refused in a group name.
-* Quantifier bounds are compared exactly (``{3000000000,2147483648}`` is out of
-  order); V8 clamps both bounds to 2**31-1 and accepts such a quantifier.
-
-Where the engine itself departs from ECMA-262 (this module checks syntax,
-and spells some of a pattern out for the engine; the engine matches):
-
-* On its backtracking path (a pattern holding a lookaround or a
-  backreference) the engine reads ``\\d``, ``\\w``, ``\\s``, ``\\b`` and
-  ``.`` as Unicode-aware (``\\d`` matches ``"٣"``, ``.`` matches ``"\\r"``).
-  :func:`engine_pattern` gives it such a pattern with each of them spelled
-  out as the explicit class ECMA-262 means (``[0-9]``, ``[A-Za-z0-9_]``, the
-  ECMA-262 white space, ``[^\\n\\r\\u2028\\u2029]``, ASCII word
-  lookarounds for ``\\b``), in a copy of the schema; errors name the
-  pattern as written.  Its linear path (every other pattern) follows
-  ECMA-262 for all of them but ``\\b``.
-* ``\\b`` and ``\\B`` in a pattern on the linear path are Unicode-aware
-  (``\\b`` matches beside ``é``), ASCII in ECMA-262.  Spelling them out as
-  lookarounds would move the pattern onto the backtracking path, trading the
-  linear path's time bound for the work limit: not done.
-* The engine refuses some valid ECMA-262 patterns (``[^]``, ``[]``, ``\\0``,
-  ``[\\b]``, ``\\k<name>``, surrogate-pair escapes such as
-  ``\\uD83D\\uDE00``): a schema using one is refused with
-  ``unsupported_capability`` ``unsupported_pattern``, never evaluated
-  differently.
-* The engine reads some backreferences otherwise: one to a group that did
-  not take part in the match fails there (ECMA-262: it matches the empty
-  string, ``\\1(a)`` on ``"a"``); a repeated group keeps an earlier
-  iteration's capture (ECMA-262 resets it each time, ``^(?:(a)|b)*\\1$``);
-  a lookbehind reads left to right.  A backreference is accepted only where
-  the engine agrees: its group closed before it on its way through the
-  pattern, in no other alternative, under no quantifier and in no
-  lookaround, and it is in no lookbehind; any other is refused with
-  ``unsupported_pattern`` (``_Scanner.unsupported_reference``).
-* Spelling a pattern out changes the schema the engine is given, so two
-  places where the copy would differ from the schema are refused with
-  ``unsupported_pattern`` instead: a pattern to spell out in a schema that
-  is reached only by a ``$ref`` into a non-subschema position (a ``const``
-  value, which is data too), and a ``$ref`` pointer through a
-  ``patternProperties`` key that is spelled out.
+One left-to-right pass without Python recursion, linear in the pattern's
+length.  Where it departs from a full ECMA-262 engine, and why: the schema
+design page of the docs.
 """
 
 from __future__ import annotations
 
-import unicodedata
 from typing import Any, Final
 
-__all__ = ["engine_pattern", "pattern_syntax_error", "scan_pattern"]
-
-# SyntaxCharacter :: one of ^ $ \ . * + ? ( ) [ ] { } |
-_SYNTAX_CHARS: Final = frozenset("^$\\.*+?()[]{}|")
-_IDENTITY_ESCAPES: Final = _SYNTAX_CHARS | {"/"}
-_CONTROL_ESCAPES: Final = frozenset("fnrtv")
-_CLASS_ESCAPES: Final = frozenset("dDsSwW")
-_DIGITS: Final = frozenset("0123456789")
-_HEX_DIGITS: Final = frozenset("0123456789abcdefABCDEF")
-_ASCII_LETTERS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
-# UnicodePropertyNameCharacter :: ControlLetter | _
-_PROPERTY_NAME_CHARS: Final = _ASCII_LETTERS | {"_"}
-# UnicodePropertyValueCharacter :: UnicodePropertyNameCharacter | DecimalDigit
-_PROPERTY_VALUE_CHARS: Final = _PROPERTY_NAME_CHARS | _DIGITS
-
-_MAX_CODE_POINT: Final = 0x10FFFF
-_LEAD_SURROGATES: Final = range(0xD800, 0xDC00)
-_TRAIL_SURROGATES: Final = range(0xDC00, 0xE000)
-
-# Unicode derived properties (DerivedCoreProperties.txt / PropList.txt):
-# ID_Start = L* + Nl + Other_ID_Start - Pattern_Syntax - Pattern_White_Space;
-# ID_Continue = ID_Start + Mn + Mc + Nd + Pc + Other_ID_Continue - Pattern_Syntax - ...
-_ID_START_CATEGORIES: Final = frozenset({"Lu", "Ll", "Lt", "Lm", "Lo", "Nl"})
-_ID_CONTINUE_CATEGORIES: Final = _ID_START_CATEGORIES | {"Mn", "Mc", "Nd", "Pc"}
-_OTHER_ID_START: Final = frozenset("\u1885\u1886\u2118\u212e\u309b\u309c")
-# (U+30FB and U+FF65 joined Other_ID_Continue in Unicode 15.1; ZWNJ/ZWJ are allowed anyway.)
-_OTHER_ID_CONTINUE: Final = frozenset(
-    "\u00b7\u0387\u1369\u136a\u136b\u136c\u136d\u136e\u136f\u1370\u1371\u19da\u30fb\uff65"
+from ._ecma_chars import (
+    ASCII_LETTERS,
+    BOUNDARIES,
+    CLASS_ESCAPES,
+    CLASS_SETS,
+    CONTROL_ESCAPES,
+    DIGITS,
+    DOT,
+    HEX_DIGITS,
+    IDENTITY_ESCAPES,
+    LEAD_SURROGATES,
+    MAX_CODE_POINT,
+    PROPERTY_NAME_CHARS,
+    PROPERTY_VALUE_CHARS,
+    TRAIL_SURROGATES,
+    class_text,
+    digits_greater,
+    is_id_part,
+    is_id_start,
+    join_surrogate_pairs,
+    plain_class_text,
 )
-# The only letters in Pattern_Syntax (U+2E2F VERTICAL TILDE is Lm).
-_PATTERN_SYNTAX_LETTERS: Final = frozenset("\u2e2f")
-_ZWNJ: Final = "\u200c"
-_ZWJ: Final = "\u200d"
+
+__all__ = ["engine_pattern", "pattern_syntax_error", "scan_pattern"]
 
 # Group kinds on the open-group stack.
 _GROUP: Final = 0  # ( (?: (?<name> : quantifiable once closed
 _LOOKAHEAD: Final = 1  # (?= (?! : not quantifiable in Unicode mode
 _LOOKBEHIND: Final = 2  # (?<= (?<! : never quantifiable
-
-# What the engine is given on its backtracking path (see engine_pattern): the
-# ECMA-262 meaning of each class escape, of ``.`` and of ``\b``/``\B``,
-# spelled out as explicit classes (no flags: JSON Schema has none).
-_DIGIT: Final = "0-9"
-_WORD: Final = "A-Za-z0-9_"
-# WhiteSpace and LineTerminator: TAB VT FF SP NBSP ZWNBSP, the Zs category, LF CR LS PS.
-_SPACE: Final = r"\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
-#: a class escape's letter -> (its set as class items, negated?)
-_CLASS_SETS: Final = {
-    "d": (_DIGIT, False),
-    "D": (_DIGIT, True),
-    "w": (_WORD, False),
-    "W": (_WORD, True),
-    "s": (_SPACE, False),
-    "S": (_SPACE, True),
-}
-_DOT: Final = r"[^\n\r\u2028\u2029]"
-_WORD_BEFORE: Final = f"(?<=[{_WORD}])"
-_NO_WORD_BEFORE: Final = f"(?<![{_WORD}])"
-_WORD_AFTER: Final = f"(?=[{_WORD}])"
-_NO_WORD_AFTER: Final = f"(?![{_WORD}])"
-_BOUNDARIES: Final = {
-    "b": f"(?:{_WORD_BEFORE}{_NO_WORD_AFTER}|{_NO_WORD_BEFORE}{_WORD_AFTER})",
-    "B": f"(?:{_WORD_BEFORE}{_WORD_AFTER}|{_NO_WORD_BEFORE}{_NO_WORD_AFTER})",
-}
-
 
 #: Where a scan is: ``(group's '(' position, alternative, enclosing node)``.
 _Where = tuple[int, int, Any]
@@ -143,54 +47,6 @@ _Where = tuple[int, int, Any]
 
 class _PatternError(Exception):
     """Internal: carries the reason out of the scanner."""
-
-
-def _is_id_start(ch: str) -> bool:
-    if ch in {"$", "_"} or ch in _OTHER_ID_START:
-        return True
-    return ch not in _PATTERN_SYNTAX_LETTERS and (unicodedata.category(ch) in _ID_START_CATEGORIES)
-
-
-def _is_id_part(ch: str) -> bool:
-    if ch in {"$", _ZWNJ, _ZWJ} or ch in _OTHER_ID_START or ch in _OTHER_ID_CONTINUE:
-        return True
-    return ch not in _PATTERN_SYNTAX_LETTERS and (
-        unicodedata.category(ch) in _ID_CONTINUE_CATEGORIES
-    )
-
-
-def _join_surrogate_pairs(pattern: str) -> str:
-    """Read a UTF-16 surrogate pair left in a ``str`` as the one code point it encodes.
-
-    An ECMAScript string holds UTF-16 code units and Unicode mode reads the
-    pattern by code points, so a pair is one character there; a lone
-    surrogate stays a character of its own, as in the engine.
-    """
-    if not any("\ud800" <= ch <= "\udfff" for ch in pattern):
-        return pattern
-    out: list[str] = []
-    i = 0
-    n = len(pattern)
-    while i < n:
-        ch = pattern[i]
-        if "\ud800" <= ch <= "\udbff" and i + 1 < n and "\udc00" <= pattern[i + 1] <= "\udfff":
-            out.append(chr(0x10000 + ((ord(ch) - 0xD800) << 10) + (ord(pattern[i + 1]) - 0xDC00)))
-            i += 2
-        else:
-            out.append(ch)
-            i += 1
-    return "".join(out)
-
-
-def _normalized_digits(digits: str) -> str:
-    stripped = digits.lstrip("0")
-    return stripped or "0"
-
-
-def _digits_greater(a: str, b: str) -> bool:
-    """Compare two decimal digit strings as integers, without building huge ints."""
-    a, b = _normalized_digits(a), _normalized_digits(b)
-    return (len(a), a) > (len(b), b)
 
 
 def _show(text: str) -> str:
@@ -221,7 +77,7 @@ class _Scanner:
     )
 
     def __init__(self, pattern: str) -> None:
-        self.src = _join_surrogate_pairs(pattern)
+        self.src = join_surrogate_pairs(pattern)
         self.n = len(self.src)
         self.pos = 0
         self.capture_count = 0
@@ -233,10 +89,8 @@ class _Scanner:
         #: ``(start, end, text)``: what the backtracking path is given for
         #: ``src[start:end]`` (see :func:`engine_pattern`), in order
         self.edits: list[tuple[int, int, str]] = []
-        # Where each capture group and each backreference sits, to refuse the
-        # backreferences the engine reads otherwise than ECMA-262 does.  Each
-        # costs O(1) here (a pattern may nest 50,000 groups); only a
-        # backreference's check walks its way up (unsupported_reference).
+        # Where each capture group and each backreference sits, at O(1) each
+        # (a pattern may nest 50,000 groups): see unsupported_reference.
         #: the alternative taken in each open group, innermost first, as a
         #: linked list: ``(group's '(' position (-1: the pattern), its
         #: alternative number, the enclosing group's node)``
@@ -254,8 +108,6 @@ class _Scanner:
         #: per closed group (by its '(' position): how many alternatives it has
         self.alternatives: dict[int, int] = {}
 
-    # -- small helpers -------------------------------------------------------------------
-
     def _peek(self, offset: int = 0) -> str:
         i = self.pos + offset
         return self.src[i] if i < self.n else ""
@@ -269,13 +121,12 @@ class _Scanner:
         if end > self.n:
             return None
         text = self.src[start:end]
-        if not all(ch in _HEX_DIGITS for ch in text):
+        if not all(ch in HEX_DIGITS for ch in text):
             return None
         return int(text, 16)
 
-    # -- the scan ------------------------------------------------------------------------
-
     def run(self) -> None:
+        """Scan the whole pattern; raise at the first syntax error."""
         src = self.src
         n = self.n
         # (group kind, position of '(', the capture count before it)
@@ -293,46 +144,23 @@ class _Scanner:
                 self.where = (group, branch + 1, outer)
                 quantifiable = False
             elif ch == "(":
-                before = self.capture_count
-                kind = self._open_group()
-                stack.append((kind, start, before))
-                if self.capture_count > before:  # a capture group: where it sits
-                    self.captures[self.capture_count] = [self.where, None, self.lookarounds > 0]
-                self.where = (start, 0, self.where)
-                if kind != _GROUP:
-                    self.lookarounds += 1
-                    self.lookbehinds += kind == _LOOKBEHIND
+                self._open(start, stack)
                 quantifiable = False
             elif ch == ")":
                 if not stack:
                     raise self._fail("unmatched ')'", start)
-                kind, _, before = stack.pop()
-                group, branch, outer = self.where
-                self.alternatives[group] = branch + 1
-                assert outer is not None
-                self.where = outer
-                if kind != _GROUP:
-                    self.lookarounds -= 1
-                    self.lookbehinds -= kind == _LOOKBEHIND
-                own = self.captures.get(before + 1)
-                if own is not None and own[1] is None and own[0] is outer:  # this group
-                    own[1] = self.tick
-                self.tick += 1
+                kind, before = self._close(stack)
                 repeated = range(before + 1, self.capture_count + 1)
-                self.pos += 1
                 quantifiable = kind == _GROUP
-            elif ch in "*+?":
+            elif ch in "*+?{":
                 if not quantifiable:
-                    raise self._fail(f"nothing to repeat {_show(ch)}", start)
+                    lone = "or lone '{'" if ch == "{" else _show(ch)
+                    raise self._fail(f"nothing to repeat {lone}", start)
                 self._repeat(repeated)
-                self.pos += 1
-                self._lazy_suffix()
-                quantifiable = False
-            elif ch == "{":
-                if not quantifiable:
-                    raise self._fail("nothing to repeat or lone '{'", start)
-                self._repeat(repeated)
-                self._braced_quantifier()
+                if ch == "{":
+                    self._braced_quantifier()
+                else:
+                    self.pos += 1
                 self._lazy_suffix()
                 quantifiable = False
             elif ch in "}]":
@@ -347,17 +175,45 @@ class _Scanner:
                 quantifiable = self._atom_escape()
             else:  # "." or a PatternCharacter
                 if ch == ".":
-                    self.edits.append((start, start + 1, _DOT))
+                    self.edits.append((start, start + 1, DOT))
                 self.pos += 1
                 quantifiable = True
         if stack:
             raise self._fail("unterminated group", stack[-1][1])
         self._check_references()
 
+    def _open(self, start: int, stack: list[tuple[int, int, int]]) -> None:
+        """A group opens at ``start``: pushed on ``stack`` as ``(kind,
+        start, capture count before it)``."""
+        before = self.capture_count
+        kind = self._open_group()
+        stack.append((kind, start, before))
+        if self.capture_count > before:  # a capture group: where it sits
+            self.captures[self.capture_count] = [self.where, None, self.lookarounds > 0]
+        self.where = (start, 0, self.where)
+        if kind != _GROUP:
+            self.lookarounds += 1
+            self.lookbehinds += kind == _LOOKBEHIND
+
+    def _close(self, stack: list[tuple[int, int, int]]) -> tuple[int, int]:
+        """The innermost group closes; its kind and the capture count before it."""
+        kind, _, before = stack.pop()
+        group, branch, outer = self.where
+        self.alternatives[group] = branch + 1
+        assert outer is not None
+        self.where = outer
+        if kind != _GROUP:
+            self.lookarounds -= 1
+            self.lookbehinds -= kind == _LOOKBEHIND
+        own = self.captures.get(before + 1)
+        if own is not None and own[1] is None and own[0] is outer:  # this group
+            own[1] = self.tick
+        self.tick += 1
+        self.pos += 1
+        return kind, before
+
     def _repeat(self, groups: range) -> None:
-        """A quantifier applies to the group just closed: its capture groups
-        are repeated (ECMA-262 resets them at every iteration; the engine
-        keeps the last iteration's)."""
+        """A quantifier repeats ``groups``, the capture groups of the group just closed."""
         if groups:
             self.repeats.append(groups)
 
@@ -370,19 +226,19 @@ class _Scanner:
         start = self.pos
         i = start + 1
         src, n = self.src, self.n
-        while i < n and src[i] in _DIGITS:
+        while i < n and src[i] in DIGITS:
             i += 1
         low = src[start + 1 : i]
         high: str | None = None
         if low and i < n and src[i] == ",":
             i += 1
             j = i
-            while i < n and src[i] in _DIGITS:
+            while i < n and src[i] in DIGITS:
                 i += 1
             high = src[j:i]
         if not low or i >= n or src[i] != "}":
             raise self._fail("incomplete quantifier or lone '{'", start)
-        if high and _digits_greater(low, high):
+        if high and digits_greater(low, high):
             raise self._fail(f"numbers out of order in quantifier {src[start : i + 1]!r}", start)
         self.pos = i + 1
 
@@ -434,14 +290,14 @@ class _Scanner:
                     raise self._fail("invalid escape in capture group name", at)
                 self.pos += 2
                 value = self._unicode_escape_value(at)
-                if value in _LEAD_SURROGATES or value in _TRAIL_SURROGATES:
+                if value in LEAD_SURROGATES or value in TRAIL_SURROGATES:
                     raise self._fail("invalid capture group name", at)
                 ch = chr(value)
             elif ch == "":
                 raise self._fail("unterminated capture group name", start)
             else:
                 self.pos += 1
-            valid = _is_id_part(ch) if chars else _is_id_start(ch)
+            valid = is_id_part(ch) if chars else is_id_start(ch)
             if not valid:
                 raise self._fail("invalid capture group name", at)
             chars.append(ch)
@@ -455,9 +311,9 @@ class _Scanner:
         if self._peek() == "{":
             i = self.pos + 1
             value = 0
-            while i < self.n and self.src[i] in _HEX_DIGITS:
+            while i < self.n and self.src[i] in HEX_DIGITS:
                 value = value * 16 + int(self.src[i], 16)
-                if value > _MAX_CODE_POINT:
+                if value > MAX_CODE_POINT:
                     raise self._fail("invalid unicode escape: code point above 10FFFF", backslash)
                 i += 1
             if i == self.pos + 1 or i >= self.n or self.src[i] != "}":
@@ -469,9 +325,9 @@ class _Scanner:
             raise self._fail("invalid unicode escape", backslash)
         value = value_or_none
         self.pos += 4
-        if value in _LEAD_SURROGATES and self._peek() == "\\" and self._peek(1) == "u":
+        if value in LEAD_SURROGATES and self._peek() == "\\" and self._peek(1) == "u":
             trail = self._hex_run(self.pos + 2, 4)
-            if trail is not None and trail in _TRAIL_SURROGATES:
+            if trail is not None and trail in TRAIL_SURROGATES:
                 self.pos += 6
                 value = 0x10000 + ((value - 0xD800) << 10) + (trail - 0xDC00)
         return value
@@ -483,14 +339,14 @@ class _Scanner:
         i = self.pos + 1
         src, n = self.src, self.n
         j = i
-        while j < n and src[j] in _PROPERTY_VALUE_CHARS:
+        while j < n and src[j] in PROPERTY_VALUE_CHARS:
             j += 1
         if j < n and src[j] == "=":
             name = src[i:j]
-            if not name or not all(ch in _PROPERTY_NAME_CHARS for ch in name):
+            if not name or not all(ch in PROPERTY_NAME_CHARS for ch in name):
                 raise self._fail("invalid property name", backslash)
             k = j + 1
-            while k < n and src[k] in _PROPERTY_VALUE_CHARS:
+            while k < n and src[k] in PROPERTY_VALUE_CHARS:
                 k += 1
             if k == j + 1:
                 raise self._fail("invalid property name", backslash)
@@ -508,19 +364,19 @@ class _Scanner:
         identity escapes exist only for SyntaxCharacter and ``/`` (and ``-``
         in a class, handled by the caller).
         """
-        if ch in _CONTROL_ESCAPES:
+        if ch in CONTROL_ESCAPES:
             self.pos += 1
             return {"f": 0x0C, "n": 0x0A, "r": 0x0D, "t": 0x09, "v": 0x0B}[ch]
         if ch == "c":
             letter = self._peek(1)
-            if letter not in _ASCII_LETTERS or letter == "":
+            if letter not in ASCII_LETTERS or letter == "":
                 raise self._fail("invalid control escape '\\c'", backslash)
             self.pos += 2
             if not in_class:  # (a class's items are spelled out by the class)
                 self.edits.append((backslash, self.pos, f"\\x{ord(letter) % 32:02x}"))
             return ord(letter) % 32
         if ch == "0":
-            if self._peek(1) in _DIGITS and self._peek(1) != "":
+            if self._peek(1) in DIGITS and self._peek(1) != "":
                 raise self._fail("invalid decimal escape", backslash)
             self.pos += 1
             return 0
@@ -533,7 +389,7 @@ class _Scanner:
         if ch == "u":
             self.pos += 1
             return self._unicode_escape_value(backslash)
-        if ch in _IDENTITY_ESCAPES:
+        if ch in IDENTITY_ESCAPES:
             self.pos += 1
             return ord(ch)
         where = " in character class" if in_class else ""
@@ -548,11 +404,11 @@ class _Scanner:
         self.pos += 1
         if ch in {"b", "B"}:
             self.pos += 1
-            self.edits.append((backslash, self.pos, _BOUNDARIES[ch]))
+            self.edits.append((backslash, self.pos, BOUNDARIES[ch]))
             return False
-        if ch in _CLASS_ESCAPES:
+        if ch in CLASS_ESCAPES:
             self.pos += 1
-            items, negated = _CLASS_SETS[ch]
+            items, negated = CLASS_SETS[ch]
             self.edits.append((backslash, self.pos, f"[^{items}]" if negated else f"[{items}]"))
         elif ch in {"p", "P"}:
             self.pos += 1
@@ -563,9 +419,9 @@ class _Scanner:
                 raise self._fail("invalid named reference '\\k'", backslash)
             self.named_refs.append((self._group_name(), backslash))
             self.fancy = True
-        elif ch in _DIGITS and ch != "0":
+        elif ch in DIGITS and ch != "0":
             i = self.pos
-            while i < self.n and self.src[i] in _DIGITS:
+            while i < self.n and self.src[i] in DIGITS:
                 i += 1
             digits = self.src[self.pos : i]
             self.backrefs.append((digits, backslash))
@@ -594,7 +450,7 @@ class _Scanner:
         if ch == "-":
             self.pos += 1
             return 0x2D
-        if ch in _CLASS_ESCAPES:
+        if ch in CLASS_ESCAPES:
             self.pos += 1
             return None
         if ch in {"p", "P"}:
@@ -630,29 +486,24 @@ class _Scanner:
                     raise self._fail("invalid character class range", atom_start)
                 if low > high:
                     raise self._fail("character class range out of order", atom_start)
-            elif low is None and src[atom_start + 1] in _CLASS_ESCAPES:
+            elif low is None and src[atom_start + 1] in CLASS_ESCAPES:
                 escapes = True
-                escaped, complement = _CLASS_SETS[src[atom_start + 1]]
+                escaped, complement = CLASS_SETS[src[atom_start + 1]]
                 (complements if complement else items).append(escaped)
                 continue
             # as written, but a "^" escaped (it may come first once the class
             # escapes are gone) and \cX as \xHH (refused after a lookaround)
             text = src[atom_start : self.pos]
-            plain = _plain_class_text(text)
+            plain = plain_class_text(text)
             escapes = escapes or plain != text
             items.append(plain)
         if escapes:
-            self.edits.append((start, self.pos, _class_text(negated, "".join(items), complements)))
+            self.edits.append((start, self.pos, class_text(negated, "".join(items), complements)))
 
     def unsupported_reference(self) -> str | None:
-        """Why a backreference would be matched otherwise than ECMA-262 says,
-        if one would: the engine reads a group that did not take part in the
-        match as failing (ECMA-262: matching the empty string), keeps a
-        repeated group's capture from an earlier iteration (ECMA-262 resets
-        it each time) and reads a lookbehind left to right.  A backreference
-        is supported when its group has closed before it, on its way through
-        the pattern: in no other alternative, under no quantifier and in no
-        lookaround, and in no lookbehind itself."""
+        """Why the engine would match a backreference otherwise than ECMA-262
+        says, if it would: one is supported when its group has closed before
+        it on its way through the pattern, and it is in no lookbehind."""
         for number, where, tick, behind in self.references:
             info = self.captures.get(number)
             if info is None:
@@ -686,49 +537,13 @@ class _Scanner:
     def _check_references(self) -> None:
         count = self.capture_count
         for digits, at in self.backrefs:
-            if _digits_greater(digits, str(count)):
+            if digits_greater(digits, str(count)):
                 raise self._fail(
                     f"backreference \\{digits} exceeds the {count} capturing group(s)", at
                 )
         for name, at in self.named_refs:
             if name not in self.group_names:
                 raise self._fail(f"reference to undefined group name {name!r}", at)
-
-
-def _plain_class_text(text: str) -> str:
-    """A class item (or range) as the backtracking path is given it."""
-    if text == "^":
-        return "\\^"
-    if "\\c" not in text:
-        return text
-    out: list[str] = []
-    i = 0
-    while i < len(text):
-        if text[i] == "\\" and text[i + 1] == "c":
-            out.append(f"\\x{ord(text[i + 2]) % 32:02x}")
-            i += 3
-        elif text[i] == "\\":
-            out.append(text[i : i + 2])
-            i += 2
-        else:
-            out.append(text[i])
-            i += 1
-    return "".join(out)
-
-
-def _class_text(negated: bool, items: str, complements: list[str]) -> str:
-    """A class whose class escapes are spelled out: ``items`` (the positive
-    ones inlined), and the sets whose complements it also holds (``\\D``,
-    ``\\W``, ``\\S``, which a class cannot inline)."""
-    if not complements:
-        return f"[^{items}]" if negated else f"[{items}]"
-    if not negated:  # in items, or outside one of the sets
-        alternatives = ([f"[{items}]"] if items else []) + [f"[^{c}]" for c in complements]
-        return f"(?:{'|'.join(alternatives)})"
-    # [^...]: in none of the items, and inside every one of the sets
-    *others, last = complements
-    parts = ([f"(?![{items}])"] if items else []) + [f"(?=[{c}])" for c in others]
-    return f"(?:{''.join(parts)}[{last}])"
 
 
 def scan_pattern(pattern: str) -> tuple[str | None, str | None, str | None]:
@@ -744,17 +559,10 @@ def scan_pattern(pattern: str) -> tuple[str | None, str | None, str | None]:
 
 
 def engine_pattern(pattern: str) -> str | None:
-    """The text to give the engine for ``pattern`` (valid ECMA-262, checked by
-    :func:`pattern_syntax_error`), or ``None`` to give it as it is.
-
-    A pattern holding a lookaround or a backreference runs on the engine's
-    backtracking path, where ``\\d``, ``\\w``, ``\\s``, ``\\b`` and ``.``
-    are Unicode-aware (``\\d`` matches ``"٣"``, ``.`` matches ``"\\r"``).
-    Such a pattern is given with each of them spelled out as the explicit
-    class ECMA-262 means (``[0-9]``; ``\\b`` as ASCII word lookarounds),
-    which both engine paths read alike.  Any other pattern runs on the
-    linear path, which already follows ECMA-262 there: it is given as is.
-    """
+    """The text to give the engine for the valid ``pattern``, or ``None`` to
+    give it as it is: on the engine's backtracking path (a lookaround or a
+    backreference), ``\\d``, ``\\w``, ``\\s``, ``\\b`` and ``.`` spelled out as
+    the explicit classes ECMA-262 means."""
     return scan_pattern(pattern)[2]
 
 

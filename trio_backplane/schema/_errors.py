@@ -9,6 +9,8 @@ import jsonschema_rs
 from ..errors import Error, ErrorClass
 
 LIMIT_MESSAGE: Final = "JSON Schema resource limit exceeded"
+#: The length a message quoted from elsewhere is cut to.
+MAX_MESSAGE: Final = 500
 _REGEX_FAILURE_KINDS: Final = (
     jsonschema_rs.ValidationErrorKind.BacktrackLimitExceeded,
     jsonschema_rs.ValidationErrorKind.RegexEngineFailure,
@@ -21,7 +23,7 @@ _CONTEXT_KINDS: Final = (
 
 
 def limit_error(reason: str, limit: str, maximum: int, **extra: Any) -> Error:
-    """A refusal under a ``Limits`` field (SCH-31..SCH-39)."""
+    """A refusal under a ``Limits`` field."""
     return Error(
         ErrorClass.EXECUTION_FAILURE,
         LIMIT_MESSAGE,
@@ -53,3 +55,8 @@ def regex_failure(errors: list[jsonschema_rs.ValidationError]) -> str | None:
             for branch in kind.context:
                 stack.extend(branch)
     return None
+
+
+def cause(exc: BaseException) -> str:
+    """``exc`` as a short text for an error's ``cause`` detail."""
+    return f"{type(exc).__name__}: {exc}"[:MAX_MESSAGE]

@@ -1,19 +1,7 @@
-"""The JSON data check every instance passes before the engine sees it.
-
-jsonschema-rs reads Python objects lazily and trusts them: a set in an
-unconstrained property passes, an integer over 4 300 digits reads as 0,
-``nan`` passes every numeric bound, and an instance nested deep enough
-overflows the native stack.  One pass here closes all of that: exact JSON
-types (``dict`` with ``str`` keys, ``list``, ``str`` without lone surrogates,
-``int``, finite ``float``, ``bool``, ``None``), nesting and encoded size.
-
-The pass is a depth-first, pre-order walk with an explicit stack (no Python
-recursion), dictionaries in insertion order.  The first violation met wins;
-the running size is checked after each node, so a shared sub-list repeated
-into a billion-node tree is refused after ``max_bytes`` steps.  The C
-accelerator (``_speedups.check``) implements exactly this walk; the Python
-walk is the reference and the failure path (it also reports the path).
-"""
+"""The JSON data check every instance passes before the engine sees it:
+exact JSON types, nesting and encoded size, in one pre-order walk without
+Python recursion.  The C accelerator (``_speedups.check``) implements the
+same walk; this one is the reference, and reports where a violation is."""
 
 from __future__ import annotations
 
@@ -67,6 +55,29 @@ def json_pointer(path: Sequence[str | int]) -> str:
 _pointer = json_pointer
 
 
+def _scalar_size(value: Any, t: type) -> int | tuple[str, str]:
+    """Bytes of the JSON scalar ``value`` (of type ``t``), or why it is none:
+    ``(reason, detail)``."""
+    if t is str:
+        try:
+            return _string_size(value)
+        except UnicodeEncodeError:
+            return ("not_json", "string holds a lone surrogate")
+    if t is int:
+        if value >= _TEN_POW or value <= -_TEN_POW:
+            return ("integer_too_large", f"integer has more than {INT_DIGITS_LIMIT} digits")
+        return len(str(value))
+    if t is float:
+        if value - value != 0.0:
+            return ("not_json", f"{value!r} is not a JSON number")
+        return len(repr(value))
+    if value is True or value is None:
+        return 4
+    if value is False:
+        return 5
+    return ("not_json", f"{t.__name__} is not a JSON type")
+
+
 def check_python(obj: Any, max_depth: int, max_bytes: int) -> Violation | None:
     """Walk ``obj``; return the first violation, or ``None`` if it is JSON data
     within ``max_depth`` nesting and ``max_bytes`` encoded bytes.
@@ -90,29 +101,11 @@ def check_python(obj: Any, max_depth: int, max_bytes: int) -> Violation | None:
                 stack.append([iter(value.items()), True, 0])
             else:
                 stack.append([enumerate(value), False, 0])
-        elif t is str:
-            try:
-                size += _string_size(value)
-            except UnicodeEncodeError:
-                return ("not_json", _pointer(path), "string holds a lone surrogate")
-        elif t is int:
-            if value >= _TEN_POW or value <= -_TEN_POW:
-                return (
-                    "integer_too_large",
-                    _pointer(path),
-                    f"integer has more than {INT_DIGITS_LIMIT} digits",
-                )
-            size += len(str(value))
-        elif t is float:
-            if value - value != 0.0:
-                return ("not_json", _pointer(path), f"{value!r} is not a JSON number")
-            size += len(repr(value))
-        elif value is True or value is None:
-            size += 4
-        elif value is False:
-            size += 5
         else:
-            return ("not_json", _pointer(path), f"{t.__name__} is not a JSON type")
+            cost = _scalar_size(value, t)
+            if isinstance(cost, tuple):
+                return (cost[0], _pointer(path), cost[1])
+            size += cost
         if size > max_bytes:
             return ("input_too_large", _pointer(path), f"encoding exceeds {max_bytes} bytes")
         # Advance to the next value in pre-order.

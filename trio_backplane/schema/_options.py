@@ -18,15 +18,9 @@ _DEFAULT_DIALECTS: Final = frozenset({"2020-12"})
 #: A loader maps a URI without fragment to a schema (a mapping or a bool).
 SchemaLoader = Callable[[str], Any]
 
-# A bound beyond which a limit protects nothing.  The engine recurses on the
-# instance once per schema level it applies at each instance level, on the
-# native stack of the calling thread: measured on an 8 MiB stack, a recursive
-# schema of 12 nested anyOf (with unevaluatedProperties) per instance level
-# crashed the process on an instance 512 levels deep (and one of 6 at 1 000),
-# where 384 levels held (a classed engine_failure); deeper nesting is refused
-# by the fan-out bounds.  The schema's own JSON nests within this too (the
-# fingerprint's encoder recurses in Python: 1 200 levels raised).  So every
-# depth setting stays at most 256.
+# Deeper, a limit protects nothing: the engine recurses on the native stack,
+# where an instance 512 levels deep crashed the process under a recursive
+# schema, and the fingerprint's encoder recurses in Python.
 _MAX_DEPTH_SETTING: Final = 256
 
 
@@ -50,10 +44,10 @@ def _positive_int(instance: Any, attribute: attrs.Attribute[int], value: Any) ->
 @final
 @attrs.frozen
 class Limits:
-    """Fail-closed bounds on schemas and instances (BEHAVIOURS.md, SCH).
+    """Fail-closed bounds on schemas and instances.
 
-    ``Limits()`` is :meth:`host`, the spec 000 preset for host-authored tool
-    schemas; :meth:`mcp` is the spec 003 preset for schemas a server supplies.
+    ``Limits()`` is :meth:`host`, the preset for host-authored tool schemas;
+    :meth:`mcp` is the preset for schemas a server supplies.
     Change one bound with ``attrs.evolve(Limits.mcp(), max_schema_bytes=...)``.
     """
 
@@ -71,12 +65,12 @@ class Limits:
 
     @classmethod
     def host(cls) -> Limits:
-        """Spec 000 defaults for host-authored tool schemas (``== Limits()``)."""
+        """The defaults for host-authored tool schemas (``== Limits()``)."""
         return cls._HOST
 
     @classmethod
     def mcp(cls) -> Limits:
-        """Spec 003 defaults for server-supplied schemas: 64 JSON levels,
+        """The defaults for server-supplied schemas: 64 JSON levels,
         32 subschema levels, 1 000 subschemas, 256 KiB."""
         return cls._MCP
 

@@ -1,38 +1,12 @@
-"""RFC 3986 reference resolution for JSON Schema ``$id`` and ``$ref``.
-
-:func:`urllib.parse.urljoin` only joins for a fixed list of schemes, so it
-returns ``"#/$defs/bar"`` unchanged against ``urn:uuid:...`` and cannot place
-``other.json`` under ``json-schema:///``.  :func:`resolve` implements the
-generic algorithm of RFC 3986 section 5.2 for any scheme: the strict parser of
-section 5.2.1 (a reference with its own scheme is taken as is, even when it is
-the base's), the transform of 5.2.2 with ``merge`` (5.2.3) and
-``remove_dot_segments`` (5.2.4), and the recomposition of 5.3.
-
-Nothing is normalized beyond that: percent-encoding, case and the base URI
-itself are left as they are (the RFC makes base normalization optional), so an
-empty reference gives back the base without its fragment, unchanged.
-
-Two guards keep every result re-parseable as the same URI, which the RFC's
-recomposition does not on its own (WHATWG URL does the same):
-
-* a path that starts with ``//`` and has no authority is written ``/.//...``
-  (``"a:/b"`` + ``"/.//c"`` is ``"a:/.//c"``, not ``"a://c"`` whose ``c`` would
-  read back as an authority);
-* a relative result (no scheme, no authority) whose path starts with what reads
-  as a scheme (``a:b``) is written ``./a:b``.
-
-The parser is the regular expression of RFC 3986 Appendix B, with one
-tightening: a scheme must match ``ALPHA *( ALPHA / DIGIT / "+" / "-" / "." )``
-(section 3.1); text before a ``:`` that is not a scheme is part of the path.
-Every string parses, so nothing here raises.
-"""
+"""URI references for ``$id`` and ``$ref``: RFC 3986 resolution for every
+scheme, and the identity the engine compares URIs by."""
 
 from __future__ import annotations
 
 import re
 from typing import Final, NamedTuple
 
-__all__ = ["is_absolute", "resolve", "split_fragment"]
+__all__ = ["identity_key", "is_absolute", "resolve", "split_fragment"]
 
 # RFC 3986 Appendix B, with the scheme syntax of section 3.1.
 _URI_REFERENCE: Final = re.compile(
@@ -44,6 +18,9 @@ _URI_REFERENCE: Final = re.compile(
     re.DOTALL,
 )
 _SCHEME_PREFIX: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
+_DEFAULT_PORTS: Final = {"http": ":80", "https": ":443", "ws": ":80", "wss": ":443"}
+_PERCENT: Final = re.compile(r"%([0-9A-Fa-f]{2})")
+_UNRESERVED: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 
 
 class _Parts(NamedTuple):
@@ -112,7 +89,9 @@ def _merge(base: _Parts, reference_path: str) -> str:
 
 
 def _recompose(parts: _Parts) -> str:
-    """RFC 3986 section 5.3, plus the two re-parse guards of the module docstring."""
+    """RFC 3986 section 5.3, guarded so that the result parses back the same:
+    a path starting ``//`` without authority is written ``/.//``, and a
+    relative path that reads as a scheme (``a:b``) is written ``./a:b``."""
     scheme, authority, path, query, fragment = parts
     pieces: list[str] = []
     if scheme is not None:
@@ -134,8 +113,9 @@ def _recompose(parts: _Parts) -> str:
 def resolve(base: str, reference: str) -> str:
     """Resolve ``reference`` against ``base`` (RFC 3986 section 5.2, strict parser).
 
-    Works for every scheme (``urn:``, ``tag:``, ``json-schema:///``, ...).  An
-    empty reference yields ``base`` without its fragment.
+    Works for every scheme (``urn:``, ``tag:``, ``json-schema:///``, ...), unlike
+    :func:`urllib.parse.urljoin`.  Nothing is normalized: an empty reference
+    yields ``base`` without its fragment, unchanged.  Never raises.
     """
     r = _parse(reference)
     if r.scheme is not None:
@@ -169,3 +149,33 @@ def split_fragment(uri: str) -> tuple[str, str]:
 def is_absolute(uri: str) -> bool:
     """Whether ``uri`` has a scheme (a fragment is allowed)."""
     return _parse(uri).scheme is not None
+
+
+def _percent(match: re.Match[str]) -> str:
+    char = chr(int(match.group(1), 16))
+    return char if char in _UNRESERVED else f"%{match.group(1).upper()}"
+
+
+def identity_key(identifier: str) -> str:
+    """``identifier`` as the engine tells identifiers apart, or coarser: two
+    identifiers with one key are refused as one declared twice, never confused.
+
+    Scheme and host lower-cased, a default port dropped, an empty path made
+    ``/``, percent-encoding normalized (RFC 3986 6.2.2).
+    """
+    if "%" in identifier:
+        identifier = _PERCENT.sub(_percent, identifier)
+    scheme, sep, rest = identifier.partition("://")
+    if not sep:
+        scheme, colon, rest = identifier.partition(":")
+        return f"{scheme.lower()}{colon}{rest}" if colon else identifier
+    scheme = scheme.lower()
+    authority, slash, tail = rest.partition("/")
+    if not slash:  # "https://a.test#x": the authority ends at the fragment
+        authority, hash_, fragment = authority.partition("#")
+        tail = f"{hash_}{fragment}"
+    authority = authority.lower()
+    port = _DEFAULT_PORTS.get(scheme)
+    if port is not None and authority.endswith(port):
+        authority = authority[: -len(port)]
+    return f"{scheme}://{authority}/{tail}"
