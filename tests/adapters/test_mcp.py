@@ -29,6 +29,9 @@ from trio_backplane.adapters.mcp import (
     McpCatalog,
     McpToolSource,
     ValidatorCache,
+    _catalog,
+    _connect,
+    _wire,
     connect_stdio,
 )
 from trio_backplane.errors import Error, ErrorClass
@@ -138,15 +141,15 @@ class CountingValidator:
 @pytest.fixture
 def bounds_log(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
     log: list[tuple[str, Any]] = []
-    real = mcp_adapter.check_bounds
+    real = _catalog.check_bounds
 
     def counting(schema: Any, limits: Any = None, allow_external_refs: bool = False) -> None:
         log.append(("bounds", schema))
-        assert limits == mcp_adapter.Limits.mcp()
+        assert limits == _catalog.Limits.mcp()
         assert allow_external_refs is False
         real(schema, limits, allow_external_refs)
 
-    monkeypatch.setattr(mcp_adapter, "check_bounds", counting)
+    monkeypatch.setattr(_catalog, "check_bounds", counting)
     return log
 
 
@@ -177,7 +180,7 @@ async def test_mcp_01_an_sdk_without_the_raw_dispatch_hook_keeps_its_own_models(
     read results as sent, sessions fall back to the SDK's own result models:
     listing and calling still work (only MCP-03/06/10's per-item handling
     is then the SDK's)."""
-    monkeypatch.setattr(mcp_adapter, "_RAW_DISPATCH", False)
+    monkeypatch.setattr(_wire, "_RAW_DISPATCH", False)
     async with server() as source:
         assert "lookup" in source.catalog.tools
         result = await source.call_tool("lookup", {"user": {"id": 1}, "mode": "fast"})
@@ -747,7 +750,7 @@ def test_the_sdks_own_connection_losses_are_transient(
     server on a healthy connection is a refusal (``execution_failure``)."""
     from mcp.shared.exceptions import MCPError
 
-    from trio_backplane.adapters.mcp import _mcp_error
+    from trio_backplane.adapters.mcp._errors import mcp_error as _mcp_error
 
     error = _mcp_error("tools/call", MCPError(code=-32000, message=message, data=data), tool="t")
     expected = ErrorClass.TRANSIENT_TRANSPORT if closed else ErrorClass.EXECUTION_FAILURE
@@ -767,7 +770,7 @@ async def test_mcp_06_a_listing_that_never_ends_is_refused(
     """MCP-06 (a listing must end): a server repeating a tools/list cursor,
     or sending new ones forever, fails connect with a classed
     ``malformed_result`` instead of hanging (and growing) forever."""
-    monkeypatch.setattr(mcp_adapter, "_MAX_LIST_PAGES", 20)
+    monkeypatch.setattr(_wire, "_MAX_LIST_PAGES", 20)
     with trio.fail_after(20), pytest.raises(Error) as info:
         async with raw_server({"RAW_PAGING": paging}):
             raise AssertionError("connected to a listing that never ends")
@@ -780,7 +783,7 @@ async def test_mcp_06_a_listing_of_too_many_tools_is_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """MCP-06: the tools of one listing are bounded too, last page included."""
-    monkeypatch.setattr(mcp_adapter, "_MAX_LISTED_TOOLS", 3)
+    monkeypatch.setattr(_wire, "_MAX_LISTED_TOOLS", 3)
     tools = [{"name": f"t{i}", "inputSchema": {"type": "object"}} for i in range(4)]
     with trio.fail_after(20), pytest.raises(Error) as info:
         async with raw_server({"RAW_TOOLS": json.dumps(tools)}):
@@ -1012,7 +1015,7 @@ async def test_host_timeout_on_a_failed_connection_is_too_slow(
     never reports) is TooSlowError: a cancellation from outside propagates
     as it is, not as a raw ExceptionGroup of the transport's errors (the
     rule ``_open`` documents; no MCP- behaviour covers the transport)."""
-    real = mcp_adapter.StdioServerParameters
+    real = _connect.StdioServerParameters
 
     def strict(**options: Any) -> Any:
         return real(**{**options, "encoding_error_handler": "strict"})
@@ -1022,6 +1025,6 @@ async def test_host_timeout_on_a_failed_connection_is_too_slow(
             scope.deadline = trio.current_time() + 0.5  # connected: the host waits no more
             await source.call_tool("plain", {})
 
-    monkeypatch.setattr(mcp_adapter, "StdioServerParameters", strict)
+    monkeypatch.setattr(_connect, "StdioServerParameters", strict)
     with pytest.raises(trio.TooSlowError), trio.fail_after(30) as scope:
         await call_until(scope)

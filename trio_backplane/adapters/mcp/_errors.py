@@ -1,0 +1,83 @@
+"""What the SDK and the transport raise, as classed errors."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from ...errors import Error, ErrorClass
+from ._sdk import MCPError, mcp_types
+
+__all__ = ["MAX_CAUSE", "Unparsed", "mcp_error", "transport_error"]
+
+#: The most of a cause or a server's message an error's details keep.
+MAX_CAUSE: Final = 500
+#: What the SDK itself says (code -32000, no data) when a connection is lost,
+#: over stdio or streamable HTTP (a request whose response can never arrive).
+_SDK_CONNECTION_CLOSED: Final = frozenset(
+    {
+        "Connection closed",
+        "SSE stream ended without a response",
+        "SSE stream ended and reconnection attempts were exhausted",
+    }
+)
+_SDK_STREAM_FAILED: Final = "SSE stream failed: "
+
+
+class Unparsed:
+    """The ``data`` of the error a request fails with when its response
+    arrived but could not be parsed: no server can send this object."""
+
+    __slots__ = ("cause",)
+
+    def __init__(self, cause: str) -> None:
+        self.cause = cause
+
+
+def mcp_error(method: str, exc: MCPError, *, tool: str | None) -> Error:
+    """The classed error of a JSON-RPC error; uncertain for a ``tool`` call."""
+    details: dict[str, Any] = {
+        "method": method,
+        "code": exc.code,
+        "server_message": str(exc.message)[:MAX_CAUSE],
+    }
+    if tool is not None:
+        details["tool"] = tool
+        details["certainty"] = "uncertain"
+    if isinstance(exc.data, Unparsed):
+        del details["code"], details["server_message"]
+        details["reason"] = "unparseable_response"
+        details["cause"] = exc.data.cause
+        return Error(
+            ErrorClass.MALFORMED_RESULT,
+            f"MCP server sent a {method} response that is not valid JSON-RPC",
+            details,
+        )
+    if exc.code == mcp_types.REQUEST_TIMEOUT:
+        return Error(ErrorClass.TIMEOUT, f"MCP {method} timed out", details)
+    if _connection_closed(exc):
+        return Error(ErrorClass.TRANSIENT_TRANSPORT, "MCP connection closed", details)
+    return Error(ErrorClass.EXECUTION_FAILURE, f"MCP server refused {method}", details)
+
+
+def _connection_closed(exc: MCPError) -> bool:
+    """Whether the SDK itself reports the connection lost.
+
+    Its code, -32000, is also JSON-RPC's generic server error, which a
+    server on a healthy connection sends to refuse a request: only the
+    SDK's own errors (exactly their messages, no data) are a lost
+    connection.  A server sending one of those very messages would be
+    misread: a known limit.
+    """
+    if exc.code != mcp_types.CONNECTION_CLOSED or exc.data is not None:
+        return False
+    message = exc.message
+    return message in _SDK_CONNECTION_CLOSED or message.startswith(_SDK_STREAM_FAILED)
+
+
+def transport_error(method: str, exc: BaseException, *, tool: str | None) -> Error:
+    """``transient_transport`` for a stream that closed or broke under a request."""
+    details: dict[str, Any] = {"method": method, "cause": f"{type(exc).__name__}"}
+    if tool is not None:
+        details["tool"] = tool
+        details["certainty"] = "uncertain"
+    return Error(ErrorClass.TRANSIENT_TRANSPORT, "MCP connection failed", details)

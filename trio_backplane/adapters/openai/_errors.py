@@ -1,0 +1,103 @@
+"""How an attempt fails, classed, and how its error leaves: never with the
+API key in it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from ...errors import Error, ErrorClass
+from ._text import strict_loads, unicode
+
+__all__ = ["Failed", "http_error", "malformed", "redact", "stream_error", "transport"]
+
+_MAX_TEXT: Final = 500
+#: The shortest prefix of the key redacted where a text ends (a cut through an echo).
+_MIN_KEY_FRAGMENT: Final = 6
+_REDACTED: Final = "[redacted]"
+
+
+class Failed(Exception):
+    """The attempt's failure, raised from deep in the stream to end it."""
+
+    def __init__(self, error: Error) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+def malformed(message: str, detail: str) -> Error:
+    return Error(
+        ErrorClass.EXECUTION_FAILURE,
+        message,
+        {"reason": "malformed_stream", "detail": detail},
+    )
+
+
+def transport(message: str, exc: BaseException, reason: str) -> Error:
+    return Error(
+        ErrorClass.TRANSIENT_TRANSPORT,
+        message,
+        {"reason": reason, "cause": type(exc).__name__},
+    )
+
+
+def stream_error(message: Any) -> Error:
+    """An error the server reported mid-stream."""
+    return Error(
+        ErrorClass.TRANSIENT_TRANSPORT,
+        "provider reported an error mid-stream",
+        {"reason": "stream_error", "provider_message": unicode(str(message))[:500]},
+    )
+
+
+def http_error(status: int, text: str) -> Error:
+    """The error an HTTP status and its body's text make; the server's own
+    message from the JSON shapes servers use (``{"error": {"message"}}``,
+    ``{"error": "..."}``, ``{"message"}``, ``{"detail"}``), else the text."""
+    provider_message = text
+    try:
+        payload = strict_loads(text)
+    except (ValueError, RecursionError):
+        payload = None
+    if isinstance(payload, Mapping):
+        error = payload.get("error")
+        if isinstance(error, Mapping):
+            error = error.get("message")
+        for candidate in (error, payload.get("message"), payload.get("detail")):
+            if isinstance(candidate, str) and candidate:
+                provider_message = candidate
+                break
+    details = {"status": status, "provider_message": provider_message}
+    if status == 429 or status >= 500:
+        return Error(ErrorClass.TRANSIENT_TRANSPORT, f"provider answered HTTP {status}", details)
+    if status in (401, 403):
+        return Error(ErrorClass.FORBIDDEN, f"provider refused the request (HTTP {status})", details)
+    return Error(ErrorClass.VALIDATION, f"provider rejected the request (HTTP {status})", details)
+
+
+def _excerpt(text: str, api_key: str | None, limit: int | None = None) -> str:
+    """``text`` with the key redacted, then cut to ``limit``.
+
+    Redacting first means a key across the cut never survives as a prefix;
+    a prefix of the key still ending the text (a server that cut its own
+    echo) is redacted too.
+    """
+    if api_key:
+        text = text.replace(api_key, _REDACTED)
+    if limit is not None:
+        text = text[:limit]
+    if api_key:
+        for size in range(min(len(api_key), len(text)), _MIN_KEY_FRAGMENT - 1, -1):
+            if text.endswith(api_key[:size]):
+                return text[:-size] + _REDACTED
+    return text
+
+
+def redact(error: Error, api_key: str | None) -> Error:
+    """The error as it may leave: the key never back in through text a server
+    echoed, and server text (left whole until now) cut to ``_MAX_TEXT``."""
+    details = {
+        key: _excerpt(value, api_key, _MAX_TEXT) if isinstance(value, str) else value
+        for key, value in error.details.items()
+    }
+    return Error(error.error_class, _excerpt(error.message, api_key), details)

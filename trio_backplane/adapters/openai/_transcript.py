@@ -1,0 +1,101 @@
+"""Our transcript as chat-completions messages."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ._aliases import ToolAliases
+
+__all__ = ["transcript_messages"]
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list | tuple):
+        parts = [
+            str(block.get("text", ""))
+            for block in content
+            if isinstance(block, Mapping) and block.get("type") == "text"
+        ]
+        return "".join(parts)
+    return ""
+
+
+def _user_content(content: Any) -> Any:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list | tuple):
+        return [
+            {"type": "text", "text": str(block.get("text", ""))}
+            for block in content
+            if isinstance(block, Mapping) and block.get("type") == "text"
+        ]
+    return str(content)
+
+
+def _arguments_text(arguments: Any) -> str:
+    if isinstance(arguments, str):
+        return arguments
+    return json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
+
+
+def _tool_content(result: Any) -> str:
+    if not isinstance(result, Mapping):
+        return json.dumps(result, ensure_ascii=False)
+    text = _text_of(result.get("content"))
+    if not text and result.get("structured_content") is not None:
+        text = json.dumps(result["structured_content"], ensure_ascii=False)
+    return text
+
+
+def _assistant_message(content: Any, aliases: ToolAliases) -> dict[str, Any]:
+    """An assistant message: its text, and its ``tool_call`` blocks as ``tool_calls``."""
+    calls = []
+    if isinstance(content, list | tuple):
+        for block in content:
+            if isinstance(block, Mapping) and block.get("type") == "tool_call":
+                calls.append(
+                    {
+                        "id": str(block.get("id")),
+                        "type": "function",
+                        "function": {
+                            "name": aliases.alias(str(block.get("name"))),
+                            "arguments": _arguments_text(block.get("arguments")),
+                        },
+                    }
+                )
+    entry: dict[str, Any] = {"role": "assistant", "content": _text_of(content) or None}
+    if calls:
+        entry["tool_calls"] = calls
+    return entry
+
+
+def transcript_messages(messages: Iterable[Any], aliases: ToolAliases) -> list[dict[str, Any]]:
+    """Our transcript as chat-completions messages (tool names aliased).
+
+    A tool message's content is its result's text, or its
+    ``structured_content`` as JSON when it has no text.
+    """
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        if not isinstance(message, Mapping):
+            continue
+        role = message.get("role")
+        if role == "user":
+            out.append({"role": "user", "content": _user_content(message.get("content"))})
+        elif role == "system":
+            out.append({"role": "system", "content": _text_of(message.get("content"))})
+        elif role == "assistant":
+            out.append(_assistant_message(message.get("content"), aliases))
+        elif role == "tool":
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": str(message.get("tool_call_id")),
+                    "content": _tool_content(message.get("result")),
+                }
+            )
+    return out
