@@ -19,8 +19,8 @@ from tests.conftest import FIXTURES
 from trio_backplane import demo
 from trio_backplane.cli import main
 from trio_backplane.kernel import Command, RunRecord, thaw, transition
-from trio_backplane.recovery import RecoveryHarness
 from trio_backplane.store import PostgresStore, SQLiteStore
+from trio_backplane.testing import RecoveryHarness
 
 pytest_plugins = ["tests.store.postgres_fixture"]
 

@@ -72,8 +72,7 @@ NAMESPACES: dict[str, list[str]] = {
         "verify_receipt",
     ],
     "trio_backplane.recovery": [
-        "CRASH_WINDOWS", "DISPATCH_STATES", "EFFECT_CLASSES", "CrashReport", "EffectReport",
-        "RecoveryHarness", "RecoveryReport", "recover",
+        "DISPATCH_STATES", "EFFECT_CLASSES", "EffectReport", "RecoveryReport", "recover",
     ],
     "trio_backplane.runtime": [
         "Continue", "Conversation", "DeadlineBudget", "Event", "HookContext", "Hooks", "Phase",
@@ -83,8 +82,8 @@ NAMESPACES: dict[str, list[str]] = {
         "open_conversation",
     ],
     "trio_backplane.testing": [
-        "STO_11_CHECKS", "FaultyStore", "Hang", "Raise", "ScriptedProvider", "Sleep",
-        "StoreConformance",
+        "CRASH_WINDOWS", "STO_11_CHECKS", "CrashReport", "FaultyStore", "Hang", "Raise",
+        "RecoveryHarness", "ScriptedProvider", "Sleep", "StoreConformance",
     ],
     "trio_backplane.adapters.mcp": [
         "CACHE_SIZE", "MCP_SCHEMA_OPTIONS", "BoundaryValidator", "McpCatalog", "McpRefreshTool",

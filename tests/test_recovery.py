@@ -13,15 +13,9 @@ from hypothesis import strategies as st
 
 from trio_backplane import Error, ErrorClass
 from trio_backplane.kernel import Command, RunRecord, transition
-from trio_backplane.recovery import (
-    CRASH_WINDOWS,
-    CrashReport,
-    EffectReport,
-    RecoveryHarness,
-    RecoveryReport,
-    recover,
-)
+from trio_backplane.recovery import EffectReport, RecoveryReport, recover
 from trio_backplane.store import MemoryStore, SQLiteStore
+from trio_backplane.testing import CRASH_WINDOWS, CrashReport, RecoveryHarness
 
 
 def _running() -> RunRecord:

@@ -30,10 +30,8 @@ is read-only: nothing in the world depends on it, so the host may discard it
 after a confirmed cleanup (``EffectReport.discardable``); it is still never
 safe to *resume* unless it is known not to have been dispatched.
 
-``RecoveryHarness.crash`` simulates a crash at a named window against a real
-store: it commits what the executor had made durable by then, forgets the
-executor, reloads the run, classifies it with ``recover`` and fences the old
-incarnation.
+``trio_backplane.testing.RecoveryHarness`` simulates such a crash against
+a real store, for tests.
 """
 
 from __future__ import annotations
@@ -43,16 +41,13 @@ from typing import Any, Final, final
 
 import attrs
 
-from .errors import Error, ErrorClass, require_methods
-from .kernel import Command, RunRecord, cleanup_requirements, is_time, thaw, transition
+from .errors import Error, ErrorClass
+from .kernel import RunRecord, cleanup_requirements, thaw
 
 __all__ = [
-    "CRASH_WINDOWS",
     "DISPATCH_STATES",
     "EFFECT_CLASSES",
-    "CrashReport",
     "EffectReport",
-    "RecoveryHarness",
     "RecoveryReport",
     "recover",
 ]
@@ -61,8 +56,6 @@ __all__ = [
 EFFECT_CLASSES: Final = frozenset({"read_only", "idempotent", "mutation"})
 #: Dispatch states a recorded intent may carry; anything else reads ``"unknown"``.
 DISPATCH_STATES: Final = frozenset({"not_dispatched", "dispatched", "unknown"})
-#: Crash windows :meth:`RecoveryHarness.crash` simulates.
-CRASH_WINDOWS: Final = ("before_dispatch", "after_mutation", "before_result", "after_terminal")
 
 _RESUMABLE: Final = frozenset({"read_only", "idempotent"})
 _OUTSTANDING: Final = frozenset({"started", "uncertain"})
@@ -179,135 +172,3 @@ def recover(record: RunRecord, *, incarnation: int) -> RecoveryReport:
         terminal=record.terminal,
         unsettled=thaw(cleanup_requirements(record)),
     )
-
-
-@final
-@attrs.frozen
-class CrashReport:
-    """What a crash in ``window`` left behind.
-
-    ``accepted``: the run's outcome was durably accepted before the crash (a
-    terminal state is stored).  ``safe_to_withdraw``: every outstanding effect
-    may be withdrawn without reconciliation (and there is one to withdraw).
-    ``recovery`` is the classification of the reloaded record and ``record``
-    the record as reloaded after the crash, before fencing.
-    """
-
-    window: str
-    accepted: bool
-    safe_to_withdraw: bool
-    recovery: RecoveryReport | None = None
-    record: RunRecord | None = None
-
-
-@final
-class RecoveryHarness:
-    """Simulate crashes against a store and classify what they leave behind."""
-
-    @staticmethod
-    async def crash(
-        store: Any, record: RunRecord, window: str, *, fence: bool = True, at: float = 0.0
-    ) -> CrashReport:
-        """Crash an executor of ``record`` in ``window`` and recover.
-
-        ``record`` is the run as last committed (it is created first if the
-        store does not hold it and it is at revision 0); the harness brings it
-        to a step where a tool may be invoked, then commits what the executor
-        made durable before the crash:
-
-        * ``"before_dispatch"``: a mutation's intent, ``not_dispatched``;
-        * ``"after_mutation"``: the intent, ``dispatched``, and no result;
-        * ``"before_result"``: the intent with its dispatch never confirmed
-          (``unknown``) and no result;
-        * ``"after_terminal"``: the intent, its result and the run's terminal
-          ``completed`` state.
-
-        It then drops the executor, reloads the run from ``store``, classifies
-        it with :func:`recover` for the next incarnation and (``fence=True``)
-        fences the old one with ``store.fence``, which a store without fencing
-        refuses with ``unsupported_capability``.
-        """
-        if window not in CRASH_WINDOWS:
-            raise Error(ErrorClass.VALIDATION, "invalid crash window", {"window": repr(window)})
-        if not isinstance(record, RunRecord):
-            raise Error(ErrorClass.VALIDATION, "the crash harness needs a RunRecord")
-        require_methods(store, "store", ("create", "load", "commit", "fence"))
-        if not is_time(at):  # checked before anything is stored
-            raise Error(
-                ErrorClass.VALIDATION,
-                "at must be a finite number: the time of the harness's first command",
-                {"type": type(at).__name__},
-            )
-        clock = [float(at)]
-
-        async def apply(current: RunRecord, kind: str, **data: Any) -> RunRecord:
-            clock[0] += 1.0
-            new, events = transition(current, Command(kind, at=clock[0], input=data))
-            await store.commit(
-                current.run_id,
-                incarnation=current.incarnation,
-                expected_revision=current.revision,
-                record=new,
-                events=events,
-            )
-            return new
-
-        current = record
-        if await store.load(record.run_id) is None:
-            await store.create(record)
-        if current.state == "queued":
-            if current.admitted:
-                current = await apply(current, "start")
-            else:
-                current = await apply(current, "admit", state="running")
-        if current.state != "running":
-            raise Error(
-                ErrorClass.VALIDATION,
-                "the crash harness needs a running run",
-                {"state": current.state},
-            )
-        if current.active_provider is not None:
-            current = await apply(current, "provider_completed", final=False)
-        if current.step_id is None:
-            current = await apply(current, "provider_started")
-            current = await apply(current, "provider_completed", final=False)
-        dispatch = {
-            "before_dispatch": "not_dispatched",
-            "after_mutation": "dispatched",
-            "before_result": "unknown",
-            "after_terminal": "dispatched",
-        }[window]
-        before = set(current.active_tools)
-        current = await apply(
-            current,
-            "tool_invoked",
-            tool_name="crash_harness.mutation",
-            effect_class="mutation",
-            dispatch_state=dispatch,
-        )
-        if window == "after_terminal":
-            (invocation_id,) = set(current.active_tools) - before
-            current = await apply(
-                current, "tool_completed", invocation_id=invocation_id, result={"ok": True}
-            )
-            current = await apply(current, "finish", status="completed")
-        # The crash: the executor's memory (``current``) is gone; only the
-        # store remains.
-        del current
-        loaded = await store.load(record.run_id)
-        if loaded is None:
-            raise Error(
-                ErrorClass.STORAGE_FAILED,
-                "the store lost the run across the crash",
-                {"run_id": record.run_id},
-            )
-        report = recover(loaded, incarnation=loaded.incarnation + 1)
-        if fence:
-            await store.fence(loaded.run_id, incarnation=report.incarnation)
-        return CrashReport(
-            window=window,
-            accepted=loaded.terminal,
-            safe_to_withdraw=not loaded.terminal and report.safe_to_withdraw,
-            recovery=report,
-            record=loaded,
-        )
