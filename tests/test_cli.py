@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from tests.conftest import FIXTURES
-from trio_backplane import demo
+from trio_backplane.cli import _demo as demo
 from trio_backplane.cli import main
 from trio_backplane.kernel import Command, RunRecord, thaw, transition
 from trio_backplane.store import PostgresStore, SQLiteStore

@@ -1,0 +1,7 @@
+"""``python -m trio_backplane.cli``: the ``backplane`` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

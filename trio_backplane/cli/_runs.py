@@ -1,0 +1,348 @@
+"""``backplane runs list|show|recover STORE_URL``: read the runs of a store."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO
+
+import attrs
+import trio
+
+from ..errors import Error, ErrorClass
+from ..kernel import RUN_STATES, encode_record, thaw
+from ..recovery import RecoveryReport, recover
+from ._output import EXIT_OK, EXIT_REJECTED, EXIT_USAGE, Out, clean, error_text, reason, short
+from ._urls import UsageError, hide_dsn_secret, open_store
+
+
+def add_parser(commands: Any) -> None:
+    """Add ``runs list``, ``runs show`` and ``runs recover`` to the top-level ``commands``."""
+    runs_cmd = commands.add_parser(
+        "runs",
+        help="inspect the runs of a store",
+        description="STORE_URL is sqlite:///relative/path, sqlite:////absolute/path, a bare "
+        "path, or a postgresql:// DSN.",
+    )
+    runs_sub = runs_cmd.add_subparsers(dest="runs_command", required=True)
+    runs_list = runs_sub.add_parser("list", help="every run: state, incarnation, revision, work")
+    runs_list.add_argument("store", metavar="STORE_URL")
+    runs_list.add_argument(
+        "--state",
+        action="append",
+        metavar="STATE",
+        choices=sorted(RUN_STATES),
+        help="only runs in STATE (repeatable): " + ", ".join(sorted(RUN_STATES)),
+    )
+    runs_show = runs_sub.add_parser(
+        "show", help="one run: transcript, intents (status, effect_class), outcome, budget"
+    )
+    runs_show.add_argument("store", metavar="STORE_URL")
+    runs_show.add_argument("run_id", metavar="RUN_ID")
+    runs_recover = runs_sub.add_parser(
+        "recover",
+        help="the recovery classification of a run (read-only unless --fence)",
+    )
+    runs_recover.add_argument("store", metavar="STORE_URL")
+    runs_recover.add_argument("run_id", metavar="RUN_ID")
+    runs_recover.add_argument(
+        "--incarnation",
+        type=int,
+        metavar="N",
+        help="the recovering incarnation (default: the stored one + 1)",
+    )
+    runs_recover.add_argument(
+        "--fence",
+        action="store_true",
+        help="also fence the stored incarnation (Store.fence): it can never commit again",
+    )
+    for command in (runs_list, runs_show, runs_recover):
+        command.add_argument("--json", action="store_true", help="print JSON instead of tables")
+        command.set_defaults(handler=runs_command)
+
+
+def runs_command(args: argparse.Namespace, out: TextIO) -> int:
+    """Run one ``runs`` subcommand; status 2 for a store URL that names no store."""
+    try:
+        _check_run_id(getattr(args, "run_id", None))
+        fencing = args.runs_command == "recover" and args.fence
+        store = open_store(args.store, writing=fencing)
+    except UsageError as exc:
+        print(hide_dsn_secret(f"backplane: {exc}", args.store), file=sys.stderr)
+        return EXIT_USAGE
+    handler = {"list": _list, "show": _show, "recover": _recover}[args.runs_command]
+    view = Out(out)
+    try:
+        status: int = trio.run(_with_store, store, handler, args, view)
+    except Error as error:
+        view.stop()
+        print(hide_dsn_secret(f"backplane: {reason(error)}", args.store), file=sys.stderr)
+        # a database that holds no store is a usage mistake, as a SQLite file is
+        return EXIT_USAGE if error.details.get("reason") == "not_a_store" else EXIT_REJECTED
+    return status
+
+
+def _check_run_id(run_id: str | None) -> None:
+    """Refuse a run id that is not UTF-8 (``$'caf\\xe9'`` arrives with
+    surrogate escapes): it can name no stored run."""
+    if run_id is None:
+        return
+    try:
+        run_id.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"run id {clean(ascii(run_id))} is not valid UTF-8") from None
+
+
+async def _with_store(store: Any, handler: Any, args: argparse.Namespace, out: Out) -> int:
+    async with store:
+        status: int = await handler(store, args, out)
+        return status
+
+
+async def _load(store: Any, run_id: str) -> Any:
+    record = await store.load(run_id)
+    if record is None:
+        raise Error(ErrorClass.NOT_FOUND, f"no run {run_id!r} in the store")
+    return record
+
+
+# -- runs list ----------------------------------------------------------------------
+
+
+async def _list(store: Any, args: argparse.Namespace, out: Out) -> int:
+    out.spin("listing runs…")
+    summaries = await store.list_runs(states=args.state or None)
+    out.stop()
+    rows = []
+    with out.progress("reading runs", len(summaries)) as advance:
+        for summary in summaries:
+            record = await store.load(summary.run_id)
+            advance()
+            messages = len(record.transcript) if record is not None else 0
+            used = f"{record.budget.used}/{record.budget.quota}" if record is not None else "?"
+            rows.append(
+                (
+                    summary.run_id,
+                    summary.state,
+                    summary.incarnation,
+                    summary.revision,
+                    used,
+                    messages,
+                )
+            )
+    if args.json:
+        keys = ("run_id", "state", "incarnation", "revision", "work", "messages")
+        out.file.write(
+            json.dumps([dict(zip(keys, row, strict=True)) for row in rows], indent=2) + "\n"
+        )
+        return EXIT_OK
+    out.table(
+        "runs",
+        ("run id", "state", "incarnation", "revision", "work", "messages"),
+        rows,
+        caption=f"{len(rows)} runs",
+    )
+    return EXIT_OK
+
+
+# -- runs show ----------------------------------------------------------------------
+
+
+async def _show(store: Any, args: argparse.Namespace, out: Out) -> int:
+    out.spin("loading the run…")
+    record = await _load(store, args.run_id)
+    events = await store.events(args.run_id)
+    out.stop()
+    if args.json:
+        out.file.write(json.dumps(encode_record(record), indent=2, default=str) + "\n")
+        return EXIT_OK
+    out.table(f"run {record.run_id}", ("", ""), _summary_rows(record, events), header=False)
+    out.table("transcript", ("role", "content"), _transcript_rows(record.transcript))
+    out.table(
+        "intents",
+        ("effect", "kind", "tool", "status", "effect_class", "dispatch_state"),
+        _intent_rows(record),
+    )
+    _show_outcome(out, record)
+    return EXIT_OK
+
+
+def _summary_rows(record: Any, events: Sequence[Any]) -> list[tuple[str, str]]:
+    budget = record.budget
+    reservations = ", ".join(sorted(budget.reservations)) or "none"
+    return [
+        ("state", record.state),
+        ("incarnation", str(record.incarnation)),
+        ("revision", str(record.revision)),
+        ("deadline", _instant(record.deadline)),
+        ("budget", f"{budget.used} of {budget.quota} used; reservations: {reservations}"),
+        ("stop reason", record.stop_reason or "-"),
+        ("stored events", f"{len(events)}"),
+    ]
+
+
+def _instant(at: float | None) -> str:
+    """A stored instant (seconds since the epoch, UTC) as ISO 8601."""
+    if at is None:
+        return "-"
+    try:
+        return datetime.datetime.fromtimestamp(at, datetime.UTC).isoformat(timespec="seconds")
+    except (OverflowError, OSError, ValueError):
+        return f"{at!r} (not a date)"
+
+
+def _transcript_rows(messages: Sequence[Any]) -> list[tuple[str, str]]:
+    rows: list[tuple[str, str]] = []
+    for message in messages:
+        if not isinstance(message, Mapping):
+            rows.append(("?", short(message)))
+            continue
+        role = str(message.get("role", "?"))
+        if role == "tool":
+            rows.append((f"tool {clean(message.get('name'))}", _tool_result(message)))
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            rows.append((role, short(content, 400)))
+        elif not isinstance(content, list | tuple):
+            rows.append((role, short(content)))
+        else:
+            rows.extend((role, _block_text(block)) for block in content)
+    return rows
+
+
+def _tool_result(message: Mapping[str, Any]) -> str:
+    result = message.get("result")
+    if not isinstance(result, Mapping):  # a host's own shape: shown as it is
+        return short(result, 200)
+    if result.get("is_error"):
+        return "✗ " + (error_text(result.get("error")) or short(result.get("content")))
+    return "✓ " + short(result.get("content"), 200)
+
+
+def _block_text(block: Any) -> str:
+    if isinstance(block, Mapping) and block.get("type") == "tool_call":
+        return f"→ {block.get('name')} {short(block.get('arguments'))}"
+    if isinstance(block, Mapping) and "text" in block:
+        return short(block.get("text"), 400)
+    return short(block)
+
+
+def _intent_rows(record: Any) -> list[tuple[Any, ...]]:
+    rows = []
+    for effect_id in sorted(record.intents, key=_effect_order):
+        intent = record.intents[effect_id]
+        rows.append(
+            (
+                effect_id,
+                intent.get("kind", effect_id.split(":", 1)[0]),
+                intent.get("tool_name") or "-",
+                intent.get("status", "?"),
+                intent.get("effect_class", "?"),
+                intent.get("dispatch_state", "-"),
+            )
+        )
+    return rows
+
+
+def _effect_order(effect_id: str) -> tuple[int, str]:
+    digits = re.findall(r"\d+", effect_id)
+    return (int(digits[-1]) if digits else 0, effect_id)
+
+
+def _show_outcome(out: Out, record: Any) -> None:
+    outcome = thaw(record.outcome) if record.outcome is not None else None
+    if outcome is None:
+        out.line(("outcome ", "bold"), "none yet (the run is not terminal)")
+        return
+    status = str(outcome.get("status", record.state))
+    error = outcome.get("error")
+    out.line(
+        ("outcome ", "bold"),
+        (status, "bold green" if status == "completed" else "bold red"),
+        f"  turn {outcome.get('turn_id')}" if outcome.get("turn_id") else "",
+        f"  {error_text(error)}" if error else "",
+    )
+
+
+# -- runs recover -------------------------------------------------------------------
+
+
+async def _recover(store: Any, args: argparse.Namespace, out: Out) -> int:
+    record = await _load(store, args.run_id)
+    incarnation = args.incarnation if args.incarnation is not None else record.incarnation + 1
+    report = recover(record, incarnation=incarnation)
+    if args.json:
+        data = attrs.asdict(report)
+        data["safe_to_withdraw"] = report.safe_to_withdraw
+        out.file.write(json.dumps(data, indent=2, default=str) + "\n")
+    else:
+        _show_report(out, report)
+    if args.fence:
+        receipt = await store.fence(args.run_id, incarnation=incarnation)
+        message = (
+            f"fenced: incarnation {record.incarnation} can no longer commit; the run is at "
+            f"incarnation {receipt.incarnation}, revision {receipt.revision}"
+        )
+        if args.json:
+            print(message, file=sys.stderr)
+        else:
+            out.line(("  " + message, "bold yellow"))
+    elif not args.json:
+        out.line(
+            (
+                f"  read-only: nothing was fenced (pass --fence to fence incarnation "
+                f"{record.incarnation})",
+                "dim",
+            )
+        )
+    return EXIT_OK
+
+
+def _show_report(out: Out, report: RecoveryReport) -> None:
+    out.line(
+        ("recovery of ", "bold"),
+        (report.run_id, "bold cyan"),
+        f"  for incarnation {report.incarnation} (fences incarnation {report.fenced_incarnation})",
+    )
+    out.line(("  state ", "dim"), report.state, ("  terminal" if report.terminal else "", "dim"))
+    if report.effects:
+        _show_effects(out, report)
+    elif not any(report.unsettled.get(k) for k in ("children", "dependencies")):
+        out.line("  no outstanding effects: nothing to withdraw, resume or reconcile")
+    else:
+        out.line("  no outstanding effects")
+    for kind in ("children", "dependencies"):
+        if report.unsettled.get(kind):
+            out.line(
+                (f"  unsettled {kind} (settle before resuming) ", "bold yellow"),
+                ", ".join(report.unsettled[kind]),
+            )
+    if report.uncertain_effects:
+        out.line(
+            ("  uncertain (reconcile by hand) ", "bold red"),
+            ", ".join(report.uncertain_effects),
+        )
+
+
+def _show_effects(out: Out, report: RecoveryReport) -> None:
+    out.table(
+        "outstanding effects",
+        ("effect", "kind", "effect_class", "dispatch_state", "status", "withdraw", "resume"),
+        [
+            (
+                e.effect_id,
+                e.kind,
+                e.effect_class,
+                e.dispatch_state,
+                e.status,
+                "safe" if e.safe_to_withdraw else "no",
+                "safe" if e.safe_to_resume else "no",
+            )
+            for e in report.effects
+        ],
+    )
