@@ -20,6 +20,7 @@ from trio_backplane.schema import (
     Limits,
     SchemaOptions,
     _preflight,
+    _recursion,
     cache_clear,
     cache_info,
     check_bounds,
@@ -29,6 +30,7 @@ from trio_backplane.schema import (
     validate_output,
     validate_schema,
 )
+from trio_backplane.schema._instance import json_pointer
 from trio_backplane.schema._options import normalize_dialects
 
 D2020 = "https://json-schema.org/draft/2020-12/schema"
@@ -1900,30 +1902,31 @@ def test_compiled_schema_errors_lists_entries_or_nothing() -> None:
 def _reference_multiplies(result: _preflight.Preflight) -> str | None:
     """Where the recursive fan-out check finds a schema multiplying, computed
     the plain way: every summary a new frozen set, the union of its sources'."""
-    component = result._components()
+    graph = result.graph
+    component = _recursion.components(graph)
     summary: dict[Any, frozenset[Any]] = {}
     try:
         for start in component:
             if start in summary:
                 continue
             summary[start] = frozenset()
-            stack = [(start, result._sources(start, component))]
+            stack = [(start, _recursion.sources(graph, start, component))]
             while stack:
                 loc, sources = stack[-1]
                 pending = next((s for g in sources for s in g if s not in summary), None)
                 if pending is not None:
                     summary[pending] = frozenset()
-                    stack.append((pending, result._sources(pending, component)))
+                    stack.append((pending, _recursion.sources(graph, pending, component)))
                     continue
                 stack.pop()
-                joined = result._local_steps(loc, component)
+                joined = _recursion.local_steps(graph, loc, component)
                 for group in sources:
                     steps = frozenset().union(*(summary[s] for s in group))
-                    if _preflight._clash(joined, steps) is not None:
-                        return _preflight._pointer(loc[1])
+                    if _recursion.clash(joined, steps) is not None:
+                        return json_pointer(loc[1])
                     joined |= steps
                 summary[loc] = joined
-    except _preflight._Multiplies as found:
+    except _recursion.Multiplies as found:
         return found.where
     return None
 
@@ -2223,6 +2226,49 @@ def test_sch_48_sch_50_both_dialects_positions_are_walked_under_a_nested_schema_
     with pytest.raises(Error) as exc:
         check_bounds(remote, allow_external_refs=False)
     assert refused(exc, ErrorClass.VALIDATION)["reason"] == "remote_ref"
+
+
+@pytest.mark.parametrize("way", ["registry", "loader"])
+def test_sch_48_the_root_document_alone_names_the_engine_dialect(way: str) -> None:
+    """SCH-48, SCH-01: with both dialects accepted, the schema's own root
+    decides which engine dialect evaluates it, never the root of a document
+    it references: a 2020-12 root referencing a draft-07 document keeps
+    ``prefixItems`` biting (it was ignored, so an invalid instance passed),
+    and a draft-07 root referencing a 2020-12 document keeps array
+    ``items``."""
+    both = frozenset({"2020-12", "draft-07"})
+    d07_doc = {"$schema": D07, "type": "integer"}
+    d2020_doc = {"$schema": D2020, "type": "integer"}
+
+    def source(uri: str, doc: dict[str, Any]) -> dict[str, Any]:
+        if way == "registry":
+            return {"schema_registry": {uri: doc}}
+        return {"schema_loader": lambda asked: doc if asked == uri else None}
+
+    modern = {
+        "type": "object",
+        "properties": {
+            "n": {"$ref": "https://example.test/int07"},
+            "pair": {"prefixItems": [{"type": "string"}]},
+        },
+    }
+    compiled = compile(modern, dialects=both, **source("https://example.test/int07", d07_doc))
+    assert compiled.errors({"n": 1, "pair": ["x"]}) == []
+    assert compiled.errors({"n": 1, "pair": [1]}) != []
+    assert compiled.errors({"n": "one"}) != []
+
+    legacy = {
+        "$schema": D07,
+        "type": "object",
+        "properties": {
+            "n": {"$ref": "https://example.test/int2020"},
+            "pair": {"items": [{"type": "string"}]},
+        },
+    }
+    compiled = compile(legacy, dialects=both, **source("https://example.test/int2020", d2020_doc))
+    assert compiled.errors({"n": 1, "pair": ["x"]}) == []
+    assert compiled.errors({"n": 1, "pair": [1]}) != []
+    assert compiled.errors({"n": "one"}) != []
 
 
 def test_sch_05_a_supported_vocabulary_listed_optional_still_applies() -> None:

@@ -78,12 +78,12 @@ class Dialects:
         #: custom meta-schemas in use, by URI
         self.metaschemas: dict[str, Any] = {}
         self.format_assertion_vocabulary = False
-        #: what the last document walked declares at its root
+        #: what the schema (document 0) declares at its root
         self.root = "2020-12"
 
     def declared(self, declared: str, path: Path, *, root: bool) -> str:
         """The dialect ``$schema: declared`` at ``path`` names; refuse one
-        not supported.  ``root``: at a document's root."""
+        not supported.  ``root``: at the schema's own root."""
         if self._bounds_only:
             return "2020-12" if _dialect_uri(declared) == DRAFT_2020_12 else "draft-07"
         dialect = self._named(declared, path)

@@ -14,11 +14,10 @@ from typing import Any, Final
 from . import _recursion
 from ._dialect import Dialects
 from ._fanout import check_annotation_fanout, check_cycles, check_fanout
-from ._graph import Location, SchemaGraph
-from ._instance import json_pointer
+from ._graph import SchemaGraph
 from ._options import Limits
 from ._patterns import Patterns
-from ._recursion import Multiplies as _Multiplies
+from ._recursion import Multiplies
 from ._references import References, Sources
 from ._walk import Walker
 
@@ -71,23 +70,6 @@ class Preflight:
         #: ``(schema path, instance step, reason)``: errors are withheld
         self.multiplies: tuple[str, str, str] | None = None
 
-    # The recursion check's parts, as the tests' plain reference drives them.
-    def _components(self) -> dict[Location, int]:
-        return _recursion.components(self.graph)
-
-    def _sources(self, loc: Location, component: dict[Location, int]) -> list[list[Location]]:
-        return _recursion.sources(self.graph, loc, component)
-
-    def _local_steps(
-        self, loc: Location, component: dict[Location, int]
-    ) -> frozenset[tuple[Any, ...]]:
-        return _recursion.local_steps(self.graph, loc, component)
-
-
-# What the tests' plain reference of the recursion check reads here.
-_clash = _recursion.clash
-_pointer = json_pointer
-
 
 def preflight(
     schema: Any,
@@ -120,7 +102,7 @@ def preflight(
     if graph.targets:  # else no recursion
         try:
             _recursion.find_multiplying(graph, _FANOUT_WORK)
-        except _Multiplies as found:
+        except Multiplies as found:
             result.multiplies = (found.where, found.step, found.reason)
     return result
 

@@ -154,7 +154,8 @@ class Walker:
         walked = graph.walked
         hidden = start != ()  # a reference target outside subschema positions
         stack: list[_Entry] = [(doc, start, base, dialect, depth)]
-        first = not hidden
+        # only the schema's own root names the engine dialect, never a referenced document's
+        first = not hidden and number == 0
         while stack:
             node, path, base, dialect, depth = stack.pop()
             loc = (number, path)
