@@ -30,6 +30,8 @@ ALLOWED: dict[str, set[str]] = {
     "store": {"errors", "_numbers", "_public", "kernel"},  # kernel records and errors only
     "runtime": {"errors", "_numbers", "_public", "kernel", "schema", "tools", "store"},
     "recovery": {"errors", "_numbers", "_public", "kernel", "store"},
+    # run-owned resources: their tools sit on the runtime like an adapter's
+    "resources": PURE | {"store", "runtime"},
     "adapters": PURE | {"store", "runtime", "recovery"},
     "testing": PURE | {"store", "runtime", "recovery"},
     "cli": PURE | {"store", "runtime", "recovery", "testing", "adapters", "__init__", "_version"},

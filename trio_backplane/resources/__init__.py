@@ -1,0 +1,10 @@
+"""Run-owned resources: a registry whose cleanup is confirmed, not assumed."""
+
+from .._public import fixup_module_metadata
+from ._cleanup import CleanupResult
+from ._registry import ResourceHandle, ResourceRegistry
+
+__all__ = ["CleanupResult", "ResourceHandle", "ResourceRegistry"]
+
+fixup_module_metadata(__name__, globals())
+del fixup_module_metadata
