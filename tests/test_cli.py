@@ -960,12 +960,12 @@ def test_demo_interrupted_or_with_its_output_gone_exits_without_a_traceback(
 
     command = [sys.executable, "-m", "trio_backplane.cli", "demo", "--approve", "yes"]
     interrupted = subprocess.Popen(
-        [*command, "--db", str(tmp_path / "a.sqlite3"), "--pace", "0.2"],
+        [*command, "--db", str(tmp_path / "a.sqlite3"), "--pace", "5"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
     assert interrupted.stdout is not None
-    interrupted.stdout.readline()  # started: the run is under way
+    interrupted.stdout.readline()  # started: the run is under way, 5 s a word
     time.sleep(0.5)
     interrupted.send_signal(signal.SIGINT)
     _, err = interrupted.communicate(timeout=60)
