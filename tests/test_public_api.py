@@ -74,7 +74,10 @@ NAMESPACES: dict[str, list[str]] = {
     "trio_backplane.recovery": [
         "DISPATCH_STATES", "EFFECT_CLASSES", "EffectReport", "RecoveryReport", "recover",
     ],
-    "trio_backplane.resources": ["CleanupResult", "ResourceHandle", "ResourceRegistry"],
+    "trio_backplane.resources": [
+        "CleanupResult", "CommandInvocation", "CommandLimits", "CommandOutput", "LocalCommand",
+        "ResourceHandle", "ResourceRegistry",
+    ],
     "trio_backplane.runtime": [
         "Continue", "Conversation", "DeadlineBudget", "Event", "HookContext", "Hooks", "Phase",
         "Provider", "ProviderEvent", "ProviderRequest", "ResourceCleanup", "ResponseCompleted",

@@ -2,9 +2,20 @@
 
 from .._public import fixup_module_metadata
 from ._cleanup import CleanupResult
+from ._command import CommandInvocation, LocalCommand
+from ._jobs import CommandOutput
+from ._launch import CommandLimits
 from ._registry import ResourceHandle, ResourceRegistry
 
-__all__ = ["CleanupResult", "ResourceHandle", "ResourceRegistry"]
+__all__ = [
+    "CleanupResult",
+    "CommandInvocation",
+    "CommandLimits",
+    "CommandOutput",
+    "LocalCommand",
+    "ResourceHandle",
+    "ResourceRegistry",
+]
 
 fixup_module_metadata(__name__, globals())
 del fixup_module_metadata

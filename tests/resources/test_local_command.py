@@ -1,0 +1,349 @@
+"""LocalCommand with real processes: groups, handshake, output, cleanup
+confirmed from /proc, reservations and receipts."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from trio_backplane import Error, ErrorClass
+from trio_backplane.resources import CommandInvocation, CommandLimits, LocalCommand
+from trio_backplane.resources._proc import group_members
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+
+GRANDCHILDREN = "sleep 300 & sleep 300 & wait"
+
+
+def inv(session_id: int, owner: str = "run-1", incarnation: int = 1) -> CommandInvocation:
+    return CommandInvocation(owner=owner, session_id=session_id, incarnation=incarnation)
+
+
+@pytest.fixture
+async def command() -> AsyncIterator[LocalCommand]:
+    async with LocalCommand(completion_retention=60.0) as backend:
+        yield backend
+
+
+async def settled(backend: LocalCommand, invocation: CommandInvocation) -> Any:
+    return await backend.wait(invocation, 30.0)
+
+
+async def pgid_of(backend: LocalCommand, invocation: CommandInvocation) -> int:
+    return backend._jobs[invocation.session_id].launched.pgid
+
+
+async def test_res_11_a_command_runs_in_its_own_group_with_allow_listed_env(
+    command: LocalCommand, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RES-11: each command leads its own session and process group, sees
+    only the allow-listed variables, runs in the workspace, and reports
+    cleanup confirmed once its group is gone."""
+    monkeypatch.setenv("BACKPLANE_SECRET", "canary-123")
+    async with LocalCommand(env_allow=("PATH",)) as backend:
+        first = await backend.start(
+            inv(1), "echo $$ $(ps -o pgid= -p $$) $(ps -o sid= -p $$); env; pwd", workspace=tmp_path
+        )
+        assert first.status == "running"
+        done = await settled(backend, inv(1))
+    pid, pgid, sid = (int(x) for x in done.output[0].split())
+    assert pid == pgid == sid != os.getpid()
+    names = {line.split("=", 1)[0] for line in done.output[1:-1] if "=" in line}
+    assert "BACKPLANE_SECRET" not in names
+    assert names <= {"PATH", "PWD", "SHLVL", "_"}
+    assert done.output[-1] == str(tmp_path.resolve())
+    assert (done.status, done.exit_status, done.cleanup_status) == ("completed", 0, "confirmed")
+    assert group_members(pgid) == []
+
+
+async def test_a_failing_command_and_its_output(command: LocalCommand, tmp_path: Path) -> None:
+    await command.start(inv(1), "printf 'a\\nb\\n'; printf c; exit 3", workspace=tmp_path)
+    done = await settled(command, inv(1))
+    assert (done.output, done.cursor, done.status, done.exit_status) == (
+        ("a", "b", "c"),
+        3,
+        "failed",
+        3,
+    )
+    assert command.read(inv(1), cursor=2).output == ("c",)
+
+
+async def test_grandchildren_are_gone_after_the_command_completes(
+    command: LocalCommand, tmp_path: Path
+) -> None:
+    """A command that leaves background processes in its group: completion
+    stops them too, and the cleanup is confirmed only once none is left."""
+    await command.start(inv(1), "sleep 300 & sleep 300 & echo started", workspace=tmp_path)
+    pgid = await pgid_of(command, inv(1))
+    done = await settled(command, inv(1))
+    assert (done.status, done.cleanup_status) == ("completed", "confirmed")
+    assert group_members(pgid) == []
+
+
+async def test_cancel_stops_the_whole_group(command: LocalCommand, tmp_path: Path) -> None:
+    await command.start(inv(1), GRANDCHILDREN, workspace=tmp_path)
+    pgid = await pgid_of(command, inv(1))
+    with trio.fail_after(10):
+        while len(group_members(pgid)) < 3:
+            await trio.sleep(0.01)
+    command.cancel("run-1")
+    done = await settled(command, inv(1))
+    assert (done.status, done.termination_status, done.cleanup_status) == (
+        "cancelled",
+        "cancelled",
+        "confirmed",
+    )
+    assert group_members(pgid) == []
+    assert command.owner_status("run-1") == "confirmed"
+
+
+async def test_a_command_deadline_ends_it(command: LocalCommand, tmp_path: Path) -> None:
+    await command.start(inv(1), GRANDCHILDREN, workspace=tmp_path, timeout=0.5)
+    pgid = await pgid_of(command, inv(1))
+    done = await settled(command, inv(1))
+    assert (done.status, done.termination_status, done.cleanup_status) == (
+        "deadline_exceeded",
+        "deadline_exceeded",
+        "confirmed",
+    )
+    assert group_members(pgid) == []
+
+
+async def test_the_output_limit_ends_the_command(command: LocalCommand, tmp_path: Path) -> None:
+    await command.start(
+        inv(1), f"sleep 300 & yes {'x' * 30}", workspace=tmp_path, output_limit=4000
+    )
+    pgid = await pgid_of(command, inv(1))
+    done = await settled(command, inv(1))
+    assert (done.status, done.output_limit_exceeded, done.cleanup_status) == (
+        "output_limit_exceeded",
+        True,
+        "confirmed",
+    )
+    assert sum(len(line) + 8 for line in done.output) <= 4000
+    assert group_members(pgid) == []
+
+
+async def test_write_reaches_the_command_s_input(command: LocalCommand, tmp_path: Path) -> None:
+    await command.start(inv(1), "read -r line; echo got $line", workspace=tmp_path)
+    await command.write(inv(1), "hello\n")
+    done = await settled(command, inv(1))
+    assert done.output == ("got hello",)
+    with pytest.raises(Error) as exc:
+        await command.write(inv(1), "late\n")
+    assert exc.value.error_class is ErrorClass.RESOURCE_CONFLICT
+
+
+async def test_a_workspace_holds_one_command(command: LocalCommand, tmp_path: Path) -> None:
+    await command.start(inv(1), "sleep 300", workspace=tmp_path)
+    with pytest.raises(Error) as exc:
+        await command.start(inv(2), "true", workspace=tmp_path)
+    assert (exc.value.error_class, exc.value.message) == (
+        ErrorClass.RESOURCE_CONFLICT,
+        "workspace already has an active command",
+    )
+    command.cancel("run-1")  # fences the refused session 2 as well
+    await settled(command, inv(1))
+    await command.start(inv(3), "true", workspace=tmp_path)
+
+
+async def test_limits_apply_to_the_command(command: LocalCommand, tmp_path: Path) -> None:
+    await command.start(
+        inv(1),
+        "ulimit -n; ulimit -t",
+        workspace=tmp_path,
+        limits=CommandLimits(open_files=17, cpu_seconds=9),
+    )
+    assert (await settled(command, inv(1))).output == ("17", "9")
+    with pytest.raises(Error) as exc:
+        await command.start(inv(2), "true", workspace=tmp_path, limits=CommandLimits(open_files=0))
+    assert exc.value.error_class is ErrorClass.VALIDATION
+
+
+async def test_res_01_owner_wide_cancel_fences_never_launched_reservations(
+    command: LocalCommand, tmp_path: Path
+) -> None:
+    """RES-01: after an owner-wide cancel, a reserved session of that owner
+    never launches: ``cancelled``, and nothing is spawned."""
+    command.reserve(inv(1))
+    command.cancel("run-1")
+    marker = tmp_path / "ran"
+    with pytest.raises(Error) as exc:
+        await command.start(inv(1), f"touch {marker}", workspace=tmp_path)
+    assert exc.value.error_class is ErrorClass.CANCELLED
+    assert exc.value.details["launch_status"] == "never_started"
+    assert not marker.exists()
+    assert command.session_status(inv(1)) == "confirmed"
+
+
+async def test_res_02_another_owner_s_reservation_stays_usable(tmp_path: Path) -> None:
+    """RES-02: another owner's reservation survives an owner-wide cancel
+    and the eviction of receipts."""
+    async with LocalCommand(receipt_capacity=1) as backend:
+        backend.reserve(inv(10, owner="run-2"))
+        backend.reserve(inv(1))
+        backend.cancel("run-1")
+        backend.acknowledge_release(inv(1))
+        backend.reserve(inv(2))
+        backend.cancel("run-1")
+        backend.acknowledge_release(inv(2))  # evicts session 1's receipt
+        await backend.start(inv(10, owner="run-2"), "echo ok", workspace=tmp_path)
+        assert (await settled(backend, inv(10, owner="run-2"))).output == ("ok",)
+
+
+async def test_res_03_session_capacity_refuses_with_never_started(tmp_path: Path) -> None:
+    """RES-03: past ``session_capacity`` unresolved sessions a reservation
+    is ``overloaded`` with never-started details; existing evidence stays."""
+    async with LocalCommand(session_capacity=2) as backend:
+        backend.reserve(inv(1))
+        backend.reserve(inv(2))
+        with pytest.raises(Error) as exc:
+            backend.reserve(inv(3))
+        assert exc.value.error_class is ErrorClass.OVERLOADED
+        assert {k: exc.value.details[k] for k in ("launch_status", "reservation")} == {
+            "launch_status": "never_started",
+            "reservation": "not_created",
+        }
+        backend.reserve(inv(1))  # still there, still reusable
+        backend.reserve(inv(2))
+
+
+async def test_res_04_an_evicted_receipt_answers_expired(tmp_path: Path) -> None:
+    """RES-04: once an acknowledged release is evicted past
+    ``receipt_capacity``, ``cancel_confirmed`` raises ``unknown_outcome``
+    with ``receipt: "expired"``."""
+    async with LocalCommand(receipt_capacity=1) as backend:
+        for session_id in (1, 2):
+            await backend.start(inv(session_id), "true", workspace=tmp_path)
+            await settled(backend, inv(session_id))
+            await backend.cancel_confirmed(inv(session_id), 5.0)
+            backend.acknowledge_release(inv(session_id))
+        await backend.cancel_confirmed(inv(2), 5.0)  # its receipt answers
+        with pytest.raises(Error) as exc:
+            await backend.cancel_confirmed(inv(1), 5.0)
+        assert exc.value.error_class is ErrorClass.UNKNOWN_OUTCOME
+        assert exc.value.details["receipt"] == "expired"
+
+
+class Refusing:
+    """A signaler that sends nothing (a group it cannot stop) until told."""
+
+    def __init__(self) -> None:
+        self.works = False
+
+    def __call__(self, pgid: int, sig: int) -> None:
+        if self.works:
+            os.killpg(pgid, sig)
+
+
+async def test_res_05_res_06_a_failed_cleanup_keeps_evidence_and_a_retry_confirms_it(
+    tmp_path: Path,
+) -> None:
+    """RES-05: a group that cannot be stopped gives ``cleanup_failed`` and
+    ``uncertain``, and the workspace stays blocked after the output record
+    expires.  RES-06: a verified retry through ``cancel_confirmed`` marks
+    the kept record confirmed without changing its status, exit, output or
+    recorded cleanup error."""
+    signaler = Refusing()
+    async with LocalCommand(
+        signaler=signaler, cleanup_timeout=0.5, completion_retention=0.1
+    ) as backend:
+        await backend.start(inv(1), "echo hi; sleep 300", workspace=tmp_path, timeout=0.3)
+        pgid = await pgid_of(backend, inv(1))
+        done = await settled(backend, inv(1))
+        assert (done.status, done.cleanup_status) == ("cleanup_failed", "uncertain")
+        assert group_members(pgid) != []
+        with pytest.raises(Error) as exc:
+            await backend.cancel_confirmed(inv(1), 2.0)
+        assert exc.value.message == "local command cleanup is uncertain"
+        await trio.sleep(0.3)  # past completion_retention: the output record expires
+        with pytest.raises(Error) as exc:
+            backend.read(inv(1))
+        assert exc.value.message == "job not found"
+        with pytest.raises(Error) as exc:
+            await backend.start(inv(2), "true", workspace=tmp_path)
+        assert exc.value.message == "workspace already has an active command"
+        kept = backend._evidence[1]
+        signaler.works = True
+        await backend.cancel_confirmed(inv(1), 5.0)
+        assert group_members(pgid) == []
+        assert (kept.status, kept.cleanup_status, kept.lines) == (
+            "cleanup_failed",
+            "confirmed",
+            ["hi"],
+        )
+        assert kept.cleanup_error is not None
+        await backend.start(inv(2), "true", workspace=tmp_path)
+
+
+async def test_res_12_capacities_default_to_256_and_are_checked() -> None:
+    """RES-12: ``receipt_capacity`` and ``session_capacity`` default to 256;
+    anything but a positive int is ``validation``."""
+    backend = LocalCommand()
+    assert (backend.receipt_capacity, backend.session_capacity) == (256, 256)
+    for bad in (0, -1, 1.0, True, "256", None):
+        for name in ("receipt_capacity", "session_capacity"):
+            with pytest.raises(Error) as exc:
+                LocalCommand(**{name: bad})
+            assert exc.value.error_class is ErrorClass.VALIDATION
+
+
+async def test_res_13_sessions_are_fenced_by_owner_and_incarnation(
+    command: LocalCommand, tmp_path: Path
+) -> None:
+    """RES-13: another owner is ``forbidden``; a replacement incarnation
+    reusing the numeric id is ``resource_conflict`` "stale command session
+    incarnation", for polling and for release alike."""
+    await command.start(inv(1), "sleep 300", workspace=tmp_path)
+    with pytest.raises(Error) as exc:
+        command.read(inv(1, owner="run-2"))
+    assert exc.value.error_class is ErrorClass.FORBIDDEN
+    for call in (
+        lambda: command.read(inv(1, incarnation=2)),
+        lambda: command.acknowledge_release(inv(1, incarnation=2)),
+    ):
+        with pytest.raises(Error) as exc:
+            call()
+        assert (exc.value.error_class, exc.value.message) == (
+            ErrorClass.RESOURCE_CONFLICT,
+            "stale command session incarnation",
+        )
+    with pytest.raises(Error) as exc:
+        await command.cancel_confirmed(inv(1, incarnation=2), 1.0)
+    assert exc.value.message == "stale command session incarnation"
+    await command.cancel_confirmed(inv(1), 5.0)
+
+
+async def test_cancel_confirmed_of_an_unknown_session_fences_it(
+    command: LocalCommand, tmp_path: Path
+) -> None:
+    with pytest.raises(Error) as exc:
+        await command.cancel_confirmed(inv(7), 1.0)
+    assert exc.value.message == "local command cleanup identity is unknown"
+    with pytest.raises(Error) as exc:
+        await command.start(inv(7), "true", workspace=tmp_path)
+    assert exc.value.error_class is ErrorClass.CANCELLED
+
+
+async def test_leaving_kills_every_group_still_owned(tmp_path: Path) -> None:
+    async with LocalCommand() as backend:
+        await backend.start(inv(1), GRANDCHILDREN, workspace=tmp_path)
+        pgid = await pgid_of(backend, inv(1))
+    with trio.fail_after(5):
+        while group_members(pgid):
+            await trio.sleep(0.01)
+
+
+async def test_unsupported_platforms_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RES-11: elsewhere than Linux, ``unsupported_capability``."""
+    monkeypatch.setattr(sys, "platform", "darwin")
+    with pytest.raises(Error) as exc:
+        async with LocalCommand():
+            pass
+    assert exc.value.error_class is ErrorClass.UNSUPPORTED_CAPABILITY

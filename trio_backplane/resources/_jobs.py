@@ -1,0 +1,141 @@
+"""A launched command's record and the cleanup of its process group."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from typing import Final, Literal, final
+
+import attrs
+import trio
+
+from ._launch import Launched
+from ._ledger import Obligation
+from ._proc import group_alive
+
+__all__ = ["CommandOutput", "Job", "Signaler", "clean_group"]
+
+#: Sends a signal to a process group: ``os.killpg`` unless a test swaps it.
+Signaler = Callable[[int, int], None]
+
+Status = Literal[
+    "running",
+    "completed",
+    "failed",
+    "cancelled",
+    "deadline_exceeded",
+    "output_limit_exceeded",
+    "execution_failure",
+    "cleanup_failed",
+]
+#: terminations that override an exit seen first
+_OVERRIDING: Final = ("deadline_exceeded", "output_limit_exceeded")
+#: what a line costs against the output limit, besides its bytes
+LINE_COST: Final = 8
+_TERM_WAIT: Final = 0.15
+_KILL_WAIT: Final = 0.3
+_POLL: Final = 0.01
+
+
+@final
+@attrs.frozen(kw_only=True)
+class CommandOutput:
+    """What :meth:`LocalCommand.read` returns: lines from a cursor, and the
+    command's state.  ``cursor`` is the number of lines so far."""
+
+    session_id: int
+    output: tuple[str, ...]
+    cursor: int
+    status: Status
+    exit_status: int | None
+    termination_status: str
+    cleanup_status: str
+    cleanup_error: str | None
+    output_limit_exceeded: bool
+
+
+@attrs.define(kw_only=True)
+class Job:
+    """One command, from its launch to its confirmed (or kept) cleanup."""
+
+    obligation: Obligation
+    launched: Launched
+    workspace: str
+    deadline: float
+    output_limit: int
+    lines: list[str] = attrs.Factory(list)
+    used: int = 0
+    status: Status = "running"
+    exit_status: int | None = None
+    #: what ended it, if we did: "not_requested" until then
+    termination: str = "not_requested"
+    cleanup_status: str = "not_started"
+    cleanup_error: str | None = None
+    finished_at: float | None = None
+    exited: trio.Event = attrs.Factory(trio.Event)
+    #: set once the output has reached its end (no writer left)
+    drained: trio.Event = attrs.Factory(trio.Event)
+    #: set once cleanup has an outcome (a retry makes a new one)
+    settled: trio.Event = attrs.Factory(trio.Event)
+    #: the wait for the command's exit: cancelled to end it early
+    waiting: trio.CancelScope = attrs.Factory(trio.CancelScope)
+    cleaning: bool = False
+
+    @property
+    def session_id(self) -> int:
+        return self.obligation.session_id
+
+    def end(self, status: Status) -> None:
+        """Record a terminal status by precedence: ``cancelled`` always wins;
+        the deadline and the output limit override an exit; else the first."""
+        if (
+            status == "cancelled"
+            or self.status == "running"
+            or (status in _OVERRIDING and self.status not in ("cancelled", *_OVERRIDING))
+        ):
+            self.status = status
+        if status in ("cancelled", *_OVERRIDING) and self.termination == "not_requested":
+            self.termination = status
+
+    def output(self, cursor: int) -> CommandOutput:
+        return CommandOutput(
+            session_id=self.session_id,
+            output=tuple(self.lines[max(cursor, 0) :]),
+            cursor=len(self.lines),
+            status=self.status,
+            exit_status=self.exit_status,
+            termination_status=self.termination,
+            cleanup_status=self.cleanup_status,
+            cleanup_error=self.cleanup_error,
+            output_limit_exceeded=self.termination == "output_limit_exceeded",
+        )
+
+
+async def _gone_within(pgid: int, start_time: int, seconds: float) -> bool:
+    with trio.move_on_after(seconds):
+        while group_alive(pgid, start_time):
+            await trio.sleep(_POLL)
+        return True
+    return not group_alive(pgid, start_time)
+
+
+async def clean_group(pgid: int, start_time: int, signaler: Signaler) -> str | None:
+    """Stop process group ``pgid``: TERM, a short wait, KILL, then its
+    absence verified from ``/proc``.  ``None`` once it is gone, else why not."""
+    if not group_alive(pgid, start_time):
+        return None
+    for sig, wait in ((signal.SIGTERM, _TERM_WAIT), (signal.SIGKILL, _KILL_WAIT)):
+        try:
+            signaler(pgid, sig)
+        except ProcessLookupError:
+            pass
+        except OSError as exc:
+            return f"could not signal the group: {exc}"[:300]
+        if await _gone_within(pgid, start_time, wait):
+            return None
+    return f"process group {pgid} is still alive after SIGKILL"
+
+
+def default_signaler(pgid: int, sig: int) -> None:
+    os.killpg(pgid, sig)
