@@ -46,6 +46,7 @@ from ._interactions import Interactions
 from ._loop import TurnLoop
 from ._nested import NestedCalls
 from ._options import Options, check_inputs, check_options
+from ._resources import OwnedRegistries, check_resources
 from ._responses import Responses
 from ._settlement import Settlement
 from ._signals import _Rejected, _StorageFailed, storage_error
@@ -95,7 +96,8 @@ def _assemble(
     coordinator = Coordinator(
         state, store, commit_timeout=options.commit_timeout, failed=storage_failed
     )
-    settlement = Settlement(state, coordinator, publisher, catalog, options, nursery)
+    owned = OwnedRegistries(options.resources, state.run_id, options.cleanup_timeout)
+    settlement = Settlement(state, coordinator, publisher, catalog, options, nursery, owned)
     parts = _Parts(
         state=state,
         publisher=publisher,
@@ -152,6 +154,7 @@ def _turn_loop(
         responses=responses,
         gateway=gateway,
         hooks=parts.hooks,
+        owned=parts.settlement.owned,
     )
 
 
@@ -353,12 +356,11 @@ async def open_conversation(
     run: RunRecord | None = None,
     messages: Sequence[Any] | None = None,
     wall_clock: Callable[[], float] | None = None,
+    resources: Sequence[Any] = (),
 ) -> AsyncIterator[Conversation]:
     """Open a conversation that owns a nursery; leaving the block cancels and
-    settles an active run.  What the run stores (its deadline, an
-    approval's expiry, each command's time) is wall-clock seconds since the
-    epoch read from ``wall_clock`` (``time.time``) once at opening and
-    advanced by Trio's clock after (tests with ``MockClock`` inject one)."""
+    settles an active run.  Every terminal path closes ``resources`` and the
+    tools' registries within ``cleanup_timeout``: unconfirmed, never completed."""
     options = check_options(
         work=work,
         run_timeout=run_timeout,
@@ -381,7 +383,9 @@ async def open_conversation(
         run=run,
         messages=messages,
     )
-    bundle = _admitted(run_id, registry, authority, tools, options.schema_admission)
+    bundle, options = _admitted(
+        run_id, registry, authority, tools, resources=resources, options=options
+    )
     record, phase = await _opened(run_id, store, run, prior, context, incarnation, options.work)
     async with _owning_nursery() as nursery:
         state = _run_state(record, phase, clock, options.run_timeout)
@@ -396,16 +400,21 @@ def _admitted(
     registry: ToolRegistry | None,
     authority: Authority | None,
     tools: Sequence[ProviderTool] | None,
-    mode: str,
-) -> AdmittedBundle:
-    """The catalog the run starts with, admitted (CAT)."""
-    return admit_batch(
+    *,
+    resources: Sequence[Any],
+    options: Options,
+) -> tuple[AdmittedBundle, Options]:
+    """The catalog the run starts with, admitted, and the options with the
+    registries the run owns."""
+    bundle = admit_batch(
         registry if registry is not None else ToolRegistry(()),
         authority if authority is not None else Authority(run_id=run_id),
         tools,
-        mode=mode,
+        mode=options.schema_admission,
         run_id=run_id,
     )
+    owned = check_resources(resources, registry if registry is not None else ())
+    return bundle, attrs.evolve(options, resources=owned)
 
 
 def _run_state(

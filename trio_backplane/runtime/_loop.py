@@ -10,16 +10,17 @@ from typing import Any, final
 import attrs
 
 from ..errors import Error, ErrorClass
-from ..kernel import Finish, KernelCommand, RunRecord, freeze, thaw
+from ..kernel import Cancel, CleanupSettled, Finish, KernelCommand, RunRecord, freeze, thaw
 from ._catalog import CatalogState
 from ._conversation_state import ConversationState, QueueName
 from ._coordinator import Coordinator
 from ._gateway import ToolGateway
 from ._hooks import HookRunner
+from ._resources import OwnedRegistries
 from ._responses import Responses
 from ._signals import _InputArrived, _Rejected, _TurnFailed
 from ._state import Publisher, RunState
-from ._steps import Step, checkpoint_step
+from ._steps import Step, checkpoint_step, command_step
 from ._types import Phase
 from ._writer import StepWriter
 
@@ -36,6 +37,7 @@ class TurnLoop:
         "_coordinator",
         "_gateway",
         "_hooks",
+        "_owned",
         "_publisher",
         "_responses",
         "_state",
@@ -53,7 +55,9 @@ class TurnLoop:
         responses: Responses,
         gateway: ToolGateway,
         hooks: HookRunner,
+        owned: OwnedRegistries,
     ) -> None:
+        self._owned = owned
         self._state = state
         self._coordinator = coordinator
         self._writer = writer
@@ -148,9 +152,16 @@ class TurnLoop:
                 raise _InputArrived
             return Finish(at=now, status=frozen["status"], outcome=frozen)
 
-        await self._coordinator.commit_steps((Step(finish),))
+        cleanup = await self._owned.close()
+        state.resource_cleanup = cleanup
+        if cleanup.status == "uncertain":
+            # what the run owned may still be running: never a confirmed end
+            await self._coordinator.commit_steps(_unconfirmed(cleanup.evidence))
+            outcome = thaw(state.record.outcome)
+            error = error or Error(ErrorClass.UNKNOWN_OUTCOME, "resource cleanup is unconfirmed")
+        else:
+            await self._coordinator.commit_steps((Step(finish),))
         state.phase = Phase.TERMINAL
-        state.resource_cleanup = attrs.evolve(state.resource_cleanup, status="confirmed")
         self._publisher.publish("run_failed" if error else "run_completed", {"outcome": outcome})
         state.settled.set()
 
@@ -264,3 +275,13 @@ def _outcome(turn_id: Any, error: Error | None) -> dict[str, Any]:
         "status": "failed" if error else "completed",
         "error": None if error is None else error.to_dict(),
     }
+
+
+def _unconfirmed(evidence: tuple[Any, ...]) -> tuple[Step, ...]:
+    """A finished turn whose resources are not confirmed released: the run
+    stops (``resource_cleanup_uncertain``) and settles ``unknown_outcome``."""
+    frozen = freeze(list(evidence))
+    return (
+        command_step(Cancel, {"reason": "resource_cleanup_uncertain"}),
+        Step(lambda record, now: CleanupSettled(at=now, certainty="uncertain", evidence=frozen)),
+    )

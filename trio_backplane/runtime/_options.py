@@ -134,6 +134,8 @@ class Options:
     schema_admission: str
     work: int
     wall_clock: Callable[[], float]
+    #: registries the run owns, closed on every terminal path
+    resources: tuple[Any, ...] = ()
 
 
 def check_options(
@@ -182,5 +184,8 @@ def check_options(
         schema_admission=schema_admission,
         work=work,
         wall_clock=check_wall_clock(wall_clock),
-        **timeouts,
+        run_timeout=timeouts["run_timeout"],
+        effect_timeout=timeouts["effect_timeout"],
+        commit_timeout=timeouts["commit_timeout"],
+        cleanup_timeout=timeouts["cleanup_timeout"],
     )

@@ -24,10 +24,11 @@ from ._catalog import CatalogState
 from ._coordinator import Coordinator
 from ._deadline import DeadlineBudget
 from ._options import Options
+from ._resources import OwnedRegistries
 from ._signals import _Stop, _StorageFailed
 from ._state import Publisher, RunState
 from ._steps import Step, checkpoint_step, command_step
-from ._types import Phase, ResourceCleanup
+from ._types import Phase
 
 __all__ = ["Settlement"]
 
@@ -50,6 +51,7 @@ class Settlement:
         "_stop_requested",
         "_turns",
         "_worker",
+        "owned",
         "worker_running",
     )
 
@@ -61,7 +63,9 @@ class Settlement:
         catalog: CatalogState,
         options: Options,
         nursery: trio.Nursery,
+        owned: OwnedRegistries,
     ) -> None:
+        self.owned = owned
         self._state = state
         self._coordinator = coordinator
         self._publisher = publisher
@@ -140,7 +144,17 @@ class Settlement:
         self._catalog.discard()
         if self._worker is not None:
             self._worker.cancel()
-        state.settled.set()
+        if self.owned.registries:
+            # the processes still stop; the run stays what the store says
+            self._nursery.start_soon(self._close_then_settle)
+        else:
+            state.settled.set()
+
+    async def _close_then_settle(self) -> None:
+        try:
+            self._state.resource_cleanup = await self.owned.close()
+        finally:
+            self._state.settled.set()
 
     # -- the worker ---------------------------------------------------------------
 
@@ -257,14 +271,13 @@ class Settlement:
         try:
             if state.record.state in TERMINAL_STATES or state.inactive:
                 return
-            # No resource registry: resource cleanup counts as confirmed.
-            state.resource_cleanup = ResourceCleanup(status="confirmed")
             # The whole settlement fits in cleanup_timeout + commit_timeout
             # from when the stop was due, even if the worker noticed it late
             # (its own shielded commit was in flight at the deadline).
             due = state.stop_due if state.stop_due is not None else state.now()
             commit_by = due + self._options.cleanup_timeout + self._options.commit_timeout
             with trio.CancelScope(shield=True):
+                state.resource_cleanup = await self.owned.close()
                 if not await self._take_coordinator(commit_by):
                     await self._missed()
                     return
@@ -354,7 +367,7 @@ class Settlement:
         if record.state != "cancelling":
             stop = DeadlineExceeded if reason == "deadline_exceeded" else Cancel
             steps.append(command_step(stop, {"reason": reason}))
-        uncertain = self._uncertain_work()
+        uncertain = self._uncertain_work() + list(self._state.resource_cleanup.evidence)
 
         def settlement(record: RunRecord, now: float) -> KernelCommand:
             if uncertain:
