@@ -6,6 +6,7 @@ from ._command import CommandInvocation, LocalCommand
 from ._jobs import CommandOutput
 from ._launch import CommandLimits
 from ._registry import ResourceHandle, ResourceRegistry
+from ._tools import command_tools
 
 __all__ = [
     "CleanupResult",
@@ -15,6 +16,7 @@ __all__ = [
     "LocalCommand",
     "ResourceHandle",
     "ResourceRegistry",
+    "command_tools",
 ]
 
 fixup_module_metadata(__name__, globals())

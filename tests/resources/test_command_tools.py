@@ -1,0 +1,161 @@
+"""exec_command and write_stdin in real conversations, real processes."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from tests.runtime.support import conversation_with, run_to_settled
+from trio_backplane import Error, ErrorClass
+from trio_backplane.resources import LocalCommand, ResourceRegistry, command_tools
+from trio_backplane.resources._proc import group_members
+from trio_backplane.testing import ScriptedProvider
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+S = ScriptedProvider
+
+
+def structured(finished: Any) -> list[Any]:
+    return [m["result"]["structured_content"] for m in finished.tool_messages()]
+
+
+async def test_exec_command_returns_output_and_exit_code(tmp_path: Path) -> None:
+    registry = ResourceRegistry()
+    async with LocalCommand() as command:
+        tools = command_tools(registry, command, workspace=tmp_path, requires_approval=False)
+        provider = S(
+            [
+                S.tool_calls(("c1", "exec_command", {"cmd": "echo hi; pwd; exit 4"})),
+                S.text("done"),
+            ]
+        )
+        finished = await run_to_settled(provider, tools, wall_clock=None)
+    [result] = structured(finished)
+    assert result == {
+        "exit_code": 4,
+        "status": "failed",
+        "output": f"hi\n{tmp_path.resolve()}",
+    }
+    assert finished.record.state == "completed"
+    assert finished.snapshot.resource_cleanup.status == "confirmed"
+    assert registry.owner_status("run-1") == []
+
+
+async def test_a_running_command_gives_a_session_and_write_stdin_drives_it(
+    tmp_path: Path,
+) -> None:
+    registry = ResourceRegistry()
+    async with LocalCommand() as command:
+        tools = command_tools(registry, command, workspace=tmp_path, requires_approval=False)
+        script = "echo ready; read -r a; echo got $a; read -r b; echo got $b"
+        provider = S(
+            [
+                S.tool_calls(("c1", "exec_command", {"cmd": script, "yield_time_ms": 300})),
+                S.tool_calls(
+                    ("c2", "write_stdin", {"session_id": 1, "chars": "x\n", "yield_time_ms": 300})
+                ),
+                S.tool_calls(
+                    ("c3", "write_stdin", {"session_id": 1, "chars": "y\n", "yield_time_ms": 5000})
+                ),
+                S.text("done"),
+            ]
+        )
+        finished = await run_to_settled(provider, tools, wall_clock=None)
+    first, second, third = structured(finished)
+    assert first == {"session_id": 1, "output": "ready"}
+    assert second == {"session_id": 1, "output": "got x"}
+    assert third == {"exit_code": 0, "status": "completed", "output": "got y"}
+
+
+async def test_completion_stops_a_command_the_model_left_running(tmp_path: Path) -> None:
+    """RES-14 with a real process group: the model leaves a command with
+    grandchildren running; the run's completion stops the whole group."""
+    registry = ResourceRegistry()
+    async with LocalCommand() as command:
+        tools = command_tools(registry, command, workspace=tmp_path, requires_approval=False)
+        cmd = "sleep 300 & sleep 300 & echo $$; wait"
+        provider = S(
+            [
+                S.tool_calls(("c1", "exec_command", {"cmd": cmd, "yield_time_ms": 300})),
+                S.text("leaving it"),
+            ]
+        )
+        finished = await run_to_settled(provider, tools, wall_clock=None)
+        [result] = structured(finished)
+        pgid = int(result["output"])
+        assert finished.record.state == "completed"
+        assert finished.snapshot.resource_cleanup.status == "confirmed"
+        assert group_members(pgid) == []
+
+
+async def test_cancel_stops_the_command_s_group(tmp_path: Path) -> None:
+    registry = ResourceRegistry()
+    async with LocalCommand() as command:
+        tools = command_tools(registry, command, workspace=tmp_path, requires_approval=False)
+        cmd = "echo $$; sleep 300 & sleep 300 & wait"
+        provider = S([S.tool_calls(("c1", "exec_command", {"cmd": cmd, "yield_time_ms": 60_000}))])
+        async with conversation_with(provider, tools, wall_clock=None) as (conversation, _):
+            await conversation.prompt("go")
+            with trio.fail_after(10):
+                while not command._jobs or not command._jobs[1].lines:
+                    await trio.sleep(0.01)
+            pgid = int(command._jobs[1].lines[0])
+            await conversation.cancel()
+            snapshot = await conversation.wait_settled()
+        assert snapshot.resource_cleanup.status == "confirmed"
+        assert group_members(pgid) == []
+
+
+async def test_res_13_a_session_of_another_run_is_refused(tmp_path: Path) -> None:
+    """RES-13, through the tools: sessions belong to the run executing the
+    tool; a session id of another run is ``forbidden``."""
+    registry = ResourceRegistry()
+    other = registry.register_session("run-other", "not yours")
+    async with LocalCommand() as command:
+        tools = command_tools(registry, command, workspace=tmp_path, requires_approval=False)
+        provider = S(
+            [
+                S.tool_calls(("c1", "write_stdin", {"session_id": other, "chars": "x\n"})),
+                S.text("done"),
+            ]
+        )
+        finished = await run_to_settled(provider, tools, wall_clock=None)
+    [message] = finished.tool_messages()
+    assert message["result"]["is_error"] is True
+    assert "forbidden" in str(message["result"])
+    assert registry.fetch_session(other, "run-other") == "not yours"
+
+
+async def test_workdir_stays_inside_the_workspace(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    registry = ResourceRegistry()
+    async with LocalCommand() as command:
+        tools = command_tools(registry, command, workspace=tmp_path, requires_approval=False)
+        provider = S(
+            [
+                S.tool_calls(("c1", "exec_command", {"cmd": "pwd", "workdir": "sub"})),
+                S.tool_calls(("c2", "exec_command", {"cmd": "pwd", "workdir": "../"})),
+                S.text("done"),
+            ]
+        )
+        finished = await run_to_settled(provider, tools, wall_clock=None)
+    inside, outside = finished.tool_messages()
+    assert inside["result"]["structured_content"]["output"] == str(tmp_path.resolve() / "sub")
+    assert outside["result"]["is_error"] is True
+    assert "workdir must be a directory inside the workspace" in str(outside["result"])
+
+
+async def test_the_tools_are_mutating_and_need_approval_by_default(tmp_path: Path) -> None:
+    async with LocalCommand() as command:
+        tools = command_tools(ResourceRegistry(), command, workspace=tmp_path)
+    assert [(t.name, t.read_only, t.requires_approval) for t in tools] == [
+        ("exec_command", False, True),
+        ("write_stdin", False, True),
+    ]
+    with pytest.raises(Error) as exc:
+        command_tools(ResourceRegistry(), command, workspace=tmp_path / "missing")
+    assert exc.value.error_class is ErrorClass.VALIDATION
