@@ -76,6 +76,12 @@ def group_alive(pgid: int, leader_start: int) -> bool:
     still has a live process.  A group id reused by a newer leader (another
     start time) means the recorded group is gone: the kernel reuses an id
     only once no process holds it as its group."""
+    try:
+        os.killpg(pgid, 0)  # no signal: asks whether any process holds the group
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's group: the id was reused, the scan below says so
     leader = read_stat(pgid)
     if leader is not None and leader.start_time != leader_start:
         return False
