@@ -3,7 +3,9 @@ confirmed from /proc, reservations and receipts."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -347,3 +349,52 @@ async def test_unsupported_platforms_are_refused(monkeypatch: pytest.MonkeyPatch
         async with LocalCommand():
             pass
     assert exc.value.error_class is ErrorClass.UNSUPPORTED_CAPABILITY
+
+
+def _sleepers(marks: set[int]) -> list[int]:
+    """Pids of live ``sleep N`` processes whose N is one of ``marks``."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+            state = Path(f"/proc/{name}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        running = argv[0] == b"sleep" and len(argv) > 1 and state != b"Z"
+        if running and argv[1].isdigit() and int(argv[1]) in marks:
+            found.append(int(name))
+    return found
+
+
+async def test_no_orphan_at_200_randomized_cancel_times(tmp_path: Path) -> None:
+    """Owner-wide cancels at 200 random moments (before, during and after
+    the launch and its handshake) of a command whose grandchildren share
+    its group: no process of any of them is left alive."""
+    rng = random.Random(20261202)
+    marks: set[int] = set()
+    async with LocalCommand() as backend:
+        for n in range(200):
+            owner, mark = f"run-{n}", 40_000 + n
+            marks.add(mark)
+            delay = rng.uniform(0.0, 0.03)
+
+            async def launch(owner: str = owner, mark: int = mark) -> None:
+                cmd = f"sleep {mark} & sleep {mark} & wait"
+                with contextlib.suppress(Error):  # a cancel before the ACK refuses it
+                    await backend.start(inv(1, owner=owner), cmd, workspace=tmp_path / owner)
+
+            (tmp_path / owner).mkdir()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(launch)
+                await trio.sleep(delay)
+                backend.cancel(owner)
+            with trio.fail_after(10):
+                while backend.owner_status(owner) == "pending":
+                    await trio.sleep(0.005)
+            assert backend.owner_status(owner) == "confirmed"
+    with trio.fail_after(5):
+        while _sleepers(marks):
+            await trio.sleep(0.01)
+    assert _sleepers(marks) == []
