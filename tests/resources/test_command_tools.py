@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 import trio
 
-from tests.runtime.support import conversation_with, run_to_settled
+from tests.runtime.support import Fault, FaultyStore, conversation_with, run_to_settled
 from trio_backplane import Error, ErrorClass
 from trio_backplane.resources import LocalCommand, ResourceRegistry, command_tools
 from trio_backplane.resources._proc import group_members
-from trio_backplane.testing import ScriptedProvider
+from trio_backplane.store import MemoryStore
+from trio_backplane.testing import Hang, ScriptedProvider
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 S = ScriptedProvider
@@ -159,3 +160,42 @@ async def test_the_tools_are_mutating_and_need_approval_by_default(tmp_path: Pat
     with pytest.raises(Error) as exc:
         command_tools(ResourceRegistry(), command, workspace=tmp_path / "missing")
     assert exc.value.error_class is ErrorClass.VALIDATION
+
+
+@pytest.mark.parametrize("path", ["run_deadline", "provider_failure", "storage_failure"])
+async def test_every_terminal_path_leaves_no_process_of_the_group(
+    tmp_path: Path, path: str
+) -> None:
+    """RES-14 with a real process group left running by the model: the run
+    deadline, a provider failure and a storage failure each stop it, its
+    grandchildren included."""
+    registry = ResourceRegistry()
+    cmd = "echo $$; sleep 300 & sleep 300 & wait"
+    call = S.tool_calls(("c1", "exec_command", {"cmd": cmd, "yield_time_ms": 200}))
+    after = {
+        "run_deadline": [Hang()],
+        "provider_failure": S.failure(Error(ErrorClass.TRANSIENT_TRANSPORT, "provider down")),
+        "storage_failure": S.text("done"),
+    }[path]
+    store = FaultyStore(MemoryStore(), Fault("fail", kind="finish"))
+    extra: dict[str, Any] = {
+        "run_deadline": {"run_timeout": 1.0},
+        "provider_failure": {},
+        "storage_failure": {"store": store},
+    }[path]
+    async with LocalCommand() as command:
+        tools = command_tools(registry, command, workspace=tmp_path, requires_approval=False)
+        finished = await run_to_settled(S([call, after]), tools, wall_clock=None, **extra)
+        [result] = structured(finished)
+        pgid = int(result["output"])
+        assert finished.snapshot.resource_cleanup.status == "confirmed"
+        assert group_members(pgid) == []
+    expected = {
+        "run_deadline": ("unknown_outcome", None),
+        "provider_failure": ("failed", None),
+        "storage_failure": (None, "storage_failed"),
+    }[path]
+    if expected[0] is not None:
+        assert finished.record.state == expected[0]
+    else:
+        assert finished.snapshot.phase == expected[1]
