@@ -1061,3 +1061,26 @@ def test_runs_show_prints_messages_of_any_shape(tmp_path: Path) -> None:
     assert status == 0, text
     for shown in ("plain text result", "42", "a mapping"):
         assert shown in text
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+@pytest.mark.parametrize("approve", ["yes", "no"])
+def test_demo_with_commands_runs_a_real_command_under_approval(
+    tmp_path: Path, approve: str
+) -> None:
+    """``demo --commands``: the scripted model runs ``ls`` of the package and
+    a ``python -c`` line through ``exec_command``, only once approved; the
+    run completes either way and its command session is released."""
+    status, text, run_id = _demo(tmp_path, "--commands", "--approve", approve)
+    assert status == 0, text
+    record = _load(tmp_path / "demo.sqlite3", run_id)
+    [result] = [m["result"] for m in thaw(record.transcript) if m.get("name") == "exec_command"]
+    if approve == "yes":
+        assert result["structured_content"]["exit_code"] == 0
+        output = result["structured_content"]["output"]
+        assert "__init__.py" in output
+        assert re.search(r"^python 3\.\d+\.\d+", output, re.MULTILINE), output
+        assert "The command exited 0." in text
+    else:
+        assert result["is_error"] is True
+        assert "The command did not run." in text

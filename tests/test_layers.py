@@ -34,7 +34,8 @@ ALLOWED: dict[str, set[str]] = {
     "resources": PURE | {"store", "runtime"},
     "adapters": PURE | {"store", "runtime", "recovery"},
     "testing": PURE | {"store", "runtime", "recovery"},
-    "cli": PURE | {"store", "runtime", "recovery", "testing", "adapters", "__init__", "_version"},
+    "cli": PURE
+    | {"store", "runtime", "recovery", "resources", "testing", "adapters", "__init__", "_version"},
     "__init__": PURE | {"store", "runtime", "recovery", "testing", "_version"},
 }
 

@@ -8,6 +8,7 @@ import functools
 import os
 import re
 import secrets
+import shlex
 import sys
 import time
 from collections.abc import Mapping
@@ -17,6 +18,7 @@ import attrs
 import trio
 
 from ...errors import Error
+from ...resources import LocalCommand, ResourceRegistry, command_tools
 from ...runtime import open_conversation
 from ...store import SQLiteStore
 from ...tools import Authority, ToolRegistry
@@ -83,6 +85,12 @@ def add_parser(commands: Any) -> None:
         metavar="SECONDS",
         help="pause between the scripted model's words (default 0.02)",
     )
+    demo_cmd.add_argument(
+        "--commands",
+        action="store_true",
+        help="also give the model exec_command and write_stdin (Linux), each under "
+        "approval; the scripted model lists the package and runs python -c",
+    )
     demo_cmd.set_defaults(handler=demo_command)
 
 
@@ -140,7 +148,12 @@ def demo_command(args: argparse.Namespace, out: TextIO) -> int:
 def _provider(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None, str]:
     """The model, its ``provider_context`` and how the header names it."""
     if args.provider == "scripted":
-        return DemoProvider(pace=args.pace), None, "scripted model (backplane demo)"
+        command = _demo_command() if args.commands else None
+        return (
+            DemoProvider(pace=args.pace, command=command),
+            None,
+            "scripted model (backplane demo)",
+        )
     try:
         from ...adapters.openai import OpenAIProvider
     except ImportError as exc:  # pragma: no cover - httpx ships with the cli extra
@@ -207,6 +220,15 @@ async def _converse(
     The conversation opens inside a nursery: its refusal (a ``--db`` that
     is no store, say) arrives wrapped in an exception group.
     """
+    async with contextlib.AsyncExitStack() as stack:
+        if session.args.commands:
+            registry, authority = await _with_commands(stack, registry, run_id, notes)
+        return await _open(session, registry, authority, run_id, notes)
+
+
+async def _open(
+    session: _Session, registry: ToolRegistry, authority: Authority, run_id: str, notes: str
+) -> tuple[Any, EventView]:
     provider = session.args.provider
     async with (
         SQLiteStore(session.args.db) as store,
@@ -230,6 +252,25 @@ async def _converse(
         await conversation.prompt(PROMPT)
         snapshot = await conversation.wait_settled()
     return snapshot, view
+
+
+def _demo_command() -> str:
+    """What the scripted model runs with ``--commands``."""
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    python = 'import sys; print("python", sys.version.split()[0])'
+    return f"ls {shlex.quote(package)} | head -n 6 && python3 -c {shlex.quote(python)}"
+
+
+async def _with_commands(
+    stack: contextlib.AsyncExitStack, registry: ToolRegistry, run_id: str, notes: str
+) -> tuple[ToolRegistry, Authority]:
+    """The demo's tools with ``exec_command`` and ``write_stdin`` added (run
+    in the notes directory), and the authority granting them."""
+    command = await stack.enter_async_context(LocalCommand())
+    os.makedirs(notes, exist_ok=True)
+    tools = command_tools(ResourceRegistry(), command, workspace=notes)
+    registry = ToolRegistry([*registry, *tools])
+    return registry, Authority.for_registry(registry, caller="backplane-demo", run_id=run_id)
 
 
 def _leaf(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:

@@ -35,7 +35,7 @@ class DemoProvider(ScriptedProvider):
     Text streams word by word, ``pace`` seconds apart.
     """
 
-    def __init__(self, *, pace: float = 0.02) -> None:
+    def __init__(self, *, pace: float = 0.02, command: str | None = None) -> None:
         self.pace = pace
         super().__init__(
             [
@@ -44,6 +44,7 @@ class DemoProvider(ScriptedProvider):
                     ("call_read", "read_package_file", {"path": "__init__.py", "max_lines": 12}),
                     ("call_search", "search_glossary", {"query": "approval", "limit": 2}),
                 ),
+                *self._command_turn(command),
                 self._turn(
                     "Now I'll save a short note. Writing a file needs your approval.",
                     (
@@ -86,6 +87,14 @@ class DemoProvider(ScriptedProvider):
             ),
         ]
 
+    def _command_turn(self, command: str | None) -> list[list[Any]]:
+        """With ``--commands``: one turn running ``command`` (under approval)."""
+        if command is None:
+            return []
+        arguments = {"cmd": command, "yield_time_ms": 10_000}
+        text = "Let me run a command to look at the package and the Python it runs on."
+        return [self._turn(text, ("call_cmd", "exec_command", arguments))]
+
     def _turn(self, text: str, *calls: tuple[str, str, dict[str, Any]]) -> list[Any]:
         steps = self._words(text)
         blocks: list[dict[str, Any]] = [{"type": "text", "text": text}]
@@ -123,6 +132,12 @@ def _summary(messages: Sequence[Any]) -> str:
     hits = (search.get("structured_content") or {}).get("hits") or []
     if hits:
         parts.append(f"The glossary entry '{hits[0]['term']}' explains how approvals work.")
+    ran = results.get("exec_command", {})
+    if ran:
+        shown = (ran.get("structured_content") or {}).get("exit_code")
+        parts.append(
+            f"The command exited {shown}." if shown is not None else "The command did not run."
+        )
     note = results.get("write_note", {})
     if note and not note.get("is_error"):
         parts.append(f"Your note is saved: {note.get('content')}.")
