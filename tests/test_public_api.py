@@ -76,7 +76,7 @@ NAMESPACES: dict[str, list[str]] = {
     ],
     "trio_backplane.resources": [
         "CleanupResult", "CommandInvocation", "CommandLimits", "CommandOutput", "LocalCommand",
-        "ResourceHandle", "ResourceRegistry", "command_tools",
+        "ResourceHandle", "ResourceRegistry", "command_tools", "kill_orphans",
     ],
     "trio_backplane.runtime": [
         "Continue", "Conversation", "DeadlineBudget", "Event", "HookContext", "Hooks", "Phase",

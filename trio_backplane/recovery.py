@@ -100,6 +100,11 @@ class RecoveryReport:
     #: the record's outstanding work by kind (``provider``, ``tools``,
     #: ``children``, ``dependencies``: sorted ids), effects included
     unsettled: Mapping[str, Any] = attrs.field(factory=dict)
+    #: what the run's tools recorded of resources that may outlive a host
+    #: (``kind: "process_group"`` with ``pgid``, ``start_time``, ``boot_id``
+    #: and ``host``): after a crash they may still run, see
+    #: :func:`trio_backplane.resources.kill_orphans`
+    resources: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def safe_to_withdraw(self) -> bool:
@@ -171,4 +176,14 @@ def recover(record: RunRecord, *, incarnation: int) -> RecoveryReport:
         state=record.state,
         terminal=record.terminal,
         unsettled=thaw(cleanup_requirements(record)),
+        resources=_resources(record),
     )
+
+
+def _resources(record: RunRecord) -> tuple[Mapping[str, Any], ...]:
+    """The resources the run's tools recorded (``context["conversation"]``)."""
+    conversation = (record.context or {}).get("conversation")
+    listed = conversation.get("resources") if isinstance(conversation, Mapping) else None
+    if not isinstance(listed, list | tuple):
+        return ()
+    return tuple(thaw(item) for item in listed if isinstance(item, Mapping))

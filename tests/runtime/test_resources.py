@@ -175,3 +175,30 @@ def test_resources_must_be_registries() -> None:
         assert exc.value.details["option"] == "resources"
 
     trio.run(main)
+
+
+async def test_a_tool_records_resource_evidence_durably(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """``record_resource`` commits the evidence with the invocation's id
+    before the tool goes on; recovery reports it; a non-mapping is refused."""
+    from trio_backplane.recovery import recover
+
+    refused: list[Error] = []
+
+    class Recording:
+        async def execute(self, operation: Any) -> ToolResult:
+            try:
+                await operation.context.record_resource(["not", "a", "mapping"])
+            except Error as error:
+                refused.append(error)
+            await operation.context.record_resource({"kind": "process_group", "pgid": 4242})
+            return ToolResult("recorded")
+
+    provider = S([S.tool_calls(("c1", "rec", {})), S.text("done")])
+    finished = await run_to_settled(provider, [make_tool("rec", Recording())])
+    [entry] = recover(finished.record, incarnation=2).resources
+    assert entry["kind"] == "process_group"
+    assert entry["pgid"] == 4242
+    assert f"tool:{entry['invocation_id']}" in finished.record.intents
+    assert [e.error_class for e in refused] == [ErrorClass.VALIDATION]

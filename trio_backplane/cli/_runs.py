@@ -16,6 +16,7 @@ import trio
 from ..errors import Error, ErrorClass
 from ..kernel import RUN_STATES, encode_record, thaw
 from ..recovery import RecoveryReport, recover
+from ..resources import kill_orphans
 from ._output import EXIT_OK, EXIT_REJECTED, EXIT_USAGE, Out, clean, error_text, reason, short
 from ._urls import UsageError, hide_dsn_secret, open_store
 
@@ -59,6 +60,12 @@ def add_parser(commands: Any) -> None:
         "--fence",
         action="store_true",
         help="also fence the stored incarnation (Store.fence): it can never commit again",
+    )
+    runs_recover.add_argument(
+        "--kill-orphans",
+        action="store_true",
+        help="stop the process groups the run's commands left alive on this host "
+        "(each leader's start time checked) and say which",
     )
     for command in (runs_list, runs_show, runs_recover):
         command.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -282,6 +289,8 @@ async def _recover(store: Any, args: argparse.Namespace, out: Out) -> int:
         out.file.write(json.dumps(data, indent=2, default=str) + "\n")
     else:
         _show_report(out, report)
+    if args.kill_orphans:
+        _show_orphans(out, await kill_orphans(report.resources), json_output=args.json)
     if args.fence:
         receipt = await store.fence(args.run_id, incarnation=incarnation)
         message = (
@@ -301,6 +310,21 @@ async def _recover(store: Any, args: argparse.Namespace, out: Out) -> int:
             )
         )
     return EXIT_OK
+
+
+def _show_orphans(out: Out, reports: list[dict[str, Any]], *, json_output: bool) -> None:
+    """One line per recorded process group: killed, gone, skipped or alive."""
+    if json_output:
+        print(json.dumps({"orphans": reports}), file=sys.stderr)
+        return
+    if not reports:
+        out.line("  orphans: the run recorded no process group")
+    for item in reports:
+        why = f" ({item['reason']})" if item.get("reason") else ""
+        style = "bold red" if item["status"] == "alive" else "bold yellow"
+        out.line(
+            (f"  orphan process group {item['pgid']} ", "dim"), (f"{item['status']}{why}", style)
+        )
 
 
 def _show_report(out: Out, report: RecoveryReport) -> None:
@@ -326,6 +350,12 @@ def _show_report(out: Out, report: RecoveryReport) -> None:
         out.line(
             ("  uncertain (reconcile by hand) ", "bold red"),
             ", ".join(report.uncertain_effects),
+        )
+    for item in report.resources:
+        out.line(
+            ("  recorded ", "dim"),
+            f"{item.get('kind')} {item.get('pgid')} on {item.get('host')}"
+            f" (session {item.get('session_id')}; --kill-orphans stops it if alive)",
         )
 
 

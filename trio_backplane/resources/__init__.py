@@ -5,6 +5,7 @@ from ._cleanup import CleanupResult
 from ._command import CommandInvocation, LocalCommand
 from ._jobs import CommandOutput
 from ._launch import CommandLimits
+from ._orphans import kill_orphans
 from ._registry import ResourceHandle, ResourceRegistry
 from ._tools import command_tools
 
@@ -17,6 +18,7 @@ __all__ = [
     "ResourceHandle",
     "ResourceRegistry",
     "command_tools",
+    "kill_orphans",
 ]
 
 fixup_module_metadata(__name__, globals())

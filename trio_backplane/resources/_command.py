@@ -18,6 +18,7 @@ from ..errors import Error, ErrorClass
 from ._jobs import LINE_COST, CommandOutput, Job, Signaler, clean_group, default_signaler
 from ._launch import DEFAULT_ENV, CommandLimits, environment, launch
 from ._ledger import CAPACITY, Ledger, Obligation, check_capacity
+from ._orphans import group_evidence
 from ._proc import supported
 
 __all__ = ["CommandInvocation", "LocalCommand"]
@@ -280,6 +281,12 @@ class LocalCommand:
                 ErrorClass.NOT_FOUND, "job not found", {"session_id": invocation.session_id}
             )
         return job
+
+    def evidence(self, invocation: CommandInvocation) -> dict[str, Any]:
+        """What names the command's process group for good, to record
+        durably (see :func:`kill_orphans`)."""
+        job = self._job(invocation)
+        return group_evidence(job.launched.pgid, job.launched.start_time, job.session_id)
 
     def read(self, invocation: CommandInvocation, cursor: int = 0) -> CommandOutput:
         """The command's lines from ``cursor`` and its state."""

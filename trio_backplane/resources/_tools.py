@@ -116,6 +116,8 @@ class _Shell:
             self.registry.withdraw_session(session_id, owner, incarnation)
             return reject(operation, error)
         self.registry.update_session(session_id, owner, session, incarnation)
+        # durable before the model hears of it: a crashed host's group is found
+        await operation.context.record_resource(self.command.evidence(session.invocation))
         return await self._report(session, args, operation)
 
     async def _confirm(self, session: _Session) -> str:

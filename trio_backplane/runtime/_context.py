@@ -10,12 +10,13 @@ import attrs
 import trio
 
 from ..errors import Error, ErrorClass
-from ..kernel import freeze
+from ..kernel import appended, freeze
 from ..tools import PublicationReceipt, ToolRegistry, ToolResult
 from ._catalog import CatalogState
 from ._interactions import Interactions
 from ._signals import _Stop, _StorageFailed
 from ._state import Publisher, RunState
+from ._steps import Step, checkpoint_step
 
 __all__ = ["ContextHost", "Effect", "ToolContext", "ToolOperation", "stage"]
 
@@ -33,6 +34,8 @@ class ContextHost:
     catalog: CatalogState
     interactions: Interactions
     nested: Nested
+    #: commits steps now, with whatever a step carries (``StepWriter.flush``)
+    record: Callable[[Step], Awaitable[None]]
 
 
 def stage(
@@ -169,6 +172,24 @@ class ToolContext:
             return answer
         # the effect ended while this waited
         raise Error(ErrorClass.RESOURCE_CONFLICT, "stale or overlapping interaction")
+
+    async def record_resource(self, evidence: Mapping[str, Any]) -> None:
+        """Commit ``evidence`` of a resource this tool started and that may
+        outlive the host (a process group, say) into the run's record, with
+        this invocation's id: recovery reports it after a crash."""
+        self._host.state.require_own_run()
+        if not isinstance(evidence, Mapping):
+            raise Error(ErrorClass.VALIDATION, "resource evidence must be a mapping")
+        if not self._effect.live:
+            raise Error(ErrorClass.RESOURCE_CONFLICT, "the effect has ended")
+        entry = freeze({**evidence, "invocation_id": self._effect.invocation_id}, "evidence")
+        step = checkpoint_step(lambda c: attrs.evolve(c, resources=appended(c.resources, entry)))
+        try:
+            await self._host.record(step)
+        except _StorageFailed as failed:
+            raise failed.error from None
+        except _Stop:
+            raise _stopping() from None
 
     @property
     def catalog_registry(self) -> ToolRegistry:

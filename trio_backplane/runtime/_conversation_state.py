@@ -32,6 +32,7 @@ _KNOWN: Final = frozenset(
         "resolved_interaction",
         "catalog_revision",
         "last_turn",
+        "resources",
         # a schema version 1 record kept these here (the codec moves them)
         "messages",
         "usage",
@@ -74,6 +75,9 @@ class ConversationState:
     #: ``None``: not recorded (a record the runtime did not write)
     catalog_revision: int | None = None
     last_turn: Mapping[str, Any] | None = None
+    #: what running tools recorded of the resources they started (process
+    #: groups, ...), for recovery after a crash of the host
+    resources: FrozenList = _NO_ITEMS
     #: keys of the stored state this version does not read, kept as they are
     other: Mapping[str, Any] = _NOTHING
     #: the stored mapping this state was read from (``None``: built)
@@ -106,6 +110,7 @@ class ConversationState:
             resolved_interaction=_optional(stored.get("resolved_interaction"), Mapping),
             catalog_revision=revision if type(revision) is int else None,
             last_turn=_optional(stored.get("last_turn"), Mapping),
+            resources=listed(stored, "resources"),
             other=FrozenDict({k: v for k, v in stored.items() if k not in _KNOWN}),
             source=source,
         )
@@ -123,6 +128,8 @@ class ConversationState:
         }
         if self.resolved_interaction is not None:
             data["resolved_interaction"] = self.resolved_interaction
+        if self.resources:
+            data["resources"] = self.resources
         data.update(self.other)
         return freeze(data)  # type: ignore[no-any-return]
 
@@ -192,6 +199,7 @@ def _small(state: ConversationState) -> tuple[Any, ...]:
         state.resolved_interaction,
         state.catalog_revision,
         state.last_turn,
+        state.resources,
         state.other,
     )
 

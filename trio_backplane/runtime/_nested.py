@@ -78,6 +78,7 @@ class NestedCalls:
             catalog=catalog,
             interactions=interactions,
             nested=self.dispatch,
+            record=writer.flush,
         )
 
     async def dispatch(self, outer: Effect, tool_name: str, arguments: Any) -> ToolResult:
