@@ -965,11 +965,14 @@ def test_demo_interrupted_or_with_its_output_gone_exits_without_a_traceback(
         stderr=subprocess.PIPE,
     )
     assert interrupted.stdout is not None
-    interrupted.stdout.readline()  # started: the run is under way, 5 s a word
+    seen = []
+    while not (line := interrupted.stdout.readline()).startswith(b"user"):
+        assert line, seen  # the prompt is consumed: the run streams, 5 s a word
+        seen.append(line)
     time.sleep(0.5)
     interrupted.send_signal(signal.SIGINT)
-    _, err = interrupted.communicate(timeout=60)
-    assert interrupted.returncode == 130, err
+    out, err = interrupted.communicate(timeout=60)
+    assert interrupted.returncode == 130, (err, out[-2000:])
     assert b"interrupted; the run was cancelled" in err
     assert b"Traceback" not in err
 
