@@ -199,3 +199,51 @@ async def test_every_terminal_path_leaves_no_process_of_the_group(
         assert finished.record.state == expected[0]
     else:
         assert finished.snapshot.phase == expected[1]
+
+
+async def test_res_07_res_09_a_real_group_that_cannot_be_stopped_is_kept_and_never_retried(
+    tmp_path: Path,
+) -> None:
+    """RES-07, RES-09, with a real process group: a command session whose
+    group survives its cleanup leaves the registry entry failed; every
+    later release raises ``unknown_outcome`` and never runs the cleanup
+    again, and the run ends ``unknown_outcome`` with that evidence."""
+    from tests.resources.test_local_command import Refusing
+
+    registry = ResourceRegistry()
+    signaler = Refusing()
+    async with LocalCommand(signaler=signaler, cleanup_timeout=0.3) as command:
+        confirmations: list[Any] = []
+        real_confirm = command.cancel_confirmed
+
+        async def counting(invocation: Any, timeout: float) -> None:
+            confirmations.append(invocation)
+            await real_confirm(invocation, timeout)
+
+        command.cancel_confirmed = counting  # type: ignore[method-assign]
+        tools = command_tools(registry, command, workspace=tmp_path, requires_approval=False)
+        cmd = "echo $$; sleep 300 & sleep 300 & wait"
+        provider = S(
+            [
+                S.tool_calls(("c1", "exec_command", {"cmd": cmd, "yield_time_ms": 200})),
+                S.text("leaving it"),
+            ]
+        )
+        finished = await run_to_settled(provider, tools, wall_clock=None)
+        [result] = structured(finished)
+        pgid = int(result["output"])
+        assert finished.record.state == "unknown_outcome"
+        assert finished.snapshot.resource_cleanup.status == "uncertain"
+        assert group_members(pgid) != []
+        [kept] = registry.owner_status("run-1")
+        assert kept.status == "failed"
+        assert len(confirmations) == 1
+        for _ in range(2):
+            with pytest.raises(Error) as exc:
+                await registry.release_session(int(kept.id), "run-1", 1)
+            assert exc.value.message == "resource cleanup needs reconciliation"
+        assert len(confirmations) == 1  # never cleaned again
+        signaler.works = True  # the host reconciles: the group is stopped on leaving
+    with trio.fail_after(5):
+        while group_members(pgid):
+            await trio.sleep(0.01)
