@@ -9,12 +9,19 @@ from typing import Any
 import pytest
 import trio
 
-from tests.runtime.support import Fault, FaultyStore, conversation_with, run_to_settled
+from tests.runtime.support import (
+    Fault,
+    FaultyStore,
+    conversation_with,
+    make_tool,
+    run_to_settled,
+)
 from trio_backplane import Error, ErrorClass
 from trio_backplane.resources import LocalCommand, ResourceRegistry, command_tools
 from trio_backplane.resources._proc import group_members
 from trio_backplane.store import MemoryStore
 from trio_backplane.testing import Hang, ScriptedProvider
+from trio_backplane.tools import ToolResult
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 S = ScriptedProvider
@@ -247,3 +254,47 @@ async def test_res_07_res_09_a_real_group_that_cannot_be_stopped_is_kept_and_nev
     with trio.fail_after(5):
         while group_members(pgid):
             await trio.sleep(0.01)
+
+
+async def test_a_human_wait_suspends_a_command_s_deadline(tmp_path: Path) -> None:
+    """A person answering another tool's question stops the run's clocks,
+    its commands' deadlines included: a command with a 1.5 s deadline is
+    still running after a 3 s human wait, and ends at its deadline after."""
+    registry = ResourceRegistry()
+
+    class Ask:
+        async def execute(self, operation: Any) -> ToolResult:
+            answer = await operation.context.interact({"question": "go on?"})
+            return ToolResult(str(answer))
+
+    async with LocalCommand() as command:
+        tools = [
+            *command_tools(
+                registry, command, workspace=tmp_path, requires_approval=False, timeout=1.5
+            ),
+            make_tool("ask", Ask()),
+        ]
+        poll = {"session_id": 1, "yield_time_ms": 100}
+        provider = S(
+            [
+                S.tool_calls(("c1", "exec_command", {"cmd": "sleep 300", "yield_time_ms": 100})),
+                S.tool_calls(("c2", "ask", {})),
+                S.tool_calls(("c3", "write_stdin", poll)),
+                S.tool_calls(("c4", "write_stdin", {**poll, "yield_time_ms": 10_000})),
+                S.text("done"),
+            ]
+        )
+        async with conversation_with(provider, tools, wall_clock=None) as (conversation, _):
+            await conversation.prompt("go")
+            with trio.fail_after(20):
+                while (pending := conversation.status().pending_interaction) is None:
+                    await trio.sleep(0.01)
+            await trio.sleep(3.0)  # the person takes their time
+            await conversation.resolve(pending["id"], "yes")
+            snapshot = await conversation.wait_settled()
+    results = [
+        m["result"]["structured_content"] for m in snapshot.messages if m.get("role") == "tool"
+    ]
+    assert results[0] == {"session_id": 1, "output": ""}
+    assert results[2] == {"session_id": 1, "output": ""}  # still running after the wait
+    assert results[3]["status"] == "deadline_exceeded"

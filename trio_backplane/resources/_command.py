@@ -216,7 +216,8 @@ class LocalCommand:
     async def _supervise(self, job: Job) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._pump, job)
-            with trio.move_on_at(job.deadline), job.waiting:
+            job.waiting.deadline = job.deadline
+            with job.waiting:
                 code = await job.launched.process.wait()
                 job.exit_status = code
                 job.end("completed" if code == 0 else "failed")
@@ -270,6 +271,27 @@ class LocalCommand:
         await trio.sleep(self.completion_retention)
         if self._jobs.get(job.session_id) is job:
             del self._jobs[job.session_id]
+
+    # -- human waits ------------------------------------------------------------
+
+    def suspend_owner(self, owner: str) -> None:
+        """Stop the deadlines of ``owner``'s running commands (a human wait)."""
+        now = trio.current_time()
+        for job in self._jobs.values():
+            mine = job.obligation.owner == owner and job.status == "running"
+            if mine and job.suspended_at is None:
+                job.suspended_at = now
+                job.waiting.deadline = math.inf
+
+    def resume_owner(self, owner: str, at: float | None = None) -> None:
+        """Start them again, each later by the time the wait took."""
+        end = trio.current_time() if at is None else at
+        for job in self._jobs.values():
+            if job.obligation.owner == owner and job.suspended_at is not None:
+                job.deadline += max(0.0, end - job.suspended_at)
+                job.suspended_at = None
+                if job.status == "running":
+                    job.waiting.deadline = job.deadline
 
     # -- reading and writing ----------------------------------------------------
 

@@ -78,8 +78,11 @@ class Job:
     drained: trio.Event = attrs.Factory(trio.Event)
     #: set once cleanup has an outcome (a retry makes a new one)
     settled: trio.Event = attrs.Factory(trio.Event)
-    #: the wait for the command's exit: cancelled to end it early
+    #: the wait for the command's exit: cancelled to end it early; its
+    #: deadline is the command's (moved by a human wait)
     waiting: trio.CancelScope = attrs.Factory(trio.CancelScope)
+    #: when a human wait of its owner began (``None``: not suspended)
+    suspended_at: float | None = None
     cleaning: bool = False
 
     @property

@@ -99,6 +99,7 @@ class ResourceRegistry:
         self._entries: dict[str | int, _Entry] = {}
         self._receipts: OrderedDict[str | int, tuple[CleanupResult, str | None]] = OrderedDict()
         self._closed: set[str] = set()
+        self._clocks: list[Any] = []
         self._resource_ids = itertools.count(1)
         self._session_ids = itertools.count(1)
 
@@ -371,6 +372,23 @@ class ResourceRegistry:
             raise Error(ErrorClass.NOT_FOUND, "resource not found", {"id": key})
         _check_identity(found[0].owner, found[0].incarnation, owner, incarnation)
         return found[0]
+
+    def attach_clock(self, backend: Any) -> None:
+        """Let ``backend`` (a :class:`LocalCommand`) hear when an owner's
+        clocks stop for a human wait and start again."""
+        if backend not in self._clocks:
+            self._clocks.append(backend)
+
+    def suspend_owner(self, owner: str) -> None:
+        """A human wait began in ``owner``'s run: its commands' deadlines stop."""
+        for backend in self._clocks:
+            backend.suspend_owner(owner)
+
+    def resume_owner(self, owner: str, at: float | None = None) -> None:
+        """The wait ended (at Trio time ``at``, default now): the deadlines
+        go on, later by the time waited."""
+        for backend in self._clocks:
+            backend.resume_owner(owner, at)
 
     def owners(self) -> Collection[str]:
         """Owners with live entries."""

@@ -218,6 +218,7 @@ def command_tools(
         default_yield=default_yield,
         confirm_timeout=command.cleanup_timeout + command.shutdown_timeout,
     )
+    registry.attach_clock(command)  # a human wait of the run stops its commands' deadlines
     context = {"resource_registry": registry}
     return [
         ToolDescriptor(

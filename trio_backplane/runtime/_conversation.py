@@ -97,6 +97,7 @@ def _assemble(
         state, store, commit_timeout=options.commit_timeout, failed=storage_failed
     )
     owned = OwnedRegistries(options.resources, state.run_id, options.cleanup_timeout)
+    state.resource_clocks = tuple(r for r in options.resources if hasattr(r, "suspend_owner"))
     settlement = Settlement(state, coordinator, publisher, catalog, options, nursery, owned)
     parts = _Parts(
         state=state,

@@ -141,6 +141,9 @@ class RunState:
     #: the provider attempt's scope while its stream closes (shielded)
     closing: trio.CancelScope | None = None
     resource_cleanup: ResourceCleanup = attrs.Factory(ResourceCleanup)
+    #: the run's registries that keep clocks of their own (command deadlines):
+    #: a human wait suspends them too
+    resource_clocks: tuple[Any, ...] = ()
     #: wakes the worker's watchdog: a stop, a deadline moved, the worker done
     watch_poke: trio.Event = attrs.Factory(trio.Event)
     #: set once the run is terminal, recovery_required or storage_failed
@@ -222,6 +225,8 @@ class RunState:
         self.run_budget.suspend()
         for budget in self.effects:
             budget.suspend()
+        for registry in self.resource_clocks:
+            registry.suspend_owner(self.run_id)
         self.watch_poke.set()
 
     def resume_deadlines(self, at: float | None = None) -> None:
@@ -230,6 +235,8 @@ class RunState:
         self.run_budget.resume(at)
         for budget in self.effects:
             budget.resume(at)
+        for registry in self.resource_clocks:
+            registry.resume_owner(self.run_id, at)
         self.watch_poke.set()
 
 
