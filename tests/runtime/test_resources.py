@@ -202,3 +202,31 @@ async def test_a_tool_records_resource_evidence_durably(
     assert entry["pgid"] == 4242
     assert f"tool:{entry['invocation_id']}" in finished.record.intents
     assert [e.error_class for e in refused] == [ErrorClass.VALIDATION]
+
+
+async def test_res_14_a_published_catalog_s_registries_are_closed_too(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """RES-14: a registry named by a tool of a catalog published mid-run
+    joins the run's registries and is closed with them."""
+    from tests.runtime.support import publication
+
+    owning = Owning(ResourceRegistry())
+    owned_tool = make_tool("own", owning, backend_context={"resource_registry": owning.registry})
+
+    class Publishing:
+        async def execute(self, operation: Any) -> ToolResult:
+            operation.context.stage_catalog(publication("pub-2", [owned_tool]))
+            return ToolResult("published")
+
+    provider = S(
+        [
+            S.tool_calls(("c1", "publish", {})),
+            S.tool_calls(("c2", "own", {})),
+            S.text("done"),
+        ]
+    )
+    finished = await run_to_settled(provider, [make_tool("publish", Publishing())])
+    assert finished.record.state == "completed"
+    assert owning.cleanups == 1
+    assert finished.snapshot.resource_cleanup.status == "confirmed"

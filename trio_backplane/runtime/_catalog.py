@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import itertools
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import attrs
@@ -104,6 +104,9 @@ class CatalogState:
 
     def __init__(self, bundle: AdmittedBundle, admission: str) -> None:
         self.bundle = bundle
+        #: told of each catalog that becomes active (the run adopts the
+        #: resource registries its tools name)
+        self.on_publish: Callable[[AdmittedBundle], None] | None = None
         self._provider_tools: tuple[AdmittedBundle, tuple[ProviderTool, ...]] | None = None
         self.revision = 1
         self.admission = admission
@@ -278,4 +281,6 @@ class CatalogState:
         self.revision = staged.receipt.catalog_revision
         receipt = attrs.evolve(staged.receipt, status="published")
         self._remember(staged.publication, receipt)
+        if self.on_publish is not None:
+            self.on_publish(staged.bundle)
         return receipt

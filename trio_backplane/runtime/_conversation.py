@@ -98,6 +98,12 @@ def _assemble(
     )
     owned = OwnedRegistries(options.resources, state.run_id, options.cleanup_timeout)
     state.resource_clocks = tuple(r for r in options.resources if hasattr(r, "suspend_owner"))
+
+    def adopt(bundle: AdmittedBundle) -> None:  # a published catalog's registries join
+        new = owned.adopt(bundle.registry)
+        state.resource_clocks += tuple(r for r in new if hasattr(r, "suspend_owner"))
+
+    catalog.on_publish = adopt
     settlement = Settlement(state, coordinator, publisher, catalog, options, nursery, owned)
     parts = _Parts(
         state=state,

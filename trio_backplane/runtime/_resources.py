@@ -99,6 +99,14 @@ class OwnedRegistries:
         self._owner = owner
         self._timeout = timeout
 
+    def adopt(self, descriptors: Iterable[Any]) -> tuple[Any, ...]:
+        """Add the registries a newly published catalog's tools name; the
+        ones new to this run."""
+        found = check_resources((), descriptors)
+        new = tuple(r for r in found if all(r is not mine for mine in self.registries))
+        self.registries += new
+        return new
+
     async def close(self) -> ResourceCleanup:
         """:func:`close_resources` of this run (repeatable: a kept entry is
         reported again, never cleaned again)."""
