@@ -398,3 +398,27 @@ async def test_no_orphan_at_200_randomized_cancel_times(tmp_path: Path) -> None:
         while _sleepers(marks):
             await trio.sleep(0.01)
     assert _sleepers(marks) == []
+
+
+async def test_before_run_sees_the_verified_group_and_its_refusal_runs_nothing(
+    command: LocalCommand, tmp_path: Path
+) -> None:
+    """``before_run`` gets the group's evidence before the command runs;
+    when it raises (a record that could not be made durable), the command
+    never ran and the launcher is gone."""
+    seen: list[dict[str, Any]] = []
+
+    async def refuse(evidence: dict[str, Any]) -> None:
+        seen.append(evidence)
+        assert group_members(evidence["pgid"]) != []  # the launcher, waiting for our ACK
+        raise Error(ErrorClass.STORAGE_FAILED, "store is down")
+
+    marker = tmp_path / "ran"
+    with pytest.raises(Error) as exc:
+        await command.start(inv(1), f"touch {marker}", workspace=tmp_path, before_run=refuse)
+    assert exc.value.error_class is ErrorClass.STORAGE_FAILED
+    [evidence] = seen
+    assert evidence["kind"] == "process_group"
+    assert evidence["session_id"] == 1
+    assert not marker.exists()
+    assert group_members(evidence["pgid"]) == []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import math
 import signal
-from collections.abc import Collection
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any, Final, final
 
@@ -21,7 +21,10 @@ from ._ledger import CAPACITY, Ledger, Obligation, check_capacity
 from ._orphans import group_evidence
 from ._proc import supported
 
-__all__ = ["CommandInvocation", "LocalCommand"]
+__all__ = ["BeforeRun", "CommandInvocation", "LocalCommand"]
+
+#: Told a launched group's evidence before its command runs.
+BeforeRun = Callable[[dict[str, Any]], Awaitable[None]]
 
 #: The default output limit of a command, in bytes (each line costs 8 more).
 OUTPUT_LIMIT: Final = 1 << 20
@@ -138,9 +141,13 @@ class LocalCommand:
         timeout: float | None = None,
         output_limit: int = OUTPUT_LIMIT,
         limits: CommandLimits | None = None,
+        before_run: BeforeRun | None = None,
     ) -> CommandOutput:
         """Launch ``command`` (``/bin/sh -c``) in ``workspace``, verified;
-        returns at once with the running command's first record."""
+        returns at once with the running command's first record.
+        ``before_run``: awaited with the verified group's evidence (see
+        :func:`kill_orphans`) before the command runs; raising refuses the
+        launch, and nothing ran (record it durably there)."""
         if self._nursery is None:
             raise Error(ErrorClass.RESOURCE_CONFLICT, "LocalCommand is not open")
         if type(command) is not str or not command or "\0" in command:
@@ -161,7 +168,7 @@ class LocalCommand:
         self._ledger.launching(obligation)
         self._workspaces[where] = obligation.session_id
         try:
-            job = await self._launch(obligation, command, where, deadline, limits)
+            job = await self._launch(obligation, command, where, deadline, (limits, before_run))
         except BaseException:
             # nothing ran: the launcher is killed before it execs the command
             del self._workspaces[where]
@@ -178,13 +185,16 @@ class LocalCommand:
         command: str,
         where: str,
         deadline: float,
-        limits: CommandLimits | None,
+        how: tuple[CommandLimits | None, BeforeRun | None],
     ) -> Job:
+        limits, before_run = how
         startup = min(self.startup_timeout, deadline - trio.current_time())
         if startup <= 0:
             raise Error(ErrorClass.TIMEOUT, "local command deadline elapsed during startup")
 
-        def admit() -> None:
+        async def admit(pgid: int, start_time: int) -> None:
+            if before_run is not None:
+                await before_run(group_evidence(pgid, start_time, obligation.session_id))
             if obligation.fenced:
                 raise Error(
                     ErrorClass.CANCELLED,

@@ -8,7 +8,7 @@ import contextlib
 import os
 import secrets
 import subprocess
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Final, final
 
 import attrs
@@ -126,10 +126,11 @@ async def launch(
     env: Mapping[str, str],
     limits: CommandLimits,
     startup_timeout: float,
-    admit: Callable[[], None],
+    admit: Callable[[int, int], Awaitable[None]],
 ) -> Launched:
     """Start ``command`` under the launcher, verify its group from ``/proc``,
-    ask ``admit`` (which raises to refuse) and only then let it run; any
+    await ``admit(pgid, start_time)`` (which raises to refuse) and only then
+    let it run; any
     failure kills what was started and raises."""
     nonce = secrets.token_hex(8)
     process = await trio.lowlevel.open_process(
@@ -146,7 +147,7 @@ async def launch(
     reader = LineReader(process.stdout)
     try:
         stat = await _handshake(process, reader, nonce, startup_timeout)
-        admit()
+        await admit(process.pid, stat.start_time)
         await process.stdin.send_all(f"ACK {nonce} {process.pid}\n".encode())
     except BaseException:
         _kill_group(process.pid)

@@ -110,14 +110,14 @@ class _Shell:
                 workspace=workdir,
                 timeout=self.timeout,
                 limits=self.limits,
+                # durable before the command runs: a crashed host's group is found
+                before_run=operation.context.record_resource,
             )
         except Error as error:
             # the launcher never ran the command: nothing happened
             self.registry.withdraw_session(session_id, owner, incarnation)
             return reject(operation, error)
         self.registry.update_session(session_id, owner, session, incarnation)
-        # durable before the model hears of it: a crashed host's group is found
-        await operation.context.record_resource(self.command.evidence(session.invocation))
         return await self._report(session, args, operation)
 
     async def _confirm(self, session: _Session) -> str:
