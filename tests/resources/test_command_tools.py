@@ -298,3 +298,65 @@ async def test_a_human_wait_suspends_a_command_s_deadline(tmp_path: Path) -> Non
     assert results[0] == {"session_id": 1, "output": ""}
     assert results[2] == {"session_id": 1, "output": ""}  # still running after the wait
     assert results[3]["status"] == "deadline_exceeded"
+
+
+async def _session_with_command(
+    registry: ResourceRegistry, command: LocalCommand, tmp_path: Path
+) -> tuple[int, list[Any]]:
+    """A running real command's session in ``registry`` (owner ``run-1``),
+    registered the way ``exec_command`` does; the cleanup calls it counts."""
+    from trio_backplane.resources import CommandInvocation
+
+    calls: list[Any] = []
+    holder: dict[str, CommandInvocation] = {}
+
+    async def cleanup() -> str:
+        calls.append(holder["invocation"])
+        await command.cancel_confirmed(holder["invocation"], 5.0)
+        return "confirmed"
+
+    session_id = registry.register_session("run-1", cleanup=cleanup)
+    holder["invocation"] = CommandInvocation(owner="run-1", session_id=session_id)
+    await command.start(holder["invocation"], "sleep 300 & sleep 300 & wait", workspace=tmp_path)
+    registry.update_session(session_id, "run-1", "running")
+    return session_id, calls
+
+
+async def test_res_08_a_release_racing_close_owner_stops_a_real_group_once(
+    tmp_path: Path,
+) -> None:
+    """RES-08 with a real process group: a release and the owner's close,
+    concurrent, run the cleanup once; the group is gone."""
+    registry = ResourceRegistry()
+    async with LocalCommand() as command:
+        session_id, calls = await _session_with_command(registry, command, tmp_path)
+        pgid = command._jobs[session_id].launched.pgid
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(registry.release_session, session_id, "run-1")
+            nursery.start_soon(registry.close_owner, "run-1")
+        assert len(calls) == 1
+        assert group_members(pgid) == []
+
+
+async def test_res_10_a_real_cleanup_overrunning_the_registry_bound_is_uncertain(
+    tmp_path: Path,
+) -> None:
+    """RES-10 with a real process group that ignores its stop: the cleanup
+    (confirming the group gone) overruns the registry's ``cleanup_timeout``
+    and the entry is uncertain, ``unknown_outcome`` on release."""
+    from tests.resources.test_local_command import Refusing
+
+    registry = ResourceRegistry(cleanup_timeout=0.5)
+    signaler = Refusing()
+    async with LocalCommand(signaler=signaler, cleanup_timeout=2.0) as command:
+        session_id, _ = await _session_with_command(registry, command, tmp_path)
+        pgid = command._jobs[session_id].launched.pgid
+        with pytest.raises(Error) as exc:
+            await registry.release_session(session_id, "run-1")
+        assert exc.value.error_class is ErrorClass.UNKNOWN_OUTCOME
+        assert exc.value.message == "resource cleanup is unconfirmed"
+        assert group_members(pgid) != []
+        signaler.works = True  # leaving the backend stops it
+    with trio.fail_after(5):
+        while group_members(pgid):
+            await trio.sleep(0.01)
