@@ -211,10 +211,11 @@ async def test_every_terminal_path_leaves_no_process_of_the_group(
 async def test_res_07_res_09_a_real_group_that_cannot_be_stopped_is_kept_and_never_retried(
     tmp_path: Path,
 ) -> None:
-    """RES-07, RES-09, with a real process group: a command session whose
-    group survives its cleanup leaves the registry entry failed; every
+    """RES-07, RES-09, RES-15, with a real process group: a command session
+    whose group survives its cleanup leaves the registry entry failed; every
     later release raises ``unknown_outcome`` and never runs the cleanup
-    again, and the run ends ``unknown_outcome`` with that evidence."""
+    again, and the run whose last turn succeeded ends ``unknown_outcome``
+    with that evidence, never ``completed``."""
     from tests.resources.test_local_command import Refusing
 
     registry = ResourceRegistry()
