@@ -958,9 +958,16 @@ def test_demo_interrupted_or_with_its_output_gone_exits_without_a_traceback(
     import signal
     import time
 
-    command = [sys.executable, "-m", "trio_backplane.cli", "demo", "--approve", "yes"]
+    # Ctrl-C as a terminal delivers it: SIGINT at its default disposition in
+    # the child, even when the suite itself runs with SIGINT ignored (a
+    # background job of a non-interactive shell), which exec would pass on.
+    as_in_a_terminal = (
+        "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+        "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+    )
+    command = [sys.executable, "-c", as_in_a_terminal, "-m", "trio_backplane.cli", "demo"]
     interrupted = subprocess.Popen(
-        [*command, "--db", str(tmp_path / "a.sqlite3"), "--pace", "5"],
+        [*command, "--approve", "yes", "--db", str(tmp_path / "a.sqlite3"), "--pace", "5"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
