@@ -32,6 +32,8 @@ ALLOWED: dict[str, set[str]] = {
     "recovery": {"errors", "_numbers", "_public", "kernel", "store"},
     # run-owned resources: their tools sit on the runtime like an adapter's
     "resources": PURE | {"store", "runtime"},
+    # Code Mode: its workers are run-owned resources
+    "codemode": PURE | {"store", "runtime", "resources"},
     "adapters": PURE | {"store", "runtime", "recovery"},
     "testing": PURE | {"store", "runtime", "recovery"},
     "cli": PURE

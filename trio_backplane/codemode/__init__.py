@@ -1,0 +1,9 @@
+"""Code Mode: model-written JavaScript in a permissionless Deno worker."""
+
+from .._public import fixup_module_metadata
+from ._worker import CellResult, CodeWorker
+
+__all__ = ["CellResult", "CodeWorker"]
+
+fixup_module_metadata(__name__, globals())
+del fixup_module_metadata
