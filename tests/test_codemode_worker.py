@@ -110,3 +110,48 @@ def test_the_host_environment_is_not_passed(monkeypatch: pytest.MonkeyPatch) -> 
 
     trio.run(main)
     assert os.environ["BACKPLANE_CANARY_SECRET"] == "canary-9"
+
+
+async def test_tools_calls_reach_the_host_one_at_a_time() -> None:
+    """``tools.<name>(args)`` awaits the host's answer; calls a cell makes
+    together are answered one at a time, in order; an ``Error`` the host
+    raises rejects the promise with its class and message, which the cell
+    can catch."""
+    from trio_backplane.errors import Error as HostError
+
+    seen: list[tuple[str, object]] = []
+    active = 0
+
+    async def call(name: str, args: object) -> object:
+        nonlocal active
+        active += 1
+        assert active == 1
+        seen.append((name, args))
+        await trio.sleep(0.01)
+        active -= 1
+        if name == "refuse":
+            raise HostError(ErrorClass.VALIDATION, "arguments do not match the schema")
+        return {"echo": args}
+
+    code = """
+        const one = await tools.lookup({q: 1});
+        const many = await Promise.all([tools.lookup({q: 2}), tools.lookup({q: 3})]);
+        let refused = null;
+        try { await tools.refuse({}); } catch (e) { refused = [e.name, e.message]; }
+        return {one, many, refused};
+    """
+    async with CodeWorker() as worker:
+        result = await worker.run(code, call=call)
+        bare = await worker.run("return await tools.anything({})")
+    assert result.value == {
+        "one": {"echo": {"q": 1}},
+        "many": [{"echo": {"q": 2}}, {"echo": {"q": 3}}],
+        "refused": ["validation", "arguments do not match the schema"],
+    }
+    assert seen == [
+        ("lookup", {"q": 1}),
+        ("lookup", {"q": 2}),
+        ("lookup", {"q": 3}),
+        ("refuse", {}),
+    ]
+    assert (bare.ok, bare.error) == (False, "unsupported_capability")

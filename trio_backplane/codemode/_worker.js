@@ -1,6 +1,8 @@
 // The Code Mode worker: JSON lines in, JSON lines out, no permissions.
 // {"id", "code"} runs `code` as an async function body; the reply is
 // {"id", "ok": true, "value", "output"} or {"id", "ok": false, "error", "message", "output"}.
+// Inside, `tools.<name>(args)` sends {"call", "tool", "args"} and resolves
+// with the host's {"reply", "ok": true, "value"} (or rejects with its error).
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
 const AsyncFunction = Object.getPrototypeOf(async function () {}).constructor;
@@ -26,11 +28,35 @@ function bounded() {
   return { console: { log, info: log, warn: log, error: log }, lines, truncated: () => cut };
 }
 
+const calls = new Map();
+let lastCall = 0;
+
+function callTool(name, args) {
+  const call = ++lastCall;
+  send({ call, tool: name, args: args === undefined ? {} : args });
+  return new Promise((resolve, reject) => calls.set(call, { resolve, reject }));
+}
+
+const tools = new Proxy({}, { get: (_, name) => (args) => callTool(String(name), args) });
+
+function settle(reply) {
+  const waiter = calls.get(reply.reply);
+  if (waiter === undefined) return;
+  calls.delete(reply.reply);
+  if (reply.ok) {
+    waiter.resolve(reply.value);
+  } else {
+    const error = new Error(reply.message);
+    error.name = reply.error;
+    waiter.reject(error);
+  }
+}
+
 async function run(message) {
   const out = bounded();
   try {
-    const cell = new AsyncFunction("console", message.code);
-    const value = await cell(out.console);
+    const cell = new AsyncFunction("console", "tools", message.code);
+    const value = await cell(out.console, tools);
     const text = value === undefined ? null : JSON.stringify(value);
     send({ id: message.id, ok: true, value: text === null ? null : JSON.parse(text), output: out.lines, truncated: out.truncated() });
   } catch (error) {
@@ -52,6 +78,9 @@ for await (const chunk of Deno.stdin.readable) {
   while ((end = pending.indexOf("\n")) >= 0) {
     const line = pending.slice(0, end);
     pending = pending.slice(end + 1);
-    await run(JSON.parse(line));
+    const message = JSON.parse(line);
+    // replies arrive while a cell awaits them: never block the reading
+    if ("reply" in message) settle(message);
+    else run(message);
   }
 }

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import shlex
+from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any, Final, final
 
@@ -17,7 +18,10 @@ from ..errors import Error, ErrorClass
 from ..resources._jobs import clean_group, default_signaler
 from ..resources._launch import CommandLimits, Launched, environment, launch
 
-__all__ = ["CellResult", "CodeWorker", "deno_binary"]
+__all__ = ["CellResult", "CodeWorker", "ToolCall", "deno_binary"]
+
+#: What answers ``tools.<name>(args)`` in a cell: the tool's JSON result.
+ToolCall = Callable[[str, Any], Awaitable[Any]]
 
 #: The V8 heap a worker may use, in MiB.
 HEAP_MIB: Final = 128
@@ -119,24 +123,24 @@ class CodeWorker:
             with trio.move_on_after(1.0):
                 await launched.process.wait()
 
-    async def run(self, code: str, *, timeout: float = math.inf) -> CellResult:
+    async def run(
+        self, code: str, *, timeout: float = math.inf, call: ToolCall | None = None
+    ) -> CellResult:
         """Run ``code`` as an async function body; its return value (JSON)
-        and output.  A cell past ``timeout`` seconds, or one that ends the
-        worker, raises a classed ``Error`` and the worker is stopped."""
+        and output.  ``tools.<name>(args)`` inside awaits ``call(name,
+        args)``, one at a time (an ``Error`` it raises rejects the cell's
+        promise with its class and message).  A cell past ``timeout``
+        seconds, or one that ends the worker, raises a classed ``Error`` and
+        the worker is stopped."""
         launched = self._launched
         if launched is None:
             raise Error(ErrorClass.RESOURCE_CONFLICT, "the Code Mode worker is not running")
         if type(code) is not str:
             raise Error(ErrorClass.VALIDATION, "code must be a str")
         self._ids += 1
-        request = json.dumps({"id": self._ids, "code": code}) + "\n"
-        assert launched.process.stdin is not None
+        reply: CellResult | None = None
         with trio.move_on_after(timeout) as scope:
-            try:
-                await launched.process.stdin.send_all(request.encode())
-                line = await launched.reader.line(REPLY_LIMIT)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                line = None
+            reply = await self._exchange(launched, {"id": self._ids, "code": code}, call)
         if scope.cancelled_caught:
             await self.aclose()
             raise Error(
@@ -144,31 +148,70 @@ class CodeWorker:
                 "the cell did not finish in time; its worker was stopped",
                 {"timeout": timeout},
             )
-        reply = None if line is None else _reply(line)
         if reply is None:
             # it ended (out of memory, say) or broke the protocol: unusable
             await self.aclose()
-            shown = b"" if line is None else line[:200]
             raise Error(
                 ErrorClass.EXECUTION_FAILURE,
                 "the Code Mode worker ended during the cell (out of memory?)",
-                {"line": shown.decode("utf-8", "replace")},
             )
         return reply
+
+    async def _exchange(
+        self, launched: Launched, request: dict[str, Any], call: ToolCall | None
+    ) -> CellResult | None:
+        """Send the cell, answer its tool calls, return its reply (``None``:
+        the worker ended or answered something else)."""
+        try:
+            await _send(launched, request)
+            while (line := await launched.reader.line(REPLY_LIMIT)) is not None:
+                message = _message(line)
+                if message is None:
+                    return None
+                if "call" not in message:
+                    return _reply(message)
+                await _send(launched, await _answer(message, call))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        return None
+
+
+async def _send(launched: Launched, message: dict[str, Any]) -> None:
+    assert launched.process.stdin is not None
+    await launched.process.stdin.send_all((json.dumps(message) + "\n").encode())
+
+
+async def _answer(message: dict[str, Any], call: ToolCall | None) -> dict[str, Any]:
+    """The host's reply to one ``tools.<name>(args)`` call."""
+    reply: dict[str, Any] = {"reply": message["call"]}
+    if call is None:
+        return {**reply, "ok": False, "error": "unsupported_capability", "message": "no tools"}
+    try:
+        value = await call(str(message.get("tool")), message.get("args"))
+    except Error as error:
+        return {**reply, "ok": False, "error": error.error_class.value, "message": error.message}
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        message = "the tool's result is not JSON data"
+        return {**reply, "ok": False, "error": "malformed_result", "message": message}
+    return {**reply, "ok": True, "value": value}
 
 
 async def _admit_all(pgid: int, start_time: int) -> None:
     return None
 
 
-def _reply(line: bytes) -> CellResult | None:
-    """The worker's answer; ``None`` for a line that is not one."""
+def _message(line: bytes) -> dict[str, Any] | None:
+    """One message of the worker; ``None`` for a line that is not one."""
     try:
-        reply = json.loads(line)
+        message = json.loads(line)
     except ValueError:
         return None
-    if not isinstance(reply, dict):
-        return None
+    return message if isinstance(message, dict) else None
+
+
+def _reply(reply: dict[str, Any]) -> CellResult:
     return CellResult(
         ok=bool(reply.get("ok")),
         value=reply.get("value"),
