@@ -193,8 +193,8 @@ async def _answer(message: dict[str, Any], call: ToolCall | None) -> dict[str, A
     try:
         json.dumps(value)
     except (TypeError, ValueError):
-        message = "the tool's result is not JSON data"
-        return {**reply, "ok": False, "error": "malformed_result", "message": message}
+        why = "the tool's result is not JSON data"
+        return {**reply, "ok": False, "error": "malformed_result", "message": why}
     return {**reply, "ok": True, "value": value}
 
 
