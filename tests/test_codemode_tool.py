@@ -1,0 +1,60 @@
+"""The Code Mode tool in a real conversation: one cell, several nested calls."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+
+from tests.runtime.support import RecordingBackend, make_tool, run_to_settled, string_schema
+from trio_backplane.codemode import code_mode_tool
+from trio_backplane.testing import ScriptedProvider
+from trio_backplane.tools import ToolResult
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+S = ScriptedProvider
+
+CELL = """
+const a = await tools.lookup({x: "alpha"});
+const b = await tools.lookup({x: "beta"});
+let refused = null;
+try { await tools.lookup({x: 42}); } catch (e) { refused = e.name; }
+let self = null;
+try { await tools.code({code: "return 1"}); } catch (e) { self = e.name; }
+console.log("looked up", [a, b].length);
+return {found: [a.value, b.value], refused, self};
+"""
+
+
+async def test_a_cell_calls_catalog_tools_as_nested_invocations() -> None:
+    """Each ``tools.lookup`` is a committed nested intent with its own
+    result; the call refused by schema validation never reaches the
+    backend; the tool cannot call itself; the run completes with the
+    cell's value as the result."""
+    lookup = RecordingBackend(
+        lambda op: ToolResult("ok", structured_content={"value": op.arguments["x"].upper()})
+    )
+    tools = [
+        code_mode_tool(cell_timeout=30.0),
+        make_tool("lookup", lookup, schema=string_schema("x"), read_only=True),
+    ]
+    provider = S([S.tool_calls(("c1", "code", {"code": CELL})), S.text("done")])
+    finished = await run_to_settled(provider, tools, wall_clock=None, effect_timeout=60.0)
+    assert finished.record.state == "completed"
+    [message] = finished.tool_messages()
+    result: dict[str, Any] = message["result"]["structured_content"]
+    assert result["value"] == {
+        "found": ["ALPHA", "BETA"],
+        "refused": "validation",
+        "self": "resource_conflict",
+    }
+    assert result["output"] == ["looked up 2"]
+    assert [op.arguments for op in lookup.operations] == [{"x": "alpha"}, {"x": "beta"}]
+    nested = [
+        intent
+        for intent in finished.record.intents.values()
+        if intent.get("kind") != "provider" and intent.get("tool_name") == "lookup"
+    ]
+    assert len(nested) == 2
+    assert all(intent["status"] == "consumed" for intent in nested)
