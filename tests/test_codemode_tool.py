@@ -58,3 +58,45 @@ async def test_a_cell_calls_catalog_tools_as_nested_invocations() -> None:
     ]
     assert len(nested) == 2
     assert all(intent["status"] == "consumed" for intent in nested)
+
+
+def _workers() -> list[int]:
+    """Pids of live Code Mode workers (a deno running ``_worker.js``)."""
+    import os
+    from pathlib import Path
+
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                argv = Path(f"/proc/{name}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"codemode/_worker.js" in argv:
+                found.append(int(name))
+    return found
+
+
+async def test_cancelling_a_cell_stops_its_worker() -> None:
+    """Cancel while a cell waits forever: the worker's group is stopped
+    and confirmed gone; no Deno process is left."""
+    import trio
+
+    from tests.runtime.support import conversation_with
+
+    before = set(_workers())
+    provider = S([S.tool_calls(("c1", "code", {"code": "await new Promise(() => {});"}))])
+    async with conversation_with(
+        provider, [code_mode_tool()], wall_clock=None, effect_timeout=60.0
+    ) as (conversation, _):
+        await conversation.prompt("go")
+        with trio.fail_after(20):
+            while not set(_workers()) - before:
+                await trio.sleep(0.01)
+        await conversation.cancel()
+        snapshot = await conversation.wait_settled()
+    # the cell was dispatched and is not read-only: what it did is not known
+    assert snapshot.run.state == "unknown_outcome"
+    with trio.fail_after(5):
+        while set(_workers()) - before:
+            await trio.sleep(0.01)
