@@ -100,3 +100,41 @@ async def test_cancelling_a_cell_stops_its_worker() -> None:
     with trio.fail_after(5):
         while set(_workers()) - before:
             await trio.sleep(0.01)
+
+
+def test_the_description_declares_the_catalog_in_typescript() -> None:
+    """Input schemas become TypeScript parameter types; one without a
+    faithful form is ``unknown`` with the schema in a comment."""
+    from trio_backplane.codemode._typescript import declarations
+
+    lookup = make_tool("lookup", None, schema=string_schema("x"))
+    rich = make_tool(
+        "search",
+        None,
+        schema={
+            "type": "object",
+            "properties": {
+                "query": {"type": "string"},
+                "limit": {"type": "integer"},
+                "mode": {"enum": ["fast", "exact"]},
+                "tags": {"type": "array", "items": {"type": "string"}},
+                "odd-key": {"type": ["string", "null"]},
+            },
+            "required": ["query"],
+            "additionalProperties": False,
+        },
+    )
+    patterned = make_tool("code_like", None, schema={"type": "object", "minProperties": 1})
+    text = declarations([lookup, rich, patterned])
+    assert text.splitlines() == [
+        "declare const tools: {",
+        "  lookup(args: { x: string; [key: string]: unknown }): Promise<unknown>;",
+        '  search(args: { query: string; limit?: number; mode?: "fast" | "exact"; '
+        'tags?: Array<string>; "odd-key"?: string | null }): Promise<unknown>;',
+        '  code_like(args: unknown): Promise<unknown>;  // schema: {"type": "object", '
+        '"minProperties": 1}',
+        "};",
+    ]
+    tool = code_mode_tool(tools=[lookup, code_mode_tool()])
+    assert "lookup(args: { x: string" in tool.description
+    assert "code(args" not in tool.description  # never itself

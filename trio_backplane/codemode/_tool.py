@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any, Final, final
 
 import attrs
 
 from ..errors import Error, ErrorClass
 from ..tools import ToolDescriptor, ToolResult
+from ._typescript import declarations
 from ._worker import HEAP_MIB, CellResult, CodeWorker
 
 __all__ = ["code_mode_tool"]
@@ -75,14 +77,24 @@ def _result(cell: CellResult) -> ToolResult:
 
 
 def code_mode_tool(
-    *, name: str = "code", heap_mib: int = HEAP_MIB, cell_timeout: float = 60.0
+    *,
+    name: str = "code",
+    tools: Iterable[ToolDescriptor] = (),
+    heap_mib: int = HEAP_MIB,
+    cell_timeout: float = 60.0,
 ) -> ToolDescriptor:
     """The Code Mode tool: runs ``code`` as a cell in a permissionless Deno
     worker; each ``tools.<name>(args)`` is a nested invocation (validated,
-    authorized, durable, one at a time, never this tool itself)."""
+    authorized, durable, one at a time, never this tool itself).  Its
+    description declares ``tools`` (the catalog's others) in TypeScript,
+    typed from their input schemas."""
+    described = [t for t in tools if t.name != name]
+    description = _DESCRIPTION
+    if described:
+        description += "\n\n```typescript\n" + declarations(described) + "\n```"
     return ToolDescriptor(
         name=name,
         schema=_SCHEMA,
         backend=_CodeMode(heap_mib, cell_timeout),
-        description=_DESCRIPTION,
+        description=description,
     )
