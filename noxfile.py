@@ -95,7 +95,7 @@ def conformance(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     """ruff (lint and format) and mypy --strict."""
-    session.install("-e", ".[lint,mcp,openai,postgres]")
+    session.install("-e", ".[lint,mcp,openai,postgres,codemode]")
     paths = (
         "trio_backplane",
         "tests",
