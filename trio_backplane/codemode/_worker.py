@@ -3,6 +3,7 @@ spoken to in JSON lines; stopped and confirmed gone when it closes."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -32,7 +33,8 @@ REPLY_LIMIT: Final = 4 << 20
 def deno_binary() -> str:
     """The Deno executable of the ``deno`` package (the ``codemode`` extra)."""
     try:
-        import deno  # type: ignore[import-untyped]
+        # an optional, untyped package: imported by name, typed as Any
+        deno: Any = importlib.import_module("deno")
     except ImportError:
         raise Error(
             ErrorClass.UNSUPPORTED_CAPABILITY,
