@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import trio
 
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, LINUX_ONLY
 from trio_backplane.cli import _demo as demo
 from trio_backplane.cli import main
 from trio_backplane.kernel import Command, RunRecord, thaw, transition
@@ -1073,7 +1073,7 @@ def test_runs_show_prints_messages_of_any_shape(tmp_path: Path) -> None:
         assert shown in text
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+@LINUX_ONLY
 @pytest.mark.parametrize("approve", ["yes", "no"])
 def test_demo_with_commands_runs_a_real_command_under_approval(
     tmp_path: Path, approve: str

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
-import pytest
-
+from tests.conftest import LINUX_ONLY
 from tests.runtime.support import RecordingBackend, make_tool, run_to_settled, string_schema
 from trio_backplane.codemode import code_mode_tool
 from trio_backplane.testing import ScriptedProvider
 from trio_backplane.tools import ToolResult
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+pytestmark = LINUX_ONLY
 S = ScriptedProvider
 
 CELL = """

@@ -4,17 +4,17 @@ sandbox that refuses everything a cell might reach for."""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import trio
 
+from tests.conftest import LINUX_ONLY
 from trio_backplane import Error, ErrorClass
 from trio_backplane.codemode import CodeWorker
 from trio_backplane.resources._proc import group_members
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+pytestmark = LINUX_ONLY
 
 
 async def test_a_cell_returns_json_and_its_output() -> None:

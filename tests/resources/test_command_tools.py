@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
+from tests.conftest import LINUX_ONLY
 from tests.runtime.support import (
     Fault,
     FaultyStore,
@@ -23,7 +23,7 @@ from trio_backplane.store import MemoryStore
 from trio_backplane.testing import Hang, ScriptedProvider
 from trio_backplane.tools import ToolResult
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+pytestmark = LINUX_ONLY
 S = ScriptedProvider
 
 

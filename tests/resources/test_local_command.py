@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 import trio
 
+from tests.conftest import LINUX_ONLY
 from trio_backplane import Error, ErrorClass
 from trio_backplane.resources import CommandInvocation, CommandLimits, LocalCommand
 from trio_backplane.resources._proc import group_members
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+pytestmark = LINUX_ONLY
 
 GRANDCHILDREN = "sleep 300 & sleep 300 & wait"
 

@@ -11,15 +11,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 import trio
 
+from tests.conftest import LINUX_ONLY
 from tests.resources.test_local_command import _sleepers
 from trio_backplane.recovery import recover
 from trio_backplane.resources import kill_orphans
 from trio_backplane.store import SQLiteStore
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+pytestmark = LINUX_ONLY
 
 HOST = textwrap.dedent(
     """
