@@ -10,7 +10,7 @@ from typing import Any, Final, Literal, final
 import attrs
 import trio
 
-__all__ = ["CONFIRMING", "Cleanup", "CleanupResult", "run_cleanup"]
+__all__ = ["CONFIRMING", "Cleanup", "CleanupResult", "call_bounded", "run_cleanup"]
 
 #: A cleanup callback: called with no argument; may be a coroutine function.
 Cleanup = Callable[[], Awaitable[object] | object]
@@ -46,21 +46,33 @@ class CleanupResult:
         return self.status in ("confirmed", "not_requested")
 
 
+async def call_bounded(callback: Callable[[], Any], timeout: float) -> tuple[str, Any]:
+    """Call ``callback`` (plain or coroutine function) once within
+    ``timeout`` seconds: ``("answered", value)``, ``("raised", "Type:
+    message")`` or ``("timeout", None)``."""
+    answer: Any = None
+    with trio.move_on_after(timeout) as scope:
+        try:
+            answer = callback()
+            if inspect.isawaitable(answer):
+                answer = await answer
+        except Exception as exc:  # the callback's failure is evidence, not ours
+            return "raised", f"{type(exc).__name__}: {exc}"[:300]
+    if scope.cancelled_caught:
+        return "timeout", None
+    return "answered", answer
+
+
 async def run_cleanup(cleanup: Cleanup | None, timeout: float) -> tuple[Status, str | None]:
     """Run ``cleanup`` once within ``timeout`` seconds and judge it: only
     ``"confirmed"``, ``"released"`` or ``"done"`` confirm; raising fails;
     any other answer (``None`` included) or the timeout is uncertain."""
     if cleanup is None:
         return "not_requested", None
-    answer: Any = None
-    with trio.move_on_after(timeout) as scope:
-        try:
-            answer = cleanup()
-            if inspect.isawaitable(answer):
-                answer = await answer
-        except Exception as exc:  # the callback's failure is evidence, not ours
-            return "failed", f"{type(exc).__name__}: {exc}"[:300]
-    if scope.cancelled_caught:
+    how, answer = await call_bounded(cleanup, timeout)
+    if how == "raised":
+        return "failed", answer
+    if how == "timeout":
         return "uncertain", f"cleanup did not answer within {timeout} s"
     if type(answer) is str and answer in CONFIRMING:
         return "confirmed", None

@@ -3,7 +3,6 @@ incarnation, each cleaned up once within a bound."""
 
 from __future__ import annotations
 
-import inspect
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Collection
@@ -14,7 +13,7 @@ import trio
 
 from .._numbers import is_seconds
 from ..errors import Error, ErrorClass
-from ._cleanup import Cleanup, CleanupResult, Status, run_cleanup
+from ._cleanup import Cleanup, CleanupResult, Status, call_bounded, run_cleanup
 
 __all__ = ["RECEIPTS", "ResourceHandle", "ResourceRegistry"]
 
@@ -272,18 +271,15 @@ class ResourceRegistry:
     async def _acknowledge(self, entry: _Entry) -> str:
         """Run a session's acknowledgement once, bounded: ``"ok"``, or what
         it answered instead (``"timeout"``, ``"failed: ..."``, ``repr``)."""
-        assert entry.acknowledge is not None
-        answer: Any = None
-        with trio.move_on_after(self.cleanup_timeout) as scope:
-            try:
-                answer = entry.acknowledge(entry.result())
-                if inspect.isawaitable(answer):
-                    answer = await answer
-            except Exception as exc:
-                return f"failed: {type(exc).__name__}: {exc}"[:300]
-        if scope.cancelled_caught:
+        acknowledge = entry.acknowledge
+        assert acknowledge is not None
+        result = entry.result()
+        how, answer = await call_bounded(lambda: acknowledge(result), self.cleanup_timeout)
+        if how == "raised":
+            return f"failed: {answer}"
+        if how == "timeout":
             return "timeout"
-        return "ok" if answer == "ok" and type(answer) is str else repr(answer)[:300]
+        return "ok" if type(answer) is str and answer == "ok" else repr(answer)[:300]
 
     def _settle(self, entry: _Entry, acknowledgement: str | None) -> None:
         self._entries.pop(entry.id, None)
