@@ -102,7 +102,6 @@ class CodeWorker:
                 env={**environment(("PATH", "HOME", "LANG")), "NO_COLOR": "1"},
                 limits=CommandLimits(),
                 startup_timeout=self._startup_timeout,
-                admit=_admit_all,
             )
         return self
 
@@ -198,10 +197,6 @@ async def _answer(message: dict[str, Any], call: ToolCall | None) -> dict[str, A
         why = "the tool's result is not JSON data"
         return {**reply, "ok": False, "error": "malformed_result", "message": why}
     return {**reply, "ok": True, "value": value}
-
-
-async def _admit_all(pgid: int, start_time: int) -> None:
-    return None
 
 
 def _message(line: bytes) -> dict[str, Any] | None:

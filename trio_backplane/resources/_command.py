@@ -314,12 +314,6 @@ class LocalCommand:
             )
         return job
 
-    def evidence(self, invocation: CommandInvocation) -> dict[str, Any]:
-        """What names the command's process group for good, to record
-        durably (see :func:`kill_orphans`)."""
-        job = self._job(invocation)
-        return group_evidence(job.launched.pgid, job.launched.start_time, job.session_id)
-
     def read(self, invocation: CommandInvocation, cursor: int = 0) -> CommandOutput:
         """The command's lines from ``cursor`` and its state."""
         return self._job(invocation).output(cursor)

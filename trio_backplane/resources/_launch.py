@@ -126,7 +126,7 @@ async def launch(
     env: Mapping[str, str],
     limits: CommandLimits,
     startup_timeout: float,
-    admit: Callable[[int, int], Awaitable[None]],
+    admit: Callable[[int, int], Awaitable[None]] | None = None,
 ) -> Launched:
     """Start ``command`` under the launcher, verify its group from ``/proc``,
     await ``admit(pgid, start_time)`` (which raises to refuse) and only then
@@ -147,7 +147,8 @@ async def launch(
     reader = LineReader(process.stdout)
     try:
         stat = await _handshake(process, reader, nonce, startup_timeout)
-        await admit(process.pid, stat.start_time)
+        if admit is not None:
+            await admit(process.pid, stat.start_time)
         await process.stdin.send_all(f"ACK {nonce} {process.pid}\n".encode())
     except BaseException:
         _kill_group(process.pid)
