@@ -96,15 +96,8 @@ def _assemble(
     coordinator = Coordinator(
         state, store, commit_timeout=options.commit_timeout, failed=storage_failed
     )
-    owned = OwnedRegistries(options.resources, state.run_id, options.cleanup_timeout)
-    state.resource_clocks = tuple(r for r in options.resources if hasattr(r, "suspend_owner"))
-
-    def adopt(bundle: AdmittedBundle) -> None:  # a published catalog's registries join
-        new = owned.adopt(bundle.registry)
-        state.resource_clocks += tuple(r for r in new if hasattr(r, "suspend_owner"))
-
-    catalog.on_publish = adopt
-    settlement = Settlement(state, coordinator, publisher, catalog, options, nursery, owned)
+    catalog.on_publish = lambda bundle: state.owned.adopt(bundle.registry)
+    settlement = Settlement(state, coordinator, publisher, catalog, options, nursery)
     parts = _Parts(
         state=state,
         publisher=publisher,
@@ -161,7 +154,6 @@ def _turn_loop(
         responses=responses,
         gateway=gateway,
         hooks=parts.hooks,
-        owned=parts.settlement.owned,
     )
 
 
@@ -395,7 +387,7 @@ async def open_conversation(
     )
     record, phase = await _opened(run_id, store, run, prior, context, incarnation, options.work)
     async with _owning_nursery() as nursery:
-        state = _run_state(record, phase, clock, options.run_timeout)
+        state = _run_state(record, phase, clock, options)
         host = (provider, provider_context, hooks)
         parts = _assemble(state, store, options, nursery, bundle=bundle, host=host)
         async with _settling(parts.settlement, nursery):
@@ -424,9 +416,7 @@ def _admitted(
     return bundle, attrs.evolve(options, resources=owned)
 
 
-def _run_state(
-    record: RunRecord, phase: Phase, clock: DurableClock, run_timeout: float
-) -> RunState:
+def _run_state(record: RunRecord, phase: Phase, clock: DurableClock, options: Options) -> RunState:
     """The run state a conversation opens with."""
     # the run's clock, read without looking the run up each time
     now = trio.lowlevel.current_clock().current_time
@@ -436,7 +426,8 @@ def _run_state(
         phase=phase,
         now=now,
         clock=clock,
-        run_budget=DeadlineBudget("run", run_timeout, now),
+        run_budget=DeadlineBudget("run", options.run_timeout, now),
+        owned=OwnedRegistries(options.resources, record.run_id, options.cleanup_timeout),
     )
 
 

@@ -16,7 +16,6 @@ from ._conversation_state import ConversationState, QueueName
 from ._coordinator import Coordinator
 from ._gateway import ToolGateway
 from ._hooks import HookRunner
-from ._resources import OwnedRegistries
 from ._responses import Responses
 from ._signals import _InputArrived, _Rejected, _TurnFailed
 from ._state import Publisher, RunState
@@ -37,7 +36,6 @@ class TurnLoop:
         "_coordinator",
         "_gateway",
         "_hooks",
-        "_owned",
         "_publisher",
         "_responses",
         "_state",
@@ -55,9 +53,7 @@ class TurnLoop:
         responses: Responses,
         gateway: ToolGateway,
         hooks: HookRunner,
-        owned: OwnedRegistries,
     ) -> None:
-        self._owned = owned
         self._state = state
         self._coordinator = coordinator
         self._writer = writer
@@ -152,7 +148,7 @@ class TurnLoop:
                 raise _InputArrived
             return Finish(at=now, status=frozen["status"], outcome=frozen)
 
-        cleanup = await self._owned.close()
+        cleanup = await state.owned.close()
         state.resource_cleanup = cleanup
         if cleanup.status == "uncertain":
             # what the run owned may still be running: never a confirmed end

@@ -99,13 +99,23 @@ class OwnedRegistries:
         self._owner = owner
         self._timeout = timeout
 
-    def adopt(self, descriptors: Iterable[Any]) -> tuple[Any, ...]:
-        """Add the registries a newly published catalog's tools name; the
-        ones new to this run."""
+    def adopt(self, descriptors: Iterable[Any]) -> None:
+        """Add the registries a newly published catalog's tools name."""
         found = check_resources((), descriptors)
-        new = tuple(r for r in found if all(r is not mine for mine in self.registries))
-        self.registries += new
-        return new
+        self.registries += tuple(r for r in found if all(r is not s for s in self.registries))
+
+    def suspend(self) -> None:
+        """A human wait began: registries with clocks of their own (command
+        deadlines) stop them for this run."""
+        for registry in self.registries:
+            if hasattr(registry, "suspend_owner"):
+                registry.suspend_owner(self._owner)
+
+    def resume(self, at: float | None) -> None:
+        """The wait ended (at Trio time ``at``; default now)."""
+        for registry in self.registries:
+            if hasattr(registry, "resume_owner"):
+                registry.resume_owner(self._owner, at)
 
     async def close(self) -> ResourceCleanup:
         """:func:`close_resources` of this run (repeatable: a kept entry is

@@ -24,7 +24,6 @@ from ._catalog import CatalogState
 from ._coordinator import Coordinator
 from ._deadline import DeadlineBudget
 from ._options import Options
-from ._resources import OwnedRegistries
 from ._signals import _Stop, _StorageFailed
 from ._state import Publisher, RunState
 from ._steps import Step, checkpoint_step, command_step
@@ -51,7 +50,6 @@ class Settlement:
         "_stop_requested",
         "_turns",
         "_worker",
-        "owned",
         "worker_running",
     )
 
@@ -63,9 +61,7 @@ class Settlement:
         catalog: CatalogState,
         options: Options,
         nursery: trio.Nursery,
-        owned: OwnedRegistries,
     ) -> None:
-        self.owned = owned
         self._state = state
         self._coordinator = coordinator
         self._publisher = publisher
@@ -144,7 +140,7 @@ class Settlement:
         self._catalog.discard()
         if self._worker is not None:
             self._worker.cancel()
-        if self.owned.registries:
+        if self._state.owned.registries:
             # the processes still stop; the run stays what the store says
             self._nursery.start_soon(self._close_then_settle)
         else:
@@ -152,7 +148,7 @@ class Settlement:
 
     async def _close_then_settle(self) -> None:
         try:
-            self._state.resource_cleanup = await self.owned.close()
+            self._state.resource_cleanup = await self._state.owned.close()
         finally:
             self._state.settled.set()
 
@@ -277,7 +273,7 @@ class Settlement:
             due = state.stop_due if state.stop_due is not None else state.now()
             commit_by = due + self._options.cleanup_timeout + self._options.commit_timeout
             with trio.CancelScope(shield=True):
-                state.resource_cleanup = await self.owned.close()
+                state.resource_cleanup = await self._state.owned.close()
                 if not await self._take_coordinator(commit_by):
                     await self._missed()
                     return

@@ -23,6 +23,7 @@ from ..kernel import RunRecord, freeze, thaw
 from ._clock import DurableClock
 from ._conversation_state import ConversationState
 from ._deadline import DeadlineBudget
+from ._resources import OwnedRegistries
 from ._subscribers import Hub
 from ._types import Event, Phase, ResourceCleanup
 
@@ -141,9 +142,9 @@ class RunState:
     #: the provider attempt's scope while its stream closes (shielded)
     closing: trio.CancelScope | None = None
     resource_cleanup: ResourceCleanup = attrs.Factory(ResourceCleanup)
-    #: the run's registries that keep clocks of their own (command deadlines):
-    #: a human wait suspends them too
-    resource_clocks: tuple[Any, ...] = ()
+    #: the registries the run owns, closed on every terminal path; a human
+    #: wait stops their clocks too
+    owned: OwnedRegistries
     #: wakes the worker's watchdog: a stop, a deadline moved, the worker done
     watch_poke: trio.Event = attrs.Factory(trio.Event)
     #: set once the run is terminal, recovery_required or storage_failed
@@ -225,8 +226,7 @@ class RunState:
         self.run_budget.suspend()
         for budget in self.effects:
             budget.suspend()
-        for registry in self.resource_clocks:
-            registry.suspend_owner(self.run_id)
+        self.owned.suspend()
         self.watch_poke.set()
 
     def resume_deadlines(self, at: float | None = None) -> None:
@@ -235,8 +235,7 @@ class RunState:
         self.run_budget.resume(at)
         for budget in self.effects:
             budget.resume(at)
-        for registry in self.resource_clocks:
-            registry.resume_owner(self.run_id, at)
+        self.owned.resume(at)
         self.watch_poke.set()
 
 
