@@ -74,7 +74,7 @@ NAMESPACES: dict[str, list[str]] = {
     "trio_backplane.recovery": [
         "DISPATCH_STATES", "EFFECT_CLASSES", "EffectReport", "RecoveryReport", "recover",
     ],
-    "trio_backplane.codemode": ["CellResult", "CodeWorker", "code_mode_tool"],
+    "trio_backplane.codemode": ["CellResult", "CodeWorker", "code_mode_tools"],
     "trio_backplane.resources": [
         "CleanupResult", "CommandInvocation", "CommandLimits", "CommandOutput", "LocalCommand",
         "ResourceHandle", "ResourceRegistry", "command_tools", "kill_orphans",

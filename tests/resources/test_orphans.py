@@ -103,7 +103,7 @@ def test_kill_orphans_leaves_other_hosts_boots_and_reused_ids_alone(tmp_path: Pa
         try:
             from trio_backplane.resources._orphans import group_evidence
 
-            real = group_evidence(process.pid, 0, 1)
+            real = group_evidence(process.pid, 0, session_id=1)
             reused = {**real}  # a start time that is not the leader's: another group
             moved = {**real, "host": "elsewhere"}
             rebooted = {**real, "boot_id": "another-boot"}

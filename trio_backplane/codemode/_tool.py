@@ -1,100 +1,237 @@
-"""The Code Mode tool: the model's JavaScript, run as a cell whose
-``tools.<name>(args)`` calls are nested invocations of this tool."""
+"""``code`` and ``code_wait``: the model's JavaScript, run as cells owned by
+the run, whose ``tools.<name>(args)`` calls are nested invocations."""
 
 from __future__ import annotations
 
-import json
+import contextlib
 from collections.abc import Iterable
 from typing import Any, Final, final
 
-import attrs
+import trio
 
 from ..errors import Error, ErrorClass
-from ..tools import ToolDescriptor, ToolResult
+from ..resources import ResourceHandle, ResourceRegistry
+from ..resources._orphans import group_evidence
+from ..resources._registry import CONTINUATION
+from ..tools import Rejection, ToolDescriptor, ToolResult, reject
+from ..tools._backend import FunctionBackend
+from ._cell import Cell, answer_for, finished, running
 from ._typescript import declarations
-from ._worker import HEAP_MIB, CellResult, CodeWorker
+from ._worker import HEAP_MIB, CodeWorker
 
-__all__ = ["code_mode_tool"]
+__all__ = ["code_mode_tools"]
 
-_SCHEMA: Final = {
+_YIELD_MS: Final = {"type": "integer", "minimum": 0, "maximum": 300_000}
+_CODE_SCHEMA: Final = {
     "type": "object",
-    "properties": {"code": {"type": "string", "minLength": 1, "maxLength": 262_144}},
+    "properties": {
+        "code": {"type": "string", "minLength": 1, "maxLength": 262_144},
+        "yield_time_ms": _YIELD_MS,
+        "state": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"},
+    },
     "required": ["code"],
+    "additionalProperties": False,
+}
+_WAIT_SCHEMA: Final = {
+    "type": "object",
+    "properties": {
+        "cell_id": {"type": "string", "pattern": "^res_[0-9]{1,19}$"},
+        "yield_time_ms": _YIELD_MS,
+        "terminate": {"type": "boolean"},
+    },
+    "required": ["cell_id"],
     "additionalProperties": False,
 }
 _DESCRIPTION: Final = (
     "Run JavaScript (the body of an async function; top-level await works) in a sandbox "
     "with no file, network, environment or process access. Call the other tools as "
-    "`await tools.<name>(args)`; a refused call throws an Error whose name is its class. "
-    "`console.log` output is returned; `return` a JSON value as the result."
+    "`await tools.<name>(args)`, one at a time; a refused call throws an Error whose name "
+    "is its class. `console.log(...)` and `text(value)` add output; `await store(key, "
+    "value)` and `await load(key)` keep JSON values between cells (same `state`). "
+    "`return` a JSON value as the result. A cell still running after yield_time_ms "
+    "returns its cell_id: call {wait} to go on."
 )
+_PRELUDE: Final = """declare function text(value: unknown): void;
+declare function store(key: string, value: unknown): Promise<null>;
+declare function load(key: string): Promise<unknown>;
+"""
 
 
 @final
-@attrs.frozen
 class _CodeMode:
-    heap_mib: int
-    cell_timeout: float
+    """The backend of both tools: one registry, the cells' options."""
 
-    async def execute(self, operation: Any) -> ToolResult:
-        """One cell in a fresh worker, stopped (its group confirmed gone)
-        when the cell ends, fails or is cancelled."""
-        context = operation.context
+    def __init__(
+        self, registry: ResourceRegistry, own: frozenset[str], heap_mib: int, default_yield: float
+    ) -> None:
+        self.registry = registry
+        self.own = own
+        self.heap_mib = heap_mib
+        self.default_yield = default_yield
+        #: per owner: when its current human wait began
+        self._suspended: dict[str, float] = {}
+        #: cells being driven now, each with its owner and when it yields
+        self._driving: dict[Cell, tuple[str, float]] = {}
 
-        async def call(name: str, args: Any) -> Any:
-            result: ToolResult = await context.nested_dispatch(name, args)
-            if result.is_error:
-                raise Error(ErrorClass.EXECUTION_FAILURE, str(result.content)[:2000])
-            return (
-                result.content if result.structured_content is None else result.structured_content
+    def suspend_owner(self, owner: str) -> None:
+        """A human wait began in ``owner``'s run (the registry's clock hook)."""
+        self._suspended.setdefault(owner, trio.current_time())
+
+    def resume_owner(self, owner: str, at: float | None = None) -> None:
+        """It ended: the yields of its cells being driven move later by its length."""
+        began = self._suspended.pop(owner, None)
+        if began is None:
+            return
+        waited = max(0.0, (trio.current_time() if at is None else at) - began)
+        for cell, (of, until) in self._driving.items():
+            if of == owner:
+                self._driving[cell] = (of, until + waited)
+
+    async def code(self, operation: Any) -> ToolResult | Rejection:
+        """A new cell; refusals before it runs (capacity, launch) are
+        rejections: nothing happened."""
+        args = operation.arguments
+        cell = Cell(worker=CodeWorker(heap_mib=self.heap_mib), identity=args.get("state", "main"))
+        try:
+            handle = self.registry.register(
+                operation.run_id,
+                CONTINUATION,
+                cell,
+                incarnation=operation.incarnation,
+                cleanup=cell.stop,
             )
+        except Error as error:
+            return reject(operation, error)
+        cell.cell_id = handle.resource_id
 
-        async with CodeWorker(heap_mib=self.heap_mib) as worker:
-            cell = await worker.run(
-                operation.arguments["code"], timeout=self.cell_timeout, call=call
-            )
-        return _result(cell)
+        async def admit(pgid: int, start_time: int) -> None:
+            # durable before any cell code runs: a crashed host's worker is found
+            evidence = group_evidence(pgid, start_time, cell_id=cell.cell_id)
+            await operation.context.record_resource(evidence)
+
+        try:
+            await cell.worker.start(admit=admit)
+        except Error as error:
+            await self.registry.release(handle, operation.run_id)  # nothing ran
+            return reject(operation, error)
+        except BaseException:
+            await self._end(handle, operation)
+            raise
+        return await self._drive(cell, handle, operation, args["code"])
+
+    async def wait(self, operation: Any) -> ToolResult | Rejection:
+        """Go on with a live cell of this run and incarnation: its identity
+        and counter kept, this invocation's dispatch, authority and catalog."""
+        args = operation.arguments
+        handle = ResourceHandle(
+            resource_id=args["cell_id"],
+            owner=operation.run_id,
+            incarnation=operation.incarnation,
+            kind=CONTINUATION,
+        )
+        try:
+            cell = self._cell(handle, operation.run_id)
+        except Error as error:
+            return reject(operation, error)
+        if args.get("terminate"):
+            output = cell.new_output()
+            await self.registry.release(handle, operation.run_id)
+            structured = {"cell_id": cell.cell_id, "status": "terminated", "output": output}
+            return ToolResult("\n".join([*output, "[terminated]"]), structured_content=structured)
+        return await self._drive(cell, handle, operation, None)
+
+    def _cell(self, handle: ResourceHandle, owner: str) -> Cell:
+        """The live cell ``handle`` names, fenced by owner and incarnation."""
+        cell = self.registry.fetch(handle, owner)
+        if not isinstance(cell, Cell):
+            raise Error(ErrorClass.NOT_FOUND, "cell not found", {"cell_id": handle.resource_id})
+        if cell.busy:
+            raise Error(ErrorClass.RESOURCE_CONFLICT, "the cell is being waited on already")
+        return cell
+
+    async def _drive(
+        self, cell: Cell, handle: ResourceHandle, operation: Any, code: str | None
+    ) -> ToolResult:
+        """Answer the cell's requests through ``operation`` for up to
+        ``yield_time_ms``; an ended cell is released (its worker confirmed
+        gone) before its result.  Interrupted, the cell ends with it."""
+        wait = operation.arguments.get("yield_time_ms")
+        seconds = self.default_yield if wait is None else wait / 1000
+        answer = answer_for(cell, operation, self.own, self.registry)
+        cell.busy = True
+        # a human wait during one of its tool calls does not count against the yield
+        self._driving[cell] = (operation.run_id, trio.current_time() + seconds)
+        try:
+            if code is not None:
+                await cell.worker.begin(code)
+            result = await cell.worker.drive(answer, until=lambda: self._driving[cell][1])
+        except Error as error:  # the worker ended: the cell failed, it did not hang
+            await self.registry.release(handle, operation.run_id)
+            output = cell.new_output()
+            structured = {"cell_id": cell.cell_id, "status": "failed", "output": output}
+            failed = {**structured, "error": error.error_class.value, "message": error.message}
+            text = f"{error.error_class.value}: {error.message}"
+            return ToolResult(text, structured_content=failed, is_error=True)
+        except BaseException:
+            await self._end(handle, operation)
+            raise
+        finally:
+            cell.busy = False
+            del self._driving[cell]
+        output = cell.new_output()
+        if result is None:
+            return running(cell, output)
+        await self.registry.release(handle, operation.run_id)
+        return finished(cell, result, output)
+
+    async def _end(self, handle: ResourceHandle, operation: Any) -> None:
+        """Stop an interrupted cell; unconfirmed, the registry keeps it as
+        evidence and the run's settlement reports it."""
+        with trio.CancelScope(shield=True), contextlib.suppress(Error):
+            await self.registry.release(handle, operation.run_id)
 
 
-def _result(cell: CellResult) -> ToolResult:
-    shown = "\n".join(cell.output)
-    if not cell.ok:
-        text = f"{cell.error}: {cell.message}" + (f"\n{shown}" if shown else "")
-        failed: dict[str, Any] = {
-            "error": cell.error,
-            "message": cell.message,
-            "output": list(cell.output),
-        }
-        return ToolResult(text, structured_content=failed, is_error=True)
-    value = json.dumps(cell.value)
-    text = f"{shown}\n{value}" if shown else value
-    structured: dict[str, Any] = {
-        "value": cell.value,
-        "output": list(cell.output),
-        "truncated": cell.truncated,
-    }
-    return ToolResult(text, structured_content=structured)
-
-
-def code_mode_tool(
+def code_mode_tools(
+    registry: ResourceRegistry,
     *,
-    name: str = "code",
     tools: Iterable[ToolDescriptor] = (),
+    name: str = "code",
+    wait_name: str = "code_wait",
     heap_mib: int = HEAP_MIB,
-    cell_timeout: float = 60.0,
-) -> ToolDescriptor:
-    """The Code Mode tool: runs ``code`` as a cell in a permissionless Deno
-    worker; each ``tools.<name>(args)`` is a nested invocation (validated,
-    authorized, durable, one at a time, never this tool itself).  Its
-    description declares ``tools`` (the catalog's others) in TypeScript,
-    typed from their input schemas."""
-    described = [t for t in tools if t.name != name]
-    description = _DESCRIPTION
-    if described:
-        description += "\n\n```typescript\n" + declarations(described) + "\n```"
-    return ToolDescriptor(
-        name=name,
-        schema=_SCHEMA,
-        backend=_CodeMode(heap_mib, cell_timeout),
-        description=description,
-    )
+    default_yield: float = 10.0,
+) -> list[ToolDescriptor]:
+    """``code`` runs its argument as a cell in a permissionless Deno worker
+    (its own process group, registered with ``registry`` as a
+    continuation, at most ``max_continuations`` live); ``code_wait`` goes on
+    with a cell that outlived its call.  Each ``tools.<name>(args)`` is a
+    nested invocation of the executing tool (validated, authorized, durable,
+    one at a time, never Code Mode itself).  ``code``'s description declares
+    ``tools`` (the catalog's others) in TypeScript, from their schemas."""
+    if type(heap_mib) is not int or not 16 <= heap_mib <= 4096:
+        raise Error(ErrorClass.VALIDATION, "heap_mib must be an int in 16..4096")
+    backend = _CodeMode(registry, frozenset({name, wait_name}), heap_mib, default_yield)
+    registry.attach_clock(backend)  # a human wait does not count against a yield
+    described = [t for t in tools if t.name not in backend.own]
+    description = _DESCRIPTION.replace("{wait}", wait_name)
+    typed = _PRELUDE + (declarations(described) if described else "")
+    description += "\n\n```typescript\n" + typed + "\n```"
+    context = {"resource_registry": registry}
+    return [
+        ToolDescriptor(
+            name=name,
+            schema=_CODE_SCHEMA,
+            backend=FunctionBackend(backend.code),
+            backend_context=context,
+            description=description,
+        ),
+        ToolDescriptor(
+            name=wait_name,
+            schema=_WAIT_SCHEMA,
+            backend=FunctionBackend(backend.wait),
+            backend_context=context,
+            description=(
+                f"Wait for a cell {name} left running (cell_id) and return its new output, "
+                "or its result once it ends; terminate: true stops it."
+            ),
+        ),
+    ]

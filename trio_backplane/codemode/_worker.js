@@ -1,43 +1,63 @@
 // The Code Mode worker: JSON lines in, JSON lines out, no permissions.
-// {"id", "code"} runs `code` as an async function body; the reply is
-// {"id", "ok": true, "value", "output"} or {"id", "ok": false, "error", "message", "output"}.
-// Inside, `tools.<name>(args)` sends {"call", "tool", "args"} and resolves
-// with the host's {"reply", "ok": true, "value"} (or rejects with its error).
+// Host -> worker: {"id", "code"} runs `code` as an async function body;
+// {"reply", "ok": true, "value"} or {"reply", "ok": false, "error", "message"}
+// answers a request.
+// Worker -> host: {"log"} a line of output (as it is written, bounded);
+// {"call", "tool", "args"} for `tools.<name>(args)`; {"call", "state", "key",
+// "value"?} for `store` and `load`; then {"id", "ok": true, "value"} or
+// {"id", "ok": false, "error", "message"} when the cell ends.
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
 const AsyncFunction = Object.getPrototypeOf(async function () {}).constructor;
 const OUTPUT_LIMIT = 65536;
+const write = Deno.stdout.writeSync.bind(Deno.stdout);
 
 function send(message) {
-  Deno.stdout.writeSync(encoder.encode(JSON.stringify(message) + "\n"));
+  const bytes = encoder.encode(JSON.stringify(message) + "\n");
+  for (let sent = 0; sent < bytes.length; ) sent += write(bytes.subarray(sent));
 }
 
-function bounded() {
-  const lines = [];
-  let used = 0;
-  let cut = false;
-  const log = (...parts) => {
-    const line = parts.map((p) => (typeof p === "string" ? p : JSON.stringify(p))).join(" ");
-    if (cut || used + line.length > OUTPUT_LIMIT) {
-      cut = true;
-      return;
-    }
-    used += line.length;
-    lines.push(line);
-  };
-  return { console: { log, info: log, warn: log, error: log }, lines, truncated: () => cut };
+function show(part) {
+  if (typeof part === "string") return part;
+  try {
+    const text = JSON.stringify(part);
+    return text === undefined ? String(part) : text;
+  } catch {
+    return String(part);
+  }
 }
+
+let used = 0;
+let cut = false;
+function log(...parts) {
+  if (cut) return;
+  const line = parts.map(show).join(" ");
+  if (used + line.length > OUTPUT_LIMIT) {
+    cut = true;
+    send({ log: `[output truncated at ${OUTPUT_LIMIT} characters]` });
+    return;
+  }
+  used += line.length;
+  send({ log: line });
+}
+const cellConsole = { log, info: log, warn: log, error: log, debug: log };
+globalThis.console = cellConsole; // nothing a cell runs writes around the bound
 
 const calls = new Map();
 let lastCall = 0;
 
-function callTool(name, args) {
+function request(message) {
   const call = ++lastCall;
-  send({ call, tool: name, args: args === undefined ? {} : args });
+  send({ call, ...message });
   return new Promise((resolve, reject) => calls.set(call, { resolve, reject }));
 }
 
-const tools = new Proxy({}, { get: (_, name) => (args) => callTool(String(name), args) });
+const tools = new Proxy({}, {
+  get: (_, name) => (args) => request({ tool: String(name), args: args === undefined ? {} : args }),
+});
+const text = (value) => log(show(value));
+const store = (key, value) => request({ state: "store", key: String(key), value: value === undefined ? null : value });
+const load = (key) => request({ state: "load", key: String(key) });
 
 function settle(reply) {
   const waiter = calls.get(reply.reply);
@@ -53,20 +73,24 @@ function settle(reply) {
 }
 
 async function run(message) {
-  const out = bounded();
+  used = 0;
+  cut = false;
   try {
-    const cell = new AsyncFunction("console", "tools", message.code);
-    const value = await cell(out.console, tools);
-    const text = value === undefined ? null : JSON.stringify(value);
-    send({ id: message.id, ok: true, value: text === null ? null : JSON.parse(text), output: out.lines, truncated: out.truncated() });
+    const cell = new AsyncFunction("console", "tools", "text", "store", "load", message.code);
+    const value = await cell(cellConsole, tools, text, store, load);
+    const json = value === undefined ? null : JSON.stringify(value);
+    send({ id: message.id, ok: true, value: json === undefined || json === null ? null : JSON.parse(json) });
   } catch (error) {
     const name = error && error.name ? String(error.name) : "Error";
-    const text = error && error.message ? String(error.message) : String(error);
-    send({ id: message.id, ok: false, error: name, message: text.slice(0, 2000), output: out.lines, truncated: out.truncated() });
+    const why = error && error.message ? String(error.message) : String(error);
+    send({ id: message.id, ok: false, error: name.slice(0, 100), message: why.slice(0, 2000) });
   }
 }
 
-// A cell cannot end the worker: the host decides when it stops.
+// A cell cannot end the worker: the host decides when it stops.  A promise
+// the cell forgot to await may reject; that must not end the worker either.
+globalThis.addEventListener("unhandledrejection", (event) => event.preventDefault());
+const exit = Deno.exit.bind(Deno);
 Deno.exit = () => {
   throw new Error("Deno.exit is not available in a cell");
 };
@@ -84,3 +108,5 @@ for await (const chunk of Deno.stdin.readable) {
     else run(message);
   }
 }
+// The host is gone (its end of stdin closed): so is the worker.
+exit(0);

@@ -19,15 +19,20 @@ from ..errors import Error, ErrorClass
 from ..resources._jobs import clean_group, default_signaler
 from ..resources._launch import CommandLimits, Launched, environment, launch
 
-__all__ = ["CellResult", "CodeWorker", "ToolCall", "deno_binary"]
+__all__ = ["Answer", "CellResult", "CodeWorker", "ToolCall", "answer_tools", "deno_binary"]
 
 #: What answers ``tools.<name>(args)`` in a cell: the tool's JSON result.
 ToolCall = Callable[[str, Any], Awaitable[Any]]
+#: What answers one request of a cell (a tool call, ``store``, ``load``):
+#: the reply sent back to it.
+Answer = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
 #: The V8 heap a worker may use, in MiB.
 HEAP_MIB: Final = 128
-#: The longest reply line read from a worker (a cell's value and output).
+#: The longest line read from a worker (a cell's value, a request).
 REPLY_LIMIT: Final = 4 << 20
+#: The output one cell may produce, in characters; the rest is dropped.
+OUTPUT_LIMIT: Final = 65536
 
 
 def deno_binary() -> str:
@@ -76,8 +81,9 @@ class CellResult:
 
 @final
 class CodeWorker:
-    """A Deno worker; ``async with CodeWorker() as worker`` starts it and
-    leaving stops its whole process group (confirmed from ``/proc``)."""
+    """A Deno worker running one cell at a time; ``async with CodeWorker()
+    as worker`` starts it and leaving stops its whole process group
+    (confirmed from ``/proc``).  Not for concurrent use."""
 
     def __init__(self, *, heap_mib: int = HEAP_MIB, startup_timeout: float = 10.0) -> None:
         if type(heap_mib) is not int or not 16 <= heap_mib <= 4096:
@@ -86,13 +92,19 @@ class CodeWorker:
         self._startup_timeout = startup_timeout
         self._launched: Launched | None = None
         self._ids = 0
+        #: the running cell's output so far, and whether some was dropped
+        self.output: list[str] = []
+        self.truncated = False
+        self._used = 0
         self.cleanup_error: str | None = None
 
     @property
     def pgid(self) -> int | None:
         return None if self._launched is None else self._launched.pgid
 
-    async def __aenter__(self) -> CodeWorker:
+    async def start(self, *, admit: Callable[[int, int], Awaitable[None]] | None = None) -> None:
+        """Launch the worker; ``admit(pgid, start_time)`` is awaited with its
+        verified group before any of its code runs (raise to refuse)."""
         script = resources.files("trio_backplane.codemode").joinpath("_worker.js")
         with resources.as_file(script) as path:
             command = _command(deno_binary(), str(path), self._heap_mib)
@@ -102,7 +114,11 @@ class CodeWorker:
                 env={**environment(("PATH", "HOME", "LANG")), "NO_COLOR": "1"},
                 limits=CommandLimits(),
                 startup_timeout=self._startup_timeout,
+                admit=admit,
             )
+
+    async def __aenter__(self) -> CodeWorker:
+        await self.start()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -124,56 +140,110 @@ class CodeWorker:
             with trio.move_on_after(1.0):
                 await launched.process.wait()
 
-    async def run(
-        self, code: str, *, timeout: float = math.inf, call: ToolCall | None = None
-    ) -> CellResult:
-        """Run ``code`` as an async function body; its return value (JSON)
-        and output.  ``tools.<name>(args)`` inside awaits ``call(name,
-        args)``, one at a time (an ``Error`` it raises rejects the cell's
-        promise with its class and message).  A cell past ``timeout``
-        seconds, or one that ends the worker, raises a classed ``Error`` and
-        the worker is stopped."""
-        launched = self._launched
-        if launched is None:
+    def _running(self) -> Launched:
+        if self._launched is None:
             raise Error(ErrorClass.RESOURCE_CONFLICT, "the Code Mode worker is not running")
+        return self._launched
+
+    async def begin(self, code: str) -> None:
+        """Start ``code`` (an async function body) as the worker's cell."""
+        launched = self._running()
         if type(code) is not str:
             raise Error(ErrorClass.VALIDATION, "code must be a str")
         self._ids += 1
-        reply: CellResult | None = None
-        with trio.move_on_after(timeout) as scope:
-            reply = await self._exchange(launched, {"id": self._ids, "code": code}, call)
-        if scope.cancelled_caught:
+        self.output, self.truncated, self._used = [], False, 0
+        try:
+            await _send(launched, {"id": self._ids, "code": code})
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            await self._ended()
+
+    async def drive(
+        self, answer: Answer, *, until: Callable[[], float] = lambda: math.inf
+    ) -> CellResult | None:
+        """Answer the cell's requests until it ends (its result), or until
+        Trio time ``until()`` passes while it computes (``None``: still
+        running; call again to go on).  A request is answered whole: the
+        yield never cuts a tool call.  A worker that ends or stops
+        speaking is stopped, and ``execution_failure`` raised."""
+        launched = self._running()
+        while True:
+            line = None
+            with trio.move_on_at(until()):
+                line = await _next_line(launched)
+                if line is None:
+                    await self._ended()
+            if line is None:
+                return None
+            message = _message(line)
+            if message is None:
+                self._log(line.decode("utf-8", "replace"))  # written around the protocol
+            elif "call" in message:
+                if not await _reply(launched, await answer(message)):
+                    await self._ended()
+            elif "id" in message:
+                return self._result(message)
+            else:
+                self._log(str(message.get("log", "")))
+
+    async def run(
+        self,
+        code: str,
+        *,
+        timeout: float = math.inf,
+        call: ToolCall | None = None,
+        answer: Answer | None = None,
+    ) -> CellResult:
+        """Run ``code`` to its end; ``tools.<name>(args)`` inside awaits
+        ``call(name, args)`` (or ``answer`` handles every request).  A cell
+        past ``timeout`` seconds raises ``timeout`` and stops the worker."""
+        await self.begin(code)
+        handler = answer if answer is not None else answer_tools(call)
+        deadline = trio.current_time() + timeout
+        result = await self.drive(handler, until=lambda: deadline)
+        if result is None:
             await self.aclose()
             raise Error(
                 ErrorClass.TIMEOUT,
                 "the cell did not finish in time; its worker was stopped",
                 {"timeout": timeout},
             )
-        if reply is None:
-            # it ended (out of memory, say) or broke the protocol: unusable
-            await self.aclose()
-            raise Error(
-                ErrorClass.EXECUTION_FAILURE,
-                "the Code Mode worker ended during the cell (out of memory?)",
-            )
-        return reply
+        return result
 
-    async def _exchange(
-        self, launched: Launched, request: dict[str, Any], call: ToolCall | None
-    ) -> CellResult | None:
-        """Send the cell, answer its tool calls, return its reply (``None``:
-        the worker ended or answered something else)."""
-        try:
-            await _send(launched, request)
-            while (line := await launched.reader.line(REPLY_LIMIT)) is not None:
-                message = _message(line)
-                if message is None:
-                    return None
-                if "call" not in message:
-                    return _reply(message)
-                await _send(launched, await _answer(message, call))
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
+    def _log(self, line: str) -> None:
+        if self.truncated:
+            return
+        if self._used + len(line) > OUTPUT_LIMIT:
+            self.truncated = True
+            return
+        self._used += len(line)
+        self.output.append(line)
+
+    def _result(self, reply: dict[str, Any]) -> CellResult:
+        ok = reply.get("ok") is True
+        return CellResult(
+            ok=ok,
+            value=reply.get("value") if ok else None,
+            error=None if ok else str(reply.get("error"))[:100],
+            message=None if ok else str(reply.get("message"))[:2000],
+            output=tuple(self.output),
+            truncated=self.truncated,
+        )
+
+    async def _ended(self) -> None:
+        """The worker ended (out of memory, say) or broke the protocol."""
+        last = self.output[-3:]
+        await self.aclose()
+        raise Error(
+            ErrorClass.EXECUTION_FAILURE,
+            "the Code Mode worker ended during the cell (out of memory?)",
+            {"output": [line[:300] for line in last]},
+        )
+
+
+async def _next_line(launched: Launched) -> bytes | None:
+    try:
+        return await launched.reader.line(REPLY_LIMIT)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
         return None
 
 
@@ -182,38 +252,52 @@ async def _send(launched: Launched, message: dict[str, Any]) -> None:
     await launched.process.stdin.send_all((json.dumps(message) + "\n").encode())
 
 
-async def _answer(message: dict[str, Any], call: ToolCall | None) -> dict[str, Any]:
-    """The host's reply to one ``tools.<name>(args)`` call."""
-    reply: dict[str, Any] = {"reply": message["call"]}
-    if call is None:
-        return {**reply, "ok": False, "error": "unsupported_capability", "message": "no tools"}
+async def _reply(launched: Launched, reply: dict[str, Any]) -> bool:
+    """Send ``reply``; ``False`` when the worker is gone."""
     try:
-        value = await call(str(message.get("tool")), message.get("args"))
-    except Error as error:
-        return {**reply, "ok": False, "error": error.error_class.value, "message": error.message}
+        await _send(launched, reply)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        return False
+    return True
+
+
+def answer_tools(call: ToolCall | None) -> Answer:
+    """Answer tool calls with ``call``; ``store``/``load`` are refused."""
+
+    async def answer(message: dict[str, Any]) -> dict[str, Any]:
+        if "state" in message or call is None:
+            return refusal(message, Error(ErrorClass.UNSUPPORTED_CAPABILITY, "not available here"))
+        try:
+            value = await call(str(message.get("tool")), message.get("args"))
+        except Error as error:
+            return refusal(message, error)
+        return fulfilment(message, value)
+
+    return answer
+
+
+def refusal(message: dict[str, Any], error: Error) -> dict[str, Any]:
+    """The reply that rejects a request's promise with ``error``'s class."""
+    reply = message.get("call")
+    return {"reply": reply, "ok": False, "error": error.error_class.value, "message": error.message}
+
+
+def fulfilment(message: dict[str, Any], value: Any) -> dict[str, Any]:
+    """The reply that resolves a request's promise with ``value`` (JSON)."""
     try:
         json.dumps(value)
     except (TypeError, ValueError):
-        why = "the tool's result is not JSON data"
-        return {**reply, "ok": False, "error": "malformed_result", "message": why}
-    return {**reply, "ok": True, "value": value}
+        error = Error(ErrorClass.MALFORMED_RESULT, "the tool's result is not JSON data")
+        return refusal(message, error)
+    return {"reply": message.get("call"), "ok": True, "value": value}
 
 
 def _message(line: bytes) -> dict[str, Any] | None:
-    """One message of the worker; ``None`` for a line that is not one."""
+    """One protocol message of the worker; ``None`` for a line that is not one."""
     try:
         message = json.loads(line)
     except ValueError:
         return None
-    return message if isinstance(message, dict) else None
-
-
-def _reply(reply: dict[str, Any]) -> CellResult:
-    return CellResult(
-        ok=bool(reply.get("ok")),
-        value=reply.get("value"),
-        error=reply.get("error"),
-        message=reply.get("message"),
-        output=tuple(reply.get("output") or ()),
-        truncated=bool(reply.get("truncated")),
-    )
+    if not isinstance(message, dict) or not ({"call", "id", "log"} & message.keys()):
+        return None
+    return message

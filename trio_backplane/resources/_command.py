@@ -194,7 +194,7 @@ class LocalCommand:
 
         async def admit(pgid: int, start_time: int) -> None:
             if before_run is not None:
-                await before_run(group_evidence(pgid, start_time, obligation.session_id))
+                await before_run(group_evidence(pgid, start_time, session_id=obligation.session_id))
             if obligation.fenced:
                 raise Error(
                     ErrorClass.CANCELLED,

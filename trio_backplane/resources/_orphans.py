@@ -21,14 +21,15 @@ def boot_id() -> str | None:
         return None
 
 
-def group_evidence(pgid: int, start_time: int, session_id: int) -> dict[str, Any]:
+def group_evidence(pgid: int, start_time: int, **names: int | str) -> dict[str, Any]:
     """What names a launched process group for good: its id, its leader's
-    start time, this host and this boot."""
+    start time, this host and this boot, and ``names`` (``session_id=``, a
+    command session; ``cell_id=``, a Code Mode cell)."""
     return {
         "kind": "process_group",
         "pgid": pgid,
         "start_time": start_time,
-        "session_id": session_id,
+        **names,
         "host": socket.gethostname(),
         "boot_id": boot_id(),
     }
@@ -56,6 +57,8 @@ async def kill_orphans(
             continue
         pgid, start = item.get("pgid"), item.get("start_time")
         report = {"pgid": pgid, "session_id": item.get("session_id")}
+        if "cell_id" in item:
+            report["cell_id"] = item["cell_id"]
         elsewhere = _verdict_elsewhere(item)
         if elsewhere is not None:
             reports.append({**report, "status": "skipped", "reason": elsewhere})

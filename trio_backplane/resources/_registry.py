@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Final, final
 
 import attrs
@@ -14,12 +14,14 @@ import trio
 from .._numbers import is_seconds
 from ..errors import Error, ErrorClass
 from ._cleanup import Cleanup, CleanupResult, Status, call_bounded, run_cleanup
+from ._codestate import CodeState
 
 __all__ = ["RECEIPTS", "ResourceHandle", "ResourceRegistry"]
 
 #: Settled receipts a registry keeps to answer repeated releases.
 RECEIPTS: Final = 256
-#: The kind of a Code Mode cell, limited to ``max_continuations`` at once.
+#: The kind of a Code Mode cell, limited to ``max_continuations`` live at once
+#: (per conversation when, as usual, each conversation has its own registry).
 CONTINUATION: Final = "continuation"
 #: A session acknowledgement callback: given the confirmed result, answers ``"ok"``.
 Acknowledge = Callable[[CleanupResult], Any]
@@ -101,6 +103,7 @@ class ResourceRegistry:
         self._clocks: list[Any] = []
         self._resource_ids = itertools.count(1)
         self._session_ids = itertools.count(1)
+        self._code_state = CodeState()
 
     # -- registration ---------------------------------------------------------
 
@@ -332,13 +335,30 @@ class ResourceRegistry:
         return [results[e.id] for e in entries]
 
     async def close_owner(self, owner: str) -> list[CleanupResult]:
-        """Refuse new entries of ``owner``, then :meth:`cancel_owner`."""
-        self._closed.add(owner)
+        """Refuse new entries of ``owner``, forget its Code Mode state, then
+        :meth:`cancel_owner`."""
+        self.fence_owner(owner)
         return await self.cancel_owner(owner)
 
     def fence_owner(self, owner: str) -> None:
-        """Refuse new entries of ``owner`` without releasing anything."""
+        """Refuse new entries of ``owner`` and forget its Code Mode state,
+        without releasing anything."""
         self._closed.add(owner)
+        self._code_state.clear(owner)
+
+    # -- Code Mode state ----------------------------------------------------------
+
+    def code_state(self, owner: str, identity: str) -> Mapping[str, Any]:
+        """The values ``owner``'s cells stored under ``identity``, by key."""
+        return self._code_state.get(owner, identity)
+
+    def store_code_state(self, owner: str, identity: str, key: str, value: Any) -> None:
+        """Store a JSON ``value`` (``None`` removes ``key``): at most 256 keys
+        and 1 MiB per identity, 64 identities and 16 MiB per owner, else
+        ``budget_exceeded`` and nothing changes.  A closed owner is refused."""
+        if owner in self._closed:
+            raise Error(ErrorClass.RESOURCE_CONFLICT, "resource owner is closed", {"owner": owner})
+        self._code_state.store(owner, identity, key, value)
 
     def owner_status(self, owner: str) -> list[CleanupResult]:
         """Every live entry of ``owner``: active, pending, failed or uncertain."""

@@ -10,6 +10,7 @@ import attrs
 
 from ..errors import Error, ErrorClass
 from ..tools import Rejection, ToolDescriptor, ToolResult, reject
+from ..tools._backend import FunctionBackend
 from ._command import CommandInvocation, LocalCommand
 from ._jobs import CommandOutput
 from ._launch import CommandLimits
@@ -224,7 +225,7 @@ def command_tools(
         ToolDescriptor(
             name="exec_command",
             schema=_EXEC_SCHEMA,
-            backend=_Backend(shell.exec_command),
+            backend=FunctionBackend(shell.exec_command),
             backend_context=context,
             description=(
                 "Run a shell command in the workspace. Returns its output and exit code, or a "
@@ -235,7 +236,7 @@ def command_tools(
         ToolDescriptor(
             name="write_stdin",
             schema=_WRITE_SCHEMA,
-            backend=_Backend(shell.write_stdin),
+            backend=FunctionBackend(shell.write_stdin),
             backend_context=context,
             description=(
                 "Write chars to a running command's input (session_id from exec_command) "
@@ -244,9 +245,3 @@ def command_tools(
             requires_approval=requires_approval,
         ),
     ]
-
-
-@final
-@attrs.frozen
-class _Backend:
-    execute: Any
