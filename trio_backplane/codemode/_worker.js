@@ -96,8 +96,12 @@ Deno.exit = () => {
 };
 
 let pending = "";
-for await (const chunk of Deno.stdin.readable) {
-  pending += decoder.decode(chunk, { stream: true });
+const buffer = new Uint8Array(65536);
+let read;
+// (Deno.stdin.read, not its ReadableStream: a reply is one short line, and
+// the stream's machinery costs more than the line)
+while ((read = await Deno.stdin.read(buffer)) !== null) {
+  pending += decoder.decode(buffer.subarray(0, read), { stream: true });
   let end;
   while ((end = pending.indexOf("\n")) >= 0) {
     const line = pending.slice(0, end);
