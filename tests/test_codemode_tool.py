@@ -282,6 +282,27 @@ async def test_cancelling_a_cell_stops_its_worker(clock: MockClock) -> None:
     await no_workers_left(before)
 
 
+async def test_the_effect_deadline_cuts_a_busy_cell(clock: MockClock) -> None:
+    """A cell busy past the effect's deadline is cut: its worker is stopped
+    and confirmed gone, and the run (a dispatched, mutating effect that
+    outlived its deadline, KER-10) ends ``unknown_outcome``."""
+    from tests.runtime.support import conversation_with
+
+    before = workers()
+    cell = {"code": "while (true) {}", "yield_time_ms": FOREVER}
+    provider = S([S.tool_calls(("c1", "code", cell))])
+    async with conversation_with(
+        provider, code_mode_tools(ResourceRegistry()), effect_timeout=10.0
+    ) as (conversation, _):
+        await conversation.prompt("go")
+        while not workers() - before:
+            await real_pause()
+        clock.jump(11)
+        snapshot = await conversation.wait_settled()
+    assert snapshot.run.state == "unknown_outcome"
+    await no_workers_left(before)
+
+
 async def test_a_cell_that_exhausts_memory_fails_and_the_run_goes_on(
     clock: MockClock,
 ) -> None:
