@@ -21,7 +21,7 @@ import attrs
 import trio
 
 from .._public import NoPublicConstructor
-from ..errors import Error, ErrorClass, exception_leaves
+from ..errors import Error, ErrorClass
 from ..kernel import TERMINAL_STATES, Admit, RunRecord
 from ..store import Store
 from ..tools import (
@@ -45,6 +45,7 @@ from ._input import check_content
 from ._interactions import Interactions
 from ._loop import TurnLoop
 from ._nested import NestedCalls
+from ._nursery import owning_nursery
 from ._options import Options, check_inputs, check_options
 from ._resources import OwnedRegistries, check_resources
 from ._responses import Responses
@@ -203,6 +204,15 @@ class Conversation(metaclass=NoPublicConstructor):
         if type(buffer) is not int or buffer < 1:
             raise Error(ErrorClass.VALIDATION, "buffer must be a positive int")
         return self._publisher.hub.subscribe(buffer)
+
+    def agent_updated(self, agent_name: str, status: str) -> None:
+        """Tell this conversation's subscribers that a child agent changed
+        (``agent_updated``: its name and status); transient, never stored.
+        The collaboration manager (:mod:`trio_backplane.agents`) calls it."""
+        self._state.require_own_run()
+        if type(agent_name) is not str or type(status) is not str:
+            raise Error(ErrorClass.VALIDATION, "agent_name and status must be str")
+        self._publisher.publish("agent_updated", {"agent_name": agent_name, "status": status})
 
     async def wait_settled(self) -> Snapshot:
         """Once the run is terminal, recovery_required or storage_failed."""
@@ -386,7 +396,7 @@ async def open_conversation(
         run_id, registry, authority, tools, resources=resources, options=options
     )
     record, phase = await _opened(run_id, store, run, prior, context, incarnation, options.work)
-    async with _owning_nursery() as nursery:
+    async with owning_nursery("conversation failed") as nursery:
         state = _run_state(record, phase, clock, options)
         host = (provider, provider_context, hooks)
         parts = _assemble(state, store, options, nursery, bundle=bundle, host=host)
@@ -469,47 +479,3 @@ async def _opened(  # noqa: PLR0917 - what a run starts from
     if receipt.revision != 0:
         raise Error(ErrorClass.RESOURCE_CONFLICT, "store created another revision")
     return record, Phase.IDLE
-
-
-@asynccontextmanager
-async def _owning_nursery() -> AsyncIterator[trio.Nursery]:
-    """The conversation's nursery: the body's own exception propagates
-    unchanged; anything of the conversation's surfaces as one ``Error``
-    (Cancelled, KeyboardInterrupt and SystemExit as they are)."""
-    body_error: BaseException | None = None
-    try:
-        async with trio.open_nursery() as nursery:
-            try:
-                yield nursery
-            except BaseException as exc:
-                body_error = exc
-                raise
-    except BaseExceptionGroup as group:
-        leaves = exception_leaves(group)
-        if body_error is not None:
-            # The body's own exception (a group of the host's included), alone:
-            # it propagates unchanged, not wrapped by this nursery.
-            mine = {id(leaf) for leaf in exception_leaves(body_error)}
-            if all(id(leaf) in mine for leaf in leaves):
-                raise body_error from None
-        error = _surface(leaves)
-        if isinstance(error, Error):
-            raise error from group
-        raise error from None
-
-
-def _surface(flat: list[BaseException]) -> BaseException:
-    """Cancelled, KeyboardInterrupt and SystemExit propagate unchanged;
-    anything else surfaces as one ``Error`` chained from the group."""
-    for kind in (KeyboardInterrupt, SystemExit, trio.Cancelled):
-        for item in flat:
-            if isinstance(item, kind):
-                return item
-    errors = [e for e in flat if isinstance(e, Error)]
-    if len(errors) == 1 and len(flat) == 1:
-        return errors[0]
-    return Error(
-        ErrorClass.EXECUTION_FAILURE,
-        "conversation failed",
-        {"errors": [f"{type(e).__name__}: {e}"[:300] for e in flat][:10]},
-    )
