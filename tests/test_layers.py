@@ -34,6 +34,8 @@ ALLOWED: dict[str, set[str]] = {
     "resources": PURE | {"store", "runtime"},
     # Code Mode: its workers are run-owned resources
     "codemode": PURE | {"store", "runtime", "resources"},
+    # child agents: conversations run by a manager the tools name as a registry
+    "agents": PURE | {"store", "runtime"},
     "adapters": PURE | {"store", "runtime", "recovery"},
     "testing": PURE | {"store", "runtime", "recovery"},
     "cli": PURE

@@ -75,6 +75,9 @@ NAMESPACES: dict[str, list[str]] = {
         "DISPATCH_STATES", "EFFECT_CLASSES", "EffectReport", "RecoveryReport", "recover",
     ],
     "trio_backplane.codemode": ["CellResult", "CodeWorker", "code_mode_tools"],
+    "trio_backplane.agents": [
+        "AgentManager", "AgentRequest", "ChildOptions", "Closure", "agent_tools",
+    ],
     "trio_backplane.resources": [
         "CleanupResult", "CommandInvocation", "CommandLimits", "CommandOutput", "LocalCommand",
         "ResourceHandle", "ResourceRegistry", "command_tools", "kill_orphans",

@@ -63,8 +63,8 @@ class AgentManager:
         *,
         store: Any,
         parent_run_id: str,
-        parent_authority: Authority,
         child_options: ChildOptionsFactory,
+        parent_authority: Authority | None = None,
         parent_name: str = "root",
         max_agents: int = 16,
         min_wait_timeout: float = 10.0,
@@ -80,12 +80,12 @@ class AgentManager:
             )
         if not is_seconds(close_timeout, 600.0):
             raise Error(ErrorClass.VALIDATION, "close_timeout must be seconds in (0, 600]")
-        if not isinstance(parent_authority, Authority):
+        if parent_authority is not None and not isinstance(parent_authority, Authority):
             raise Error(ErrorClass.VALIDATION, "parent_authority must be an Authority")
         self.store = store
         self.parent_run_id = parent_run_id
         self.parent_name = "/" + parent_name.strip("/")
-        self.parent_authority = parent_authority
+        self.parent_authority = parent_authority or Authority()
         self.max_agents = max_agents
         self.wait_bounds = (min_wait_timeout, default_wait_timeout, max_wait_timeout)
         self.close_timeout = float(close_timeout)
@@ -100,11 +100,19 @@ class AgentManager:
     # -- the block ----------------------------------------------------------------
 
     @asynccontextmanager
-    async def open(self, parent: Conversation | None = None) -> AsyncIterator[AgentManager]:
+    async def open(
+        self, parent: Conversation | None = None, *, authority: Authority | None = None
+    ) -> AsyncIterator[AgentManager]:
         """Run children in this block; leaving it closes every tree (an
-        unconfirmed closure raises ``unknown_outcome`` here)."""
+        unconfirmed closure raises ``unknown_outcome`` here).  ``parent``
+        hears ``agent_updated``; ``authority`` (the parent run's, which
+        bounds every child's) replaces the one given at construction."""
         if self._nursery is not None:
             raise Error(ErrorClass.RESOURCE_CONFLICT, "the agent manager is already open")
+        if authority is not None:
+            if not isinstance(authority, Authority):
+                raise Error(ErrorClass.VALIDATION, "authority must be an Authority")
+            self.parent_authority = authority
         async with owning_nursery("a child agent's task failed") as nursery:
             self._nursery, self._parent = nursery, parent
             try:
@@ -350,8 +358,16 @@ class AgentManager:
         for member in self._tree(agent):
             conversation = member.conversation
             if member.status == "running" and conversation is not None:
-                await conversation.cancel()
+                await self._stop(member)
                 self._settled(member, member.run_id, await conversation.wait_settled())
+
+    async def _stop(self, agent: Agent) -> None:
+        """Ask the agent's run to stop if it still runs (it may have ended
+        meanwhile: then there is nothing to ask)."""
+        conversation = agent.conversation
+        if conversation is not None and agent.status == "running":
+            with trio.move_on_after(self.close_timeout), contextlib.suppress(Error):
+                await conversation.cancel()
 
     async def close(self, agent: Agent) -> list[Closure]:
         """Close ``agent``'s tree, deepest first; idempotent.  Raises
@@ -365,10 +381,7 @@ class AgentManager:
 
     async def _close_one(self, agent: Agent) -> Closure:
         if agent.closure is None and agent.status != "shutdown":
-            conversation = agent.conversation
-            if conversation is not None and agent.status == "running":
-                with trio.move_on_after(self.close_timeout):
-                    await conversation.cancel()
+            await self._stop(agent)
             agent.release.set()
             with trio.move_on_after(self.close_timeout):
                 await agent.done.wait()

@@ -108,56 +108,43 @@ class _Tools:
         return _result({"message": message, "timed_out": not ready}, message)
 
 
-def agent_tools(manager: AgentManager) -> list[ToolDescriptor]:
-    """``spawn_agent``, ``send_message``, ``followup_task``,
-    ``interrupt_agent``, ``close_agent``, ``list_agents`` (read-only) and
-    ``wait_agent`` (read-only) over ``manager``, which each names as its
-    ``resource_registry``: a run using them closes the trees it spawned on
-    every terminal path."""
-    tools = _Tools(manager)
-    low, default, high = (int(s * 1000) for s in manager.wait_bounds)
-    wait_ms = {"type": "integer", "minimum": low, "maximum": high, "default": default}
-    context = {"resource_registry": manager}
-    table: list[tuple[str, Any, dict[str, Any], bool, str]] = [
+_Row = tuple[str, Any, dict[str, Any], bool, str]
+
+
+def _table(tools: _Tools, wait_ms: dict[str, Any]) -> list[_Row]:
+    """Each tool's name, backend, schema, whether read-only, description."""
+    message = _schema({"target": _TARGET, "message": _TEXT}, "target", "message")
+    target = _schema({"target": _TARGET}, "target")
+    return [
         (
             "spawn_agent",
             tools.spawn,
-            _schema(
-                {"task_name": {"type": "string", "pattern": "^[a-z0-9_]+$"}, "message": _TEXT},
-                "task_name",
-                "message",
-            ),
+            _schema({"task_name": _TASK, "message": _TEXT}, "task_name", "message"),
             False,
             "Start a child agent named task_name on message; it works on its own.",
         ),
         (
             "send_message",
             tools.send_message,
-            _schema({"target": _TARGET, "message": _TEXT}, "target", "message"),
+            message,
             False,
             "Steer a running agent (target: its name) with message.",
         ),
         (
             "followup_task",
             tools.followup,
-            _schema({"target": _TARGET, "message": _TEXT}, "target", "message"),
+            message,
             False,
             "Give an agent a follow-up task; one that finished starts again with its history.",
         ),
         (
             "interrupt_agent",
             tools.interrupt,
-            _schema({"target": _TARGET}, "target"),
+            target,
             False,
             "Stop an agent's current work (and its own agents').",
         ),
-        (
-            "close_agent",
-            tools.close,
-            _schema({"target": _TARGET}, "target"),
-            False,
-            "Close an agent and its own agents for good.",
-        ),
+        ("close_agent", tools.close, target, False, "Close an agent and its own agents for good."),
         (
             "list_agents",
             tools.list,
@@ -173,6 +160,19 @@ def agent_tools(manager: AgentManager) -> list[ToolDescriptor]:
             "Wait until one of your agents finishes or changes, up to timeout_ms.",
         ),
     ]
+
+
+def agent_tools(manager: AgentManager) -> list[ToolDescriptor]:
+    """``spawn_agent``, ``send_message``, ``followup_task``,
+    ``interrupt_agent``, ``close_agent``, ``list_agents`` (read-only) and
+    ``wait_agent`` (read-only) over ``manager``, which each names as its
+    ``resource_registry``: a run using them closes the trees it spawned on
+    every terminal path."""
+    tools = _Tools(manager)
+    low, default, high = (int(s * 1000) for s in manager.wait_bounds)
+    wait_ms = {"type": "integer", "minimum": low, "maximum": high, "default": default}
+    context = {"resource_registry": manager}
+    table = _table(tools, wait_ms)
     return [
         ToolDescriptor(
             name=name,
