@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import trio
 from trio.testing import MockClock
 
 from tests.agents.support import PARENT, S, child_tools, factory
-from trio_backplane import Authority, ToolRegistry, open_conversation
+from trio_backplane import Authority, Error, ErrorClass, ToolRegistry, open_conversation
 from trio_backplane.agents import AgentManager, AgentRequest, agent_tools
 from trio_backplane.store import MemoryStore
 from trio_backplane.tools import ToolDescriptor
@@ -118,3 +119,49 @@ async def test_a_parent_spawns_waits_follows_up_and_closes(autojump_clock: MockC
     assert {"agent_name": "/root/writer", "status": "completed"} in updates
     assert {"agent_name": "/root/researcher", "status": "shutdown"} in updates
     assert manager.agents()[0].status == "shutdown"
+
+
+async def test_an_unconfirmed_child_closure_keeps_the_parent_from_completing(
+    autojump_clock: MockClock,
+) -> None:
+    """AGT-02: the parent run's terminal path closes its children; one whose
+    conversation died cannot be closed confirmed, so the parent run ends
+    ``unknown_outcome`` instead of ``completed``."""
+    from tests.agents.support import FailingFor
+    from trio_backplane.testing import Hang
+
+    options, _ = factory({"doomed": [[[Hang()]]]})
+    store = FailingFor(MemoryStore(), "never")
+    manager = AgentManager(store=store, parent_run_id=PARENT, child_options=options)
+    registry = ToolRegistry([*agent_tools(manager), *child_tools()])
+    authority = Authority.for_registry(registry, caller="host", run_id=PARENT)
+    script = [
+        S.tool_calls(("p1", "spawn_agent", {"task_name": "doomed", "message": "work"})),
+        S.text("done"),
+    ]
+
+    async def spawned_then_doomed() -> None:
+        # once it runs (its prompt admitted), its store fails: it cannot stop cleanly
+        while not manager.agents() or manager.agents()[0].status != "running":
+            await trio.sleep(0)
+        store.marker = "doomed"
+
+    settled: list[Any] = []
+
+    async def body(parent: Any) -> None:
+        async with manager.open(parent, authority=authority), trio.open_nursery() as nursery:
+            nursery.start_soon(spawned_then_doomed)
+            await parent.prompt("go")
+            settled.append(await parent.wait_settled())
+
+    async with open_conversation(
+        PARENT, store=store, provider=S(script), registry=registry, authority=authority
+    ) as parent:
+        with pytest.raises(Error) as exc:  # the block's own closure is unconfirmed too
+            await body(parent)
+    assert exc.value.error_class is ErrorClass.UNKNOWN_OUTCOME
+    [snapshot] = settled
+    assert snapshot.run.state == "unknown_outcome"
+    assert snapshot.resource_cleanup.status == "uncertain"
+    [doomed] = manager.agents()
+    assert doomed.closure not in (None, "confirmed")
