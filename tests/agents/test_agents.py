@@ -295,6 +295,14 @@ async def test_agt_01_closure_and_interruption_act_on_the_tree(autojump_clock: M
         helper = await agents.spawn(a.run_id, "helper", "help a")
         peer = await agents.spawn(PARENT, "peer", "work")
         assert helper.name == "/root/a/helper"
+        assert agents.resolve(a.name, "helper") is helper
+        for target in ("/root/peer", "/root"):
+            with pytest.raises(Error) as outside:
+                agents.resolve(helper.name, target)
+            assert outside.value.error_class is ErrorClass.FORBIDDEN
+        with pytest.raises(Error) as unknown:
+            agents.resolve(helper.name, "../peer")
+        assert unknown.value.error_class is ErrorClass.NOT_FOUND
         assert [x.name for x in agents.agents("/root/a/")] == ["/root/a/helper"]
         await agents.interrupt(a)
         assert (a.status, helper.status, peer.status) == ("interrupted", "interrupted", "running")

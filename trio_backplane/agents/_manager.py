@@ -144,8 +144,16 @@ class AgentManager:
         raise Error(ErrorClass.FORBIDDEN, "the caller is not this manager's parent or agent")
 
     def resolve(self, caller: str, target: str) -> Agent:
-        """``target`` as a full name, or a name relative to ``caller``."""
+        """``target`` as a full name, or a name relative to ``caller``: one
+        of the caller's descendants (``forbidden`` otherwise: an agent never
+        acts on its parent or its peers)."""
         name = target if target.startswith("/") else f"{caller}/{target}"
+        if not name.startswith(caller + "/"):
+            raise Error(
+                ErrorClass.FORBIDDEN,
+                "an agent can only act on its own agents",
+                {"agent_name": name[:300], "caller": caller},
+            )
         agent = self._agents.get(name)
         if agent is None:
             raise Error(ErrorClass.NOT_FOUND, "agent not found", {"agent_name": name[:300]})
