@@ -481,6 +481,14 @@ def test_runs_recover_is_read_only_unless_fenced(tmp_path: Path) -> None:
     assert _load(db, "crashed").incarnation == 5
     status, text = run("runs", "recover", str(db), "crashed", "--incarnation", "5")
     assert status == 1  # forbidden: 5 does not fence anything older
+    status, text = run("runs", "recover", str(db), "crashed", "--settle")
+    assert status == 0
+    assert "settled: incarnation 5 fenced; the run is now unknown_outcome" in text
+    settled = _load(db, "crashed")
+    assert (settled.state, settled.incarnation) == ("unknown_outcome", 6)
+    assert settled.outcome["evidence"][0]["effect_class"] == "mutation"
+    status, text = run("runs", "recover", str(db), "crashed", "--settle")
+    assert "settled already: the run is unknown_outcome" in text
 
 
 def test_runs_recover_lists_unsettled_children_and_waits(tmp_path: Path) -> None:
@@ -509,6 +517,9 @@ def test_runs_recover_lists_unsettled_children_and_waits(tmp_path: Path) -> None
     assert re.search(r"unsettled dependencies .*child-7", text)
     report = json.loads(run("runs", "recover", str(db), "waiting", "--json")[1])
     assert report["unsettled"]["dependencies"] == ["child-7"]
+    # a wait is no effect: settling it is confirmed, and nothing is replayed
+    status, text = run("runs", "recover", str(db), "waiting", "--settle")
+    assert "the run is now cancelled (stop reason recovered)" in text
 
 
 def _closed_port() -> int:

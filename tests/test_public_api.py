@@ -72,7 +72,8 @@ NAMESPACES: dict[str, list[str]] = {
         "verify_receipt",
     ],
     "trio_backplane.recovery": [
-        "DISPATCH_STATES", "EFFECT_CLASSES", "EffectReport", "RecoveryReport", "recover",
+        "DISPATCH_STATES", "EFFECT_CLASSES", "EffectReport", "RecoveryReport", "Replacement",
+        "Settled", "recover", "replacement_for", "settle_run",
     ],
     "trio_backplane.codemode": ["CellResult", "CodeWorker", "code_mode_tools"],
     "trio_backplane.agents": [

@@ -15,7 +15,7 @@ import trio
 
 from ..errors import Error, ErrorClass
 from ..kernel import RUN_STATES, encode_record, thaw
-from ..recovery import RecoveryReport, recover
+from ..recovery import RecoveryReport, Settled, recover, settle_run
 from ..resources import kill_orphans
 from ._output import EXIT_OK, EXIT_REJECTED, EXIT_USAGE, Out, clean, error_text, reason, short
 from ._urls import UsageError, hide_dsn_secret, open_store
@@ -62,6 +62,13 @@ def add_parser(commands: Any) -> None:
         help="also fence the stored incarnation (Store.fence): it can never commit again",
     )
     runs_recover.add_argument(
+        "--settle",
+        action="store_true",
+        help="fence the stored incarnation and commit the run's outcome: cancelled "
+        "(stop reason recovered) when nothing in flight may have changed the world, "
+        "else unknown_outcome with its evidence; never a replay",
+    )
+    runs_recover.add_argument(
         "--kill-orphans",
         action="store_true",
         help="stop the process groups the run's commands left alive on this host "
@@ -76,7 +83,7 @@ def runs_command(args: argparse.Namespace, out: TextIO) -> int:
     """Run one ``runs`` subcommand; status 2 for a store URL that names no store."""
     try:
         _check_run_id(getattr(args, "run_id", None))
-        fencing = args.runs_command == "recover" and args.fence
+        fencing = args.runs_command == "recover" and (args.fence or args.settle)
         store = open_store(args.store, writing=fencing)
     except UsageError as exc:
         print(hide_dsn_secret(f"backplane: {exc}", args.store), file=sys.stderr)
@@ -291,7 +298,10 @@ async def _recover(store: Any, args: argparse.Namespace, out: Out) -> int:
         _show_report(out, report)
     if args.kill_orphans:
         _show_orphans(out, await kill_orphans(report.resources), json_output=args.json)
-    if args.fence:
+    if args.settle:
+        settled = await settle_run(store, args.run_id, incarnation=incarnation)
+        _say(out, args.json, _settled_text(settled))
+    elif args.fence:
         receipt = await store.fence(args.run_id, incarnation=incarnation)
         message = (
             f"fenced: incarnation {record.incarnation} can no longer commit; the run is at "
@@ -310,6 +320,25 @@ async def _recover(store: Any, args: argparse.Namespace, out: Out) -> int:
             )
         )
     return EXIT_OK
+
+
+def _settled_text(settled: Settled) -> str:
+    record = settled.record
+    if not settled.committed:
+        return f"settled already: the run is {record.state}; nothing was committed"
+    evidence = len((record.outcome or {}).get("evidence") or ())
+    why = f", {evidence} evidence item(s)" if evidence else ""
+    return (
+        f"settled: incarnation {settled.fenced} fenced; the run is now {record.state} "
+        f"(stop reason {record.stop_reason}{why})"
+    )
+
+
+def _say(out: Out, json_output: bool, message: str) -> None:
+    if json_output:
+        print(message, file=sys.stderr)
+    else:
+        out.line(("  " + message, "bold yellow"))
 
 
 def _show_orphans(out: Out, reports: list[dict[str, Any]], *, json_output: bool) -> None:

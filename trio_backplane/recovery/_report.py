@@ -1,38 +1,4 @@
-"""Recovery after a crash: fence the old incarnation, classify what may have happened.
-
-``recover(record, *, incarnation)`` is pure: it reads a stored run and says,
-for every outstanding execution intent (effect), whether it is safe to
-*withdraw* (cancel without reconciliation) and whether it is safe to
-*resume* (run it again).  The two are never confused:
-
-* withdraw is safe for any effect whose ``dispatch_state`` is
-  ``"not_dispatched"``;
-* resume is safe only for a ``"read_only"`` or ``"idempotent"`` effect that is
-  ``"not_dispatched"``;
-* a ``"dispatched"`` or ``"unknown"`` mutation (or an effect of unknown
-  class) is never safe and is listed in ``uncertain_effects``;
-* an effect a cleanup settled as ``"uncertain"`` reads ``"unknown"``,
-  whatever its intent recorded when it was published (a ``dispatch_state``
-  is what the executor knew then: nothing updates it once the effect is
-  dispatched), so it is never safe either.
-
-Outstanding work that is not an effect (unsettled children, dependencies
-and the wait on them) is reported as ``unsettled``
-(``kernel.cleanup_requirements``): a host must settle it too.
-
-Which intents are reported: only outstanding ones, that is intents whose
-status is ``"started"`` (published, never settled) or ``"uncertain"``
-(settled as uncertain by a cleanup).  ``"consumed"`` and ``"cancelled"``
-intents are settled; they are history, not work, and are not reported.
-
-An interrupted provider attempt (a ``"provider"`` intent still outstanding)
-is read-only: nothing in the world depends on it, so the host may discard it
-after a confirmed cleanup (``EffectReport.discardable``); it is still never
-safe to *resume* unless it is known not to have been dispatched.
-
-``trio_backplane.testing.RecoveryHarness`` simulates such a crash against
-a real store, for tests.
-"""
+"""Classifying a stored run's outstanding work (see the package docstring)."""
 
 from __future__ import annotations
 
@@ -41,8 +7,8 @@ from typing import Any, Final, final
 
 import attrs
 
-from .errors import Error, ErrorClass
-from .kernel import RunRecord, cleanup_requirements, thaw
+from ..errors import Error, ErrorClass
+from ..kernel import RunRecord, cleanup_requirements, thaw
 
 __all__ = [
     "DISPATCH_STATES",

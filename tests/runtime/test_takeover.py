@@ -1,0 +1,162 @@
+"""Taking over a run whose host died: fence, classify, settle with
+evidence, and continue only what nothing in flight could have changed.
+
+On SQLite (fencing needs a durable store), on Trio's own clock: its
+commits run in a thread, and no deadline here is near."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from trio.testing import MockClock
+
+from tests.runtime.support import Delegating, RecordingBackend, make_tool
+from trio_backplane import Authority, Error, ErrorClass, ToolRegistry, open_conversation
+from trio_backplane.kernel import Cancel, transition
+from trio_backplane.recovery import replacement_for, settle_run
+from trio_backplane.store import MemoryStore, SQLiteStore
+from trio_backplane.testing import Hang, ScriptedProvider
+from trio_backplane.tools import ToolResult
+
+S = ScriptedProvider
+RUN = "run-1"
+
+
+class Dying(Delegating):
+    """A store whose host 'dies' once ``dead`` is set: no commit lands any
+    more, and what is stored is what a crashed host left."""
+
+    dead = False
+
+    async def commit(self, run_id: str, **kwargs: Any) -> Any:
+        if self.dead:
+            raise Error(ErrorClass.STORAGE_FAILED, "the host is gone")
+        return await self.inner.commit(run_id, **kwargs)
+
+
+async def crash_while(
+    inner: Any, provider: Any, tools: list[Any], until: Any, *, work: int = 20
+) -> None:
+    """Run until ``until(record)`` holds for the stored record, then let no
+    commit land: ``inner`` holds what a crashed host left."""
+    store = Dying(inner)
+    registry = ToolRegistry(tools)
+    async with open_conversation(
+        RUN,
+        store=store,
+        provider=provider,
+        registry=registry,
+        authority=Authority.for_registry(registry, caller="host", run_id=RUN),
+        work=work,
+        run_timeout=600.0,
+        wall_clock=trio.current_time,
+    ) as conversation:
+        await conversation.prompt("go")
+        while not until(await inner.load(RUN)):
+            await trio.sleep(0.01)
+        store.dead = True
+        await conversation.cancel()
+        await conversation.wait_settled()
+
+
+async def test_a_mutation_in_flight_settles_unknown_outcome_with_evidence(tmp_path: Path) -> None:
+    """A dispatched mutating tool: ``settle_run`` fences the old
+    incarnation, commits ``unknown_outcome`` naming the effect, and a
+    continuation is refused; the old incarnation can commit nothing."""
+    hang = RecordingBackend(lambda _op: trio.sleep_forever())
+    tools = [make_tool("transfer", hang)]
+    provider = S([S.tool_calls(("c1", "transfer", {})), S.text("never")])
+
+    def dispatched(record: Any) -> bool:
+        return any(i.get("tool_name") == "transfer" for i in record.intents.values())
+
+    async with SQLiteStore(tmp_path / "runs.sqlite3") as store:
+        await _mutation_in_flight(store, provider, tools, dispatched, hang)
+
+
+async def _mutation_in_flight(
+    store: Any, provider: Any, tools: Any, dispatched: Any, hang: Any
+) -> None:
+    await crash_while(store, provider, tools, dispatched)
+    before = await store.load(RUN)
+    assert before is not None
+    assert before.state == "running"
+    settled = await settle_run(store, RUN, wall_clock=trio.current_time)
+    assert settled.committed
+    assert settled.record.state == "unknown_outcome"
+    assert settled.record.incarnation == before.incarnation + 1
+    evidence = settled.record.outcome["evidence"]
+    [effect] = [e for e in evidence if "effect_id" in e]
+    assert effect["effect_class"] == "mutation"
+    assert before.intents[effect["effect_id"]]["tool_name"] == "transfer"
+    with pytest.raises(Error) as exc:
+        replacement_for(settled, wall_clock=trio.current_time)
+    assert exc.value.error_class is ErrorClass.UNKNOWN_OUTCOME
+    # the partitioned old host, at its next commit (a valid one of its own)
+    late, events = transition(before, Cancel(at=trio.current_time()))
+    with pytest.raises(Error) as fenced:
+        await store.commit(
+            RUN,
+            incarnation=before.incarnation,
+            expected_revision=before.revision,
+            record=late,
+            events=events,
+        )
+    assert fenced.value.error_class is ErrorClass.RESOURCE_CONFLICT
+    assert hang.calls == 1
+    again = await settle_run(store, RUN, wall_clock=trio.current_time)
+    assert not again.committed
+    assert again.record == settled.record
+
+
+async def test_nothing_in_flight_settles_cancelled_and_continues_from_the_transcript(
+    tmp_path: Path,
+) -> None:
+    """A run whose host died during a (read-only) provider attempt after a
+    completed tool: settled ``cancelled`` (stop reason ``recovered``), and
+    its replacement carries the committed transcript, the work left and the
+    time left; it runs to completion without calling the tool again."""
+    lookup = RecordingBackend(ToolResult("42"))
+    tools = [make_tool("lookup", lookup, read_only=True)]
+    provider = S([S.tool_calls(("c1", "lookup", {})), [Hang()]])
+
+    def second_attempt(record: Any) -> bool:
+        return record.active_provider is not None and bool(record.transcript[1:])
+
+    async with SQLiteStore(tmp_path / "runs.sqlite3") as store:
+        await crash_while(store, provider, tools, second_attempt, work=10)
+        await _continued(store, tools, lookup)
+
+
+async def _continued(store: Any, tools: Any, lookup: Any) -> None:
+    settled = await settle_run(store, RUN, wall_clock=trio.current_time)
+    assert (settled.record.state, settled.record.stop_reason) == ("cancelled", "recovered")
+    replacement = replacement_for(settled, wall_clock=trio.current_time)
+    assert replacement.work == 10 - settled.record.budget.used
+    assert 0 < replacement.run_timeout <= 600.0
+    assert any(m.get("role") == "tool" for m in replacement.messages)
+    registry = ToolRegistry(tools)
+    async with open_conversation(
+        "run-1:2",
+        store=store,
+        provider=S([S.text("the answer is 42")]),
+        registry=registry,
+        authority=Authority.for_registry(registry, caller="host", run_id="run-1:2"),
+        messages=replacement.messages,
+        work=replacement.work,
+        run_timeout=replacement.run_timeout,
+    ) as conversation:
+        await conversation.prompt("go on")
+        snapshot = await conversation.wait_settled()
+    assert snapshot.run.state == "completed"
+    assert lookup.calls == 1  # never replayed
+
+
+async def test_settle_refuses_what_it_cannot_settle(autojump_clock: MockClock) -> None:
+    store = MemoryStore()
+    with pytest.raises(Error) as missing:
+        await settle_run(store, "nobody")
+    assert missing.value.error_class is ErrorClass.NOT_FOUND
