@@ -37,9 +37,21 @@ ALLOWED: dict[str, set[str]] = {
     # child agents: conversations run by a manager the tools name as a registry
     "agents": PURE | {"store", "runtime"},
     "adapters": PURE | {"store", "runtime", "recovery"},
+    # the fleet: conversations on PostgresStore, taken over through recovery
+    "fleet": PURE | {"store", "runtime", "recovery"},
     "testing": PURE | {"store", "runtime", "recovery"},
     "cli": PURE
-    | {"store", "runtime", "recovery", "resources", "testing", "adapters", "__init__", "_version"},
+    | {
+        "store",
+        "runtime",
+        "recovery",
+        "resources",
+        "testing",
+        "adapters",
+        "fleet",
+        "__init__",
+        "_version",
+    },
     "__init__": PURE | {"store", "runtime", "recovery", "testing", "_version"},
 }
 

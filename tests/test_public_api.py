@@ -76,6 +76,9 @@ NAMESPACES: dict[str, list[str]] = {
         "Settled", "recover", "replacement_for", "settle_run",
     ],
     "trio_backplane.codemode": ["CellResult", "CodeWorker", "code_mode_tools"],
+    "trio_backplane.fleet": [
+        "AgentSpec", "FleetApp", "Worker", "load_app", "pending", "resolve", "submit", "wait",
+    ],
     "trio_backplane.agents": [
         "AgentManager", "AgentRequest", "ChildOptions", "Closure", "agent_tools",
     ],

@@ -1,8 +1,9 @@
 """The ``backplane`` command line.
 
 ``schema check`` and ``catalog admit`` check a tools file, ``demo`` runs a
-whole conversation on SQLite, and ``runs list|show|recover`` read a store
-given by URL.  Exit statuses: 0 success, 1 a refusal, 2 a usage mistake,
+whole conversation on SQLite, ``runs list|show|recover`` read a store
+given by URL, and ``worker``, ``submit`` and ``wait`` run a fleet on
+PostgreSQL.  Exit statuses: 0 success, 1 a refusal, 2 a usage mistake,
 130 interrupted, 141 the output's reader went away.
 """
 
@@ -14,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from . import _catalog, _demo, _runs, _schema
+from . import _catalog, _demo, _fleet, _runs, _schema
 from ._output import EXIT_BROKEN_PIPE
 from ._output import Out as _Out  # noqa: F401  (importable here, as before the split)
 
@@ -29,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         " catalogs, run the demo, read and recover stored runs.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    for group in (_schema, _catalog, _demo, _runs):
+    for group in (_schema, _catalog, _demo, _runs, _fleet):
         group.add_parser(commands)
     return parser
 

@@ -17,6 +17,7 @@ from ..errors import Error, ErrorClass
 from ..kernel import RUN_STATES, encode_record, thaw
 from ..recovery import RecoveryReport, Settled, recover, settle_run
 from ..resources import kill_orphans
+from . import _fleet
 from ._output import EXIT_OK, EXIT_REJECTED, EXIT_USAGE, Out, clean, error_text, reason, short
 from ._urls import UsageError, hide_dsn_secret, open_store
 
@@ -77,6 +78,7 @@ def add_parser(commands: Any) -> None:
     for command in (runs_list, runs_show, runs_recover):
         command.add_argument("--json", action="store_true", help="print JSON instead of tables")
         command.set_defaults(handler=runs_command)
+    _fleet.add_resolve(runs_sub)
 
 
 def runs_command(args: argparse.Namespace, out: TextIO) -> int:

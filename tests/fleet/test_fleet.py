@@ -1,0 +1,245 @@
+"""Workers on PostgreSQL: claims, leases, takeover without replay."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+import trio
+
+from tests.fleet.app import app
+from trio_backplane.fleet import Worker, submit, wait
+
+pytest_plugins = ["tests.store.postgres_fixture"]
+
+
+def _ledger(dsn: str, schema: str) -> None:
+    psycopg: Any = importlib.import_module("psycopg")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+        conn.execute(f"CREATE TABLE {schema}.calls (run_id text, invocation_id text, tool text)")
+
+
+def _calls(dsn: str, schema: str) -> list[tuple[str, str]]:
+    psycopg: Any = importlib.import_module("psycopg")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(f"SELECT run_id, invocation_id FROM {schema}.calls").fetchall()
+    return [(r, i) for r, i in rows]
+
+
+async def test_two_workers_share_the_queue_and_finish_every_run(
+    pg_dsn: str, pg_schema: str, monkeypatch: Any
+) -> None:
+    """Runs submitted from one host are claimed by two workers (each run by
+    exactly one) and each completes with its tool invoked once."""
+    monkeypatch.setenv("FLEET_TEST_DSN", pg_dsn)
+    monkeypatch.setenv("FLEET_TEST_SCHEMA", pg_schema)
+    await trio.to_thread.run_sync(_ledger, pg_dsn, pg_schema)
+    run_ids = [
+        await submit(pg_dsn, agent="writer", prompt=f"task {n}", schema=pg_schema)
+        for n in range(12)
+    ]
+    workers = [
+        Worker(pg_dsn, app, schema=pg_schema, concurrency=3, worker_id=f"w{n}", lease=5.0)
+        for n in range(2)
+    ]
+    async with trio.open_nursery() as nursery:
+        for worker in workers:
+            nursery.start_soon(worker.run)
+        results = [await wait(pg_dsn, run_id, schema=pg_schema, timeout=60) for run_id in run_ids]
+        for worker in workers:
+            worker.drain()
+    assert [r["outcome"] for r in results] == ["completed"] * 12
+    assert all(r["claims"] == 1 for r in results)
+    calls = await trio.to_thread.run_sync(_calls, pg_dsn, pg_schema)
+    assert sorted(run for run, _ in calls) == sorted(run_ids)
+    assert len(set(calls)) == 12  # one invocation a run, none twice
+    assert {r["worker"] for r in results} <= {"w0", "w1"}
+
+
+def _held_by(dsn: str, schema: str, worker: str) -> list[str]:
+    psycopg: Any = importlib.import_module("psycopg")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            f"SELECT run_id FROM {schema}.backplane_fleet WHERE worker = %s AND state = 'claimed'",
+            (worker,),
+        ).fetchall()
+    return [r for (r,) in rows]
+
+
+def test_a_killed_and_a_stopped_worker_lose_their_runs_but_nothing_is_replayed(
+    pg_dsn: str, pg_schema: str, tmp_path: Any
+) -> None:
+    """Three worker processes; one is SIGKILLed mid-run, another SIGSTOPped
+    past its lease and resumed: every run is finished (terminal, or parked
+    for a reconciler), no invocation of the mutating tool is recorded twice
+    for one intent, each ``unknown_outcome`` names its evidence, and the
+    runs the stopped worker held were finished by another worker."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from trio_backplane.store import PostgresStore
+
+    _ledger(pg_dsn, pg_schema)
+    env = {
+        **os.environ,
+        "FLEET_TEST_DSN": pg_dsn,
+        "FLEET_TEST_SCHEMA": pg_schema,
+        "FLEET_TEST_TOOL_SLEEP": "0.4",
+        "PYTHONPATH": os.getcwd(),
+    }
+    lease = 1.5
+
+    async def submit_all() -> list[str]:
+        return [
+            await submit(pg_dsn, agent="writer", prompt=f"task {n}", schema=pg_schema)
+            for n in range(60)
+        ]
+
+    run_ids = trio.run(submit_all)
+    workers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "trio_backplane.cli",
+                "worker",
+                "--db",
+                pg_dsn,
+                "--app",
+                "tests.fleet.app",
+                "--schema",
+                pg_schema,
+                "--lease",
+                str(lease),
+                "--concurrency",
+                "4",
+                "--worker-id",
+                f"w{n}",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+        )
+        for n in range(3)
+    ]
+    try:
+        deadline = time.monotonic() + 60
+        while len(_calls(pg_dsn, pg_schema)) < 8:
+            assert time.monotonic() < deadline, "the workers never started"
+            time.sleep(0.05)
+        workers[0].send_signal(signal.SIGKILL)
+        while not _held_by(pg_dsn, pg_schema, "w1"):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        workers[1].send_signal(signal.SIGSTOP)
+        stopped_held = _held_by(pg_dsn, pg_schema, "w1")
+        time.sleep(3 * lease)
+        workers[1].send_signal(signal.SIGCONT)
+
+        async def wait_all() -> list[dict[str, Any]]:
+            return [await wait(pg_dsn, r, schema=pg_schema, timeout=120) for r in run_ids]
+
+        results = trio.run(wait_all)
+    finally:
+        for worker in workers[1:]:
+            worker.send_signal(signal.SIGTERM)
+        for worker in workers:
+            try:
+                worker.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+    by_run = dict(zip(run_ids, results, strict=True))
+    assert {r["state"] for r in results} <= {"done", "parked"}
+    calls = _calls(pg_dsn, pg_schema)
+    assert len(calls) == len(set(calls)), "a mutating invocation was recorded twice"
+    taken_over = [r for r in results if r["claims"] > 1]
+    assert taken_over, "nothing was taken over: the test killed too late"
+    for run_id in stopped_held:
+        assert by_run[run_id]["claims"] > 1  # another worker finished it
+
+    async def evidence() -> None:
+        async with PostgresStore(pg_dsn, schema=pg_schema) as store:
+            for row in results:
+                record = await store.load(row["current_run"])
+                if row["outcome"] == "unknown_outcome":
+                    assert record is not None
+                    assert record.outcome["evidence"], row
+
+    trio.run(evidence)
+
+
+def test_an_approval_is_answered_from_another_process(pg_dsn: str, pg_schema: str) -> None:
+    """A run waiting for approval on a worker process is approved with
+    ``backplane runs resolve`` from another process, and completes."""
+    import subprocess
+    import sys
+    import time
+
+    from trio_backplane.fleet import pending
+
+    _ledger(pg_dsn, pg_schema)
+    env = {
+        **os.environ,
+        "FLEET_TEST_DSN": pg_dsn,
+        "FLEET_TEST_SCHEMA": pg_schema,
+        "PYTHONPATH": os.getcwd(),
+    }
+    run_id = trio.run(lambda: submit(pg_dsn, agent="approver", prompt="ship", schema=pg_schema))
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trio_backplane.cli",
+            "worker",
+            "--db",
+            pg_dsn,
+            "--app",
+            "tests.fleet.app",
+            "--schema",
+            pg_schema,
+            "--worker-id",
+            "a",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        waiting = None
+        while waiting is None:
+            assert time.monotonic() < deadline, "the run never asked for approval"
+            time.sleep(0.05)
+            waiting = trio.run(lambda: pending(pg_dsn, run_id, schema=pg_schema))
+        assert waiting["request"]["kind"] == "permission"
+        assert waiting["request"]["operation"]["tool_name"] == "deploy"
+        assert _calls(pg_dsn, pg_schema) == []  # nothing ran before the answer
+        resolved = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "trio_backplane.cli",
+                "runs",
+                "resolve",
+                pg_dsn,
+                run_id,
+                waiting["id"],
+                "approved",
+                "--schema",
+                pg_schema,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        assert resolved.returncode == 0, resolved.stderr
+        status = trio.run(lambda: wait(pg_dsn, run_id, schema=pg_schema, timeout=60))
+    finally:
+        worker.terminate()
+        worker.wait(timeout=40)
+    assert status["outcome"] == "completed"
+    assert [run for run, _ in _calls(pg_dsn, pg_schema)] == [run_id]

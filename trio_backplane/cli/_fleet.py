@@ -1,0 +1,129 @@
+"""``backplane worker``, ``backplane submit`` and ``backplane wait``: the
+fleet on PostgreSQL from a shell."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import signal
+import sys
+from typing import Any, TextIO
+
+import trio
+
+from ..errors import Error
+from ..fleet import Worker, load_app, resolve, submit, wait
+from ._output import EXIT_OK, EXIT_REJECTED, reason
+from ._urls import hide_dsn_secret
+
+
+def add_parser(commands: Any) -> None:
+    """Add ``worker``, ``submit`` and ``wait`` to the top-level ``commands``."""
+    worker = commands.add_parser(
+        "worker", help="claim and run queued runs of an app's agents (SIGTERM drains)"
+    )
+    worker.add_argument("--db", required=True, metavar="DSN", help="a postgresql:// DSN")
+    worker.add_argument("--app", required=True, metavar="MODULE", help="package.module[:app]")
+    worker.add_argument("--concurrency", type=int, default=4, metavar="N")
+    worker.add_argument("--lease", type=float, default=10.0, metavar="SECONDS")
+    worker.add_argument("--drain-timeout", type=float, default=30.0, metavar="SECONDS")
+    worker.add_argument("--on-uncertain", choices=("settle", "park"), default="settle")
+    worker.add_argument("--worker-id", metavar="ID")
+    sub = commands.add_parser("submit", help="queue a run of an agent; prints its run id")
+    sub.add_argument("--db", required=True, metavar="DSN")
+    sub.add_argument("--agent", required=True)
+    sub.add_argument("--run-id", metavar="RUN_ID")
+    sub.add_argument("prompt")
+    waiting = commands.add_parser("wait", help="wait until a submitted run is finished")
+    waiting.add_argument("--db", required=True, metavar="DSN")
+    waiting.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS")
+    waiting.add_argument("run_id", metavar="RUN_ID")
+    for command in (worker, sub, waiting):
+        command.add_argument("--schema", default="public", help="the database schema")
+        command.set_defaults(handler=fleet_command)
+
+
+def add_resolve(runs_sub: Any) -> None:
+    """Add ``runs resolve`` to the ``runs`` subcommands."""
+    runs_resolve = runs_sub.add_parser(
+        "resolve",
+        help="answer a fleet run's pending interaction from any host (postgresql:// only)",
+    )
+    runs_resolve.add_argument("store", metavar="DSN")
+    runs_resolve.add_argument("run_id", metavar="RUN_ID")
+    runs_resolve.add_argument("interaction_id", metavar="INTERACTION_ID")
+    runs_resolve.add_argument("answer", metavar="ANSWER", help="JSON, or else a string")
+    runs_resolve.add_argument("--schema", default="public")
+    runs_resolve.set_defaults(handler=resolve_command)
+
+
+def fleet_command(args: argparse.Namespace, out: TextIO) -> int:
+    try:
+        trio.run(_COMMANDS[args.command], args, out)
+    except Error as error:
+        print(hide_dsn_secret(f"backplane: {reason(error)}", args.db), file=sys.stderr)
+        return EXIT_REJECTED
+    return EXIT_OK
+
+
+async def _worker(args: argparse.Namespace, out: TextIO) -> None:
+    worker = Worker(
+        args.db,
+        load_app(args.app),
+        schema=args.schema,
+        concurrency=args.concurrency,
+        lease=args.lease,
+        drain_timeout=args.drain_timeout,
+        on_uncertain=args.on_uncertain,
+        worker_id=args.worker_id,
+    )
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def drain_on_signal() -> None:
+                async for _ in signals:
+                    worker.drain()  # stop claiming; finish what is held within the bound
+                    return
+
+            nursery.start_soon(drain_on_signal)
+            print(f"worker {worker.worker_id} serving {', '.join(worker.app.names)}", file=out)
+            out.flush()
+            await worker.run()
+            nursery.cancel_scope.cancel()
+
+
+async def _submit(args: argparse.Namespace, out: TextIO) -> None:
+    run_id = await submit(
+        args.db, agent=args.agent, prompt=args.prompt, run_id=args.run_id, schema=args.schema
+    )
+    print(run_id, file=out)
+
+
+async def _wait(args: argparse.Namespace, out: TextIO) -> None:
+    status = await wait(args.db, args.run_id, schema=args.schema, timeout=args.timeout)
+    print(json.dumps(status), file=out)
+
+
+_COMMANDS = {"worker": _worker, "submit": _submit, "wait": _wait}
+
+
+def resolve_command(args: argparse.Namespace, out: TextIO) -> int:
+    """Commit the answer for the worker holding the run."""
+    try:
+        answer = json.loads(args.answer)
+    except ValueError:
+        answer = args.answer
+    try:
+        trio.run(
+            functools.partial(resolve, schema=args.schema),
+            args.store,
+            args.run_id,
+            args.interaction_id,
+            answer,
+        )
+    except Error as error:
+        print(hide_dsn_secret(f"backplane: {reason(error)}", args.store), file=sys.stderr)
+        return EXIT_REJECTED
+    print(f"answer committed for {args.run_id} ({args.interaction_id})", file=out)
+    return EXIT_OK

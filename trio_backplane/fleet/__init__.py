@@ -1,0 +1,12 @@
+"""A worker fleet on PostgreSQL: runs submitted from any host, claimed by
+workers under leases, taken over without replay when a worker stops."""
+
+from .._public import fixup_module_metadata
+from ._app import AgentSpec, FleetApp, load_app
+from ._client import pending, resolve, submit, wait
+from ._worker import Worker
+
+__all__ = ["AgentSpec", "FleetApp", "Worker", "load_app", "pending", "resolve", "submit", "wait"]
+
+fixup_module_metadata(__name__, globals())
+del fixup_module_metadata

@@ -1,0 +1,75 @@
+"""Submitting runs to the fleet and waiting for them, from any host."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from typing import Any
+
+import trio
+
+from ..errors import Error, ErrorClass
+from ..store import PostgresStore
+from ._queue import Queue
+
+__all__ = ["pending", "resolve", "submit", "wait"]
+
+
+async def submit(
+    dsn: str, *, agent: str, prompt: Any, run_id: str | None = None, schema: str = "public"
+) -> str:
+    """Queue a run of ``agent`` on ``prompt`` (one commit); its run id."""
+    queue = Queue(dsn, schema=schema)
+    run_id = run_id or f"{agent}-{uuid.uuid4().hex[:12]}"
+    await trio.to_thread.run_sync(queue.ensure)
+    await trio.to_thread.run_sync(queue.submit, run_id, agent, prompt)
+    return run_id
+
+
+async def wait(
+    dsn: str,
+    run_id: str,
+    *,
+    schema: str = "public",
+    timeout: float = math.inf,
+    poll_interval: float = 0.2,
+) -> dict[str, Any]:
+    """The run's row once a worker finished it (``done`` or ``parked``):
+    ``state``, ``outcome`` (the run's state), ``current_run``, ``claims``.
+    ``timeout`` when it does not finish in time; ``not_found`` if it was
+    never submitted."""
+    queue = Queue(dsn, schema=schema)
+    with trio.move_on_after(timeout):
+        while True:
+            status = await trio.to_thread.run_sync(queue.status, run_id)
+            if status is None:
+                raise Error(ErrorClass.NOT_FOUND, "no such run in the fleet", {"run_id": run_id})
+            if status["state"] in ("done", "parked"):
+                return status
+            await trio.sleep(poll_interval)
+    raise Error(ErrorClass.TIMEOUT, "the run did not finish in time", {"run_id": run_id})
+
+
+async def resolve(
+    dsn: str, run_id: str, interaction_id: str, answer: Any, *, schema: str = "public"
+) -> None:
+    """Commit a person's ``answer`` to the run's pending interaction, from
+    any host: the worker holding the run hands it over (a stale or
+    duplicate id is refused there, and marked so)."""
+    queue = Queue(dsn, schema=schema)
+    await trio.to_thread.run_sync(queue.answer, run_id, interaction_id, answer)
+
+
+async def pending(dsn: str, run_id: str, *, schema: str = "public") -> Any:
+    """The interaction the run waits on (its stored ``pending_interaction``:
+    ``id``, the ``request`` with its ``kind``, ``requested_at``), or ``None``."""
+    queue = Queue(dsn, schema=schema)
+    status = await trio.to_thread.run_sync(queue.status, run_id)
+    if status is None:
+        raise Error(ErrorClass.NOT_FOUND, "no such run in the fleet", {"run_id": run_id})
+    async with PostgresStore(dsn, schema=schema) as store:
+        record = await store.load(status["current_run"])
+    if record is None:
+        return None
+    conversation = (record.context or {}).get("conversation") or {}
+    return conversation.get("pending_interaction")

@@ -1,0 +1,247 @@
+"""A fleet worker: claims queued runs, holds each with a renewed lease,
+runs it on ``PostgresStore``, and takes over runs whose worker stopped
+without ever replaying an effect."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any, Final, Literal, final
+
+import attrs
+import trio
+
+from .._numbers import is_seconds
+from ..errors import Error, ErrorClass
+from ..recovery import recover, replacement_for, settle_run
+from ..runtime import open_conversation
+from ..store import PostgresStore
+from ..tools import Authority
+from ._app import AgentSpec, FleetApp
+from ._queue import Claim, Queue
+
+__all__ = ["Worker"]
+
+#: The message a replacement run starts with (its transcript holds the rest).
+CONTINUE: Final = "(Your previous host stopped; the transcript above is all that happened. Go on.)"
+
+
+@final
+@attrs.frozen(kw_only=True)
+class _Start:
+    """How a claimed run goes on: its run id and what it carries."""
+
+    run_id: str
+    messages: tuple[Any, ...] | None = None
+    work: int | None = None
+    run_timeout: float | None = None
+
+
+@final
+class Worker:
+    """Claims and runs queued runs of ``app``'s agents, ``concurrency`` at
+    a time (``agent_limits``: at most that many of one agent).
+
+    A claim is a lease of ``lease`` seconds renewed every third of it; a
+    worker that loses its lease stops the run (another worker has it, and
+    fencing refuses whatever it would still commit).  Taking over a run
+    whose lease lapsed: its stored incarnation is fenced and the run
+    classified; with nothing in flight it goes on as a replacement run fed
+    its committed transcript (work and time left carried); with an
+    uncertain effect it is settled ``unknown_outcome`` with its evidence
+    (``on_uncertain="settle"``) or left fenced for a reconciler
+    (``"park"``).  Never a replay.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        app: FleetApp,
+        *,
+        schema: str = "public",
+        concurrency: int = 4,
+        agent_limits: dict[str, int] | None = None,
+        lease: float = 10.0,
+        poll_interval: float = 0.2,
+        drain_timeout: float = 30.0,
+        on_uncertain: Literal["settle", "park"] = "settle",
+        worker_id: str | None = None,
+    ) -> None:
+        if type(concurrency) is not int or concurrency < 1:
+            raise Error(ErrorClass.VALIDATION, "concurrency must be a positive int")
+        for name, value in (("lease", lease), ("poll_interval", poll_interval)):
+            if not is_seconds(value, 3600.0):
+                raise Error(ErrorClass.VALIDATION, f"{name} must be seconds in (0, 3600]")
+        if on_uncertain not in ("settle", "park"):
+            raise Error(ErrorClass.VALIDATION, "on_uncertain must be 'settle' or 'park'")
+        self.app = app
+        self.queue = Queue(dsn, schema=schema)
+        self._dsn, self._schema = dsn, schema
+        self.concurrency = concurrency
+        self.agent_limits = dict(agent_limits or {})
+        self.lease, self.poll_interval = float(lease), float(poll_interval)
+        self.drain_timeout = float(drain_timeout)
+        self.on_uncertain = on_uncertain
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
+        self._held: dict[str, str] = {}  # run_id -> agent
+        self._draining = trio.Event()
+        self._changed = trio.Event()
+
+    def drain(self) -> None:
+        """Stop claiming; :meth:`run` returns once what it holds is finished
+        (or, past ``drain_timeout``, stopped and settled)."""
+        self._draining.set()
+        self._changed.set()
+
+    def _free_agents(self) -> list[str] | None:
+        if len(self._held) >= self.concurrency:
+            return []
+        if not self.agent_limits:
+            return None
+        held = list(self._held.values())
+        return [a for a in self.app.names if held.count(a) < self.agent_limits.get(a, 10**9)]
+
+    async def run(self) -> None:
+        """Serve until :meth:`drain`."""
+        await trio.to_thread.run_sync(self.queue.ensure)
+        store = PostgresStore(self._dsn, schema=self._schema)
+        async with store, trio.open_nursery() as nursery:
+            await self._claim_loop(store, nursery)
+            with trio.move_on_after(self.drain_timeout):
+                while self._held:
+                    await self._wait_change(self.drain_timeout)
+            nursery.cancel_scope.cancel()  # past the bound: stop (each run settles)
+
+    async def _claim_loop(self, store: Any, nursery: trio.Nursery) -> None:
+        while not self._draining.is_set():
+            agents = self._free_agents()
+            claim = None
+            if agents is None or agents:
+                claim = await trio.to_thread.run_sync(
+                    self.queue.claim, self.worker_id, self.lease, agents
+                )
+            if claim is None:
+                await self._wait_change()
+                continue
+            self._held[claim.run_id] = claim.agent
+            nursery.start_soon(self._serve, store, claim)
+
+    async def _wait_change(self, timeout: float | None = None) -> None:
+        """Until a run ends or the poll interval passes (a claimable row
+        may have appeared)."""
+        with trio.move_on_after(self.poll_interval if timeout is None else timeout):
+            await self._changed.wait()
+        self._changed = trio.Event()
+
+    async def _serve(self, store: Any, claim: Claim) -> None:
+        """Run one claim under its lease; finish its row unless lost."""
+        try:
+            async with trio.open_nursery() as nursery:
+                lost = trio.Event()
+                nursery.start_soon(self._heartbeat, claim, lost, nursery.cancel_scope)
+                state, outcome = await self._drive(store, claim)
+                nursery.cancel_scope.cancel()
+            if lost.is_set():
+                pass  # another worker holds it now
+            elif state == "requeue":
+                await trio.to_thread.run_sync(self.queue.hand_back, claim.run_id, self.worker_id)
+            else:
+                await trio.to_thread.run_sync(
+                    self.queue.finish, claim.run_id, self.worker_id, state, outcome
+                )
+        finally:
+            self._held.pop(claim.run_id, None)
+            self._changed.set()
+
+    async def _heartbeat(self, claim: Claim, lost: trio.Event, scope: trio.CancelScope) -> None:
+        while True:
+            await trio.sleep(self.lease / 3)
+            ours = await trio.to_thread.run_sync(
+                self.queue.renew, claim.run_id, self.worker_id, self.lease
+            )
+            if not ours:  # taken over: whatever we would commit is fenced anyway
+                lost.set()
+                scope.cancel()
+                return
+
+    async def apply_answers(self, conversation: Any, run_id: str) -> None:
+        """Hand the run the answers people committed on any host, in order;
+        one the run refuses (stale, say) is marked with why."""
+        while True:
+            for answer_id, interaction_id, answer in await trio.to_thread.run_sync(
+                self.queue.answers, run_id
+            ):
+                error = None
+                try:
+                    await conversation.resolve(interaction_id, answer)
+                except Error as refused:
+                    error = f"{refused.error_class.value}: {refused.message}"
+                await trio.to_thread.run_sync(self.queue.applied, answer_id, error)
+            await trio.sleep(self.poll_interval)
+
+    async def _drive(self, store: Any, claim: Claim) -> tuple[str, str]:
+        """The row's final state and the run's outcome."""
+        start = await self._start(store, claim)
+        if isinstance(start, tuple):
+            return start
+        spec = await self.app.spec(claim.agent, start.run_id)
+        if start.run_id != claim.current_run:
+            await trio.to_thread.run_sync(
+                self.queue.move, claim.run_id, self.worker_id, start.run_id
+            )
+        return await _converse(store, spec, start, claim, self)
+
+    async def _start(self, store: Any, claim: Claim) -> _Start | tuple[str, str]:
+        """A fresh start, a replacement, or the row's end (a terminal run, or
+        one with an uncertain effect: settled, or parked)."""
+        record = await store.load(claim.current_run)
+        if record is None:
+            return _Start(run_id=claim.current_run)
+        if record.terminal:
+            return "done", record.state
+        if self.on_uncertain == "park":
+            report = recover(record, incarnation=record.incarnation + 1)
+            if report.uncertain_effects:
+                await store.fence(claim.current_run, incarnation=record.incarnation + 1)
+                return "parked", "recovery_required"
+        settled = await settle_run(store, claim.current_run)
+        if settled.record.state != "cancelled":
+            return "done", settled.record.state
+        try:
+            left = replacement_for(settled)
+        except Error as error:
+            return "done", f"{settled.record.state}: {error.error_class.value}"
+        return _Start(
+            run_id=f"{claim.run_id}#{claim.claims}",
+            messages=left.messages,
+            work=left.work,
+            run_timeout=left.run_timeout,
+        )
+
+
+async def _converse(
+    store: Any, spec: AgentSpec, start: _Start, claim: Claim, worker: Worker
+) -> tuple[str, str]:
+    authority = spec.authority or Authority.for_registry(
+        spec.registry, caller="fleet", run_id=start.run_id
+    )
+    async with open_conversation(
+        start.run_id,
+        store=store,
+        provider=spec.provider,
+        registry=spec.registry,
+        authority=attrs.evolve(authority, run_id=start.run_id),
+        work=spec.work if start.work is None else min(spec.work, start.work),
+        run_timeout=spec.run_timeout if start.run_timeout is None else start.run_timeout,
+        effect_timeout=spec.effect_timeout,
+        messages=start.messages,
+    ) as conversation:
+        await conversation.prompt(claim.prompt if start.messages is None else CONTINUE)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(worker.apply_answers, conversation, claim.run_id)
+            snapshot = await conversation.wait_settled()
+            nursery.cancel_scope.cancel()
+    if snapshot.phase != "terminal":
+        # its storage failed: not known how it ended; a takeover will settle it
+        return "requeue", str(snapshot.phase)
+    return "done", snapshot.run.state
