@@ -71,7 +71,7 @@ def _held_by(dsn: str, schema: str, worker: str) -> list[str]:
 def test_a_killed_and_a_stopped_worker_lose_their_runs_but_nothing_is_replayed(
     pg_dsn: str, pg_schema: str, tmp_path: Any
 ) -> None:
-    """Three worker processes; one is SIGKILLed mid-run, another SIGSTOPped
+    """300 runs, three worker processes; one is SIGKILLed mid-run, another SIGSTOPped
     past its lease and resumed: every run is finished (terminal, or parked
     for a reconciler), no invocation of the mutating tool is recorded twice
     for one intent, each ``unknown_outcome`` names its evidence, and the
@@ -88,7 +88,7 @@ def test_a_killed_and_a_stopped_worker_lose_their_runs_but_nothing_is_replayed(
         **os.environ,
         "FLEET_TEST_DSN": pg_dsn,
         "FLEET_TEST_SCHEMA": pg_schema,
-        "FLEET_TEST_TOOL_SLEEP": "0.4",
+        "FLEET_TEST_TOOL_SLEEP": "0.3",
         "PYTHONPATH": os.getcwd(),
     }
     lease = 1.5
@@ -96,7 +96,7 @@ def test_a_killed_and_a_stopped_worker_lose_their_runs_but_nothing_is_replayed(
     async def submit_all() -> list[str]:
         return [
             await submit(pg_dsn, agent="writer", prompt=f"task {n}", schema=pg_schema)
-            for n in range(60)
+            for n in range(300)
         ]
 
     run_ids = trio.run(submit_all)

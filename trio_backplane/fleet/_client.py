@@ -15,14 +15,21 @@ from ._queue import Queue
 __all__ = ["pending", "resolve", "submit", "wait"]
 
 
+def _unknown_run(run_id: str) -> Error:
+    return Error(ErrorClass.NOT_FOUND, "no such run in the fleet", {"run_id": run_id})
+
+
 async def submit(
     dsn: str, *, agent: str, prompt: Any, run_id: str | None = None, schema: str = "public"
 ) -> str:
     """Queue a run of ``agent`` on ``prompt`` (one commit); its run id."""
     queue = Queue(dsn, schema=schema)
     run_id = run_id or f"{agent}-{uuid.uuid4().hex[:12]}"
-    await trio.to_thread.run_sync(queue.ensure)
-    await trio.to_thread.run_sync(queue.submit, run_id, agent, prompt)
+    try:
+        await trio.to_thread.run_sync(queue.ensure)
+        await trio.to_thread.run_sync(queue.submit, run_id, agent, prompt)
+    finally:
+        queue.close()
     return run_id
 
 
@@ -39,14 +46,19 @@ async def wait(
     ``timeout`` when it does not finish in time; ``not_found`` if it was
     never submitted."""
     queue = Queue(dsn, schema=schema)
-    with trio.move_on_after(timeout):
-        while True:
-            status = await trio.to_thread.run_sync(queue.status, run_id)
-            if status is None:
-                raise Error(ErrorClass.NOT_FOUND, "no such run in the fleet", {"run_id": run_id})
-            if status["state"] in ("done", "parked"):
-                return status
-            await trio.sleep(poll_interval)
+    try:
+        with trio.move_on_after(timeout):
+            while True:
+                status = await trio.to_thread.run_sync(queue.status, run_id)
+                if status is None:
+                    raise Error(
+                        ErrorClass.NOT_FOUND, "no such run in the fleet", {"run_id": run_id}
+                    )
+                if status["state"] in ("done", "parked"):
+                    return status
+                await trio.sleep(poll_interval)
+    finally:
+        queue.close()
     raise Error(ErrorClass.TIMEOUT, "the run did not finish in time", {"run_id": run_id})
 
 
@@ -57,16 +69,22 @@ async def resolve(
     any host: the worker holding the run hands it over (a stale or
     duplicate id is refused there, and marked so)."""
     queue = Queue(dsn, schema=schema)
-    await trio.to_thread.run_sync(queue.answer, run_id, interaction_id, answer)
+    try:
+        await trio.to_thread.run_sync(queue.answer, run_id, interaction_id, answer)
+    finally:
+        queue.close()
 
 
 async def pending(dsn: str, run_id: str, *, schema: str = "public") -> Any:
     """The interaction the run waits on (its stored ``pending_interaction``:
     ``id``, the ``request`` with its ``kind``, ``requested_at``), or ``None``."""
     queue = Queue(dsn, schema=schema)
-    status = await trio.to_thread.run_sync(queue.status, run_id)
+    try:
+        status = await trio.to_thread.run_sync(queue.status, run_id)
+    finally:
+        queue.close()
     if status is None:
-        raise Error(ErrorClass.NOT_FOUND, "no such run in the fleet", {"run_id": run_id})
+        raise _unknown_run(run_id)
     async with PostgresStore(dsn, schema=schema) as store:
         record = await store.load(status["current_run"])
     if record is None:

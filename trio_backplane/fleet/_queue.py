@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import json
 import re
+import threading
 from typing import Any, Final, final
 
 import attrs
@@ -80,14 +81,38 @@ class Queue:
         self._schema = schema
         #: what ``LISTEN`` hears when a row is submitted or finished
         self.channel = f"backplane_fleet_{schema}"
+        self._conn: Any = None
+        self._lock = threading.Lock()
 
     def _sql(self, text: str) -> str:
         return text.replace("{schema}", self._schema)
 
     def _run(self, text: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        with self._psycopg.connect(self._dsn, autocommit=True) as conn:
-            cursor = conn.execute(self._sql(text), params)
-            return list(cursor.fetchall()) if cursor.description else []
+        """One statement on the queue's connection (one at a time: callers
+        run in threads); a broken connection is ``storage_failed``."""
+        with self._lock:
+            try:
+                conn = self._conn
+                if conn is None or conn.closed or conn.broken:
+                    conn = self._conn = self._psycopg.connect(
+                        self._dsn, autocommit=True, connect_timeout=10
+                    )
+                cursor = conn.execute(self._sql(text), params)
+                return list(cursor.fetchall()) if cursor.description else []
+            except self._psycopg.OperationalError as exc:
+                # not known whether it applied: the caller decides; the next
+                # call opens a new connection
+                if self._conn is not None:
+                    self._conn.close()
+                    self._conn = None
+                raise Error(ErrorClass.STORAGE_FAILED, f"fleet queue: {exc}"[:300]) from None
+
+    def close(self) -> None:
+        """Close the queue's connection (a later call opens another)."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
 
     def ensure(self) -> None:
         """Create the table if it is missing."""

@@ -4,6 +4,7 @@ without ever replaying an effect."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from typing import Any, Final, Literal, final
@@ -111,15 +112,18 @@ class Worker:
                 while self._held:
                     await self._wait_change(self.drain_timeout)
             nursery.cancel_scope.cancel()  # past the bound: stop (each run settles)
+        self.queue.close()
 
     async def _claim_loop(self, store: Any, nursery: trio.Nursery) -> None:
         while not self._draining.is_set():
             agents = self._free_agents()
             claim = None
             if agents is None or agents:
-                claim = await trio.to_thread.run_sync(
-                    self.queue.claim, self.worker_id, self.lease, agents
-                )
+                # (the database away: try again after the poll interval)
+                with contextlib.suppress(Error):
+                    claim = await trio.to_thread.run_sync(
+                        self.queue.claim, self.worker_id, self.lease, agents
+                    )
             if claim is None:
                 await self._wait_change()
                 continue
@@ -149,16 +153,26 @@ class Worker:
                 await trio.to_thread.run_sync(
                     self.queue.finish, claim.run_id, self.worker_id, state, outcome
                 )
+        except Error:
+            pass  # its row stays claimed: the lease lapses and a worker takes it over
         finally:
             self._held.pop(claim.run_id, None)
             self._changed.set()
 
     async def _heartbeat(self, claim: Claim, lost: trio.Event, scope: trio.CancelScope) -> None:
+        """Renew the lease every third of it; once it is another's, or could
+        not be renewed for a whole lease (it may be), stop the run."""
+        renewed = trio.current_time()
         while True:
             await trio.sleep(self.lease / 3)
-            ours = await trio.to_thread.run_sync(
-                self.queue.renew, claim.run_id, self.worker_id, self.lease
-            )
+            try:
+                ours = await trio.to_thread.run_sync(
+                    self.queue.renew, claim.run_id, self.worker_id, self.lease
+                )
+            except Error:
+                ours = trio.current_time() - renewed < self.lease
+            else:
+                renewed = trio.current_time() if ours else renewed
             if not ours:  # taken over: whatever we would commit is fenced anyway
                 lost.set()
                 scope.cancel()

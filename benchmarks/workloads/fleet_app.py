@@ -1,0 +1,43 @@
+"""The fleet benchmark's app: one agent whose run is a provider turn, a
+tool that sleeps (I/O-bound), and a final answer."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import trio
+
+from trio_backplane.fleet import AgentSpec, FleetApp
+from trio_backplane.testing import Hang
+from trio_backplane.testing import ScriptedProvider as S
+from trio_backplane.tools import ToolDescriptor, ToolRegistry, ToolResult
+
+app = FleetApp()
+_SCHEMA = {"type": "object"}
+
+
+class _Sleep:
+    async def execute(self, operation: Any) -> ToolResult:
+        await trio.sleep(float(os.environ.get("BENCH_FLEET_SLEEP", "1.0")))
+        return ToolResult("slept")
+
+
+def _registry() -> ToolRegistry:
+    return ToolRegistry(
+        [ToolDescriptor(name="io", schema=_SCHEMA, backend=_Sleep(), read_only=True)]
+    )
+
+
+@app.agent("io")
+def io(run_id: str) -> AgentSpec:
+    provider = S([S.tool_calls(("c1", "io", {})), S.text("done")])
+    return AgentSpec(provider=provider, registry=_registry(), work=10, run_timeout=600.0)
+
+
+@app.agent("hang")
+def hang(run_id: str) -> AgentSpec:
+    """A run that waits forever in its provider (for the takeover figure)."""
+    if "#" in run_id:  # its replacement finishes at once
+        return AgentSpec(provider=S([S.text("taken over")]), registry=_registry())
+    return AgentSpec(provider=S([[Hang()]]), registry=_registry(), run_timeout=600.0)
