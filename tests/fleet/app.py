@@ -10,6 +10,7 @@ from typing import Any
 import trio
 
 from trio_backplane.fleet import AgentSpec, FleetApp
+from trio_backplane.testing import Hang
 from trio_backplane.testing import ScriptedProvider as S
 from trio_backplane.tools import ToolDescriptor, ToolRegistry, ToolResult
 
@@ -70,3 +71,13 @@ def approver(run_id: str) -> AgentSpec:
     )
     provider = S([S.tool_calls(("c1", "deploy", {"n": 1})), S.text("deployed")])
     return AgentSpec(provider=provider, registry=registry, work=10, run_timeout=300.0)
+
+
+@app.agent("resumable")
+def resumable(run_id: str) -> AgentSpec:
+    """Writes, then waits in its provider (where a test stops its host); a
+    replacement run (``#`` in its id) just answers."""
+    if "#" in run_id:
+        return AgentSpec(provider=S([S.text("finished after takeover")]), registry=tools())
+    provider = S([S.tool_calls(("c1", "write", {"n": 1})), [Hang()]])
+    return AgentSpec(provider=provider, registry=tools(), work=10, run_timeout=300.0)

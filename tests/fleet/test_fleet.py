@@ -243,3 +243,73 @@ def test_an_approval_is_answered_from_another_process(pg_dsn: str, pg_schema: st
         worker.wait(timeout=40)
     assert status["outcome"] == "completed"
     assert [run for run, _ in _calls(pg_dsn, pg_schema)] == [run_id]
+
+
+async def test_a_run_with_nothing_in_flight_is_continued_from_its_transcript(
+    pg_dsn: str, pg_schema: str, monkeypatch: Any
+) -> None:
+    """A worker died while its run waited in a (read-only) provider attempt,
+    after a mutating tool had completed: the next worker fences the run,
+    settles it ``cancelled`` and continues it as a replacement run fed the
+    committed transcript; the tool is never invoked again."""
+    from tests.runtime.test_takeover import Dying
+    from trio_backplane import open_conversation
+    from trio_backplane.fleet._queue import Queue
+    from trio_backplane.store import PostgresStore
+    from trio_backplane.tools import Authority
+
+    monkeypatch.setenv("FLEET_TEST_DSN", pg_dsn)
+    monkeypatch.setenv("FLEET_TEST_SCHEMA", pg_schema)
+    await trio.to_thread.run_sync(_ledger, pg_dsn, pg_schema)
+    run_id = await submit(pg_dsn, agent="resumable", prompt="write once", schema=pg_schema)
+    queue = Queue(pg_dsn, schema=pg_schema)
+    ghost = await trio.to_thread.run_sync(queue.claim, "ghost", 0.5, None)
+    assert ghost is not None
+    spec = await app.spec("resumable", run_id)
+    async with PostgresStore(pg_dsn, schema=pg_schema) as inner:
+        store = Dying(inner)
+        async with open_conversation(
+            run_id,
+            store=store,
+            provider=spec.provider,
+            registry=spec.registry,
+            authority=Authority.for_registry(spec.registry, caller="ghost", run_id=run_id),
+        ) as conversation:
+            await conversation.prompt("write once")
+            while True:  # the tool's result committed, the next attempt under way
+                record = await inner.load(run_id)
+                if record is not None and record.active_provider and len(record.transcript) > 2:
+                    break
+                await trio.sleep(0.01)
+            store.dead = True  # the ghost's host is gone
+            await conversation.cancel()
+        first = await inner.load(run_id)
+        worker = Worker(pg_dsn, app, schema=pg_schema, worker_id="taker", lease=2.0)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run)
+            status = await wait(pg_dsn, run_id, schema=pg_schema, timeout=60)
+            worker.drain()
+        second = await inner.load(status["current_run"])
+    queue.close()
+    assert (status["outcome"], status["claims"], status["current_run"]) == (
+        "completed",
+        2,
+        f"{run_id}#2",
+    )
+    assert first is not None
+    assert second is not None
+    settled = await _load(pg_dsn, pg_schema, run_id)
+    assert (settled.state, settled.stop_reason) == ("cancelled", "recovered")
+    earlier = list(first.transcript)
+    assert list(second.transcript)[: len(earlier)] == earlier
+    assert (
+        await trio.to_thread.run_sync(_calls, pg_dsn, pg_schema) == [(run_id, "invocation-1-1")][:1]
+        or len(await trio.to_thread.run_sync(_calls, pg_dsn, pg_schema)) == 1
+    )
+
+
+async def _load(dsn: str, schema: str, run_id: str) -> Any:
+    from trio_backplane.store import PostgresStore
+
+    async with PostgresStore(dsn, schema=schema) as store:
+        return await store.load(run_id)
