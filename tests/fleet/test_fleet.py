@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
 from typing import Any
 
 import trio
 
 from tests.fleet.app import app
-from trio_backplane.fleet import Worker, submit, wait
+from trio_backplane.fleet import Worker, submit, wait, watch
 
 pytest_plugins = ["tests.store.postgres_fixture"]
 
@@ -56,6 +57,10 @@ async def test_two_workers_share_the_queue_and_finish_every_run(
     assert sorted(run for run, _ in calls) == sorted(run_ids)
     assert len(set(calls)) == 12  # one invocation a run, none twice
     assert {r["worker"] for r in results} <= {"w0", "w1"}
+    events = [event async for event in watch(pg_dsn, run_ids[0], schema=pg_schema)]
+    assert events[0].type == "run.admit"
+    assert events[-1].payload["state"] == "completed"
+    assert [e.type for e in events].count("run.tool_invoked") == 1
 
 
 def _held_by(dsn: str, schema: str, worker: str) -> list[str]:
@@ -237,12 +242,20 @@ def test_an_approval_is_answered_from_another_process(pg_dsn: str, pg_schema: st
             timeout=60,
         )
         assert resolved.returncode == 0, resolved.stderr
+        watched = subprocess.run(
+            [sys.executable, "-m", "trio_backplane.cli", "runs", "watch", pg_dsn, run_id,
+             "--schema", pg_schema],
+            env=env, capture_output=True, text=True, check=False, timeout=60,
+        )  # fmt: skip
         status = trio.run(lambda: wait(pg_dsn, run_id, schema=pg_schema, timeout=60))
     finally:
         worker.terminate()
         worker.wait(timeout=40)
     assert status["outcome"] == "completed"
     assert [run for run, _ in _calls(pg_dsn, pg_schema)] == [run_id]
+    lines = [json.loads(line) for line in watched.stdout.splitlines()]
+    assert lines[0]["type"] == "run.admit"
+    assert lines[-1]["state"] == "completed"  # it followed the run to its end
 
 
 async def test_a_run_with_nothing_in_flight_is_continued_from_its_transcript(

@@ -12,8 +12,8 @@ from typing import Any, TextIO
 
 import trio
 
-from ..errors import Error
-from ..fleet import Worker, load_app, resolve, submit, wait
+from ..errors import Error, ErrorClass
+from ..fleet import Worker, load_app, resolve, submit, wait, watch
 from ._output import EXIT_OK, EXIT_REJECTED, reason
 from ._urls import hide_dsn_secret
 
@@ -30,6 +30,13 @@ def add_parser(commands: Any) -> None:
     worker.add_argument("--drain-timeout", type=float, default=30.0, metavar="SECONDS")
     worker.add_argument("--on-uncertain", choices=("settle", "park"), default="settle")
     worker.add_argument("--worker-id", metavar="ID")
+    worker.add_argument(
+        "--agent-limit",
+        action="append",
+        default=[],
+        metavar="AGENT=N",
+        help="at most N runs of AGENT at once (repeatable)",
+    )
     sub = commands.add_parser("submit", help="queue a run of an agent; prints its run id")
     sub.add_argument("--db", required=True, metavar="DSN")
     sub.add_argument("--agent", required=True)
@@ -44,8 +51,8 @@ def add_parser(commands: Any) -> None:
         command.set_defaults(handler=fleet_command)
 
 
-def add_resolve(runs_sub: Any) -> None:
-    """Add ``runs resolve`` to the ``runs`` subcommands."""
+def add_runs(runs_sub: Any) -> None:
+    """Add ``runs resolve`` and ``runs watch`` to the ``runs`` subcommands."""
     runs_resolve = runs_sub.add_parser(
         "resolve",
         help="answer a fleet run's pending interaction from any host (postgresql:// only)",
@@ -56,6 +63,14 @@ def add_resolve(runs_sub: Any) -> None:
     runs_resolve.add_argument("answer", metavar="ANSWER", help="JSON, or else a string")
     runs_resolve.add_argument("--schema", default="public")
     runs_resolve.set_defaults(handler=resolve_command)
+    runs_watch = runs_sub.add_parser(
+        "watch",
+        help="print a fleet run's stored events as they come, until it is finished",
+    )
+    runs_watch.add_argument("store", metavar="DSN")
+    runs_watch.add_argument("run_id", metavar="RUN_ID")
+    runs_watch.add_argument("--schema", default="public")
+    runs_watch.set_defaults(handler=watch_command)
 
 
 def fleet_command(args: argparse.Namespace, out: TextIO) -> int:
@@ -77,6 +92,7 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> None:
         drain_timeout=args.drain_timeout,
         on_uncertain=args.on_uncertain,
         worker_id=args.worker_id,
+        agent_limits=_limits(args.agent_limit),
     )
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
@@ -91,6 +107,16 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> None:
             out.flush()
             await worker.run()
             nursery.cancel_scope.cancel()
+
+
+def _limits(given: list[str]) -> dict[str, int]:
+    limits: dict[str, int] = {}
+    for item in given:
+        name, _, count = item.partition("=")
+        if not name or not count.isdigit() or int(count) < 1:
+            raise Error(ErrorClass.VALIDATION, f"--agent-limit wants AGENT=N, not {item!r}")
+        limits[name] = int(count)
+    return limits
 
 
 async def _submit(args: argparse.Namespace, out: TextIO) -> None:
@@ -126,4 +152,24 @@ def resolve_command(args: argparse.Namespace, out: TextIO) -> int:
         print(hide_dsn_secret(f"backplane: {reason(error)}", args.store), file=sys.stderr)
         return EXIT_REJECTED
     print(f"answer committed for {args.run_id} ({args.interaction_id})", file=out)
+    return EXIT_OK
+
+
+def watch_command(args: argparse.Namespace, out: TextIO) -> int:
+    """One JSON line a stored event (its run, type, time and state)."""
+
+    async def follow() -> None:
+        async for event in watch(args.store, args.run_id, schema=args.schema):
+            line = {
+                "type": event.type,
+                "occurred_at": event.occurred_at,
+                "state": (event.payload or {}).get("state"),
+            }
+            print(json.dumps(line), file=out, flush=True)
+
+    try:
+        trio.run(follow)
+    except Error as error:
+        print(hide_dsn_secret(f"backplane: {reason(error)}", args.store), file=sys.stderr)
+        return EXIT_REJECTED
     return EXIT_OK

@@ -78,7 +78,7 @@ def add_parser(commands: Any) -> None:
     for command in (runs_list, runs_show, runs_recover):
         command.add_argument("--json", action="store_true", help="print JSON instead of tables")
         command.set_defaults(handler=runs_command)
-    _fleet.add_resolve(runs_sub)
+    _fleet.add_runs(runs_sub)
 
 
 def runs_command(args: argparse.Namespace, out: TextIO) -> int:

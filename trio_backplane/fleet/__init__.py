@@ -3,10 +3,20 @@ workers under leases, taken over without replay when a worker stops."""
 
 from .._public import fixup_module_metadata
 from ._app import AgentSpec, FleetApp, load_app
-from ._client import pending, resolve, submit, wait
+from ._client import pending, resolve, submit, wait, watch
 from ._worker import Worker
 
-__all__ = ["AgentSpec", "FleetApp", "Worker", "load_app", "pending", "resolve", "submit", "wait"]
+__all__ = [
+    "AgentSpec",
+    "FleetApp",
+    "Worker",
+    "load_app",
+    "pending",
+    "resolve",
+    "submit",
+    "wait",
+    "watch",
+]
 
 fixup_module_metadata(__name__, globals())
 del fixup_module_metadata

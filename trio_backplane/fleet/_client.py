@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import trio
 
 from ..errors import Error, ErrorClass
+from ..kernel import RunEvent
 from ..store import PostgresStore
 from ._queue import Queue
 
-__all__ = ["pending", "resolve", "submit", "wait"]
+__all__ = ["pending", "resolve", "submit", "wait", "watch"]
 
 
 def _unknown_run(run_id: str) -> Error:
@@ -91,3 +93,37 @@ async def pending(dsn: str, run_id: str, *, schema: str = "public") -> Any:
         return None
     conversation = (record.context or {}).get("conversation") or {}
     return conversation.get("pending_interaction")
+
+
+async def watch(
+    dsn: str, run_id: str, *, schema: str = "public", poll_interval: float = 5.0
+) -> AsyncIterator[RunEvent]:
+    """The stored events of a submitted run, replacement runs included, in
+    order, until a worker has finished it.  ``LISTEN`` wakes it early; the
+    events table is the truth, so a dropped notification loses nothing."""
+    queue = Queue(dsn, schema=schema)
+    seen: dict[str, int] = {}
+    try:
+        async with PostgresStore(dsn, schema=schema) as store:
+            while True:
+                status = await trio.to_thread.run_sync(queue.status, run_id)
+                if status is None:
+                    raise _unknown_run(run_id)
+                for run in _chain(run_id, status["current_run"]):
+                    events = await store.events(run, after=seen.get(run, 0))
+                    seen[run] = seen.get(run, 0) + len(events)
+                    for event in events:
+                        yield event
+                if status["state"] in ("done", "parked"):
+                    return
+                await trio.to_thread.run_sync(queue.listen, poll_interval, abandon_on_cancel=True)
+    finally:
+        queue.close()
+
+
+def _chain(run_id: str, current: str) -> list[str]:
+    """The run ids that carried ``run_id``, oldest first (``id#2``, ...)."""
+    if current == run_id:
+        return [run_id]
+    last = int(current.rsplit("#", 1)[1])
+    return [run_id, *(f"{run_id}#{n}" for n in range(2, last + 1))]

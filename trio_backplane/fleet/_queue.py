@@ -236,6 +236,21 @@ class Queue:
             "worker": worker,
         }
 
+    def listen(self, timeout: float) -> None:
+        """Return once the queue's channel is notified (a row submitted or
+        finished, an answer given) or ``timeout`` seconds pass.  Only a
+        wake-up: the tables are the truth, so a lost notification costs
+        one ``timeout``, never an event."""
+        conn = self._psycopg.connect(self._dsn, autocommit=True, connect_timeout=10)
+        try:
+            conn.execute(f'LISTEN "{self.channel}"')
+            for _ in conn.notifies(timeout=timeout, stop_after=1):
+                break
+        except self._psycopg.OperationalError as exc:
+            raise Error(ErrorClass.STORAGE_FAILED, f"fleet queue: {exc}"[:300]) from None
+        finally:
+            conn.close()
+
     def counts(self) -> dict[str, int]:
         rows = self._run("SELECT state, count(*) FROM {schema}.backplane_fleet GROUP BY state")
         return {state: int(n) for state, n in rows}
