@@ -172,6 +172,12 @@ def test_a_killed_and_a_stopped_worker_lose_their_runs_but_nothing_is_replayed(
                 if row["outcome"] == "unknown_outcome":
                     assert record is not None
                     assert record.outcome["evidence"], row
+            for run_id in stopped_held:
+                # the stopped worker, resumed, committed nothing: after the
+                # taker's fence come only the taker's own commits
+                kinds = [e.type for e in await store.events(run_id)]
+                fence = kinds.index("run.fence")
+                assert set(kinds[fence + 1 :]) <= {"run.cancel", "run.cleanup_settled"}, kinds
 
     trio.run(evidence)
 
