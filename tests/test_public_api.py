@@ -77,8 +77,8 @@ NAMESPACES: dict[str, list[str]] = {
     ],
     "trio_backplane.codemode": ["CellResult", "CodeWorker", "code_mode_tools"],
     "trio_backplane.fleet": [
-        "AgentSpec", "FleetApp", "Worker", "load_app", "pending", "resolve", "submit", "wait",
-        "watch",
+        "AgentSpec", "FleetApp", "Worker", "continue_run", "load_app", "pending", "resolve",
+        "submit", "wait", "watch",
     ],
     "trio_backplane.agents": [
         "AgentManager", "AgentRequest", "ChildOptions", "Closure", "agent_tools",

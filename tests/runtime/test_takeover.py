@@ -6,6 +6,7 @@ commits run in a thread, and no deadline here is near."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,13 @@ class Dying(Delegating):
 
 
 async def crash_while(
-    inner: Any, provider: Any, tools: list[Any], until: Any, *, work: int = 20
+    inner: Any,
+    provider: Any,
+    tools: list[Any],
+    until: Any,
+    *,
+    work: int = 20,
+    wall_clock: Any = trio.current_time,
 ) -> None:
     """Run until ``until(record)`` holds for the stored record, then let no
     commit land: ``inner`` holds what a crashed host left."""
@@ -52,7 +59,7 @@ async def crash_while(
         authority=Authority.for_registry(registry, caller="host", run_id=RUN),
         work=work,
         run_timeout=600.0,
-        wall_clock=trio.current_time,
+        wall_clock=wall_clock,
     ) as conversation:
         await conversation.prompt("go")
         while not until(await inner.load(RUN)):
@@ -160,3 +167,43 @@ async def test_settle_refuses_what_it_cannot_settle(autojump_clock: MockClock) -
     with pytest.raises(Error) as missing:
         await settle_run(store, "nobody")
     assert missing.value.error_class is ErrorClass.NOT_FOUND
+
+
+def test_runs_recover_continue_runs_the_replacement(tmp_path: Path) -> None:
+    """``backplane runs recover --continue``: the crashed run is settled and
+    its replacement runs to completion with an app's agent, fed the
+    committed transcript; the tool the crashed run completed is not run
+    again."""
+    import subprocess
+    import sys
+
+    lookup = RecordingBackend(ToolResult("42"))
+    tools = [make_tool("lookup", lookup, read_only=True)]
+    provider = S([S.tool_calls(("c1", "lookup", {})), [Hang()]])
+    db = tmp_path / "runs.sqlite3"
+
+    def second_attempt(record: Any) -> bool:
+        return record.active_provider is not None and bool(record.transcript[1:])
+
+    async def crash() -> None:
+        async with SQLiteStore(db) as store:
+            # the real wall clock: the command line reads the deadline with it
+            await crash_while(store, provider, tools, second_attempt, work=10, wall_clock=time.time)
+
+    trio.run(crash)
+    result = subprocess.run(
+        [sys.executable, "-m", "trio_backplane.cli", "runs", "recover", f"sqlite:///{db}",
+         RUN, "--continue", "--app", "tests.fleet.app", "--agent", "resumable"],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert f"continued: {RUN} settled, its replacement {RUN}#continued completed" in result.stdout
+
+    async def stored() -> tuple[Any, Any]:
+        async with SQLiteStore(db) as store:
+            return await store.load(RUN), await store.load(f"{RUN}#continued")
+
+    first, second = trio.run(stored)
+    assert (first.state, first.stop_reason) == ("cancelled", "recovered")
+    assert list(second.transcript)[: len(first.transcript)] == list(first.transcript)
+    assert lookup.calls == 1

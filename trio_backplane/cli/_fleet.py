@@ -13,7 +13,7 @@ from typing import Any, TextIO
 import trio
 
 from ..errors import Error, ErrorClass
-from ..fleet import Worker, load_app, resolve, submit, wait, watch
+from ..fleet import Worker, continue_run, load_app, resolve, submit, wait, watch
 from ._output import EXIT_OK, EXIT_REJECTED, reason
 from ._urls import hide_dsn_secret
 
@@ -71,6 +71,16 @@ def add_runs(runs_sub: Any) -> None:
     runs_watch.add_argument("run_id", metavar="RUN_ID")
     runs_watch.add_argument("--schema", default="public")
     runs_watch.set_defaults(handler=watch_command)
+
+
+async def continue_from(store: Any, args: argparse.Namespace) -> tuple[str, str]:
+    """``runs recover --continue``: the replacement's run id and final state."""
+    if not args.app or not args.agent:
+        raise Error(ErrorClass.VALIDATION, "--continue needs --app MODULE and --agent NAME")
+    app = load_app(args.app)
+    new_run = f"{args.run_id}#continued"
+    spec = await app.spec(args.agent, new_run)
+    return await continue_run(store, args.run_id, spec, new_run_id=new_run)
 
 
 def fleet_command(args: argparse.Namespace, out: TextIO) -> int:

@@ -45,6 +45,15 @@ def add_parser(commands: Any) -> None:
     )
     runs_show.add_argument("store", metavar="STORE_URL")
     runs_show.add_argument("run_id", metavar="RUN_ID")
+    runs_recover = _add_recover(runs_sub)
+    for command in (runs_list, runs_show, runs_recover):
+        command.add_argument("--json", action="store_true", help="print JSON instead of tables")
+        command.set_defaults(handler=runs_command)
+    _fleet.add_runs(runs_sub)
+
+
+def _add_recover(runs_sub: Any) -> Any:
+    """``runs recover`` and its options."""
     runs_recover = runs_sub.add_parser(
         "recover",
         help="the recovery classification of a run (read-only unless --fence)",
@@ -70,22 +79,31 @@ def add_parser(commands: Any) -> None:
         "else unknown_outcome with its evidence; never a replay",
     )
     runs_recover.add_argument(
+        "--continue",
+        dest="continue_run",
+        action="store_true",
+        help="settle the run, then run its replacement (fed its committed transcript, "
+        "with the work and time left) with --agent of --app; refused if anything "
+        "in flight may have changed the world",
+    )
+    runs_recover.add_argument("--app", metavar="MODULE", help="package.module[:app] (--continue)")
+    runs_recover.add_argument("--agent", metavar="NAME", help="the app's agent (--continue)")
+    runs_recover.add_argument(
         "--kill-orphans",
         action="store_true",
         help="stop the process groups the run's commands left alive on this host "
         "(each leader's start time checked) and say which",
     )
-    for command in (runs_list, runs_show, runs_recover):
-        command.add_argument("--json", action="store_true", help="print JSON instead of tables")
-        command.set_defaults(handler=runs_command)
-    _fleet.add_runs(runs_sub)
+    return runs_recover
 
 
 def runs_command(args: argparse.Namespace, out: TextIO) -> int:
     """Run one ``runs`` subcommand; status 2 for a store URL that names no store."""
     try:
         _check_run_id(getattr(args, "run_id", None))
-        fencing = args.runs_command == "recover" and (args.fence or args.settle)
+        fencing = args.runs_command == "recover" and (
+            args.fence or args.settle or args.continue_run
+        )
         store = open_store(args.store, writing=fencing)
     except UsageError as exc:
         print(hide_dsn_secret(f"backplane: {exc}", args.store), file=sys.stderr)
@@ -300,7 +318,10 @@ async def _recover(store: Any, args: argparse.Namespace, out: Out) -> int:
         _show_report(out, report)
     if args.kill_orphans:
         _show_orphans(out, await kill_orphans(report.resources), json_output=args.json)
-    if args.settle:
+    if args.continue_run:
+        new_run, state = await _fleet.continue_from(store, args)
+        _say(out, args.json, f"continued: {args.run_id} settled, its replacement {new_run} {state}")
+    elif args.settle:
         settled = await settle_run(store, args.run_id, incarnation=incarnation)
         _say(out, args.json, _settled_text(settled))
     elif args.fence:

@@ -5,8 +5,10 @@ without ever replaying an effect."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
+from collections.abc import Awaitable, Callable
 from typing import Any, Final, Literal, final
 
 import attrs
@@ -21,7 +23,7 @@ from ..tools import Authority
 from ._app import AgentSpec, FleetApp
 from ._queue import Claim, Queue
 
-__all__ = ["Worker"]
+__all__ = ["Worker", "continue_run", "converse"]
 
 #: The message a replacement run starts with (its transcript holds the rest).
 CONTINUE: Final = "(Your previous host stopped; the transcript above is all that happened. Go on.)"
@@ -178,7 +180,7 @@ class Worker:
                 scope.cancel()
                 return
 
-    async def apply_answers(self, conversation: Any, run_id: str) -> None:
+    async def apply_answers(self, conversation: Any, *, run_id: str) -> None:
         """Hand the run the answers people committed on any host, in order;
         one the run refuses (stale, say) is marked with why."""
         while True:
@@ -203,7 +205,9 @@ class Worker:
             await trio.to_thread.run_sync(
                 self.queue.move, claim.run_id, self.worker_id, start.run_id
             )
-        return await _converse(store, spec, start, claim, self)
+        pump = functools.partial(self.apply_answers, run_id=claim.run_id)
+        prompt = claim.prompt if start.messages is None else CONTINUE
+        return await converse(store, spec, start, prompt, pump)
 
     async def _start(self, store: Any, claim: Claim) -> _Start | tuple[str, str]:
         """A fresh start, a replacement, or the row's end (a terminal run, or
@@ -233,9 +237,15 @@ class Worker:
         )
 
 
-async def _converse(
-    store: Any, spec: AgentSpec, start: _Start, claim: Claim, worker: Worker
+async def converse(
+    store: Any,
+    spec: AgentSpec,
+    start: _Start,
+    prompt: Any,
+    pump: Callable[[Any], Awaitable[None]] | None = None,
 ) -> tuple[str, str]:
+    """Run ``start`` to its end; ``pump(conversation)`` runs beside it (a
+    worker's answers from any host)."""
     authority = spec.authority or Authority.for_registry(
         spec.registry, caller="fleet", run_id=start.run_id
     )
@@ -250,12 +260,34 @@ async def _converse(
         effect_timeout=spec.effect_timeout,
         messages=start.messages,
     ) as conversation:
-        await conversation.prompt(claim.prompt if start.messages is None else CONTINUE)
+        await conversation.prompt(prompt)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(worker.apply_answers, conversation, claim.run_id)
+            if pump is not None:
+                nursery.start_soon(pump, conversation)
             snapshot = await conversation.wait_settled()
             nursery.cancel_scope.cancel()
     if snapshot.phase != "terminal":
         # its storage failed: not known how it ended; a takeover will settle it
         return "requeue", str(snapshot.phase)
     return "done", snapshot.run.state
+
+
+async def continue_run(
+    store: Any, run_id: str, spec: AgentSpec, *, new_run_id: str | None = None
+) -> tuple[str, str]:
+    """A single host's takeover: settle ``run_id``
+    (:func:`~trio_backplane.recovery.settle_run`) and, if nothing was in
+    flight, run its replacement (``new_run_id``, default ``<run_id>#<the
+    fencing incarnation>``) fed its committed transcript with the work and
+    time left.  The replacement's run id and final state; ``unknown_outcome``
+    if the run cannot be continued (it needs a reconciler)."""
+    settled = await settle_run(store, run_id)
+    left = replacement_for(settled)
+    start = _Start(
+        run_id=new_run_id or f"{run_id}#{settled.record.incarnation}",
+        messages=left.messages,
+        work=left.work,
+        run_timeout=left.run_timeout,
+    )
+    _, state = await converse(store, spec, start, CONTINUE)
+    return start.run_id, state
