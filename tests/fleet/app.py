@@ -81,3 +81,9 @@ def resumable(run_id: str) -> AgentSpec:
         return AgentSpec(provider=S([S.text("finished after takeover")]), registry=tools())
     provider = S([S.tool_calls(("c1", "write", {"n": 1})), [Hang()]])
     return AgentSpec(provider=provider, registry=tools(), work=10, run_timeout=300.0)
+
+
+@app.agent("broken")
+def broken(run_id: str) -> AgentSpec:
+    """A host bug: its factory fails every time."""
+    raise RuntimeError("the factory is broken")

@@ -330,3 +330,22 @@ async def _load(dsn: str, schema: str, run_id: str) -> Any:
 
     async with PostgresStore(dsn, schema=schema) as store:
         return await store.load(run_id)
+
+
+async def test_a_run_that_keeps_failing_is_parked_not_retried_forever(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    """A run whose attempts fail (here its agent's factory raises) does not
+    end the worker; each failure is noted on its row, and past
+    ``max_claims`` it is parked for a reconciler."""
+    run_id = await submit(pg_dsn, agent="broken", prompt="go", schema=pg_schema)
+    worker = Worker(pg_dsn, app, schema=pg_schema, lease=0.3, max_claims=2, worker_id="w")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker.run)
+        status = await wait(pg_dsn, run_id, schema=pg_schema, timeout=60)
+        worker.drain()
+    assert (status["state"], status["outcome"], status["claims"]) == (
+        "parked",
+        "claimed 3 times",
+        3,
+    )

@@ -184,6 +184,14 @@ class Queue:
             self._run("SELECT pg_notify(%s, %s)", (self.channel, run_id))
         return bool(rows)
 
+    def note(self, run_id: str, worker: str, text: str) -> None:
+        """Keep why our attempt at a row failed (its ``outcome``, until done)."""
+        self._run(
+            "UPDATE {schema}.backplane_fleet SET outcome = %s"
+            " WHERE run_id = %s AND worker = %s AND state = 'claimed'",
+            (text, run_id, worker),
+        )
+
     def hand_back(self, run_id: str, worker: str) -> None:
         """Let another worker claim our row at once (a draining worker)."""
         self._run(

@@ -53,7 +53,8 @@ class Worker:
     its committed transcript (work and time left carried); with an
     uncertain effect it is settled ``unknown_outcome`` with its evidence
     (``on_uncertain="settle"``) or left fenced for a reconciler
-    (``"park"``).  Never a replay.
+    (``"park"``).  Never a replay.  A run claimed more than ``max_claims``
+    times (its hosts keep failing) is fenced and parked.
     """
 
     def __init__(
@@ -69,6 +70,7 @@ class Worker:
         drain_timeout: float = 30.0,
         on_uncertain: Literal["settle", "park"] = "settle",
         worker_id: str | None = None,
+        max_claims: int = 5,
     ) -> None:
         if type(concurrency) is not int or concurrency < 1:
             raise Error(ErrorClass.VALIDATION, "concurrency must be a positive int")
@@ -85,6 +87,7 @@ class Worker:
         self.lease, self.poll_interval = float(lease), float(poll_interval)
         self.drain_timeout = float(drain_timeout)
         self.on_uncertain = on_uncertain
+        self.max_claims = max_claims
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
         self._held: dict[str, str] = {}  # run_id -> agent
         self._draining = trio.Event()
@@ -96,11 +99,11 @@ class Worker:
         self._draining.set()
         self._changed.set()
 
-    def _free_agents(self) -> list[str] | None:
+    def _free_agents(self) -> list[str]:
+        """The app's agents this worker may claim a run of now (never one
+        it does not define)."""
         if len(self._held) >= self.concurrency:
             return []
-        if not self.agent_limits:
-            return None
         held = list(self._held.values())
         return [a for a in self.app.names if held.count(a) < self.agent_limits.get(a, 10**9)]
 
@@ -120,7 +123,7 @@ class Worker:
         while not self._draining.is_set():
             agents = self._free_agents()
             claim = None
-            if agents is None or agents:
+            if agents:
                 # (the database away: try again after the poll interval)
                 with contextlib.suppress(Error):
                     claim = await trio.to_thread.run_sync(
@@ -155,8 +158,12 @@ class Worker:
                 await trio.to_thread.run_sync(
                     self.queue.finish, claim.run_id, self.worker_id, state, outcome
                 )
-        except Error:
-            pass  # its row stays claimed: the lease lapses and a worker takes it over
+        except Exception as exc:  # a failing run must not end the worker
+            # its row stays claimed (the failure noted on it): the lease
+            # lapses, a worker takes it over, past max_claims it is parked
+            text = f"{type(exc).__name__}: {exc}"[:300]
+            with contextlib.suppress(Error):
+                await trio.to_thread.run_sync(self.queue.note, claim.run_id, self.worker_id, text)
         finally:
             self._held.pop(claim.run_id, None)
             self._changed.set()
@@ -197,6 +204,12 @@ class Worker:
 
     async def _drive(self, store: Any, claim: Claim) -> tuple[str, str]:
         """The row's final state and the run's outcome."""
+        if claim.claims > self.max_claims:
+            # claimed again and again (a run whose host keeps failing): stop
+            record = await store.load(claim.current_run)
+            if record is not None and not record.terminal:
+                await store.fence(claim.current_run, incarnation=record.incarnation + 1)
+            return "parked", f"claimed {claim.claims} times"
         start = await self._start(store, claim)
         if isinstance(start, tuple):
             return start
