@@ -175,9 +175,12 @@ def test_a_killed_and_a_stopped_worker_lose_their_runs_but_nothing_is_replayed(
             for run_id in stopped_held:
                 # the stopped worker, resumed, committed nothing: after the
                 # taker's fence come only the taker's own commits
+                # (one it had finished, or not yet created, needed no fence)
                 kinds = [e.type for e in await store.events(run_id)]
-                fence = kinds.index("run.fence")
-                assert set(kinds[fence + 1 :]) <= {"run.cancel", "run.cleanup_settled"}, kinds
+                if "run.fence" in kinds:
+                    fence = kinds.index("run.fence")
+                    taker = {"run.cancel", "run.cleanup_settled"}
+                    assert set(kinds[fence + 1 :]) <= taker, kinds
 
     trio.run(evidence)
 
