@@ -352,3 +352,30 @@ async def test_a_run_that_keeps_failing_is_parked_not_retried_forever(
         "claimed 3 times",
         3,
     )
+
+
+async def test_a_run_waiting_for_a_person_frees_its_slot_past_the_idle_bound(
+    pg_dsn: str, pg_schema: str, monkeypatch: Any
+) -> None:
+    """With one slot, a run waiting for approval past ``idle_bound`` no
+    longer holds it: the next run is claimed and completes meanwhile; the
+    answer, given later from another task, still reaches the waiting run."""
+    from trio_backplane.fleet import pending, resolve
+
+    monkeypatch.setenv("FLEET_TEST_DSN", pg_dsn)
+    monkeypatch.setenv("FLEET_TEST_SCHEMA", pg_schema)
+    await trio.to_thread.run_sync(_ledger, pg_dsn, pg_schema)
+    waiting = await submit(pg_dsn, agent="approver", prompt="ship", schema=pg_schema)
+    other = await submit(pg_dsn, agent="writer", prompt="write", schema=pg_schema)
+    worker = Worker(
+        pg_dsn, app, schema=pg_schema, concurrency=1, idle_bound=0.3, poll_interval=0.05
+    )
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker.run)
+        first = await wait(pg_dsn, other, schema=pg_schema, timeout=30)
+        asked = await pending(pg_dsn, waiting, schema=pg_schema)
+        assert asked is not None  # still waiting while the other run completed
+        await resolve(pg_dsn, waiting, asked["id"], "approved", schema=pg_schema)
+        second = await wait(pg_dsn, waiting, schema=pg_schema, timeout=30)
+        worker.drain()
+    assert (first["outcome"], second["outcome"]) == ("completed", "completed")

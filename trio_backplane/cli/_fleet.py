@@ -31,6 +31,13 @@ def add_parser(commands: Any) -> None:
     worker.add_argument("--on-uncertain", choices=("settle", "park"), default="settle")
     worker.add_argument("--worker-id", metavar="ID")
     worker.add_argument(
+        "--idle-bound",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="a run waiting for a person this long holds no concurrency slot",
+    )
+    worker.add_argument(
         "--agent-limit",
         action="append",
         default=[],
@@ -103,6 +110,7 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> None:
         on_uncertain=args.on_uncertain,
         worker_id=args.worker_id,
         agent_limits=_limits(args.agent_limit),
+        idle_bound=args.idle_bound,
     )
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:

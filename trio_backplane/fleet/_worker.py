@@ -54,7 +54,9 @@ class Worker:
     uncertain effect it is settled ``unknown_outcome`` with its evidence
     (``on_uncertain="settle"``) or left fenced for a reconciler
     (``"park"``).  Never a replay.  A run claimed more than ``max_claims``
-    times (its hosts keep failing) is fenced and parked.
+    times (its hosts keep failing) is fenced and parked.  A run waiting
+    for a person longer than ``idle_bound`` seconds holds no slot (the
+    worker keeps its lease and hands it the answer when one is given).
     """
 
     def __init__(
@@ -71,6 +73,7 @@ class Worker:
         on_uncertain: Literal["settle", "park"] = "settle",
         worker_id: str | None = None,
         max_claims: int = 5,
+        idle_bound: float = 60.0,
     ) -> None:
         if type(concurrency) is not int or concurrency < 1:
             raise Error(ErrorClass.VALIDATION, "concurrency must be a positive int")
@@ -88,6 +91,8 @@ class Worker:
         self.drain_timeout = float(drain_timeout)
         self.on_uncertain = on_uncertain
         self.max_claims = max_claims
+        self.idle_bound = float(idle_bound)
+        self._idle_runs: set[str] = set()
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
         self._held: dict[str, str] = {}  # run_id -> agent
         self._draining = trio.Event()
@@ -102,7 +107,7 @@ class Worker:
     def _free_agents(self) -> list[str]:
         """The app's agents this worker may claim a run of now (never one
         it does not define)."""
-        if len(self._held) >= self.concurrency:
+        if len(self._held) - len(self._idle_runs) >= self.concurrency:
             return []
         held = list(self._held.values())
         return [a for a in self.app.names if held.count(a) < self.agent_limits.get(a, 10**9)]
@@ -188,19 +193,38 @@ class Worker:
                 return
 
     async def apply_answers(self, conversation: Any, *, run_id: str) -> None:
-        """Hand the run the answers people committed on any host, in order;
-        one the run refuses (stale, say) is marked with why."""
-        while True:
-            for answer_id, interaction_id, answer in await trio.to_thread.run_sync(
-                self.queue.answers, run_id
-            ):
-                error = None
-                try:
-                    await conversation.resolve(interaction_id, answer)
-                except Error as refused:
-                    error = f"{refused.error_class.value}: {refused.message}"
-                await trio.to_thread.run_sync(self.queue.applied, answer_id, error)
-            await trio.sleep(self.poll_interval)
+        """Hand the run the answers people committed on any host, in order
+        (one the run refuses, stale say, is marked with why); while the run
+        has waited for a person longer than ``idle_bound``, it holds no
+        slot of ``concurrency``."""
+        waiting_since: float | None = None
+        try:
+            while True:
+                for answer_id, interaction_id, answer in await trio.to_thread.run_sync(
+                    self.queue.answers, run_id
+                ):
+                    error = None
+                    try:
+                        await conversation.resolve(interaction_id, answer)
+                    except Error as refused:
+                        error = f"{refused.error_class.value}: {refused.message}"
+                    await trio.to_thread.run_sync(self.queue.applied, answer_id, error)
+                waiting = conversation.status().phase == "waiting_interaction"
+                waiting_since = (waiting_since or trio.current_time()) if waiting else None
+                self._idle(run_id, waiting_since)
+                await trio.sleep(self.poll_interval)
+        finally:
+            self._idle(run_id, None)
+
+    def _idle(self, run_id: str, waiting_since: float | None) -> None:
+        """Count a run waiting for a person past ``idle_bound`` out of the
+        worker's slots (it costs a sleeping task, not a slot)."""
+        idle = waiting_since is not None and trio.current_time() - waiting_since >= self.idle_bound
+        if idle and run_id not in self._idle_runs:
+            self._idle_runs.add(run_id)
+            self._changed.set()  # a slot is free: claim again
+        elif not idle:
+            self._idle_runs.discard(run_id)
 
     async def _drive(self, store: Any, claim: Claim) -> tuple[str, str]:
         """The row's final state and the run's outcome."""
