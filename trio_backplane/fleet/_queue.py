@@ -99,7 +99,7 @@ class Queue:
                     )
                 cursor = conn.execute(self._sql(text), params)
                 return list(cursor.fetchall()) if cursor.description else []
-            except self._psycopg.OperationalError as exc:
+            except self._psycopg.Error as exc:
                 # not known whether it applied: the caller decides; the next
                 # call opens a new connection
                 if self._conn is not None:
@@ -115,10 +115,13 @@ class Queue:
                 self._conn = None
 
     def ensure(self) -> None:
-        """Create the table if it is missing."""
-        self._run(f"CREATE SCHEMA IF NOT EXISTS {self._schema}")
-        self._run(_TABLE)
-        self._run(_ANSWERS)
+        """Create the tables if they are missing: in one transaction under
+        an advisory lock, so workers starting together on a fresh database
+        do not race PostgreSQL's catalog."""
+        self._run(
+            "DO $$ BEGIN PERFORM pg_advisory_xact_lock(hashtext('backplane_fleet'));"
+            f" CREATE SCHEMA IF NOT EXISTS {self._schema}; {_TABLE}; {_ANSWERS}; END $$"
+        )
 
     def submit(self, run_id: str, agent: str, prompt: Any) -> None:
         """Queue ``run_id`` (``resource_conflict`` if it exists): one commit."""
