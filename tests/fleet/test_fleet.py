@@ -379,3 +379,19 @@ async def test_a_run_waiting_for_a_person_frees_its_slot_past_the_idle_bound(
         second = await wait(pg_dsn, waiting, schema=pg_schema, timeout=30)
         worker.drain()
     assert (first["outcome"], second["outcome"]) == ("completed", "completed")
+
+
+async def test_workers_starting_together_create_the_queue_once(pg_dsn: str, pg_schema: str) -> None:
+    """Six queues creating the tables at once on a fresh schema: no catalog
+    race, one table (``CREATE TABLE IF NOT EXISTS`` alone races)."""
+    from trio_backplane.fleet._queue import Queue
+
+    queues = [Queue(pg_dsn, schema=pg_schema) for _ in range(6)]
+    async with trio.open_nursery() as nursery:
+        for queue in queues:
+            nursery.start_soon(trio.to_thread.run_sync, queue.ensure)
+    assert await trio.to_thread.run_sync(queues[0].counts) == {}
+    await submit(pg_dsn, agent="writer", prompt="x", schema=pg_schema)
+    assert await trio.to_thread.run_sync(queues[1].counts) == {"queued": 1}
+    for queue in queues:
+        queue.close()
