@@ -382,8 +382,8 @@ async def test_a_run_waiting_for_a_person_frees_its_slot_past_the_idle_bound(
 
 
 async def test_workers_starting_together_create_the_queue_once(pg_dsn: str, pg_schema: str) -> None:
-    """Six queues creating the tables at once on a fresh schema: no catalog
-    race, one table (``CREATE TABLE IF NOT EXISTS`` alone races)."""
+    """Six queues creating the tables at once on a fresh schema (under one
+    advisory lock): none fails, and they share one queue."""
     from trio_backplane.fleet._queue import Queue
 
     queues = [Queue(pg_dsn, schema=pg_schema) for _ in range(6)]
