@@ -4,7 +4,6 @@ fleet on PostgreSQL from a shell."""
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import signal
 import sys
@@ -53,9 +52,9 @@ def add_parser(commands: Any) -> None:
     waiting.add_argument("--db", required=True, metavar="DSN")
     waiting.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS")
     waiting.add_argument("run_id", metavar="RUN_ID")
-    for command in (worker, sub, waiting):
+    for command, run in ((worker, _worker), (sub, _submit), (waiting, _wait)):
         command.add_argument("--schema", default="public", help="the database schema")
-        command.set_defaults(handler=fleet_command)
+        command.set_defaults(handler=fleet_command, run=run)
 
 
 def add_runs(runs_sub: Any) -> None:
@@ -64,20 +63,20 @@ def add_runs(runs_sub: Any) -> None:
         "resolve",
         help="answer a fleet run's pending interaction from any host (postgresql:// only)",
     )
-    runs_resolve.add_argument("store", metavar="DSN")
+    runs_resolve.add_argument("db", metavar="DSN")
     runs_resolve.add_argument("run_id", metavar="RUN_ID")
     runs_resolve.add_argument("interaction_id", metavar="INTERACTION_ID")
     runs_resolve.add_argument("answer", metavar="ANSWER", help="JSON, or else a string")
     runs_resolve.add_argument("--schema", default="public")
-    runs_resolve.set_defaults(handler=resolve_command)
+    runs_resolve.set_defaults(handler=fleet_command, run=_resolve)
     runs_watch = runs_sub.add_parser(
         "watch",
         help="print a fleet run's stored events as they come, until it is finished",
     )
-    runs_watch.add_argument("store", metavar="DSN")
+    runs_watch.add_argument("db", metavar="DSN")
     runs_watch.add_argument("run_id", metavar="RUN_ID")
     runs_watch.add_argument("--schema", default="public")
-    runs_watch.set_defaults(handler=watch_command)
+    runs_watch.set_defaults(handler=fleet_command, run=_watch)
 
 
 async def continue_from(store: Any, args: argparse.Namespace) -> tuple[str, str]:
@@ -91,8 +90,9 @@ async def continue_from(store: Any, args: argparse.Namespace) -> tuple[str, str]
 
 
 def fleet_command(args: argparse.Namespace, out: TextIO) -> int:
+    """Run one fleet command (``args.run``); status 1 for a refusal."""
     try:
-        trio.run(_COMMANDS[args.command], args, out)
+        trio.run(args.run, args, out)
     except Error as error:
         print(hide_dsn_secret(f"backplane: {reason(error)}", args.db), file=sys.stderr)
         return EXIT_REJECTED
@@ -149,45 +149,22 @@ async def _wait(args: argparse.Namespace, out: TextIO) -> None:
     print(json.dumps(status), file=out)
 
 
-_COMMANDS = {"worker": _worker, "submit": _submit, "wait": _wait}
-
-
-def resolve_command(args: argparse.Namespace, out: TextIO) -> int:
-    """Commit the answer for the worker holding the run."""
+async def _resolve(args: argparse.Namespace, out: TextIO) -> None:
+    """Commit the answer (JSON, or else a string) for the worker holding the run."""
     try:
         answer = json.loads(args.answer)
     except ValueError:
         answer = args.answer
-    try:
-        trio.run(
-            functools.partial(resolve, schema=args.schema),
-            args.store,
-            args.run_id,
-            args.interaction_id,
-            answer,
-        )
-    except Error as error:
-        print(hide_dsn_secret(f"backplane: {reason(error)}", args.store), file=sys.stderr)
-        return EXIT_REJECTED
+    await resolve(args.db, args.run_id, args.interaction_id, answer, schema=args.schema)
     print(f"answer committed for {args.run_id} ({args.interaction_id})", file=out)
-    return EXIT_OK
 
 
-def watch_command(args: argparse.Namespace, out: TextIO) -> int:
-    """One JSON line a stored event (its run, type, time and state)."""
-
-    async def follow() -> None:
-        async for event in watch(args.store, args.run_id, schema=args.schema):
-            line = {
-                "type": event.type,
-                "occurred_at": event.occurred_at,
-                "state": (event.payload or {}).get("state"),
-            }
-            print(json.dumps(line), file=out, flush=True)
-
-    try:
-        trio.run(follow)
-    except Error as error:
-        print(hide_dsn_secret(f"backplane: {reason(error)}", args.store), file=sys.stderr)
-        return EXIT_REJECTED
-    return EXIT_OK
+async def _watch(args: argparse.Namespace, out: TextIO) -> None:
+    """One JSON line a stored event: its type, time and the state it left."""
+    async for event in watch(args.db, args.run_id, schema=args.schema):
+        line = {
+            "type": event.type,
+            "occurred_at": event.occurred_at,
+            "state": (event.payload or {}).get("state"),
+        }
+        print(json.dumps(line), file=out, flush=True)
