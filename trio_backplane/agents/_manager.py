@@ -50,8 +50,8 @@ def _unknown(message: str, agent: Agent) -> Error:
 class AgentManager:
     """Child agents of one parent run.
 
-    Build it, put :meth:`tools` in the parent's registry, then ``async with
-    manager.open(parent):`` inside the parent's conversation: children run
+    Build it, put :func:`agent_tools` of it in the parent's registry, then
+    ``async with manager.open(parent):`` inside the parent's conversation: children run
     in that block's nursery and none outlives it.  The parent run's
     terminal path closes every child tree (the tools name the manager as
     their ``resource_registry``); a closure that cannot be confirmed is
@@ -120,9 +120,8 @@ class AgentManager:
             finally:
                 with trio.CancelScope(shield=True):
                     closures = await self.close_owner(self.parent_run_id)
-                self._parent = None
+                self._nursery, self._parent = None, None  # open again later, if need be
                 nursery.cancel_scope.cancel()  # a child task left behind cannot outlive us
-        self._nursery = None
         failed = [c for c in closures if not c.confirmed]
         if failed:
             raise Error(

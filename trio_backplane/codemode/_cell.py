@@ -30,8 +30,6 @@ class Cell:
     #: requests it made (tool calls, ``store``, ``load``)
     calls: int = 0
     cursor: int = 0
-    #: an invocation is driving it now
-    busy: bool = False
 
     async def stop(self) -> str:
         """The registry's cleanup: the worker's group confirmed gone, or why not."""

@@ -17,7 +17,7 @@ from ..tools import Rejection, ToolDescriptor, ToolResult, reject
 from ..tools._backend import FunctionBackend
 from ._cell import Cell, answer_for, finished, running
 from ._typescript import declarations
-from ._worker import HEAP_MIB, CodeWorker
+from ._worker import HEAP_MIB, CodeWorker, check_heap
 
 __all__ = ["code_mode_tools"]
 
@@ -145,7 +145,7 @@ class _CodeMode:
         cell = self.registry.fetch(handle, owner)
         if not isinstance(cell, Cell):
             raise Error(ErrorClass.NOT_FOUND, "cell not found", {"cell_id": handle.resource_id})
-        if cell.busy:
+        if cell in self._driving:
             raise Error(ErrorClass.RESOURCE_CONFLICT, "the cell is being waited on already")
         return cell
 
@@ -158,7 +158,6 @@ class _CodeMode:
         wait = operation.arguments.get("yield_time_ms")
         seconds = self.default_yield if wait is None else wait / 1000
         answer = answer_for(cell, operation, self.own, self.registry)
-        cell.busy = True
         # a human wait during one of its tool calls does not count against the yield
         self._driving[cell] = (operation.run_id, trio.current_time() + seconds)
         try:
@@ -176,7 +175,6 @@ class _CodeMode:
             await self._end(handle, operation)
             raise
         finally:
-            cell.busy = False
             del self._driving[cell]
         output = cell.new_output()
         if result is None:
@@ -207,8 +205,7 @@ def code_mode_tools(
     nested invocation of the executing tool (validated, authorized, durable,
     one at a time, never Code Mode itself).  ``code``'s description declares
     ``tools`` (the catalog's others) in TypeScript, from their schemas."""
-    if type(heap_mib) is not int or not 16 <= heap_mib <= 4096:
-        raise Error(ErrorClass.VALIDATION, "heap_mib must be an int in 16..4096")
+    check_heap(heap_mib)  # now, not at the first cell
     backend = _CodeMode(registry, frozenset({name, wait_name}), heap_mib, default_yield)
     registry.attach_clock(backend)  # a human wait does not count against a yield
     described = [t for t in tools if t.name not in backend.own]

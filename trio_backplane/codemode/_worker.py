@@ -19,7 +19,15 @@ from ..errors import Error, ErrorClass
 from ..resources._jobs import clean_group, default_signaler
 from ..resources._launch import CommandLimits, Launched, environment, launch
 
-__all__ = ["Answer", "CellResult", "CodeWorker", "ToolCall", "answer_tools", "deno_binary"]
+__all__ = [
+    "Answer",
+    "CellResult",
+    "CodeWorker",
+    "ToolCall",
+    "answer_tools",
+    "check_heap",
+    "deno_binary",
+]
 
 #: What answers ``tools.<name>(args)`` in a cell: the tool's JSON result.
 ToolCall = Callable[[str, Any], Awaitable[Any]]
@@ -46,6 +54,12 @@ def deno_binary() -> str:
             "Code Mode needs the codemode extra (pip install 'trio_backplane[codemode]')",
         ) from None
     return str(deno.find_deno_bin())
+
+
+def check_heap(heap_mib: object) -> None:
+    """``validation`` unless ``heap_mib`` is an int of MiB in 16..4096."""
+    if type(heap_mib) is not int or not 16 <= heap_mib <= 4096:
+        raise Error(ErrorClass.VALIDATION, "heap_mib must be an int in 16..4096")
 
 
 def _command(binary: str, script: str, heap_mib: int) -> str:
@@ -86,8 +100,7 @@ class CodeWorker:
     (confirmed from ``/proc``).  Not for concurrent use."""
 
     def __init__(self, *, heap_mib: int = HEAP_MIB, startup_timeout: float = 10.0) -> None:
-        if type(heap_mib) is not int or not 16 <= heap_mib <= 4096:
-            raise Error(ErrorClass.VALIDATION, "heap_mib must be an int in 16..4096")
+        check_heap(heap_mib)
         self._heap_mib = heap_mib
         self._startup_timeout = startup_timeout
         self._launched: Launched | None = None

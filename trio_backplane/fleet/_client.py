@@ -25,13 +25,10 @@ async def submit(
     dsn: str, *, agent: str, prompt: Any, run_id: str | None = None, schema: str = "public"
 ) -> str:
     """Queue a run of ``agent`` on ``prompt`` (one commit); its run id."""
-    queue = Queue(dsn, schema=schema)
     run_id = run_id or f"{agent}-{uuid.uuid4().hex[:12]}"
-    try:
+    with Queue(dsn, schema=schema) as queue:
         await trio.to_thread.run_sync(queue.ensure)
         await trio.to_thread.run_sync(queue.submit, run_id, agent, prompt)
-    finally:
-        queue.close()
     return run_id
 
 
@@ -47,20 +44,14 @@ async def wait(
     ``state``, ``outcome`` (the run's state), ``current_run``, ``claims``.
     ``timeout`` when it does not finish in time; ``not_found`` if it was
     never submitted."""
-    queue = Queue(dsn, schema=schema)
-    try:
-        with trio.move_on_after(timeout):
-            while True:
-                status = await trio.to_thread.run_sync(queue.status, run_id)
-                if status is None:
-                    raise Error(
-                        ErrorClass.NOT_FOUND, "no such run in the fleet", {"run_id": run_id}
-                    )
-                if status["state"] in ("done", "parked"):
-                    return status
-                await trio.sleep(poll_interval)
-    finally:
-        queue.close()
+    with Queue(dsn, schema=schema) as queue, trio.move_on_after(timeout):
+        while True:
+            status = await trio.to_thread.run_sync(queue.status, run_id)
+            if status is None:
+                raise _unknown_run(run_id)
+            if status["state"] in ("done", "parked"):
+                return status
+            await trio.sleep(poll_interval)
     raise Error(ErrorClass.TIMEOUT, "the run did not finish in time", {"run_id": run_id})
 
 
@@ -70,21 +61,15 @@ async def resolve(
     """Commit a person's ``answer`` to the run's pending interaction, from
     any host: the worker holding the run hands it over (a stale or
     duplicate id is refused there, and marked so)."""
-    queue = Queue(dsn, schema=schema)
-    try:
+    with Queue(dsn, schema=schema) as queue:
         await trio.to_thread.run_sync(queue.answer, run_id, interaction_id, answer)
-    finally:
-        queue.close()
 
 
 async def pending(dsn: str, run_id: str, *, schema: str = "public") -> Any:
     """The interaction the run waits on (its stored ``pending_interaction``:
     ``id``, the ``request`` with its ``kind``, ``requested_at``), or ``None``."""
-    queue = Queue(dsn, schema=schema)
-    try:
+    with Queue(dsn, schema=schema) as queue:
         status = await trio.to_thread.run_sync(queue.status, run_id)
-    finally:
-        queue.close()
     if status is None:
         raise _unknown_run(run_id)
     async with PostgresStore(dsn, schema=schema) as store:
@@ -101,9 +86,8 @@ async def watch(
     """The stored events of a submitted run, replacement runs included, in
     order, until a worker has finished it.  ``LISTEN`` wakes it early; the
     events table is the truth, so a dropped notification loses nothing."""
-    queue = Queue(dsn, schema=schema)
     seen: dict[str, int] = {}
-    try:
+    with Queue(dsn, schema=schema) as queue:
         async with PostgresStore(dsn, schema=schema) as store:
             while True:
                 status = await trio.to_thread.run_sync(queue.status, run_id)
@@ -117,8 +101,6 @@ async def watch(
                 if status["state"] in ("done", "parked"):
                     return
                 await trio.to_thread.run_sync(queue.listen, poll_interval, abandon_on_cancel=True)
-    finally:
-        queue.close()
 
 
 def _chain(run_id: str, current: str) -> list[str]:

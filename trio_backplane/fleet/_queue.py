@@ -107,6 +107,12 @@ class Queue:
                     self._conn = None
                 raise Error(ErrorClass.STORAGE_FAILED, f"fleet queue: {exc}"[:300]) from None
 
+    def __enter__(self) -> Queue:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def close(self) -> None:
         """Close the queue's connection (a later call opens another)."""
         with self._lock:
