@@ -15,6 +15,7 @@ from typing import Any
 import trio
 
 from tests.conftest import LINUX_ONLY
+from tests.resources.test_orphans import _load
 from trio_backplane import Authority, ToolRegistry, open_conversation
 from trio_backplane.codemode import code_mode_tools
 from trio_backplane.recovery import recover
@@ -84,14 +85,6 @@ HOST = textwrap.dedent(
     trio.run(main)
     """
 )
-
-
-def _load(db: Path) -> Any:
-    async def load() -> Any:
-        async with SQLiteStore(db) as store:
-            return await store.load("host-run")
-
-    return trio.run(load)
 
 
 def _crash_during_the_cell(tmp_path: Path) -> Any:

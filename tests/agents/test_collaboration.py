@@ -9,6 +9,7 @@ import trio
 from trio.testing import MockClock
 
 from tests.agents.support import PARENT, S, child_tools, factory
+from tests.runtime.support import drained
 from trio_backplane import Authority, Error, ErrorClass, ToolRegistry, open_conversation
 from trio_backplane.agents import AgentManager, AgentRequest, agent_tools
 from trio_backplane.store import MemoryStore
@@ -65,7 +66,6 @@ async def test_a_parent_spawns_waits_follows_up_and_closes(autojump_clock: MockC
     manager = AgentManager(store=store, parent_run_id=PARENT, child_options=options)
     registry = ToolRegistry([*agent_tools(manager), *child_tools()])
     authority = Authority.for_registry(registry, caller="host", run_id=PARENT)
-    events: list[Any] = []
     async with open_conversation(
         PARENT,
         store=store,
@@ -78,11 +78,7 @@ async def test_a_parent_spawns_waits_follows_up_and_closes(autojump_clock: MockC
         async with manager.open(parent, authority=authority):
             await parent.prompt("research and write")
             snapshot = await parent.wait_settled()
-        while True:
-            try:
-                events.append(channel.receive_nowait())
-            except (trio.WouldBlock, trio.EndOfChannel):
-                break
+        events = drained(channel)
     assert snapshot.run.state == "completed"
     results = {m["tool_call_id"]: m["result"] for m in snapshot.messages if m["role"] == "tool"}
     assert results["p3"]["is_error"] is True

@@ -5,6 +5,10 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from typing import Any
 
 import trio
@@ -63,6 +67,21 @@ async def test_two_workers_share_the_queue_and_finish_every_run(
     assert [e.type for e in events].count("run.tool_invoked") == 1
 
 
+def _env(pg_dsn: str, pg_schema: str, **more: str) -> dict[str, str]:
+    """A worker process's environment: the ledger the test app writes to."""
+    ledger = {"FLEET_TEST_DSN": pg_dsn, "FLEET_TEST_SCHEMA": pg_schema}
+    return {**os.environ, **ledger, "PYTHONPATH": os.getcwd(), **more}
+
+
+def _worker_process(
+    pg_dsn: str, pg_schema: str, name: str, env: dict[str, str], *options: str
+) -> subprocess.Popen[bytes]:
+    """``backplane worker`` of the test app, in a process of its own."""
+    command = [sys.executable, "-m", "trio_backplane.cli", "worker", "--db", pg_dsn]
+    command += ["--app", "tests.fleet.app", "--schema", pg_schema, "--worker-id", name]
+    return subprocess.Popen([*command, *options], env=env, stdout=subprocess.DEVNULL)
+
+
 def _held_by(dsn: str, schema: str, worker: str) -> list[str]:
     psycopg: Any = importlib.import_module("psycopg")
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -81,21 +100,11 @@ def test_a_killed_and_a_stopped_worker_lose_their_runs_but_nothing_is_replayed(
     for a reconciler), no invocation of the mutating tool is recorded twice
     for one intent, each ``unknown_outcome`` names its evidence, and the
     runs the stopped worker held were finished by another worker."""
-    import signal
-    import subprocess
-    import sys
-    import time
 
     from trio_backplane.store import PostgresStore
 
     _ledger(pg_dsn, pg_schema)
-    env = {
-        **os.environ,
-        "FLEET_TEST_DSN": pg_dsn,
-        "FLEET_TEST_SCHEMA": pg_schema,
-        "FLEET_TEST_TOOL_SLEEP": "0.3",
-        "PYTHONPATH": os.getcwd(),
-    }
+    env = _env(pg_dsn, pg_schema, FLEET_TEST_TOOL_SLEEP="0.3")
     lease = 1.5
 
     async def submit_all() -> list[str]:
@@ -105,31 +114,8 @@ def test_a_killed_and_a_stopped_worker_lose_their_runs_but_nothing_is_replayed(
         ]
 
     run_ids = trio.run(submit_all)
-    workers = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "trio_backplane.cli",
-                "worker",
-                "--db",
-                pg_dsn,
-                "--app",
-                "tests.fleet.app",
-                "--schema",
-                pg_schema,
-                "--lease",
-                str(lease),
-                "--concurrency",
-                "4",
-                "--worker-id",
-                f"w{n}",
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-        )
-        for n in range(3)
-    ]
+    options = ("--lease", str(lease), "--concurrency", "4")
+    workers = [_worker_process(pg_dsn, pg_schema, f"w{n}", env, *options) for n in range(3)]
     try:
         deadline = time.monotonic() + 60
         while len(_calls(pg_dsn, pg_schema)) < 8:
@@ -188,38 +174,13 @@ def test_a_killed_and_a_stopped_worker_lose_their_runs_but_nothing_is_replayed(
 def test_an_approval_is_answered_from_another_process(pg_dsn: str, pg_schema: str) -> None:
     """A run waiting for approval on a worker process is approved with
     ``backplane runs resolve`` from another process, and completes."""
-    import subprocess
-    import sys
-    import time
 
     from trio_backplane.fleet import pending
 
     _ledger(pg_dsn, pg_schema)
-    env = {
-        **os.environ,
-        "FLEET_TEST_DSN": pg_dsn,
-        "FLEET_TEST_SCHEMA": pg_schema,
-        "PYTHONPATH": os.getcwd(),
-    }
+    env = _env(pg_dsn, pg_schema)
     run_id = trio.run(lambda: submit(pg_dsn, agent="approver", prompt="ship", schema=pg_schema))
-    worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "trio_backplane.cli",
-            "worker",
-            "--db",
-            pg_dsn,
-            "--app",
-            "tests.fleet.app",
-            "--schema",
-            pg_schema,
-            "--worker-id",
-            "a",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-    )
+    worker = _worker_process(pg_dsn, pg_schema, "a", env)
     try:
         deadline = time.monotonic() + 60
         waiting = None
