@@ -119,6 +119,32 @@ async def _mutation_in_flight(
     assert again.record == settled.record
 
 
+async def test_park_uncertain_fences_and_leaves_the_run_for_a_reconciler(
+    tmp_path: Path,
+) -> None:
+    """With ``park_uncertain``, a run with a mutation in flight is fenced
+    and classified after the fence, and nothing else is committed: it stays
+    for a reconciler, and the old host can commit nothing more."""
+    hang = RecordingBackend(lambda _op: trio.sleep_forever())
+    provider = S([S.tool_calls(("c1", "transfer", {})), S.text("never")])
+
+    def dispatched(record: Any) -> bool:
+        return any(i.get("tool_name") == "transfer" for i in record.intents.values())
+
+    async with SQLiteStore(tmp_path / "runs.sqlite3") as store:
+        await crash_while(store, provider, [make_tool("transfer", hang)], dispatched)
+        before = await store.load(RUN)
+        assert before is not None
+        parked = await settle_run(store, RUN, park_uncertain=True, wall_clock=trio.current_time)
+        assert not parked.committed
+        assert parked.fenced == before.incarnation
+        assert parked.report.uncertain_effects
+        stored = await store.load(RUN)
+        assert stored is not None
+        assert (stored.state, stored.incarnation) == ("running", before.incarnation + 1)
+        assert stored.intents == before.intents
+
+
 async def test_nothing_in_flight_settles_cancelled_and_continues_from_the_transcript(
     tmp_path: Path,
 ) -> None:

@@ -16,7 +16,7 @@ import trio
 
 from .._numbers import is_seconds
 from ..errors import Error, ErrorClass
-from ..recovery import recover, replacement_for, settle_run
+from ..recovery import replacement_for, settle_run
 from ..runtime import open_conversation
 from ..store import PostgresStore
 from ..tools import Authority
@@ -230,9 +230,8 @@ class Worker:
         """The row's final state and the run's outcome."""
         if claim.claims > self.max_claims:
             # claimed again and again (a run whose host keeps failing): stop
-            record = await store.load(claim.current_run)
-            if record is not None and not record.terminal:
-                await store.fence(claim.current_run, incarnation=record.incarnation + 1)
+            if await store.load(claim.current_run) is not None:
+                await settle_run(store, claim.current_run, park_uncertain=True)
             return "parked", f"claimed {claim.claims} times"
         start = await self._start(store, claim)
         if isinstance(start, tuple):
@@ -252,15 +251,11 @@ class Worker:
         record = await store.load(claim.current_run)
         if record is None:
             return _Start(run_id=claim.current_run)
-        if record.terminal:
-            return "done", record.state
-        if self.on_uncertain == "park":
-            report = recover(record, incarnation=record.incarnation + 1)
-            if report.uncertain_effects:
-                await store.fence(claim.current_run, incarnation=record.incarnation + 1)
-                return "parked", "recovery_required"
-        settled = await settle_run(store, claim.current_run)
-        if settled.record.state != "cancelled":
+        park = self.on_uncertain == "park"
+        settled = await settle_run(store, claim.current_run, park_uncertain=park)
+        if not settled.record.terminal:
+            return "parked", "recovery_required"  # fenced, for a reconciler
+        if not settled.committed or settled.record.state != "cancelled":
             return "done", settled.record.state
         try:
             left = replacement_for(settled)

@@ -69,14 +69,18 @@ async def settle_run(
     run_id: str,
     *,
     incarnation: int | None = None,
+    park_uncertain: bool = False,
     wall_clock: Callable[[], float] = time.time,
 ) -> Settled:
     """Fence ``run_id``'s stored incarnation (it can never commit again),
-    classify it (:func:`trio_backplane.recovery.recover`) and commit its
-    outcome at ``incarnation`` (default: the stored one + 1): ``cancelled``
-    (stop reason ``recovered``) when nothing in flight may have changed the
-    world, else ``unknown_outcome`` with one evidence item per uncertain
-    effect and recorded resource.  A terminal run is left as it is."""
+    classify what the fenced record holds
+    (:func:`trio_backplane.recovery.recover`) and commit its outcome at
+    ``incarnation`` (default: the stored one + 1): ``cancelled`` (stop
+    reason ``recovered``) when nothing in flight may have changed the world,
+    else ``unknown_outcome`` with one evidence item per uncertain effect,
+    recorded resource and child run, or, with ``park_uncertain``, nothing
+    beyond the fence (the run left for a reconciler, ``committed`` false).
+    A terminal run is left as it is."""
     record = await store.load(run_id)
     if record is None:
         raise Error(ErrorClass.NOT_FOUND, "no such run", {"run_id": run_id})
@@ -89,7 +93,10 @@ async def settle_run(
     if fenced is None or fenced.incarnation != newer:
         raise Error(ErrorClass.RESOURCE_CONFLICT, "the run was fenced by another recoverer")
     report = recover(fenced, incarnation=newer + 1)  # what the fenced record holds
-    final, events = _outcome(fenced, report, wall_clock())
+    evidence = _evidence(report)
+    if evidence and park_uncertain:
+        return Settled(record=fenced, report=report, committed=False, fenced=record.incarnation)
+    final, events = _outcome(fenced, evidence, wall_clock())
     await store.commit(
         run_id,
         incarnation=newer,
@@ -100,14 +107,15 @@ async def settle_run(
     return Settled(record=final, report=report, committed=True, fenced=record.incarnation)
 
 
-def _outcome(record: RunRecord, report: RecoveryReport, at: float) -> tuple[RunRecord, list[Any]]:
+def _outcome(
+    record: RunRecord, evidence: list[dict[str, Any]], at: float
+) -> tuple[RunRecord, list[Any]]:
     """The kernel commands that settle ``record``, as one commit."""
     events: list[Any] = []
     revision = record.revision + 1
     if record.state in ACTIVE_STATES:
         record, stopped = transition(record, Cancel(at=at, reason=RECOVERED), revision=revision)
         events += stopped
-    evidence = _evidence(report)
     if evidence:
         settle = CleanupSettled(at=at, certainty="uncertain", evidence=evidence)
     else:
