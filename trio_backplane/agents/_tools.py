@@ -85,7 +85,7 @@ class _Tools:
         closures = await self.manager.close(agent)
         return _result({**_view(agent), "closed": [c.id for c in closures]}, f"closed {agent.name}")
 
-    async def list(self, operation: Any) -> ToolResult:
+    async def listing(self, operation: Any) -> ToolResult:
         caller, _ = self.manager.caller(operation.run_id)
         prefix = operation.arguments.get("path_prefix") or caller + "/"
         agents = [_view(a) for a in self.manager.agents(prefix)]
@@ -147,7 +147,7 @@ def _table(tools: _Tools, wait_ms: dict[str, Any]) -> list[_Row]:
         ("close_agent", tools.close, target, False, "Close an agent and its own agents for good."),
         (
             "list_agents",
-            tools.list,
+            tools.listing,
             _schema({"path_prefix": {"type": "string", "maxLength": 1024}}),
             True,
             "List your agents (or those under path_prefix) and their status.",
