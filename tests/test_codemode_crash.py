@@ -19,7 +19,7 @@ from tests.resources.test_orphans import _load
 from trio_backplane import Authority, ToolRegistry, open_conversation
 from trio_backplane.codemode import code_mode_tools
 from trio_backplane.recovery import recover
-from trio_backplane.resources import ResourceRegistry
+from trio_backplane.resources import ResourceRegistry, kill_orphans
 from trio_backplane.resources._proc import group_members
 from trio_backplane.store import SQLiteStore
 from trio_backplane.testing import ScriptedProvider
@@ -118,37 +118,40 @@ def test_a_sigkilled_host_s_cell_is_reported_classified_and_killed(tmp_path: Pat
     record = _crash_during_the_cell(tmp_path)
     report = recover(record, incarnation=record.incarnation + 1)
     [group] = report.resources
-    assert (group["kind"], group["cell_id"]) == ("process_group", "res_1")
-    assert group_members(group["pgid"]) != []  # the host is dead, its worker is not
-    tools_by_id = {
-        effect_id: intent.get("tool_name") for effect_id, intent in record.intents.items()
-    }
-    uncertain = sorted(tools_by_id[effect_id] for effect_id in report.uncertain_effects)
-    assert uncertain == ["code", "transfer"]
-    [note] = [i for i in record.intents.values() if i.get("tool_name") == "note"]
-    assert note["status"] == "consumed"
+    try:
+        assert (group["kind"], group["cell_id"]) == ("process_group", "res_1")
+        assert group_members(group["pgid"]) != []  # the host is dead, its worker is not
+        tools_by_id = {
+            effect_id: intent.get("tool_name") for effect_id, intent in record.intents.items()
+        }
+        uncertain = sorted(tools_by_id[effect_id] for effect_id in report.uncertain_effects)
+        assert uncertain == ["code", "transfer"]
+        [note] = [i for i in record.intents.values() if i.get("tool_name") == "note"]
+        assert note["status"] == "consumed"
 
-    async def reopen() -> str:
-        async with SQLiteStore(tmp_path / "runs.sqlite3") as store:
-            registry = ToolRegistry(code_mode_tools(ResourceRegistry()))
-            async with open_conversation(
-                "host-run",
-                store=store,
-                provider=ScriptedProvider([ScriptedProvider.text("never")]),
-                registry=registry,
-                authority=Authority.for_registry(registry, caller="host", run_id="host-run"),
-                run=record,
-            ) as conversation:
-                return conversation.status().phase
+        async def reopen() -> str:
+            async with SQLiteStore(tmp_path / "runs.sqlite3") as store:
+                registry = ToolRegistry(code_mode_tools(ResourceRegistry()))
+                async with open_conversation(
+                    "host-run",
+                    store=store,
+                    provider=ScriptedProvider([ScriptedProvider.text("never")]),
+                    registry=registry,
+                    authority=Authority.for_registry(registry, caller="host", run_id="host-run"),
+                    run=record,
+                ) as conversation:
+                    return conversation.status().phase
 
-    assert trio.run(reopen) == "recovery_required"
-    assert (tmp_path / "marks.txt").read_text().split() == ["note", "transfer"]
+        assert trio.run(reopen) == "recovery_required"
+        assert (tmp_path / "marks.txt").read_text().split() == ["note", "transfer"]
 
-    result = subprocess.run(
-        [sys.executable, "-m", "trio_backplane.cli", "runs", "recover",
-         f"sqlite:///{tmp_path / 'runs.sqlite3'}", "host-run", "--kill-orphans"],
-        capture_output=True, text=True, check=False, timeout=60,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    assert f"orphan process group {group['pgid']} killed" in result.stdout
-    assert group_members(group["pgid"]) == []
+        result = subprocess.run(
+            [sys.executable, "-m", "trio_backplane.cli", "runs", "recover",
+             f"sqlite:///{tmp_path / 'runs.sqlite3'}", "host-run", "--kill-orphans"],
+            capture_output=True, text=True, check=False, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert f"orphan process group {group['pgid']} killed" in result.stdout
+        assert group_members(group["pgid"]) == []
+    finally:  # a failed check leaves no busy Deno behind (a no-op once killed)
+        trio.run(kill_orphans, report.resources)
