@@ -250,7 +250,7 @@ def test_open_conversation_parameters_are_pinned() -> None:
         "run_id", "store", "provider", "registry", "authority", "tools", "provider_context",
         "hooks", "context", "incarnation", "work", "run_timeout", "effect_timeout",
         "commit_timeout", "cleanup_timeout", "output_limit", "provider_output_limit",
-        "schema_admission", "run", "messages", "wall_clock", "resources",
+        "schema_admission", "run", "messages", "wall_clock", "resources", "resume",
     ]  # fmt: skip
     kinds = [p.kind for p in signature.parameters.values()]
     assert kinds[0] is inspect.Parameter.POSITIONAL_OR_KEYWORD

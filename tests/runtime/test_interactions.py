@@ -305,7 +305,12 @@ async def test_int_05_evt_11_answer_delivered_after_the_resolution_commit(
     assert records[0] is not None
     assert records[0].conversation is not None
     resolved = thaw(records[0].conversation["resolved_interaction"])
-    assert resolved == {"interaction_id": interaction_id, "answer": {"branch": "main"}}
+    assert resolved == {
+        "interaction_id": interaction_id,
+        "answer": {"branch": "main"},
+        # with what it answered: a resumed run knows which question it was
+        "request": {"kind": "question", "text": "Which branch?"},
+    }
     resolution = [
         at
         for kind, record, at in faulty.acknowledged

@@ -31,6 +31,9 @@ class Settled:
     committed: bool
     #: the incarnation that can no longer commit (``None``: nothing fenced)
     fenced: int | None = None
+    #: left running for ``open_conversation(resume=record)`` (``resume=True``
+    #: and nothing in flight): nothing committed beyond the fence
+    resumable: bool = False
 
 
 @final
@@ -70,6 +73,7 @@ async def settle_run(
     *,
     incarnation: int | None = None,
     park_uncertain: bool = False,
+    resume: bool = False,
     wall_clock: Callable[[], float] = time.time,
 ) -> Settled:
     """Fence ``run_id``'s stored incarnation (it can never commit again),
@@ -80,6 +84,9 @@ async def settle_run(
     else ``unknown_outcome`` with one evidence item per uncertain effect,
     recorded resource and child run, or, with ``park_uncertain``, nothing
     beyond the fence (the run left for a reconciler, ``committed`` false).
+    With ``resume``, a running run with nothing in flight (an interrupted
+    provider attempt aside: it is read-only) is only fenced and comes back
+    ``resumable``, for ``open_conversation(resume=settled.record)``.
     A terminal run is left as it is."""
     record = await store.load(run_id)
     if record is None:
@@ -94,6 +101,10 @@ async def settle_run(
         raise Error(ErrorClass.RESOURCE_CONFLICT, "the run was fenced by another recoverer")
     report = recover(fenced, incarnation=newer + 1)  # what the fenced record holds
     evidence = _evidence(report)
+    if resume and not evidence and _resumable(fenced, report):
+        return Settled(
+            record=fenced, report=report, committed=False, fenced=record.incarnation, resumable=True
+        )
     if evidence and park_uncertain:
         return Settled(record=fenced, report=report, committed=False, fenced=record.incarnation)
     final, events = _outcome(fenced, evidence, wall_clock())
@@ -105,6 +116,17 @@ async def settle_run(
         events=events,
     )
     return Settled(record=final, report=report, committed=True, fenced=record.incarnation)
+
+
+def _resumable(record: RunRecord, report: RecoveryReport) -> bool:
+    """Running with nothing but a read-only provider attempt in flight."""
+    unsettled = report.unsettled
+    return (
+        record.state == "running"
+        and record.active_wait is None
+        and not any(unsettled.get(kind) for kind in ("tools", "children", "dependencies"))
+        and all(effect.discardable for effect in report.effects)
+    )
 
 
 def _outcome(

@@ -29,7 +29,7 @@ from ._provider import (
     Usage,
 )
 
-__all__ = ["AttemptOutcome", "ResponseAssembler"]
+__all__ = ["AttemptOutcome", "ResponseAssembler", "tool_calls"]
 
 #: A transient event to publish: ``(type, payload)``.
 Publication = tuple[str, dict[str, Any]]
@@ -45,6 +45,9 @@ class AttemptOutcome:
     calls: list[dict[str, Any]]
     usage: list[Any]
     failure: Error | None
+    #: the calls came from the stream, not from the message's blocks: the
+    #: committed result must name them (a resumed run reads them there)
+    streamed_calls: bool = False
 
 
 class _Accounting:
@@ -133,9 +136,15 @@ class ResponseAssembler:
         calls: list[dict[str, Any]] = []
         if failure is None:
             assert message is not None
-            calls = _tool_calls(message, self._completed)
+            calls = tool_calls(message, self._completed)
             failure = _malformed_call(calls)
-        return AttemptOutcome(message=message, calls=calls, usage=usage, failure=failure)
+        return AttemptOutcome(
+            message=message,
+            calls=calls,
+            usage=usage,
+            failure=failure,
+            streamed_calls=bool(calls) and calls is self._completed,
+        )
 
     def _response_completed(self, event: ResponseCompleted) -> None:
         self.terminal = True
@@ -284,9 +293,7 @@ def _malformed_call(calls: list[dict[str, Any]]) -> Error | None:
     return None
 
 
-def _tool_calls(
-    message: Mapping[str, Any], completed: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
+def tool_calls(message: Mapping[str, Any], completed: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Tool-call blocks of the terminal message are authoritative;
     otherwise the incrementally completed calls, in completion order."""
     content = message.get("content")

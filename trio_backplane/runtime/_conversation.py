@@ -22,7 +22,7 @@ import trio
 
 from .._public import NoPublicConstructor
 from ..errors import Error, ErrorClass
-from ..kernel import TERMINAL_STATES, Admit, RunRecord
+from ..kernel import TERMINAL_STATES, Admit, ProviderCompleted, RunRecord, freeze
 from ..store import Store
 from ..tools import (
     AdmittedBundle,
@@ -49,9 +49,11 @@ from ._nursery import owning_nursery
 from ._options import Options, check_inputs, check_options
 from ._resources import OwnedRegistries, check_resources
 from ._responses import Responses
+from ._resume import ABANDONED, ResumePoint, resume_point
 from ._settlement import Settlement
 from ._signals import _Rejected, _StorageFailed, storage_error
 from ._state import Publisher, RunState
+from ._steps import Step, checkpoint_step, command_step
 from ._types import Event, Phase, Snapshot
 from ._writer import StepWriter
 
@@ -366,10 +368,12 @@ async def open_conversation(
     messages: Sequence[Any] | None = None,
     wall_clock: Callable[[], float] | None = None,
     resources: Sequence[Any] = (),
+    resume: RunRecord | None = None,
 ) -> AsyncIterator[Conversation]:
     """Open a conversation that owns a nursery; leaving the block cancels and
     settles an active run.  Every terminal path closes ``resources`` and the
-    tools' registries within ``cleanup_timeout``: unconfirmed, never completed."""
+    tools' registries within ``cleanup_timeout``: unconfirmed, never completed.
+    ``run``: a stored run, only inspected; ``resume``: one taken over, going on."""
     options = check_options(
         work=work,
         run_timeout=run_timeout,
@@ -381,7 +385,6 @@ async def open_conversation(
         schema_admission=schema_admission,
         wall_clock=wall_clock,
     )
-    clock = DurableClock.anchored(options.wall_clock)
     prior = check_inputs(
         run_id,
         store,
@@ -391,25 +394,77 @@ async def open_conversation(
         provider_context=provider_context,
         run=run,
         messages=messages,
+        resume=resume,
     )
-    bundle, options = _admitted(
-        run_id, registry, authority, tools, resources=resources, options=options
+    bundle, options = _admitted(run_id, registry, authority, tools, resources, options)
+    record, phase = await _opened(
+        run_id, store, run, prior, context, incarnation, options.work, resume
     )
-    record, phase = await _opened(run_id, store, run, prior, context, incarnation, options.work)
+    state = _run_state(record, phase, options)
+    host = (provider, provider_context, hooks)
+    async with _live(state, store, options, bundle, host, resume) as conversation:
+        yield conversation
+
+
+@asynccontextmanager
+async def _live(  # noqa: PLR0917 - what the parts are built from
+    state: RunState,
+    store: Store,
+    options: Options,
+    bundle: AdmittedBundle,
+    host: tuple[Any, Mapping[str, Any] | None, Any],
+    resume: RunRecord | None,
+) -> AsyncIterator[Conversation]:
+    """The conversation on a nursery of its own; a resumed run goes on at once."""
+    point = None if resume is None else resume_point(resume, state.wall_now())
     async with owning_nursery("conversation failed") as nursery:
-        state = _run_state(record, phase, clock, options)
-        host = (provider, provider_context, hooks)
         parts = _assemble(state, store, options, nursery, bundle=bundle, host=host)
         async with _settling(parts.settlement, nursery):
+            if point is not None:
+                await _resumed(parts, point)
             yield Conversation._create(parts=parts, options=options)
 
 
-def _admitted(
+async def _resumed(parts: _Parts, point: ResumePoint) -> None:
+    """Commit where a resumed run goes on from (an interrupted attempt
+    abandoned, the deadline the time left gives, the stored interaction
+    withdrawn: it is asked again) and start its worker there."""
+    state = parts.state
+    state.resume, state.reopened = point, point.reopened
+    if point.run_timeout <= 0:
+        # out of time: nothing may commit before the stop the worker meets
+        parts.settlement.start_worker(point.turn_id, None)
+        return
+    steps: list[Step] = []
+    if point.abandoned is not None:
+        steps.append(
+            command_step(
+                ProviderCompleted, {"attempt_id": point.abandoned, "result": freeze(ABANDONED)}
+            )
+        )
+    deadline = state.wall_now() + point.run_timeout
+    steps.append(
+        checkpoint_step(
+            lambda c: attrs.evolve(c, pending_interaction=None),
+            {"execution_deadline": deadline},
+        )
+    )
+    try:
+        await parts.coordinator.commit_steps(steps)
+    except _StorageFailed as failed:
+        raise failed.error from None
+    except Error as refused:
+        if refused.details.get("boundary") != "before_store":
+            raise
+        # the deadline passed as it committed: the worker meets the stop
+    parts.settlement.start_worker(point.turn_id, None)
+
+
+def _admitted(  # noqa: PLR0917 - open_conversation's, in its order
     run_id: str,
     registry: ToolRegistry | None,
     authority: Authority | None,
     tools: Sequence[ProviderTool] | None,
-    *,
     resources: Sequence[Any],
     options: Options,
 ) -> tuple[AdmittedBundle, Options]:
@@ -426,8 +481,9 @@ def _admitted(
     return bundle, attrs.evolve(options, resources=owned)
 
 
-def _run_state(record: RunRecord, phase: Phase, clock: DurableClock, options: Options) -> RunState:
+def _run_state(record: RunRecord, phase: Phase, options: Options) -> RunState:
     """The run state a conversation opens with."""
+    clock = DurableClock.anchored(options.wall_clock)
     # the run's clock, read without looking the run up each time
     now = trio.lowlevel.current_clock().current_time
     return RunState(
@@ -461,9 +517,13 @@ async def _opened(  # noqa: PLR0917 - what a run starts from
     context: Mapping[str, Any] | None,
     incarnation: int,
     work: int,
+    resume: RunRecord | None = None,
 ) -> tuple[RunRecord, Phase]:
     """The record the conversation opens on, and its phase: a stored run
-    (only inspected), or a new one the store created."""
+    (only inspected), one taken over (going on), or a new one the store
+    created."""
+    if resume is not None:
+        return resume, Phase.RUNNING
     if run is not None:
         if run.run_id != run_id:
             raise Error(ErrorClass.VALIDATION, "run record belongs to another run_id")

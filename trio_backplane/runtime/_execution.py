@@ -136,7 +136,9 @@ class Executor:
             run_id=state.run_id,
             incarnation=record.incarnation,
             step_id=str(record.step_id),
-            attempt_id=str(record.intents[_last_provider(record)]["attempt_id"]),
+            # the attempt whose response holds the call (the last one: a
+            # call runs only after its response committed)
+            attempt_id=str(_response_attempt(record)),
             invocation_id=invocation_id,
             tool_call_id=call_id,
             turn_id=turn_id,
@@ -385,5 +387,6 @@ def invocation_number(invocation_id: str) -> int:
     return int(invocation_id.rsplit("-", 1)[-1])
 
 
-def _last_provider(record: RunRecord) -> str:
-    return f"provider:attempt-{record.incarnation}-{record.counters.get('attempt', 0)}"
+def _response_attempt(record: RunRecord) -> Any:
+    result = record.provider_result
+    return None if result is None else result.get("attempt_id")

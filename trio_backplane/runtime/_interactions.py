@@ -20,6 +20,7 @@ from ..errors import Error, ErrorClass
 from ..kernel import freeze, thaw
 from ._conversation_state import ConversationState
 from ._coordinator import Coordinator
+from ._resume import same_call
 from ._signals import _Stop, _StorageFailed
 from ._state import Pending, Publisher, RunState
 from ._types import Phase
@@ -31,6 +32,18 @@ def _not_found(interaction_id: Any) -> Error:
     return Error(
         ErrorClass.NOT_FOUND, "no such pending interaction", {"interaction_id": interaction_id}
     )
+
+
+def _asks_again(stored: Mapping[str, Any], request: Any) -> bool:
+    """Whether ``request`` is the permission a resumed run's stored
+    interaction asked for: the same tool call, with the same arguments."""
+    old = stored.get("request")
+    if not isinstance(old, Mapping) or type(stored.get("id")) is not str:
+        return False
+    operation = request.get("operation")
+    if not isinstance(operation, Mapping) or not same_call(old, operation.get("tool_call_id")):
+        return False
+    return bool(old["operation"].get("arguments_digest") == operation.get("arguments_digest"))
 
 
 def _overlap() -> Error:
@@ -62,7 +75,16 @@ class Interactions:
             # The run is stopping: nobody will answer (and resolve() refuses).
             raise _Stop
         request = freeze(request, "interaction request")
-        pending = Pending(state.new_id("interaction"), request, state.now())
+        reopened, state.reopened = state.reopened, None
+        if reopened is not None and _asks_again(reopened, request):
+            if "answer" in reopened:
+                # answered and committed before its host stopped: the call
+                # it approves never started
+                return thaw(reopened["answer"]), 0.0
+            interaction_id = str(reopened["id"])
+        else:
+            interaction_id = state.new_id("interaction")
+        pending = Pending(interaction_id, request, state.now())
         state.pending = pending
         if state.phase == Phase.RUNNING:
             state.phase = Phase.WAITING_INTERACTION
@@ -186,7 +208,15 @@ class Interactions:
         try:
             # The answer is durable before the worker goes on (spec 002): after a
             # crash the record says which interaction was answered, and how.
-            resolved = freeze({"interaction_id": pending.interaction_id, "answer": answered})
+            # With its request: a run resumed before the call it approves
+            # started goes on with this answer.
+            resolved = freeze(
+                {
+                    "interaction_id": pending.interaction_id,
+                    "answer": answered,
+                    "request": pending.request,
+                }
+            )
             await self._coordinator.checkpoint(
                 lambda conversation: attrs.evolve(
                     conversation, pending_interaction=None, resolved_interaction=resolved

@@ -17,6 +17,7 @@ from ._coordinator import Coordinator
 from ._gateway import ToolGateway
 from ._hooks import HookRunner
 from ._responses import Responses
+from ._resume import ResumePoint
 from ._signals import _InputArrived, _Rejected, _TurnFailed
 from ._state import Publisher, RunState
 from ._steps import Step, checkpoint_step, command_step
@@ -71,18 +72,24 @@ class TurnLoop:
         turn, and any input queued before ``finish`` starts another turn, so
         acknowledged input is never dropped."""
         state = self._state
+        resume, state.resume = state.resume, None
+        if resume is not None:  # a resumed run: its turn goes on, or its end
+            first_turn, failed = resume.turn_id, resume.failed
         turn_id = first_turn or state.new_id("turn")
         error = failed
         steered = False
+        ended = resume is not None and resume.turn_ended
         while True:
-            if error is None:
-                error = await self._turn(turn_id, steering_first=steered)
-            try:
-                await self._record_turn(turn_id, error)
-            except _InputArrived:
-                steered = True  # steering came as the turn ended: it goes on
-                continue
-            steered = False
+            if not ended:
+                if error is None:
+                    error = await self._turn(turn_id, steering_first=steered, resume=resume)
+                    resume = None
+                try:
+                    await self._record_turn(turn_id, error)
+                except _InputArrived:
+                    steered = True  # steering came as the turn ended: it goes on
+                    continue
+            steered = ended = False
             # The turn is over: its provider step is not current any more
             state.step_id = state.attempt_id = None
             while (follow := await self._next_follow_up()) is None:
@@ -161,16 +168,25 @@ class TurnLoop:
         self._publisher.publish("run_failed" if error else "run_completed", {"outcome": outcome})
         state.settled.set()
 
-    async def _turn(self, turn_id: str, *, steering_first: bool = False) -> Error | None:
+    async def _turn(
+        self, turn_id: str, *, steering_first: bool = False, resume: ResumePoint | None = None
+    ) -> Error | None:
+        """One turn; ``resume``: a resumed run's turn, going on from its
+        committed response (its calls that ran nothing) or a new attempt."""
         try:
             if steering_first:  # the turn goes on with the steering that came at its end
                 await self._consume_steering(turn_id)
             after_batch = False
+            response: Step | None
             while True:
                 try:
-                    message, calls, response = await self._responses.attempt(
-                        turn_id, yield_to_steering=after_batch
-                    )
+                    if resume is not None and resume.message is not None:
+                        message, calls, response = resume.message, list(resume.calls), None
+                    else:
+                        message, calls, response = await self._responses.attempt(
+                            turn_id, yield_to_steering=after_batch
+                        )
+                    resume = None
                 except _InputArrived:
                     # steering committed while the batch's results waited to
                     # be: it goes before the next attempt (one per boundary)
@@ -192,7 +208,9 @@ class TurnLoop:
             self._catalog.discard()
             return failed.error
 
-    async def _batch(self, calls: list[dict[str, Any]], response: Step, turn_id: str) -> None:
+    async def _batch(
+        self, calls: list[dict[str, Any]], response: Step | None, turn_id: str
+    ) -> None:
         """The response's calls, one at a time through the gateway (the
         response committed with the first one's intent), then the boundary's
         publication."""

@@ -47,6 +47,7 @@ def check_inputs(
     provider_context: Any,
     run: Any,
     messages: Any,
+    resume: Any = None,
 ) -> list[Any] | None:
     """What ``open_conversation`` is given to work with, checked before it
     calls anything: a run id other than the host's, a store with ``create``
@@ -54,7 +55,7 @@ def check_inputs(
     ``stop`` (when present) are callables, a mapping (or ``None``) as
     context without the reserved ``conversation`` key, a mapping (or
     ``None``) as the provider context, a ``RunRecord`` (or ``None``) as the
-    stored run, and ``run`` or ``messages``, not both.
+    stored run, and at most one of ``run``, ``resume`` and ``messages``.
     Returns the checked messages."""
     if run_id == HOST_RESOLVER:
         # The host answers approvals as resolver "host", and a
@@ -83,15 +84,26 @@ def check_inputs(
             )
     if context is not None and "conversation" in context:
         raise Error(ErrorClass.VALIDATION, "context key 'conversation' is reserved")
-    if run is not None and not isinstance(run, RunRecord):
+    _check_records(run_id, run=run, resume=resume)
+    if sum(value is not None for value in (run, messages, resume)) > 1:
         raise Error(
             ErrorClass.VALIDATION,
-            "run must be a stored RunRecord or None",
-            {"argument": "run", "type": type(run).__name__},
+            "give one of run (a stored run), resume (a run taken over) or messages (a new one)",
         )
-    if run is not None and messages is not None:
-        raise Error(ErrorClass.VALIDATION, "give run (a stored run) or messages (a new one)")
     return _check_messages(messages)
+
+
+def _check_records(run_id: str, **records: Any) -> None:
+    """Each of ``records`` is ``None`` or a ``RunRecord`` of ``run_id``."""
+    for name, value in records.items():
+        if value is not None and not isinstance(value, RunRecord):
+            raise Error(
+                ErrorClass.VALIDATION,
+                f"{name} must be a stored RunRecord or None",
+                {"argument": name, "type": type(value).__name__},
+            )
+        if value is not None and value.run_id != run_id:
+            raise Error(ErrorClass.VALIDATION, "run record belongs to another run_id")
 
 
 def _check_messages(messages: Any) -> list[Any] | None:

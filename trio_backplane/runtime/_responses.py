@@ -259,12 +259,17 @@ class Responses:
         state, publisher = self._state, self._publisher
         response, usage = outcome.message, outcome.usage
 
+        streamed = freeze(outcome.calls) if outcome.streamed_calls else None
+
         def build(record: RunRecord, now: float) -> KernelCommand:
             frozen = freeze(response)
+            result = (
+                {"message": frozen} if streamed is None else {"message": frozen, "calls": streamed}
+            )
             return ProviderCompleted(
                 at=now,
                 attempt_id=attempt_id,
-                result=FrozenDict({"message": frozen}),  # frozen: stored as it is
+                result=FrozenDict(result),  # frozen: stored as it is
                 messages=FrozenList((frozen,)),
                 usage=_reports(usage),
             )

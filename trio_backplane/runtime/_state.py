@@ -24,6 +24,7 @@ from ._clock import DurableClock
 from ._conversation_state import ConversationState
 from ._deadline import DeadlineBudget
 from ._resources import OwnedRegistries
+from ._resume import ResumePoint
 from ._subscribers import Hub
 from ._types import Event, Phase, ResourceCleanup
 
@@ -149,6 +150,11 @@ class RunState:
     watch_poke: trio.Event = attrs.Factory(trio.Event)
     #: set once the run is terminal, recovery_required or storage_failed
     settled: trio.Event = attrs.Factory(trio.Event)
+    #: where a resumed run's turn loop starts (taken by its first turn)
+    resume: ResumePoint | None = None
+    #: the interaction a resumed run re-asks under its stored id (taken by
+    #: its first interaction)
+    reopened: Mapping[str, Any] | None = None
     _ids: Iterator[int] = attrs.field(init=False)
     #: the conversation state of ``_read_of`` (read once per record)
     _read: ConversationState | None = attrs.field(init=False, default=None)
