@@ -35,9 +35,16 @@ def io(run_id: str) -> AgentSpec:
     return AgentSpec(provider=provider, registry=_registry(), work=10, run_timeout=600.0)
 
 
+class _HangFirst:
+    """Waits forever in its first incarnation's attempt; taken over (resumed
+    on a later incarnation), it answers at once."""
+
+    def stream(self, request: Any, context: Any) -> Any:
+        steps = [Hang()] if request.incarnation == 1 else S.text("taken over")
+        return S([steps]).stream(request, context)
+
+
 @app.agent("hang")
 def hang(run_id: str) -> AgentSpec:
-    """A run that waits forever in its provider (for the takeover figure)."""
-    if "#" in run_id:  # its replacement finishes at once
-        return AgentSpec(provider=S([S.text("taken over")]), registry=_registry())
-    return AgentSpec(provider=S([[Hang()]]), registry=_registry(), run_timeout=600.0)
+    """A run that waits in its provider until taken over (the takeover figure)."""
+    return AgentSpec(provider=_HangFirst(), registry=_registry(), run_timeout=600.0)

@@ -22,13 +22,14 @@ def _ledger() -> tuple[str, str]:
     return os.environ["FLEET_TEST_DSN"], os.environ["FLEET_TEST_SCHEMA"]
 
 
-def record_call(run_id: str, invocation_id: str, tool: str) -> None:
+def record_call(run_id: str, invocation_id: str, tool: str, incarnation: int) -> None:
     psycopg: Any = importlib.import_module("psycopg")
     dsn, schema = _ledger()
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
-            f"INSERT INTO {schema}.calls (run_id, invocation_id, tool) VALUES (%s, %s, %s)",
-            (run_id, invocation_id, tool),
+            f"INSERT INTO {schema}.calls (run_id, invocation_id, tool, incarnation)"
+            " VALUES (%s, %s, %s, %s)",
+            (run_id, invocation_id, tool, incarnation),
         )
 
 
@@ -37,7 +38,11 @@ class _Write:
 
     async def execute(self, operation: Any) -> ToolResult:
         await trio.to_thread.run_sync(
-            record_call, operation.run_id, operation.invocation_id, "write"
+            record_call,
+            operation.run_id,
+            operation.invocation_id,
+            operation.tool_name,
+            operation.incarnation,
         )
         await trio.sleep(float(os.environ.get("FLEET_TEST_TOOL_SLEEP", "0.05")))
         return ToolResult("written")
@@ -49,9 +54,27 @@ def tools() -> ToolRegistry:
     )
 
 
+class Model:
+    """A stand-in for a model, answering from the transcript as one would:
+    ``call`` until a tool result is in it, then ``final`` (text, or a
+    function of the request giving scripted steps).  A resumed run asks it
+    again from wherever its transcript stands."""
+
+    def __init__(self, call: tuple[str, str, Any], final: Any) -> None:
+        self.call, self.final = call, final
+
+    def stream(self, request: Any, context: Any) -> Any:
+        answered = any(m.get("role") == "tool" for m in request.messages)
+        if not answered:
+            step = S.tool_calls(self.call)
+        else:
+            step = S.text(self.final) if isinstance(self.final, str) else self.final(request)
+        return S([step]).stream(request, context)
+
+
 @app.agent("writer")
 def writer(run_id: str) -> AgentSpec:
-    provider = S([S.tool_calls(("c1", "write", {"n": 1})), S.text("done")])
+    provider = Model(("c1", "write", {"n": 1}), "done")
     return AgentSpec(provider=provider, registry=tools(), work=10, run_timeout=120.0)
 
 
@@ -69,17 +92,22 @@ def approver(run_id: str) -> AgentSpec:
             )
         ]
     )
-    provider = S([S.tool_calls(("c1", "deploy", {"n": 1})), S.text("deployed")])
+    provider = Model(("c1", "deploy", {"n": 1}), "deployed")
     return AgentSpec(provider=provider, registry=registry, work=10, run_timeout=300.0)
 
 
 @app.agent("resumable")
 def resumable(run_id: str) -> AgentSpec:
-    """Writes, then waits in its provider (where a test stops its host); a
-    replacement run (``#`` in its id) just answers."""
-    if "#" in run_id:
-        return AgentSpec(provider=S([S.text("finished after takeover")]), registry=tools())
-    provider = S([S.tool_calls(("c1", "write", {"n": 1})), [Hang()]])
+    """Writes, then waits in its provider on its first incarnation (where
+    a test stops its host); taken over (resumed, or replaced: ``#`` in its
+    id), it answers."""
+
+    def final(request: Any) -> Any:
+        if request.incarnation == 1 and "#" not in request.run_id:
+            return [Hang()]
+        return S.text("finished after takeover")
+
+    provider = Model(("c1", "write", {"n": 1}), final)
     return AgentSpec(provider=provider, registry=tools(), work=10, run_timeout=300.0)
 
 

@@ -23,14 +23,25 @@ def _ledger(dsn: str, schema: str) -> None:
     psycopg: Any = importlib.import_module("psycopg")
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
-        conn.execute(f"CREATE TABLE {schema}.calls (run_id text, invocation_id text, tool text)")
+        conn.execute(
+            f"CREATE TABLE {schema}.calls (run_id text, invocation_id text, tool text,"
+            " incarnation integer, at double precision"
+            " DEFAULT extract(epoch FROM clock_timestamp()))"
+        )
 
 
 def _calls(dsn: str, schema: str) -> list[tuple[str, str]]:
+    return [(run, invocation) for run, invocation, _, _ in _ledger_rows(dsn, schema)]
+
+
+def _ledger_rows(dsn: str, schema: str) -> list[tuple[str, str, int, float]]:
+    """Every recorded invocation: run, invocation id, incarnation, when."""
     psycopg: Any = importlib.import_module("psycopg")
     with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(f"SELECT run_id, invocation_id FROM {schema}.calls").fetchall()
-    return [(r, i) for r, i in rows]
+        rows = conn.execute(
+            f"SELECT run_id, invocation_id, incarnation, at FROM {schema}.calls"
+        ).fetchall()
+    return [(r, i, n, t) for r, i, n, t in rows]
 
 
 async def test_two_workers_share_the_queue_and_finish_every_run(
@@ -99,7 +110,9 @@ def test_a_killed_and_a_stopped_worker_lose_their_runs_but_nothing_is_replayed(
     past its lease and resumed: every run is finished (terminal, or parked
     for a reconciler), no invocation of the mutating tool is recorded twice
     for one intent, each ``unknown_outcome`` names its evidence, and the
-    runs the stopped worker held were finished by another worker."""
+    runs the stopped worker held were finished by another worker, the
+    stopped worker, resumed, dispatching nothing more under its fenced
+    incarnation."""
 
     from trio_backplane.store import PostgresStore
 
@@ -127,7 +140,9 @@ def test_a_killed_and_a_stopped_worker_lose_their_runs_but_nothing_is_replayed(
             time.sleep(0.01)
         workers[1].send_signal(signal.SIGSTOP)
         stopped_held = _held_by(pg_dsn, pg_schema, "w1")
+        held_at = trio.run(_incarnations, pg_dsn, pg_schema, stopped_held)
         time.sleep(3 * lease)
+        resumed_at = time.time()
         workers[1].send_signal(signal.SIGCONT)
 
         async def wait_all() -> list[dict[str, Any]]:
@@ -158,17 +173,22 @@ def test_a_killed_and_a_stopped_worker_lose_their_runs_but_nothing_is_replayed(
                 if row["outcome"] == "unknown_outcome":
                     assert record is not None
                     assert record.outcome["evidence"], row
-            for run_id in stopped_held:
-                # the stopped worker, resumed, committed nothing: after the
-                # taker's fence come only the taker's own commits
-                # (one it had finished, or not yet created, needed no fence)
-                kinds = [e.type for e in await store.events(run_id)]
-                if "run.fence" in kinds:
-                    fence = kinds.index("run.fence")
-                    taker = {"run.cancel", "run.cleanup_settled"}
-                    assert set(kinds[fence + 1 :]) <= taker, kinds
 
     trio.run(evidence)
+    for run, _, incarnation, at in _ledger_rows(pg_dsn, pg_schema):
+        if run in held_at and at > resumed_at:
+            # resumed, the stopped worker dispatched nothing: its next
+            # commit (the intent before any dispatch) met the taker's fence
+            assert incarnation != held_at[run], (run, incarnation)
+
+
+async def _incarnations(dsn: str, schema: str, run_ids: list[str]) -> dict[str, int]:
+    """Each stored run's incarnation now."""
+    from trio_backplane.store import PostgresStore
+
+    async with PostgresStore(dsn, schema=schema) as store:
+        records = [await store.load(run_id) for run_id in run_ids]
+    return {r.run_id: r.incarnation for r in records if r is not None}
 
 
 def test_an_approval_is_answered_from_another_process(pg_dsn: str, pg_schema: str) -> None:
@@ -228,28 +248,22 @@ def test_an_approval_is_answered_from_another_process(pg_dsn: str, pg_schema: st
     assert lines[-1]["state"] == "completed"  # it followed the run to its end
 
 
-async def test_a_run_with_nothing_in_flight_is_continued_from_its_transcript(
-    pg_dsn: str, pg_schema: str, monkeypatch: Any
-) -> None:
-    """A worker died while its run waited in a (read-only) provider attempt,
-    after a mutating tool had completed: the next worker fences the run,
-    settles it ``cancelled`` and continues it as a replacement run fed the
-    committed transcript; the tool is never invoked again."""
+async def _ghost(dsn: str, schema: str, agent: str, until: Any) -> tuple[str, Any]:
+    """A worker ('ghost') claims a run of ``agent`` and its host dies once
+    the stored record satisfies ``until``: its lease lapses (0.5 s) with
+    what it left stored.  The run id and that record."""
     from tests.runtime.test_takeover import Dying
     from trio_backplane import open_conversation
     from trio_backplane.fleet._queue import Queue
     from trio_backplane.store import PostgresStore
     from trio_backplane.tools import Authority
 
-    monkeypatch.setenv("FLEET_TEST_DSN", pg_dsn)
-    monkeypatch.setenv("FLEET_TEST_SCHEMA", pg_schema)
-    await trio.to_thread.run_sync(_ledger, pg_dsn, pg_schema)
-    run_id = await submit(pg_dsn, agent="resumable", prompt="write once", schema=pg_schema)
-    queue = Queue(pg_dsn, schema=pg_schema)
-    ghost = await trio.to_thread.run_sync(queue.claim, "ghost", 0.5, None)
+    run_id = await submit(dsn, agent=agent, prompt="go", schema=schema)
+    with Queue(dsn, schema=schema) as queue:
+        ghost = await trio.to_thread.run_sync(queue.claim, "ghost", 0.5, None)
     assert ghost is not None
-    spec = await app.spec("resumable", run_id)
-    async with PostgresStore(pg_dsn, schema=pg_schema) as inner:
+    spec = await app.spec(agent, run_id)
+    async with PostgresStore(dsn, schema=schema) as inner:
         store = Dying(inner)
         async with open_conversation(
             run_id,
@@ -257,36 +271,108 @@ async def test_a_run_with_nothing_in_flight_is_continued_from_its_transcript(
             provider=spec.provider,
             registry=spec.registry,
             authority=Authority.for_registry(spec.registry, caller="ghost", run_id=run_id),
+            run_timeout=spec.run_timeout,
         ) as conversation:
-            await conversation.prompt("write once")
-            while True:  # the tool's result committed, the next attempt under way
-                record = await inner.load(run_id)
-                if record is not None and record.active_provider and len(record.transcript) > 2:
-                    break
+            await conversation.prompt("go")
+            while not until(record := await inner.load(run_id)):
                 await trio.sleep(0.01)
             store.dead = True  # the ghost's host is gone
             await conversation.cancel()
-        first = await inner.load(run_id)
-        worker = Worker(pg_dsn, app, schema=pg_schema, worker_id="taker", lease=2.0)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(worker.run)
-            status = await wait(pg_dsn, run_id, schema=pg_schema, timeout=60)
-            worker.drain()
-        second = await inner.load(status["current_run"])
-    queue.close()
+    return run_id, record
+
+
+async def _taken_over(dsn: str, schema: str, run_id: str, answer: Any = None) -> Any:
+    """A worker takes the ghost's run over; ``answer``: what a person
+    answers once the run asks again.  The row's final status."""
+    from trio_backplane.fleet import pending, resolve
+
+    worker = Worker(dsn, app, schema=schema, worker_id="taker", lease=2.0, poll_interval=0.05)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker.run)
+        if answer is not None:
+            with trio.fail_after(30):
+                while (asked := await pending(dsn, run_id, schema=schema)) is None or (
+                    (await _load(dsn, schema, run_id)).incarnation == 1
+                ):
+                    await trio.sleep(0.05)
+            await resolve(dsn, run_id, asked["id"], answer, schema=schema)
+        status = await wait(dsn, run_id, schema=schema, timeout=60)
+        worker.drain()
+    return status
+
+
+async def test_a_run_with_nothing_in_flight_is_resumed_where_it_stopped(
+    pg_dsn: str, pg_schema: str, monkeypatch: Any
+) -> None:
+    """A worker died while its run waited in a (read-only) provider attempt,
+    after a mutating tool had completed: the next worker fences the run and
+    resumes it on its own incarnation (the interrupted attempt abandoned);
+    the tool is never invoked again."""
+    monkeypatch.setenv("FLEET_TEST_DSN", pg_dsn)
+    monkeypatch.setenv("FLEET_TEST_SCHEMA", pg_schema)
+    await trio.to_thread.run_sync(_ledger, pg_dsn, pg_schema)
+
+    def second_attempt(record: Any) -> bool:
+        return record is not None and record.active_provider and len(record.transcript) > 2
+
+    run_id, first = await _ghost(pg_dsn, pg_schema, "resumable", second_attempt)
+    status = await _taken_over(pg_dsn, pg_schema, run_id)
     assert (status["outcome"], status["claims"], status["current_run"]) == (
         "completed",
         2,
-        f"{run_id}#2",
+        run_id,
     )
-    assert first is not None
-    assert second is not None
-    settled = await _load(pg_dsn, pg_schema, run_id)
-    assert (settled.state, settled.stop_reason) == ("cancelled", "recovered")
+    resumed = await _load(pg_dsn, pg_schema, run_id)
+    assert resumed.incarnation == 2
+    abandoned = f"provider:{first.active_provider['attempt_id']}"
+    assert resumed.intents[abandoned]["status"] == "consumed"
     earlier = list(first.transcript)
-    assert list(second.transcript)[: len(earlier)] == earlier
+    assert list(resumed.transcript)[: len(earlier)] == earlier
+    assert resumed.transcript[-1]["content"] == "finished after takeover"
     calls = await trio.to_thread.run_sync(_calls, pg_dsn, pg_schema)
     assert [run for run, _ in calls] == [run_id]  # the write ran once, never replayed
+
+
+async def test_a_run_waiting_for_approval_on_a_dead_worker_resumes_with_its_pre_wait_budget(
+    pg_dsn: str, pg_schema: str, monkeypatch: Any
+) -> None:
+    """A worker died while its run waited for a person's approval: the
+    next worker resumes it, asking again under the same interaction id,
+    with the run time it had left when the wait began (the time the run
+    sat without a worker does not count); approved then, the tool runs
+    once and the run completes."""
+    monkeypatch.setenv("FLEET_TEST_DSN", pg_dsn)
+    monkeypatch.setenv("FLEET_TEST_SCHEMA", pg_schema)
+    await trio.to_thread.run_sync(_ledger, pg_dsn, pg_schema)
+
+    def asked(record: Any) -> bool:
+        conversation = record.context.get("conversation") if record is not None else None
+        return bool(conversation and conversation.get("pending_interaction"))
+
+    run_id, first = await _ghost(pg_dsn, pg_schema, "approver", asked)
+    question = first.context["conversation"]["pending_interaction"]
+    await trio.sleep(1.0)  # the run sits without a worker
+    status = await _taken_over(pg_dsn, pg_schema, run_id, answer="approved")
+    assert (status["outcome"], status["current_run"]) == ("completed", run_id)
+    from trio_backplane.store import PostgresStore
+
+    async with PostgresStore(pg_dsn, schema=pg_schema) as store:
+        events = await store.events(run_id)
+        final = await store.load(run_id)
+    assert final is not None
+    fence = next(e for e in events if e.type == "run.fence")
+    moved = next(
+        e
+        for e in events
+        if e.sequence > fence.sequence and "execution_deadline" in e.payload["input"]
+    )
+    deadline = moved.payload["input"]["execution_deadline"]
+    # the resumed deadline: what was left when the wait began, from the resumption
+    assert fence.occurred_at + question["remaining"] <= deadline
+    assert deadline <= moved.occurred_at + question["remaining"]
+    asked_again = final.context["conversation"]["resolved_interaction"]
+    assert asked_again["interaction_id"] == question["id"]
+    assert [run for run, _ in await trio.to_thread.run_sync(_calls, pg_dsn, pg_schema)] == [run_id]
 
 
 async def _load(dsn: str, schema: str, run_id: str) -> Any:
@@ -315,13 +401,16 @@ async def test_a_run_that_keeps_failing_is_parked_not_retried_forever(
     )
 
 
-async def test_a_run_waiting_for_a_person_frees_its_slot_past_the_idle_bound(
+async def test_a_run_waiting_for_a_person_is_released_past_the_idle_bound(
     pg_dsn: str, pg_schema: str, monkeypatch: Any
 ) -> None:
-    """With one slot, a run waiting for approval past ``idle_bound`` no
-    longer holds it: the next run is claimed and completes meanwhile; the
-    answer, given later from another task, still reaches the waiting run."""
+    """With one slot, a run waiting for approval past ``idle_bound`` is
+    released (its row waits, held by no worker; its worker's incarnation
+    fenced): the next run is claimed and completes meanwhile; the answer,
+    given later from another task, makes the row claimable again, and the
+    run is resumed, approved, and completes with its tool run once."""
     from trio_backplane.fleet import pending, resolve
+    from trio_backplane.fleet._queue import Queue
 
     monkeypatch.setenv("FLEET_TEST_DSN", pg_dsn)
     monkeypatch.setenv("FLEET_TEST_SCHEMA", pg_schema)
@@ -336,10 +425,19 @@ async def test_a_run_waiting_for_a_person_frees_its_slot_past_the_idle_bound(
         first = await wait(pg_dsn, other, schema=pg_schema, timeout=30)
         asked = await pending(pg_dsn, waiting, schema=pg_schema)
         assert asked is not None  # still waiting while the other run completed
+        with Queue(pg_dsn, schema=pg_schema) as queue:
+            row = await trio.to_thread.run_sync(queue.status, waiting)
+        assert row is not None
+        assert (row["state"], row["worker"]) == ("waiting", None)
         await resolve(pg_dsn, waiting, asked["id"], "approved", schema=pg_schema)
         second = await wait(pg_dsn, waiting, schema=pg_schema, timeout=30)
         worker.drain()
     assert (first["outcome"], second["outcome"]) == ("completed", "completed")
+    assert second["claims"] == 1  # a release is a clean hand-off, not a failed claim
+    record = await _load(pg_dsn, pg_schema, waiting)
+    assert record.incarnation == 3  # fenced by the release, then by the resumer
+    calls = await trio.to_thread.run_sync(_calls, pg_dsn, pg_schema)
+    assert sorted(run for run, _ in calls) == sorted([waiting, other])
 
 
 async def test_workers_starting_together_create_the_queue_once(pg_dsn: str, pg_schema: str) -> None:

@@ -195,11 +195,11 @@ async def test_settle_refuses_what_it_cannot_settle(autojump_clock: MockClock) -
     assert missing.value.error_class is ErrorClass.NOT_FOUND
 
 
-def test_runs_recover_continue_runs_the_replacement(tmp_path: Path) -> None:
-    """``backplane runs recover --continue``: the crashed run is settled and
-    its replacement runs to completion with an app's agent, fed the
-    committed transcript; the tool the crashed run completed is not run
-    again."""
+def test_runs_recover_continue_resumes_the_run(tmp_path: Path) -> None:
+    """``backplane runs recover --continue``: the crashed run (its host
+    died in a provider attempt) is fenced and resumed where it stopped
+    with an app's agent, to completion; the tool the crashed run completed
+    is not run again."""
     import subprocess
     import sys
 
@@ -223,13 +223,14 @@ def test_runs_recover_continue_runs_the_replacement(tmp_path: Path) -> None:
         capture_output=True, text=True, check=False, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert f"continued: {RUN} settled, its replacement {RUN}#continued completed" in result.stdout
+    assert f"continued: {RUN} resumed where it stopped, completed" in result.stdout
 
-    async def stored() -> tuple[Any, Any]:
+    async def stored() -> Any:
         async with SQLiteStore(db) as store:
-            return await store.load(RUN), await store.load(f"{RUN}#continued")
+            return await store.load(RUN)
 
-    first, second = trio.run(stored)
-    assert (first.state, first.stop_reason) == ("cancelled", "recovered")
-    assert list(second.transcript)[: len(first.transcript)] == list(first.transcript)
+    resumed = trio.run(stored)
+    assert (resumed.state, resumed.incarnation) == ("completed", 2)
+    assert resumed.transcript[-1]["content"] == "finished after takeover"
+    assert [m["role"] for m in resumed.transcript] == ["user", "assistant", "tool", "assistant"]
     assert lookup.calls == 1

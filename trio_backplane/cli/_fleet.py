@@ -34,7 +34,8 @@ def add_parser(commands: Any) -> None:
         type=float,
         default=60.0,
         metavar="SECONDS",
-        help="a run waiting for a person this long holds no concurrency slot",
+        help="a run waiting this long for a person's approval is released for any "
+        "worker to resume once answered",
     )
     worker.add_argument(
         "--agent-limit",
@@ -80,7 +81,8 @@ def add_runs(runs_sub: Any) -> None:
 
 
 async def continue_from(store: Any, args: argparse.Namespace) -> tuple[str, str]:
-    """``runs recover --continue``: the replacement's run id and final state."""
+    """``runs recover --continue``: the run id that went on (the run's own
+    when resumed, else its replacement's) and its final state."""
     if not args.app or not args.agent:
         raise Error(ErrorClass.VALIDATION, "--continue needs --app MODULE and --agent NAME")
     app = load_app(args.app)

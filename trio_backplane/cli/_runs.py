@@ -82,9 +82,9 @@ def _add_recover(runs_sub: Any) -> Any:
         "--continue",
         dest="continue_run",
         action="store_true",
-        help="settle the run, then run its replacement (fed its committed transcript, "
-        "with the work and time left) with --agent of --app; refused if anything "
-        "in flight may have changed the world",
+        help="fence the run and go on with --agent of --app: resumed where it "
+        "stopped (the time it had left), or settled and replaced by a run fed its "
+        "committed transcript; refused if anything in flight may have changed the world",
     )
     runs_recover.add_argument("--app", metavar="MODULE", help="package.module[:app] (--continue)")
     runs_recover.add_argument("--agent", metavar="NAME", help="the app's agent (--continue)")
@@ -319,8 +319,12 @@ async def _recover(store: Any, args: argparse.Namespace, out: Out) -> int:
     if args.kill_orphans:
         _show_orphans(out, await kill_orphans(report.resources), json_output=args.json)
     if args.continue_run:
-        new_run, state = await _fleet.continue_from(store, args)
-        _say(out, args.json, f"continued: {args.run_id} settled, its replacement {new_run} {state}")
+        went_on, state = await _fleet.continue_from(store, args)
+        if went_on == args.run_id:
+            _say(out, args.json, f"continued: {args.run_id} resumed where it stopped, {state}")
+        else:
+            text = f"continued: {args.run_id} settled, its replacement {went_on} {state}"
+            _say(out, args.json, text)
     elif args.settle:
         settled = await settle_run(store, args.run_id, incarnation=incarnation)
         _say(out, args.json, _settled_text(settled))

@@ -16,8 +16,9 @@ from ..errors import Error, ErrorClass
 
 __all__ = ["Claim", "Queue", "RowState"]
 
-#: A row's states: waiting for a worker, held by one, or finished (the run
-#: terminal, or parked for a reconciler).
+#: A row's states: ``queued`` for a worker, ``claimed`` by one, ``waiting``
+#: for a person (held by no worker: claimable once an answer is given), or
+#: finished (``done``: the run terminal; ``parked`` for a reconciler).
 RowState = str
 _DONE: Final = ("done", "parked")
 
@@ -44,6 +45,10 @@ CREATE TABLE IF NOT EXISTS {schema}.backplane_fleet_answers (
     applied boolean NOT NULL DEFAULT false,
     error text
 )
+"""
+_UNAPPLIED: Final = """
+CREATE INDEX IF NOT EXISTS backplane_fleet_unapplied
+ON {schema}.backplane_fleet_answers (run_id) WHERE NOT applied
 """
 _NOW: Final = "extract(epoch FROM clock_timestamp())"
 _SCHEMA: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -126,7 +131,8 @@ class Queue:
         do not race PostgreSQL's catalog."""
         self._run(
             "DO $$ BEGIN PERFORM pg_advisory_xact_lock(hashtext('backplane_fleet'));"
-            f" CREATE SCHEMA IF NOT EXISTS {self._schema}; {_TABLE}; {_ANSWERS}; END $$"
+            f" CREATE SCHEMA IF NOT EXISTS {self._schema};"
+            f" {_TABLE}; {_ANSWERS}; {_UNAPPLIED}; END $$"
         )
 
     def submit(self, run_id: str, agent: str, prompt: Any) -> None:
@@ -141,12 +147,15 @@ class Queue:
         self._run("SELECT pg_notify(%s, %s)", (self.channel, run_id))
 
     def claim(self, worker: str, lease: float, agents: list[str] | None = None) -> Claim | None:
-        """Take the oldest row that is queued or whose lease has lapsed."""
+        """Take the oldest row that is queued, whose lease has lapsed, or
+        that waits for a person who has answered."""
         rows = self._run(
             "UPDATE {schema}.backplane_fleet SET state = 'claimed', worker = %s,"
             f" lease_until = {_NOW} + %s, claims = claims + 1"
-            " WHERE run_id = (SELECT run_id FROM {schema}.backplane_fleet"
-            f" WHERE (state = 'queued' OR (state = 'claimed' AND lease_until < {_NOW}))"
+            " WHERE run_id = (SELECT run_id FROM {schema}.backplane_fleet f"
+            f" WHERE (state = 'queued' OR (state = 'claimed' AND lease_until < {_NOW})"
+            " OR (state = 'waiting' AND EXISTS (SELECT 1 FROM {schema}.backplane_fleet_answers a"
+            " WHERE a.run_id = f.run_id AND NOT a.applied)))"
             " AND (%s::text[] IS NULL OR agent = ANY(%s::text[]))"
             " ORDER BY submitted_at LIMIT 1 FOR UPDATE SKIP LOCKED)"
             " RETURNING run_id, agent, prompt, claims, current_run",
@@ -206,6 +215,17 @@ class Queue:
         self._run(
             "UPDATE {schema}.backplane_fleet SET state = 'queued', worker = NULL,"
             " lease_until = NULL WHERE run_id = %s AND worker = %s AND state = 'claimed'",
+            (run_id, worker),
+        )
+
+    def release(self, run_id: str, worker: str) -> None:
+        """Let go of our row while its run waits for a person: no worker
+        holds it until an answer is given.  A clean hand-off, not counted
+        as a claim (``max_claims`` is for hosts that keep failing)."""
+        self._run(
+            "UPDATE {schema}.backplane_fleet SET state = 'waiting', worker = NULL,"
+            " lease_until = NULL, claims = claims - 1"
+            " WHERE run_id = %s AND worker = %s AND state = 'claimed'",
             (run_id, worker),
         )
 

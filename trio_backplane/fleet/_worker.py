@@ -16,6 +16,7 @@ import trio
 
 from .._numbers import is_seconds
 from ..errors import Error, ErrorClass
+from ..kernel import RunRecord
 from ..recovery import replacement_for, settle_run
 from ..runtime import open_conversation
 from ..store import PostgresStore
@@ -38,6 +39,8 @@ class _Start:
     messages: tuple[Any, ...] | None = None
     work: int | None = None
     run_timeout: float | None = None
+    #: a stored run fenced for this worker, going on where it stopped
+    resume: RunRecord | None = None
 
 
 @final
@@ -49,14 +52,22 @@ class Worker:
     worker that loses its lease stops the run (another worker has it, and
     fencing refuses whatever it would still commit).  Taking over a run
     whose lease lapsed: its stored incarnation is fenced and the run
-    classified; with nothing in flight it goes on as a replacement run fed
-    its committed transcript (work and time left carried); with an
+    classified; with nothing in flight it is resumed on this worker's
+    incarnation from its last committed boundary, with the run time it had
+    left (``open_conversation(resume=)``; a run the runtime cannot resume
+    goes on as a replacement run fed its committed transcript); with an
     uncertain effect it is settled ``unknown_outcome`` with its evidence
     (``on_uncertain="settle"``) or left fenced for a reconciler
     (``"park"``).  Never a replay.  A run claimed more than ``max_claims``
-    times (its hosts keep failing) is fenced and parked.  A run waiting
-    for a person longer than ``idle_bound`` seconds holds no slot (the
-    worker keeps its lease and hands it the answer when one is given).
+    times (its hosts keep failing) is fenced and parked.
+
+    A run waiting for a person's approval longer than ``idle_bound``
+    seconds (at once when draining) is released: the worker fences its own
+    incarnation, so what it held can commit nothing, and the row waits,
+    held by no worker, until an answer is given; the next worker to claim
+    it resumes it with its remaining pre-wait budget.  A run whose tool is
+    the one waiting (an effect in flight) keeps its slot: releasing it would
+    leave the effect's outcome unknown.
     """
 
     def __init__(
@@ -92,7 +103,6 @@ class Worker:
         self.on_uncertain = on_uncertain
         self.max_claims = max_claims
         self.idle_bound = float(idle_bound)
-        self._idle_runs: set[str] = set()
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
         self._held: dict[str, str] = {}  # run_id -> agent
         self._draining = trio.Event()
@@ -107,7 +117,7 @@ class Worker:
     def _free_agents(self) -> list[str]:
         """The app's agents this worker may claim a run of now (never one
         it does not define)."""
-        if len(self._held) - len(self._idle_runs) >= self.concurrency:
+        if len(self._held) >= self.concurrency:
             return []
         held = list(self._held.values())
         return [a for a in self.app.names if held.count(a) < self.agent_limits.get(a, 10**9)]
@@ -159,6 +169,8 @@ class Worker:
                 pass  # another worker holds it now
             elif state == "requeue":
                 await trio.to_thread.run_sync(self.queue.hand_back, claim.run_id, self.worker_id)
+            elif state == "waiting":
+                await trio.to_thread.run_sync(self.queue.release, claim.run_id, self.worker_id)
             else:
                 await trio.to_thread.run_sync(
                     self.queue.finish, claim.run_id, self.worker_id, state, outcome
@@ -193,47 +205,59 @@ class Worker:
                 return
 
     async def apply_answers(self, conversation: Any, *, run_id: str) -> None:
-        """Hand the run the answers people committed on any host, in order
-        (one the run refuses, stale say, is marked with why); while the run
-        has waited for a person longer than ``idle_bound``, it holds no
-        slot of ``concurrency``."""
+        """Hand the run the answers people committed on any host, in order,
+        each once the run asks the question it answers (one for another
+        question is marked stale, one the run refuses with why); return
+        when the run should be released (:class:`Worker`)."""
         waiting_since: float | None = None
-        try:
-            while True:
+        while True:
+            snapshot = conversation.status()
+            asked = snapshot.pending_interaction
+            if asked is not None:
                 for answer_id, interaction_id, answer in await trio.to_thread.run_sync(
                     self.queue.answers, run_id
                 ):
-                    error = None
-                    try:
-                        await conversation.resolve(interaction_id, answer)
-                    except Error as refused:
-                        error = f"{refused.error_class.value}: {refused.message}"
+                    error = await _answered(conversation, asked["id"], interaction_id, answer)
                     await trio.to_thread.run_sync(self.queue.applied, answer_id, error)
-                waiting = conversation.status().phase == "waiting_interaction"
-                waiting_since = (waiting_since or trio.current_time()) if waiting else None
-                self._idle(run_id, waiting_since)
+                    if error is None:
+                        break  # answered: the next answer waits for the next question
+                snapshot = conversation.status()
+            if _releasable(snapshot):
+                waiting_since = waiting_since or trio.current_time()
+                idle = trio.current_time() - waiting_since >= self.idle_bound
+                if idle or self._draining.is_set():
+                    return
+            else:
+                waiting_since = None
+            if self._draining.is_set():
                 await trio.sleep(self.poll_interval)
-        finally:
-            self._idle(run_id, None)
-
-    def _idle(self, run_id: str, waiting_since: float | None) -> None:
-        """Count a run waiting for a person past ``idle_bound`` out of the
-        worker's slots (it costs a sleeping task, not a slot)."""
-        idle = waiting_since is not None and trio.current_time() - waiting_since >= self.idle_bound
-        if idle and run_id not in self._idle_runs:
-            self._idle_runs.add(run_id)
-            self._changed.set()  # a slot is free: claim again
-        elif not idle:
-            self._idle_runs.discard(run_id)
+            else:
+                with trio.move_on_after(self.poll_interval):
+                    await self._draining.wait()  # a drain releases at once
 
     async def _drive(self, store: Any, claim: Claim) -> tuple[str, str]:
-        """The row's final state and the run's outcome."""
+        """The row's next state (``done``, ``parked``, ``requeue``,
+        ``waiting``) and the run's outcome."""
         if claim.claims > self.max_claims:
             # claimed again and again (a run whose host keeps failing): stop
             if await store.load(claim.current_run) is not None:
                 await settle_run(store, claim.current_run, park_uncertain=True)
             return "parked", f"claimed {claim.claims} times"
         start = await self._start(store, claim)
+        try:
+            return await self._converse(store, claim, start)
+        except Error as refused:
+            if not isinstance(start, _Start) or start.resume is None:
+                raise
+            if refused.error_class is not ErrorClass.RESOURCE_CONFLICT:
+                raise
+        # a run the runtime cannot resume (fenced, nothing in flight: it
+        # never started a turn, say): settled, and replaced
+        return await self._converse(store, claim, await self._start(store, claim, resume=False))
+
+    async def _converse(
+        self, store: Any, claim: Claim, start: _Start | tuple[str, str]
+    ) -> tuple[str, str]:
         if isinstance(start, tuple):
             return start
         spec = await self.app.spec(claim.agent, start.run_id)
@@ -245,14 +269,18 @@ class Worker:
         prompt = claim.prompt if start.messages is None else CONTINUE
         return await converse(store, spec, start, prompt, pump)
 
-    async def _start(self, store: Any, claim: Claim) -> _Start | tuple[str, str]:
-        """A fresh start, a replacement, or the row's end (a terminal run, or
-        one with an uncertain effect: settled, or parked)."""
+    async def _start(
+        self, store: Any, claim: Claim, *, resume: bool = True
+    ) -> _Start | tuple[str, str]:
+        """A fresh start, a resumed run, a replacement, or the row's end (a
+        terminal run, or one with an uncertain effect: settled, or parked)."""
         record = await store.load(claim.current_run)
         if record is None:
             return _Start(run_id=claim.current_run)
         park = self.on_uncertain == "park"
-        settled = await settle_run(store, claim.current_run, park_uncertain=park)
+        settled = await settle_run(store, claim.current_run, park_uncertain=park, resume=resume)
+        if settled.resumable:
+            return _Start(run_id=claim.current_run, resume=settled.record)
         if not settled.record.terminal:
             return "parked", "recovery_required"  # fenced, for a reconciler
         if not settled.committed or settled.record.state != "cancelled":
@@ -262,11 +290,34 @@ class Worker:
         except Error as error:
             return "done", f"{settled.record.state}: {error.error_class.value}"
         return _Start(
-            run_id=f"{claim.run_id}#{claim.claims}",
+            # the fencing incarnation: unique among the run's replacements
+            run_id=f"{claim.run_id}#{settled.record.incarnation}",
             messages=left.messages,
             work=left.work,
             run_timeout=left.run_timeout,
         )
+
+
+async def _answered(conversation: Any, asked: Any, interaction_id: str, answer: Any) -> str | None:
+    """Give ``conversation`` an answer; why it was refused, if it was."""
+    if interaction_id != asked:
+        return "stale: the run does not wait on this interaction"
+    try:
+        await conversation.resolve(interaction_id, answer)
+    except Error as refused:
+        return f"{refused.error_class.value}: {refused.message}"
+    return None
+
+
+def _releasable(snapshot: Any) -> bool:
+    """Waiting for a person with nothing in flight: the gateway's approval
+    of a call that has not started."""
+    run = snapshot.run
+    return bool(
+        snapshot.phase == "waiting_interaction"
+        and not run.active_tools
+        and run.active_provider is None
+    )
 
 
 async def converse(
@@ -276,8 +327,11 @@ async def converse(
     prompt: Any,
     pump: Callable[[Any], Awaitable[None]] | None = None,
 ) -> tuple[str, str]:
-    """Run ``start`` to its end; ``pump(conversation)`` runs beside it (a
-    worker's answers from any host)."""
+    """Run ``start`` to its end (a resumed run takes no prompt);
+    ``pump(conversation)`` runs beside it (a worker's answers from any
+    host): once it returns, the run is released to wait for a person
+    (``("waiting", ...)``): this incarnation is fenced first, so the
+    conversation, leaving its block, commits nothing."""
     authority = spec.authority or Authority.for_registry(
         spec.registry, caller="fleet", run_id=start.run_id
     )
@@ -291,29 +345,67 @@ async def converse(
         run_timeout=spec.run_timeout if start.run_timeout is None else start.run_timeout,
         effect_timeout=spec.effect_timeout,
         messages=start.messages,
+        resume=start.resume,
     ) as conversation:
-        await conversation.prompt(prompt)
-        async with trio.open_nursery() as nursery:
-            if pump is not None:
-                nursery.start_soon(pump, conversation)
-            snapshot = await conversation.wait_settled()
-            nursery.cancel_scope.cancel()
+        if start.resume is None:
+            await conversation.prompt(prompt)
+        released = await _until_settled_or_released(conversation, pump)
+        if released:
+            run = conversation.status().run
+            await store.fence(run.run_id, incarnation=run.incarnation + 1)
+            return "waiting", "waiting_interaction"
+        snapshot = conversation.status()
     if snapshot.phase != "terminal":
         # its storage failed: not known how it ended; a takeover will settle it
         return "requeue", str(snapshot.phase)
     return "done", snapshot.run.state
 
 
+async def _until_settled_or_released(
+    conversation: Any, pump: Callable[[Any], Awaitable[None]] | None
+) -> bool:
+    """Whether ``pump`` returned (release the run) before it settled."""
+    released = False
+    async with trio.open_nursery() as nursery:
+
+        async def pumped() -> None:
+            nonlocal released
+            assert pump is not None
+            await pump(conversation)
+            released = True
+            nursery.cancel_scope.cancel()
+
+        if pump is not None:
+            nursery.start_soon(pumped)
+        await conversation.wait_settled()
+        nursery.cancel_scope.cancel()
+    return released
+
+
 async def continue_run(
     store: Any, run_id: str, spec: AgentSpec, *, new_run_id: str | None = None
 ) -> tuple[str, str]:
-    """A single host's takeover: settle ``run_id``
-    (:func:`~trio_backplane.recovery.settle_run`) and, if nothing was in
-    flight, run its replacement (``new_run_id``, default ``<run_id>#<the
-    fencing incarnation>``) fed its committed transcript with the work and
-    time left.  The replacement's run id and final state; ``unknown_outcome``
-    if the run cannot be continued (it needs a reconciler)."""
-    settled = await settle_run(store, run_id)
+    """A single host's takeover: fence ``run_id``
+    (:func:`~trio_backplane.recovery.settle_run`) and go on with ``spec``
+    where nothing in flight may have changed the world: resumed on the
+    fencing incarnation from its last committed boundary, or, when the
+    runtime cannot resume it, settled and replaced by ``new_run_id``
+    (default ``<run_id>#<the fencing incarnation>``) fed its committed
+    transcript with the work and time left.  The run id that went on (the
+    same one when resumed) and its final state; ``unknown_outcome`` if the
+    run cannot be continued (it needs a reconciler)."""
+    settled = await settle_run(store, run_id, resume=True)
+    if settled.resumable:
+        try:
+            _, state = await converse(
+                store, spec, _Start(run_id=run_id, resume=settled.record), None
+            )
+        except Error as refused:
+            if refused.error_class is not ErrorClass.RESOURCE_CONFLICT:
+                raise
+        else:
+            return run_id, state
+        settled = await settle_run(store, run_id)
     left = replacement_for(settled)
     start = _Start(
         run_id=new_run_id or f"{run_id}#{settled.record.incarnation}",
