@@ -454,3 +454,40 @@ async def test_workers_starting_together_create_the_queue_once(pg_dsn: str, pg_s
     assert await trio.to_thread.run_sync(queues[1].counts) == {"queued": 1}
     for queue in queues:
         queue.close()
+
+
+async def test_a_draining_worker_releases_a_run_waiting_for_approval(
+    pg_dsn: str, pg_schema: str, monkeypatch: Any
+) -> None:
+    """Draining, a worker does not hold a run waiting for a person until its
+    drain timeout (nor cancel it past it): it releases it at once, and the
+    run, answered later, is resumed by another worker and completes."""
+    from trio_backplane.fleet import pending, resolve
+    from trio_backplane.fleet._queue import Queue
+
+    monkeypatch.setenv("FLEET_TEST_DSN", pg_dsn)
+    monkeypatch.setenv("FLEET_TEST_SCHEMA", pg_schema)
+    await trio.to_thread.run_sync(_ledger, pg_dsn, pg_schema)
+    run_id = await submit(pg_dsn, agent="approver", prompt="ship", schema=pg_schema)
+    first = Worker(
+        pg_dsn, app, schema=pg_schema, idle_bound=3600.0, drain_timeout=600.0, poll_interval=0.05
+    )
+    with trio.fail_after(30):  # the worker ends at once, not at its 600 s drain timeout
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first.run)
+            while (asked := await pending(pg_dsn, run_id, schema=pg_schema)) is None:
+                await trio.sleep(0.05)
+            first.drain()
+    with Queue(pg_dsn, schema=pg_schema) as queue:
+        row = await trio.to_thread.run_sync(queue.status, run_id)
+    assert row is not None
+    assert (row["state"], row["worker"]) == ("waiting", None)
+    assert await trio.to_thread.run_sync(_calls, pg_dsn, pg_schema) == []
+    await resolve(pg_dsn, run_id, asked["id"], "approved", schema=pg_schema)
+    second = Worker(pg_dsn, app, schema=pg_schema, worker_id="second", poll_interval=0.05)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(second.run)
+        status = await wait(pg_dsn, run_id, schema=pg_schema, timeout=30)
+        second.drain()
+    assert (status["outcome"], status["worker"]) == ("completed", "second")
+    assert [run for run, _ in await trio.to_thread.run_sync(_calls, pg_dsn, pg_schema)] == [run_id]
