@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -14,6 +15,7 @@ from typing import Any
 import trio
 
 from tests.fleet.app import app
+from trio_backplane import Error
 from trio_backplane.fleet import Worker, submit, wait, watch
 
 pytest_plugins = ["tests.store.postgres_fixture"]
@@ -491,3 +493,46 @@ async def test_a_draining_worker_releases_a_run_waiting_for_approval(
         second.drain()
     assert (status["outcome"], status["worker"]) == ("completed", "second")
     assert [run for run, _ in await trio.to_thread.run_sync(_calls, pg_dsn, pg_schema)] == [run_id]
+
+
+async def test_a_run_the_runtime_cannot_resume_is_replaced_from_its_prompt(
+    pg_dsn: str, pg_schema: str, monkeypatch: Any
+) -> None:
+    """A worker died right after admitting its run, before the first message
+    committed: there is no turn to resume, so the taker settles the run and
+    replaces it (``<run>#<fencing incarnation>``), starting from the
+    submitted prompt; ``watch`` follows both runs, in order."""
+    from tests.runtime.test_resume import DiesAfter
+    from trio_backplane import open_conversation
+    from trio_backplane.fleet._queue import Queue
+    from trio_backplane.store import PostgresStore
+    from trio_backplane.tools import Authority
+
+    monkeypatch.setenv("FLEET_TEST_DSN", pg_dsn)
+    monkeypatch.setenv("FLEET_TEST_SCHEMA", pg_schema)
+    await trio.to_thread.run_sync(_ledger, pg_dsn, pg_schema)
+    run_id = await submit(pg_dsn, agent="writer", prompt="write this", schema=pg_schema)
+    with Queue(pg_dsn, schema=pg_schema) as queue:
+        assert await trio.to_thread.run_sync(queue.claim, "ghost", 0.5, None) is not None
+    spec = await app.spec("writer", run_id)
+    async with PostgresStore(pg_dsn, schema=pg_schema) as inner:
+        store = DiesAfter(inner, lambda record: record.state == "running")
+        async with open_conversation(
+            run_id,
+            store=store,
+            provider=spec.provider,
+            registry=spec.registry,
+            authority=Authority.for_registry(spec.registry, caller="ghost", run_id=run_id),
+        ) as conversation:
+            with contextlib.suppress(Error):  # its host died as it admitted the run
+                await conversation.prompt("write this")
+    status = await _taken_over(pg_dsn, pg_schema, run_id)
+    assert (status["outcome"], status["current_run"]) == ("completed", f"{run_id}#2")
+    replacement = await _load(pg_dsn, pg_schema, f"{run_id}#2")
+    assert replacement.transcript[0]["content"] == "write this"
+    types = [event.type async for event in watch(pg_dsn, run_id, schema=pg_schema)]
+    assert types[:3] == ["run.admit", "run.fence", "run.cancel"]
+    assert types[-1] == "run.finish"
+    assert [run for run, _ in await trio.to_thread.run_sync(_calls, pg_dsn, pg_schema)] == [
+        f"{run_id}#2"
+    ]

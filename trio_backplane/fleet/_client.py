@@ -104,8 +104,9 @@ async def watch(
 
 
 def _chain(run_id: str, current: str) -> list[str]:
-    """The run ids that carried ``run_id``, oldest first (``id#2``, ...)."""
-    if current == run_id:
-        return [run_id]
-    last = int(current.rsplit("#", 1)[1])
-    return [run_id, *(f"{run_id}#{n}" for n in range(2, last + 1))]
+    """The run ids that carried ``run_id``, oldest first: each replacement
+    is named ``<the run it replaced>#<fencing incarnation>``."""
+    chain = [run_id]
+    for suffix in current[len(run_id) :].split("#")[1:]:
+        chain.append(f"{chain[-1]}#{suffix}")
+    return chain

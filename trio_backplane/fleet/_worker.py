@@ -266,7 +266,9 @@ class Worker:
                 self.queue.move, claim.run_id, self.worker_id, start.run_id
             )
         pump = functools.partial(self.apply_answers, run_id=claim.run_id)
-        prompt = claim.prompt if start.messages is None else CONTINUE
+        # a replacement goes on from its transcript; one of a run that never
+        # committed its first message starts from the prompt
+        prompt = CONTINUE if start.messages else claim.prompt
         return await converse(store, spec, start, prompt, pump)
 
     async def _start(
@@ -290,8 +292,8 @@ class Worker:
         except Error as error:
             return "done", f"{settled.record.state}: {error.error_class.value}"
         return _Start(
-            # the fencing incarnation: unique among the run's replacements
-            run_id=f"{claim.run_id}#{settled.record.incarnation}",
+            # the replaced run's id and its fencing incarnation: unique
+            run_id=f"{claim.current_run}#{settled.record.incarnation}",
             messages=left.messages,
             work=left.work,
             run_timeout=left.run_timeout,

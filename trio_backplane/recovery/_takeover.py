@@ -84,7 +84,7 @@ async def settle_run(
     else ``unknown_outcome`` with one evidence item per uncertain effect,
     recorded resource and child run, or, with ``park_uncertain``, nothing
     beyond the fence (the run left for a reconciler, ``committed`` false).
-    With ``resume``, a running run with nothing in flight (an interrupted
+    With ``resume``, a run in a turn with nothing in flight (an interrupted
     provider attempt aside: it is read-only) is only fenced and comes back
     ``resumable``, for ``open_conversation(resume=settled.record)``.
     A terminal run is left as it is."""
@@ -119,10 +119,13 @@ async def settle_run(
 
 
 def _resumable(record: RunRecord, report: RecoveryReport) -> bool:
-    """Running with nothing but a read-only provider attempt in flight."""
+    """Running a turn with nothing but a read-only provider attempt in flight."""
     unsettled = report.unsettled
+    conversation = record.context.get("conversation")
     return (
         record.state == "running"
+        and isinstance(conversation, Mapping)
+        and isinstance(conversation.get("turn_id"), str)
         and record.active_wait is None
         and not any(unsettled.get(kind) for kind in ("tools", "children", "dependencies"))
         and all(effect.discardable for effect in report.effects)
