@@ -51,7 +51,8 @@ async def wait(
                 raise _unknown_run(run_id)
             if status["state"] in ("done", "parked"):
                 return status
-            await trio.sleep(poll_interval)
+            # woken by a notification (a row finished), at the latest by the poll
+            await trio.to_thread.run_sync(queue.listen, poll_interval, abandon_on_cancel=True)
     raise Error(ErrorClass.TIMEOUT, "the run did not finish in time", {"run_id": run_id})
 
 

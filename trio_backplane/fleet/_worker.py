@@ -127,12 +127,26 @@ class Worker:
         await trio.to_thread.run_sync(self.queue.ensure)
         store = PostgresStore(self._dsn, schema=self._schema)
         async with store, trio.open_nursery() as nursery:
+            nursery.start_soon(self._wake_on_notify)
             await self._claim_loop(store, nursery)
             with trio.move_on_after(self.drain_timeout):
                 while self._held:
                     await self._wait_change(self.drain_timeout)
             nursery.cancel_scope.cancel()  # past the bound: stop (each run settles)
         self.queue.close()
+
+    async def _wake_on_notify(self) -> None:
+        """Wake the claim loop when the queue's channel is notified (a run
+        submitted, an answer given): sooner than the poll, which stays for
+        a notification lost between two listens."""
+        listener = Queue(self._dsn, schema=self._schema)
+        while True:
+            try:
+                await trio.to_thread.run_sync(listener.listen, 5.0, abandon_on_cancel=True)
+            except Error:
+                await trio.sleep(self.poll_interval)  # the database away: poll meanwhile
+                continue
+            self._changed.set()
 
     async def _claim_loop(self, store: Any, nursery: trio.Nursery) -> None:
         while not self._draining.is_set():

@@ -33,7 +33,6 @@ from ..tools import (
     admit_batch,
 )
 from ._catalog import CatalogState
-from ._clock import DurableClock
 from ._context import stage
 from ._conversation_state import QueueName, initial_context
 from ._coordinator import Coordinator
@@ -483,7 +482,7 @@ def _admitted(  # noqa: PLR0917 - open_conversation's, in its order
 
 def _run_state(record: RunRecord, phase: Phase, options: Options) -> RunState:
     """The run state a conversation opens with."""
-    clock = DurableClock.anchored(options.wall_clock)
+    clock = options.clock
     # the run's clock, read without looking the run up each time
     now = trio.lowlevel.current_clock().current_time
     return RunState(

@@ -12,7 +12,7 @@ import attrs
 from .._numbers import is_seconds
 from ..errors import Error, ErrorClass, require_methods
 from ..kernel import RunRecord, freeze
-from ._clock import check_wall_clock
+from ._clock import DurableClock, check_wall_clock
 
 __all__ = [
     "HOST_RESOLVER",
@@ -146,6 +146,8 @@ class Options:
     schema_admission: str
     work: int
     wall_clock: Callable[[], float]
+    #: Trio's clock to ``wall_clock``, anchored once the options are checked
+    clock: DurableClock
     #: registries the run owns, closed on every terminal path
     resources: tuple[Any, ...] = ()
 
@@ -190,12 +192,14 @@ def check_options(
         )
     if schema_admission not in ("strict", "quarantine"):
         raise Error(ErrorClass.VALIDATION, "admission mode must be strict or quarantine")
+    wall = check_wall_clock(wall_clock)
     return Options(
         output_limit=output_limit,
         provider_output_limit=provider_limit,
         schema_admission=schema_admission,
         work=work,
-        wall_clock=check_wall_clock(wall_clock),
+        wall_clock=wall,
+        clock=DurableClock.anchored(wall),  # a clock that is not one is refused here
         run_timeout=timeouts["run_timeout"],
         effect_timeout=timeouts["effect_timeout"],
         commit_timeout=timeouts["commit_timeout"],
