@@ -165,8 +165,8 @@ def build(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def instructions(session: nox.Session) -> None:
     """The engine's instruction count under callgrind (valgrind must be on PATH):
-    ``nox -s instructions -- [--steps N] [--at REV] [--pure-python]``."""
-    session.install("-e", ".")
+    ``nox -s instructions -- [--steps N] [--at REV] [--pure-python] [--workload W]``."""
+    session.install("-e", ".[bench]")
     session.run("python", "benchmarks/instructions.py", *session.posargs)
 
 

@@ -168,6 +168,20 @@ def compiles(count: int) -> None:
         schema.compile(documents[n % len(documents)])
 
 
+def with_otel(sdk: bool) -> None:
+    """Import OpenTelemetry's API (a host that uses it elsewhere); with
+    ``sdk``, configure SDK tracer and meter providers globally (spans are
+    built and ended; no exporter)."""
+    from opentelemetry import metrics, trace
+
+    if sdk:
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.trace import TracerProvider
+
+        trace.set_tracer_provider(TracerProvider())
+        metrics.set_meter_provider(MeterProvider())
+
+
 def measured(steps: int, pure: bool, check: bool, workload: str, total: int) -> None:
     """One run of ``steps`` tool steps on a MemoryStore (the ``engine``
     workload; ``store``: :func:`store_commits`; ``compile``:
@@ -193,6 +207,9 @@ def measured(steps: int, pure: bool, check: bool, workload: str, total: int) -> 
         handoffs(steps)
     elif workload == "compile":
         compiles(steps)
+    elif workload.startswith("otel"):
+        with_otel(workload == "otel-sdk")
+        trio.run(one_run, MemoryStore(), "instructions", steps)
     else:
         trio.run(one_run, MemoryStore(), "instructions", steps)
     loaded = ",".join(sorted(name for name in SPEEDUPS if sys.modules.get(name) is not None))
@@ -500,13 +517,15 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument(
         "--workload",
-        choices=("engine", "store", "handoff", "compile"),
+        choices=("engine", "otel-api", "otel-sdk", "store", "handoff", "compile"),
         default="engine",
         help="engine: N tool steps on a MemoryStore (default); store: N SQLiteStore commits"
         " of precomputed records, no engine; handoff: N bare round trips through the"
         " SQLiteStore's worker thread (this checkout's engine only); compile: N uncached"
         " schema compiles of benchmarks/workloads/schemas.json, in turn (an even N"
-        " weighs them alike)",
+        " weighs them alike); otel-api: the engine with opentelemetry-api imported and no"
+        " SDK configured (a conversation then records nothing); otel-sdk: the engine with"
+        " an SDK tracer and meter provider configured globally, recording every span",
     )
     parser.add_argument("--total", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--run", type=int, metavar="N", help=argparse.SUPPRESS)

@@ -243,6 +243,25 @@ def test_demo_approved_runs_every_tool_and_stores_a_completed_run(tmp_path: Path
     assert types[-1] == "run_completed"
 
 
+def test_demo_otel_prints_the_span_tree(tmp_path: Path) -> None:
+    """``backplane demo --otel``: the run's spans, once, as a tree: the run,
+    its turn, three provider attempts, three tool calls and the approval's
+    wait under the turn, the store commits under the run."""
+    status, text, _ = _demo(tmp_path, "--approve", "yes", "--otel")
+    assert status == 0, text
+    tree = text[text.index("spans (") :].splitlines()
+    assert tree[1].startswith("  invoke_agent backplane-demo ")
+    assert "state=completed" in tree[1]
+    indented = {line.strip().split(" ")[0]: len(line) - len(line.lstrip()) for line in tree[1:]}
+    assert indented["turn"] == 4
+    assert indented["commit"] == 4
+    assert indented["chat"] == indented["await_human"] == indented["execute_tool"] == 6
+    names = [line.strip().rsplit(" ms", 1)[0].rsplit(" ", 1)[0] for line in tree[1:]]
+    assert names.count("chat") == 3
+    for tool in ("read_package_file", "search_glossary", "write_note"):
+        assert f"execute_tool {tool}" in names
+
+
 def test_demo_denied_completes_without_writing(tmp_path: Path) -> None:
     """--approve no: the write is an "approval denied" error result that uses no
     work; the model carries on and the run still completes; nothing is written."""

@@ -28,7 +28,7 @@ ALLOWED: dict[str, set[str]] = {
     "tools": {"errors", "_numbers", "_public", "schema"},  # tools may import schema, not reverse
     "kernel": {"errors", "_numbers", "_public"},  # only errors and its own records
     "store": {"errors", "_numbers", "_public", "kernel"},  # kernel records and errors only
-    "runtime": {"errors", "_numbers", "_public", "kernel", "schema", "tools", "store"},
+    "runtime": {"errors", "_numbers", "_public", "_version", "kernel", "schema", "tools", "store"},
     "recovery": {"errors", "_numbers", "_public", "kernel", "store"},
     # run-owned resources: their tools sit on the runtime like an adapter's
     "resources": PURE | {"store", "runtime"},

@@ -90,9 +90,9 @@ NAMESPACES: dict[str, list[str]] = {
     "trio_backplane.runtime": [
         "Continue", "Conversation", "DeadlineBudget", "Event", "HookContext", "Hooks", "Phase",
         "Provider", "ProviderEvent", "ProviderRequest", "ResourceCleanup", "ResponseCompleted",
-        "ResponseFailed", "Snapshot", "TextDelta", "ThinkingDelta", "ToolCallArgumentsDelta",
-        "ToolCallCompleted", "ToolCallStarted", "ToolContext", "ToolOperation", "Usage",
-        "open_conversation",
+        "ResponseFailed", "Snapshot", "Telemetry", "TextDelta", "ThinkingDelta",
+        "ToolCallArgumentsDelta", "ToolCallCompleted", "ToolCallStarted", "ToolContext",
+        "ToolOperation", "Usage", "open_conversation",
     ],
     "trio_backplane.testing": [
         "CRASH_WINDOWS", "STO_11_CHECKS", "CrashReport", "FaultyStore", "Hang", "Raise",
@@ -250,7 +250,7 @@ def test_open_conversation_parameters_are_pinned() -> None:
         "run_id", "store", "provider", "registry", "authority", "tools", "provider_context",
         "hooks", "context", "incarnation", "work", "run_timeout", "effect_timeout",
         "commit_timeout", "cleanup_timeout", "output_limit", "provider_output_limit",
-        "schema_admission", "run", "messages", "wall_clock", "resources", "resume",
+        "schema_admission", "run", "messages", "wall_clock", "resources", "resume", "telemetry",
     ]  # fmt: skip
     kinds = [p.kind for p in signature.parameters.values()]
     assert kinds[0] is inspect.Parameter.POSITIONAL_OR_KEYWORD

@@ -17,6 +17,7 @@ from ._provider import (
     ToolCallStarted,
     Usage,
 )
+from ._telemetry import Telemetry
 from ._types import Continue, Event, HookContext, Hooks, Phase, ResourceCleanup, Snapshot
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "ResponseCompleted",
     "ResponseFailed",
     "Snapshot",
+    "Telemetry",
     "TextDelta",
     "ThinkingDelta",
     "ToolCallArgumentsDelta",

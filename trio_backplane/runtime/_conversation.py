@@ -53,6 +53,7 @@ from ._settlement import Settlement
 from ._signals import _Rejected, _StorageFailed, storage_error
 from ._state import Publisher, RunState
 from ._steps import Step, checkpoint_step, command_step
+from ._telemetry import TRACE_KEY, Telemetry, traced
 from ._types import Event, Phase, Snapshot
 from ._writer import StepWriter
 
@@ -256,7 +257,7 @@ class Conversation(metaclass=NoPublicConstructor):
         """Commit the run's first message, as the prompt hook made it."""
         message = await self._hooks.prompt(message, "new", turn_id)
         await self._coordinator.checkpoint(
-            lambda c: attrs.evolve(c.with_message(message), turn_id=turn_id),
+            lambda c: traced(attrs.evolve(c.with_message(message), turn_id=turn_id), self._state),
             as_input=True,
         )
         return message
@@ -368,11 +369,11 @@ async def open_conversation(
     wall_clock: Callable[[], float] | None = None,
     resources: Sequence[Any] = (),
     resume: RunRecord | None = None,
+    telemetry: Telemetry | None = None,
 ) -> AsyncIterator[Conversation]:
     """Open a conversation that owns a nursery; leaving the block cancels and
     settles an active run.  Every terminal path closes ``resources`` and the
-    tools' registries within ``cleanup_timeout``: unconfirmed, never completed.
-    ``run``: a stored run, only inspected; ``resume``: one taken over, going on."""
+    tools' registries within ``cleanup_timeout``: unconfirmed, never completed."""
     options = check_options(
         work=work,
         run_timeout=run_timeout,
@@ -383,6 +384,7 @@ async def open_conversation(
         provider_output_limit=provider_output_limit,
         schema_admission=schema_admission,
         wall_clock=wall_clock,
+        telemetry=telemetry,
     )
     prior = check_inputs(
         run_id,
@@ -396,10 +398,7 @@ async def open_conversation(
         resume=resume,
     )
     bundle, options = _admitted(run_id, registry, authority, tools, resources, options)
-    record, phase = await _opened(
-        run_id, store, run, prior, context, incarnation, options.work, resume
-    )
-    state = _run_state(record, phase, options)
+    state = await _opened(run_id, store, run, prior, context, incarnation, options, resume)
     host = (provider, provider_context, hooks)
     async with _live(state, store, options, bundle, host, resume) as conversation:
         yield conversation
@@ -418,7 +417,8 @@ async def _live(  # noqa: PLR0917 - what the parts are built from
     point = None if resume is None else resume_point(resume, state.wall_now())
     async with owning_nursery("conversation failed") as nursery:
         parts = _assemble(state, store, options, nursery, bundle=bundle, host=host)
-        async with _settling(parts.settlement, nursery):
+        _record(state, options, provider=host[0])
+        async with _settling(parts.settlement, nursery, state):
             if point is not None:
                 await _resumed(parts, point)
             yield Conversation._create(parts=parts, options=options)
@@ -444,7 +444,7 @@ async def _resumed(parts: _Parts, point: ResumePoint) -> None:
     deadline = state.wall_now() + point.run_timeout
     steps.append(
         checkpoint_step(
-            lambda c: attrs.evolve(c, pending_interaction=None),
+            lambda c: traced(attrs.evolve(c, pending_interaction=None), state),
             {"execution_deadline": deadline},
         )
     )
@@ -497,15 +497,37 @@ def _run_state(record: RunRecord, phase: Phase, options: Options) -> RunState:
 
 
 @asynccontextmanager
-async def _settling(settlement: Settlement, nursery: trio.Nursery) -> AsyncIterator[None]:
-    """Leaving the block, however: the run settles (shielded), then the
-    conversation's tasks end."""
+async def _settling(
+    settlement: Settlement, nursery: trio.Nursery, state: RunState
+) -> AsyncIterator[None]:
+    """Leaving the block, however: the run settles (shielded), its spans
+    end, then the conversation's tasks end."""
     try:
         yield
     finally:
         with trio.CancelScope(shield=True):
             await settlement.close()
+        if state.telemetry is not None:
+            state.telemetry.run_ended(
+                state.record.state if state.settled.is_set() else state.phase.value,
+                state.record.outcome,
+                work_used=state.record.budget.used,
+                cleanup=state.resource_cleanup.status,
+            )
         nursery.cancel_scope.cancel()
+
+
+def _record(state: RunState, options: Options, *, provider: Any) -> None:
+    """Start the run's telemetry, if any (a resumed run links to the
+    incarnation it goes on from); a stored run only inspected has none."""
+    telemetry = options.telemetry
+    if telemetry is None or state.inactive:
+        return
+    model = getattr(provider, "model", None)
+    recorder = telemetry.recorder(state.run_id, state.record.incarnation, model=model)
+    previous = state.conversation.other.get(TRACE_KEY) if state.phase is Phase.RUNNING else None
+    recorder.run_started(previous)
+    state.telemetry = recorder
 
 
 async def _opened(  # noqa: PLR0917 - what a run starts from
@@ -515,14 +537,28 @@ async def _opened(  # noqa: PLR0917 - what a run starts from
     prior: list[Any] | None,
     context: Mapping[str, Any] | None,
     incarnation: int,
-    work: int,
+    options: Options,
     resume: RunRecord | None = None,
-) -> tuple[RunRecord, Phase]:
-    """The record the conversation opens on, and its phase: a stored run
-    (only inspected), one taken over (going on), or a new one the store
+) -> RunState:
+    """The state the conversation opens with: of a stored run (only
+    inspected), of one taken over (going on), or of a new one the store
     created."""
     if resume is not None:
-        return resume, Phase.RUNNING
+        return _run_state(resume, Phase.RUNNING, options)
+    record, phase = await _record_of(run_id, store, run, prior, context, incarnation, options.work)
+    return _run_state(record, phase, options)
+
+
+async def _record_of(  # noqa: PLR0917 - what a run starts from
+    run_id: str,
+    store: Store,
+    run: RunRecord | None,
+    prior: list[Any] | None,
+    context: Mapping[str, Any] | None,
+    incarnation: int,
+    work: int,
+) -> tuple[RunRecord, Phase]:
+    """A stored run's record and phase, or a new run's the store created."""
     if run is not None:
         if run.run_id != run_id:
             raise Error(ErrorClass.VALIDATION, "run record belongs to another run_id")

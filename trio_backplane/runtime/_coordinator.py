@@ -166,6 +166,9 @@ class Coordinator:
         conversation's storage failure (``_StorageFailed``), and only an
         acknowledged commit becomes the conversation's record."""
         error: Error | None = None
+        recorder = self._state.telemetry
+        if recorder is not None:
+            recorder.commit_started(new.revision, [event.type for event in events])
         try:
             nowait = self._commit_nowait
             if nowait is not None:  # nothing to wait for: no scope to bound the wait
@@ -183,6 +186,9 @@ class Coordinator:
             error = exc
         except Exception as exc:
             error = storage_error(f"store failed: {type(exc).__name__}: {exc}"[:500])
+        finally:
+            if recorder is not None:
+                recorder.commit_ended(new.revision, error)
         if error is not None:
             self._failed(error)
             raise _StorageFailed(self._state.last_error or error)

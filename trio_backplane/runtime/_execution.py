@@ -168,6 +168,9 @@ class Executor:
         if state.effects:
             seconds = min(seconds, state.effects[-1].remaining() / 2)
         budget = DeadlineBudget("effect", seconds, state.now)
+        recorder = state.telemetry
+        if recorder is not None:  # (its caller: the invocation executing now)
+            recorder.tool_started(operation, state.executing[-1] if state.executing else None)
         state.effects.append(budget)
         state.executing.append(invocation_id)
         result: Any = None  # (cut before it returned: its budget's scope took the cancellation)
@@ -181,6 +184,8 @@ class Executor:
             state.executing.remove(invocation_id)
             if caller is not None:
                 caller.nested_stop = None
+            if recorder is not None:
+                recorder.tool_ended(operation, result, budget.timed_out(), state.stop_reason)
         if state.stop_reason is not None:
             # The run stopped while it executed: its outcome stays unsettled,
             # whatever it returned or however long it took.
@@ -209,7 +214,11 @@ class Executor:
         if caller is not None:  # (live: checked after the intent committed)
             caller.nested_stop = scope  # the caller's end ends it too
         try:
-            return await descriptor.backend.execute(operation)
+            recorder = self._state.telemetry
+            if recorder is None:
+                return await descriptor.backend.execute(operation)
+            with recorder.current(f"tool:{operation.invocation_id}"):
+                return await descriptor.backend.execute(operation)
         except Error as error:
             return error
         except trio.Cancelled:

@@ -94,7 +94,7 @@ class ToolGateway:
         descriptor = bundle.registry.get(name) if isinstance(name, str) else None
         if descriptor is None:
             error = Error(ErrorClass.NOT_FOUND, "tool is not registered", {"tool": name})
-            await self._tool_message(call_id, name, error_result(error), before, carry)
+            await self._refused(call_id, name, turn_id, error, (before, carry))
             return
         try:
             arguments = _arguments(call.get("arguments"))
@@ -109,7 +109,7 @@ class ToolGateway:
                 before = None
                 await self._approve(descriptor, call_id, turn_id, arguments)
         except Error as error:
-            await self._tool_message(call_id, name, error_result(error), before, carry)
+            await self._refused(call_id, name, turn_id, error, (before, carry))
             return
         record = await self._writer.effect_commit(
             ToolInvoked, intent(descriptor, call_id, turn_id, bundle.authority), before
@@ -118,6 +118,20 @@ class ToolGateway:
         await self._dispatch(
             descriptor, record, (invocation_id, call_id, turn_id), arguments, carry
         )
+
+    async def _refused(
+        self,
+        call_id: str,
+        name: Any,
+        turn_id: str,
+        error: Error,
+        where: tuple[Step | None, bool],
+    ) -> None:
+        """A call refused before it ran: its error as its tool message."""
+        recorder = self._state.telemetry
+        if recorder is not None:
+            recorder.tool_refused(call_id, name, turn_id, error)
+        await self._tool_message(call_id, name, error_result(error), *where)
 
     async def _approve(
         self, descriptor: ToolDescriptor, call_id: str, turn_id: str, arguments: Any

@@ -126,6 +126,11 @@ class Interactions:
         pending.started = state.now()
         pending.base_deadline = state.record.deadline
         pending.announced = True
+        recorder = state.telemetry
+        if recorder is not None:
+            caller = state.executing[-1] if state.executing else None
+            turn_id = state.held().turn_id
+            recorder.wait_started(pending.interaction_id, pending.request, caller, turn_id)
         self._publisher.publish(
             "interaction_requested",
             {"interaction_id": pending.interaction_id, "request": pending.request},
@@ -157,6 +162,8 @@ class Interactions:
             state.phase = Phase.RUNNING
         pending.ended_at = state.now()
         suspended = pending.announced
+        if suspended and state.telemetry is not None:
+            state.telemetry.wait_ended(pending.interaction_id, pending.delivered.is_set())
         if suspended:
             # The wait ended when ``resolve`` measured it (the stored deadline
             # moved by exactly that); the resolution commit after it counts

@@ -79,8 +79,11 @@ class TurnLoop:
         error = failed
         steered = False
         ended = resume is not None and resume.turn_ended
+        recorder = state.telemetry
         while True:
             if not ended:
+                if recorder is not None:
+                    recorder.turn_started(turn_id)
                 if error is None:
                     error = await self._turn(turn_id, steering_first=steered, resume=resume)
                     resume = None
@@ -89,6 +92,8 @@ class TurnLoop:
                 except _InputArrived:
                     steered = True  # steering came as the turn ended: it goes on
                     continue
+                if recorder is not None:
+                    recorder.turn_ended(turn_id, error)
             steered = ended = False
             # The turn is over: its provider step is not current any more
             state.step_id = state.attempt_id = None

@@ -13,6 +13,7 @@ from .._numbers import is_seconds
 from ..errors import Error, ErrorClass, require_methods
 from ..kernel import RunRecord, freeze
 from ._clock import DurableClock, check_wall_clock
+from ._telemetry import Telemetry
 
 __all__ = [
     "HOST_RESOLVER",
@@ -93,6 +94,19 @@ def check_inputs(
     return _check_messages(messages)
 
 
+def _check_telemetry(telemetry: Any) -> Telemetry | None:
+    """The telemetry given, else the globally configured SDK's (or none)."""
+    if telemetry is None:
+        return Telemetry.configured()
+    if not isinstance(telemetry, Telemetry):
+        raise Error(
+            ErrorClass.VALIDATION,
+            "telemetry must be a Telemetry or None",
+            {"option": "telemetry", "type": type(telemetry).__name__},
+        )
+    return telemetry
+
+
 def _check_records(run_id: str, **records: Any) -> None:
     """Each of ``records`` is ``None`` or a ``RunRecord`` of ``run_id``."""
     for name, value in records.items():
@@ -148,6 +162,8 @@ class Options:
     wall_clock: Callable[[], float]
     #: Trio's clock to ``wall_clock``, anchored once the options are checked
     clock: DurableClock
+    #: where the run's spans and metrics go (``None``: nowhere)
+    telemetry: Telemetry | None = None
     #: registries the run owns, closed on every terminal path
     resources: tuple[Any, ...] = ()
 
@@ -163,6 +179,7 @@ def check_options(
     provider_output_limit: Any,
     schema_admission: Any,
     wall_clock: Any,
+    telemetry: Any = None,
 ) -> Options:
     timeouts = {
         "run_timeout": _check_timeout("run_timeout", run_timeout),
@@ -200,6 +217,7 @@ def check_options(
         work=work,
         wall_clock=wall,
         clock=DurableClock.anchored(wall),  # a clock that is not one is refused here
+        telemetry=_check_telemetry(telemetry),
         run_timeout=timeouts["run_timeout"],
         effect_timeout=timeouts["effect_timeout"],
         commit_timeout=timeouts["commit_timeout"],

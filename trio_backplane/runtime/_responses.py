@@ -99,13 +99,22 @@ class Responses:
         assembler = ResponseAssembler(self._options.provider_output_limit)
         budget = DeadlineBudget("effect", self._options.effect_timeout, state.now)
         request = self._request(record, turn_id, step_id, attempt_id)
-        late = await self._stream(request, assembler, budget)
+        recorder = state.telemetry
+        if recorder is None:
+            late = await self._stream(request, assembler, budget)
+        else:
+            recorder.chat_started(turn_id, attempt_id, request.messages)
+            with recorder.current(f"chat:{attempt_id}"):  # the provider's spans nest in it
+                late = await self._stream(request, assembler, budget)
         if assembler.failure is not None:
             # what the provider said of its failure is committed and
             # published: never a credential it was given
             assembler.fail(redacted(assembler.failure, self._secrets))
         self._judge_cut(budget, assembler.terminal, late, attempt_id)
         outcome = assembler.outcome()
+        if recorder is not None:
+            failure = None if outcome.failure is None else outcome.failure.to_dict()
+            recorder.chat_ended(attempt_id, outcome.usage, failure, outcome.message)
         if outcome.failure is not None:
             await self._failed(attempt_id, outcome.failure, outcome.usage)
         assert outcome.message is not None

@@ -26,6 +26,7 @@ from ._deadline import DeadlineBudget
 from ._resources import OwnedRegistries
 from ._resume import ResumePoint
 from ._subscribers import Hub
+from ._telemetry import RunRecorder
 from ._types import Event, Phase, ResourceCleanup
 
 __all__ = ["INACTIVE_PHASES", "Pending", "Publisher", "RunState"]
@@ -150,6 +151,8 @@ class RunState:
     watch_poke: trio.Event = attrs.Factory(trio.Event)
     #: set once the run is terminal, recovery_required or storage_failed
     settled: trio.Event = attrs.Factory(trio.Event)
+    #: the run's spans and metrics (``None``: no telemetry, nothing recorded)
+    telemetry: RunRecorder | None = None
     #: where a resumed run's turn loop starts (taken by its first turn)
     resume: ResumePoint | None = None
     #: the interaction a resumed run re-asks under its stored id (taken by

@@ -25,6 +25,7 @@ from ...tools import Authority, ToolRegistry
 from .._output import EXIT_OK, EXIT_REJECTED, EXIT_USAGE, Out, error_text, reason
 from .._urls import UsageError, store_url
 from ._model import PROMPT, DemoProvider
+from ._spans import SpanTree
 from ._tools import registry as demo_registry
 from ._view import EventView, ask_stdin
 
@@ -91,6 +92,9 @@ def add_parser(commands: Any) -> None:
         help="also give the model exec_command and write_stdin (Linux), each under "
         "approval; the scripted model lists the package and runs python -c",
     )
+    demo_cmd.add_argument(
+        "--otel", action="store_true", help="print the run's OpenTelemetry spans as a tree"
+    )
     demo_cmd.set_defaults(handler=demo_command)
 
 
@@ -110,6 +114,7 @@ class _Session:
     label: str
     approve: str
     log: TextIO | None
+    spans: SpanTree | None = None
 
 
 def demo_command(args: argparse.Namespace, out: TextIO) -> int:
@@ -123,6 +128,7 @@ def demo_command(args: argparse.Namespace, out: TextIO) -> int:
     approve = args.approve or ("ask" if sys.stdin.isatty() else "yes")
     try:
         provider, context, label = _provider(args)
+        spans = SpanTree() if args.otel else None
     except UsageError as exc:
         print(f"backplane: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -132,7 +138,7 @@ def demo_command(args: argparse.Namespace, out: TextIO) -> int:
     except OSError as exc:
         print(f"backplane: cannot write --events: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    session = _Session(args, view, provider, context, label, approve, log)
+    session = _Session(args, view, provider, context, label, approve, log, spans)
     try:
         return trio.run(functools.partial(_run, session))
     except KeyboardInterrupt:
@@ -206,6 +212,8 @@ async def _run(session: _Session) -> int:
     finally:
         out.stop()
     _final_status(out, snapshot, db, run_id)
+    if session.spans is not None:
+        session.spans.show(out)
     if view.log_error is not None:
         print(f"backplane: cannot write --events: {view.log_error}", file=sys.stderr)
         return EXIT_USAGE
@@ -244,6 +252,7 @@ async def _open(
             work=20,
             run_timeout=600.0,
             effect_timeout=120.0 if provider == "openai" else 30.0,
+            telemetry=None if session.spans is None else session.spans.telemetry,
         ) as conversation,
     ):
         view = EventView(session.out, conversation, session.approve, ask_stdin, session.log)
