@@ -160,6 +160,7 @@ async def test_the_span_tree_of_two_calls_an_approval_and_a_nested_call(
     assert run.attributes["backplane.run.state"] == "completed"
     metrics = _metrics(reader)
     assert metrics["backplane.runs"] == [({"backplane.run.state": "completed"}, 1)]
+    assert metrics["backplane.cleanups"] == [({"backplane.cleanup": "confirmed"}, 1)]
     assert len(metrics["gen_ai.execute_tool.duration"]) == 4  # one series a tool
     assert metrics["backplane.interactions.waiting"] == [({}, 0)]  # asked once, answered
 

@@ -113,7 +113,7 @@ class Telemetry:
 class _Instruments:
     """The metrics, created once per :class:`Telemetry`."""
 
-    __slots__ = ("commits", "operations", "runs", "tokens", "tools", "waiting", "work")
+    __slots__ = ("cleanups", "commits", "operations", "runs", "tokens", "tools", "waiting", "work")
 
     def __init__(self, meter: Any) -> None:
         histogram, counter = meter.create_histogram, meter.create_counter
@@ -125,6 +125,9 @@ class _Instruments:
         self.commits = histogram("backplane.commit.duration", unit="s")
         self.work = histogram("backplane.run.work_used", unit="{unit}")
         self.runs = counter("backplane.runs", unit="{run}", description="runs by final state")
+        self.cleanups = counter(
+            "backplane.cleanups", unit="{run}", description="runs by what became of their resources"
+        )
         self.waiting = meter.create_up_down_counter(
             "backplane.interactions.waiting", unit="{interaction}"
         )
@@ -239,6 +242,7 @@ class RunRecorder:
         instruments = self.telemetry.instruments
         instruments.runs.add(1, {"backplane.run.state": state})
         instruments.work.record(work_used, {"backplane.run.state": state})
+        instruments.cleanups.add(1, {"backplane.cleanup": cleanup})
         failed = error if state not in ("completed", "cancelled") else None
         self._end("run", failed, **{"backplane.run.state": state, "backplane.cleanup": cleanup})
 
