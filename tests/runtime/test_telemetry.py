@@ -353,3 +353,39 @@ async def test_a_resumed_run_links_to_the_incarnation_before(
     [link] = two.links
     assert link.context.trace_id == one.context.trace_id
     assert link.context.span_id == one.context.span_id
+
+
+def test_a_globally_configured_sdk_is_used_without_telemetry_given() -> None:
+    """With SDK providers set globally, a conversation opened without
+    ``telemetry=`` records its spans there, through one ``Telemetry``
+    shared by the conversations (one set of instruments)."""
+    code = """
+import trio
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from trio_backplane import open_conversation
+from trio_backplane.runtime import Telemetry
+from trio_backplane.store import MemoryStore
+from trio_backplane.testing import ScriptedProvider as S
+
+spans = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(spans))
+trace.set_tracer_provider(provider)
+
+async def main():
+    for run in ("a", "b"):
+        async with open_conversation(run, store=MemoryStore(), provider=S([S.text("hi")])) as c:
+            await c.prompt("go")
+            await c.wait_settled()
+
+trio.run(main)
+print(Telemetry.configured() is Telemetry.configured())
+print(sorted({s.attributes["backplane.run.id"] for s in spans.get_finished_spans()}))
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert result.stdout.split("\n")[:2] == ["True", "['a', 'b']"]

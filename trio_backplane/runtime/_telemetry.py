@@ -38,6 +38,8 @@ _SCOPE: Final = "trio_backplane"
 #: The conversation state key a run's trace is kept under, so an
 #: incarnation that resumes it links to the one before.
 TRACE_KEY: Final = "trace"
+#: the globally configured providers' Telemetry (:meth:`Telemetry.configured`)
+_CONFIGURED: dict[tuple[int, ...], tuple[list[Any], Telemetry]] = {}
 _DEFAULT_PROVIDERS: Final = frozenset(
     {"ProxyTracerProvider", "NoOpTracerProvider", "_ProxyMeterProvider", "NoOpMeterProvider"}
 )
@@ -102,7 +104,14 @@ class Telemetry:
             providers.append(metrics.get_meter_provider())
         if all(type(p).__name__ in _DEFAULT_PROVIDERS for p in providers):
             return None
-        return cls()
+        # one Telemetry (one set of instruments) for as long as the host
+        # keeps the same providers: not a new one per conversation
+        key = tuple(id(p) for p in providers)
+        held = _CONFIGURED.get(key)
+        if held is None or held[0] != providers:
+            _CONFIGURED.clear()
+            held = _CONFIGURED[key] = (providers, cls())
+        return held[1]
 
     def recorder(self, run_id: str, incarnation: int, *, model: Any = None) -> RunRecorder:
         """A new recorder for one incarnation of ``run_id``."""
