@@ -241,11 +241,12 @@ def test_an_approval_is_answered_from_another_process(pg_dsn: str, pg_schema: st
     assert lines[-1]["state"] == "completed"  # it followed the run to its end
 
 
-async def _ghost(dsn: str, schema: str, agent: str, until: Any) -> tuple[str, Any]:
-    """A worker ('ghost') claims a run of ``agent`` and its host dies once
-    the stored record satisfies ``until``: its lease lapses (0.5 s) with
-    what it left stored.  The run id and that record."""
-    from tests.runtime.test_takeover import Dying
+async def _ghost(dsn: str, schema: str, agent: str, last: Any) -> tuple[str, Any]:
+    """A worker ('ghost') claims a run of ``agent`` (prompt "go") and its
+    host dies right after the commit that leaves a record ``last`` holds
+    for: its lease lapses (0.5 s) with what it left stored.  The run id and
+    that record."""
+    from tests.runtime.test_resume import DiesAfter
     from trio_backplane import open_conversation
     from trio_backplane.fleet._queue import Queue
     from trio_backplane.store import PostgresStore
@@ -253,11 +254,10 @@ async def _ghost(dsn: str, schema: str, agent: str, until: Any) -> tuple[str, An
 
     run_id = await submit(dsn, agent=agent, prompt="go", schema=schema)
     with Queue(dsn, schema=schema) as queue:
-        ghost = await trio.to_thread.run_sync(queue.claim, "ghost", 0.5, None)
-    assert ghost is not None
+        assert await trio.to_thread.run_sync(queue.claim, "ghost", 0.5, None) is not None
     spec = await app.spec(agent, run_id)
     async with PostgresStore(dsn, schema=schema) as inner:
-        store = Dying(inner)
+        store = DiesAfter(inner, last)
         async with open_conversation(
             run_id,
             store=store,
@@ -266,12 +266,11 @@ async def _ghost(dsn: str, schema: str, agent: str, until: Any) -> tuple[str, An
             authority=Authority.for_registry(spec.registry, caller="ghost", run_id=run_id),
             run_timeout=spec.run_timeout,
         ) as conversation:
-            await conversation.prompt("go")
-            while not until(record := await inner.load(run_id)):
+            with contextlib.suppress(Error):  # its host may die as the prompt commits
+                await conversation.prompt("go")
+            while not store.dead:
                 await trio.sleep(0.01)
-            store.dead = True  # the ghost's host is gone
-            await conversation.cancel()
-    return run_id, record
+        return run_id, await inner.load(run_id)
 
 
 async def _taken_over(dsn: str, schema: str, run_id: str, answer: Any = None) -> Any:
@@ -306,7 +305,7 @@ async def test_a_run_with_nothing_in_flight_is_resumed_where_it_stopped(
     await trio.to_thread.run_sync(_ledger, pg_dsn, pg_schema)
 
     def second_attempt(record: Any) -> bool:
-        return record is not None and record.active_provider and len(record.transcript) > 2
+        return record.active_provider is not None and len(record.transcript) > 2
 
     run_id, first = await _ghost(pg_dsn, pg_schema, "resumable", second_attempt)
     status = await _taken_over(pg_dsn, pg_schema, run_id)
@@ -339,7 +338,7 @@ async def test_a_run_waiting_for_approval_on_a_dead_worker_resumes_with_its_pre_
     await trio.to_thread.run_sync(_ledger, pg_dsn, pg_schema)
 
     def asked(record: Any) -> bool:
-        conversation = record.context.get("conversation") if record is not None else None
+        conversation = record.context.get("conversation")
         return bool(conversation and conversation.get("pending_interaction"))
 
     run_id, first = await _ghost(pg_dsn, pg_schema, "approver", asked)
@@ -493,34 +492,14 @@ async def test_a_run_the_runtime_cannot_resume_is_replaced_from_its_prompt(
     committed: there is no turn to resume, so the taker settles the run and
     replaces it (``<run>#<fencing incarnation>``), starting from the
     submitted prompt; ``watch`` follows both runs, in order."""
-    from tests.runtime.test_resume import DiesAfter
-    from trio_backplane import open_conversation
-    from trio_backplane.fleet._queue import Queue
-    from trio_backplane.store import PostgresStore
-    from trio_backplane.tools import Authority
-
     monkeypatch.setenv("FLEET_TEST_DSN", pg_dsn)
     monkeypatch.setenv("FLEET_TEST_SCHEMA", pg_schema)
     await trio.to_thread.run_sync(_ledger, pg_dsn, pg_schema)
-    run_id = await submit(pg_dsn, agent="writer", prompt="write this", schema=pg_schema)
-    with Queue(pg_dsn, schema=pg_schema) as queue:
-        assert await trio.to_thread.run_sync(queue.claim, "ghost", 0.5, None) is not None
-    spec = await app.spec("writer", run_id)
-    async with PostgresStore(pg_dsn, schema=pg_schema) as inner:
-        store = DiesAfter(inner, lambda record: record.state == "running")
-        async with open_conversation(
-            run_id,
-            store=store,
-            provider=spec.provider,
-            registry=spec.registry,
-            authority=Authority.for_registry(spec.registry, caller="ghost", run_id=run_id),
-        ) as conversation:
-            with contextlib.suppress(Error):  # its host died as it admitted the run
-                await conversation.prompt("write this")
+    run_id, _ = await _ghost(pg_dsn, pg_schema, "writer", lambda r: r.state == "running")
     status = await _taken_over(pg_dsn, pg_schema, run_id)
     assert (status["outcome"], status["current_run"]) == ("completed", f"{run_id}#2")
     replacement = await _load(pg_dsn, pg_schema, f"{run_id}#2")
-    assert replacement.transcript[0]["content"] == "write this"
+    assert replacement.transcript[0]["content"] == "go"  # the submitted prompt
     types = [event.type async for event in watch(pg_dsn, run_id, schema=pg_schema)]
     assert types[:3] == ["run.admit", "run.fence", "run.cancel"]
     assert types[-1] == "run.finish"

@@ -64,10 +64,10 @@ def _registry(tools: list[Any]) -> tuple[ToolRegistry, Authority]:
 
 
 async def _crash(
-    store: Any, provider: Any, tools: list[Any], last: Callable[[RunRecord], bool]
+    store: Any, provider: Any, tools: list[Any], last: Callable[[RunRecord], bool], **options: Any
 ) -> None:
     """Run until a commit leaves a record ``last`` holds for; the host then
-    dies: no later commit lands."""
+    dies: no later commit lands.  ``options``: more of ``open_conversation``'s."""
     dying = DiesAfter(store, last)
     registry, authority = _registry(tools)
     async with open_conversation(
@@ -79,6 +79,7 @@ async def _crash(
         work=20,
         run_timeout=TIMEOUT,
         wall_clock=trio.current_time,
+        **options,
     ) as conversation:
         await conversation.prompt("go")
         while not dying.dead:
@@ -88,7 +89,7 @@ async def _crash(
         await conversation.wait_settled()
 
 
-async def _resumed(store: Any, provider: Any, tools: list[Any]) -> Any:
+async def _resumed(store: Any, provider: Any, tools: list[Any], **options: Any) -> Any:
     """``settle_run(resume=True)``, then the resumed conversation."""
     settled = await settle_run(store, RUN, resume=True, wall_clock=trio.current_time)
     assert settled.resumable
@@ -103,6 +104,7 @@ async def _resumed(store: Any, provider: Any, tools: list[Any]) -> Any:
         authority=authority,
         resume=settled.record,
         wall_clock=trio.current_time,
+        **options,
     )
 
 

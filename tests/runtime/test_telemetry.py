@@ -308,45 +308,19 @@ async def test_a_resumed_run_links_to_the_incarnation_before(
     """A run whose host died waiting for approval, resumed on incarnation 2:
     its ``invoke_agent`` span links to incarnation 1's, whose trace the run
     kept."""
-    from tests.runtime.test_resume import DiesAfter
-    from trio_backplane.recovery import settle_run
+    from tests.runtime.test_resume import _crash, _pending, _resumed
     from trio_backplane.store import SQLiteStore
 
     telemetry = exported.telemetry()
     tools = [make_tool("deploy", RecordingBackend(ToolResult("ok")), requires_approval=True)]
-    registry = ToolRegistry(tools)
-    authority = Authority.for_registry(registry, caller="host", run_id=RUN)
-
-    def asked(record: Any) -> bool:
-        return bool((record.context.get("conversation") or {}).get("pending_interaction"))
-
+    first = S([S.tool_calls(("c1", "deploy", {}))])
     async with SQLiteStore(tmp_path / "runs.sqlite3") as store:
-        dying = DiesAfter(store, asked)
-        async with open_conversation(
-            RUN,
-            store=dying,
-            provider=S([S.tool_calls(("c1", "deploy", {}))]),
-            registry=registry,
-            authority=authority,
-            telemetry=telemetry,
-        ) as first:
-            await first.prompt("go")
-            while not dying.dead:
+        await _crash(store, first, tools, lambda r: bool(_pending(r)), telemetry=telemetry)
+        async with await _resumed(store, S([S.text("done")]), tools, telemetry=telemetry) as c:
+            while (question := c.status().pending_interaction) is None:
                 await trio.sleep(0.01)
-        settled = await settle_run(store, RUN, resume=True)
-        async with open_conversation(
-            RUN,
-            store=store,
-            provider=S([S.text("done")]),
-            registry=registry,
-            authority=authority,
-            resume=settled.record,
-            telemetry=telemetry,
-        ) as second:
-            while (question := second.status().pending_interaction) is None:
-                await trio.sleep(0.01)
-            await second.resolve(question["id"], "approved")
-            assert (await second.wait_settled()).run.state == "completed"
+            await c.resolve(question["id"], "approved")
+            assert (await c.wait_settled()).run.state == "completed"
     runs = _by_name(exported.spans.get_finished_spans())["invoke_agent tester"]
     one, two = sorted(runs, key=lambda span: span.attributes["backplane.run.incarnation"])
     assert two.attributes["backplane.run.incarnation"] == 2

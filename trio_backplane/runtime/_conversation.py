@@ -541,36 +541,21 @@ async def _opened(  # noqa: PLR0917 - what a run starts from
     resume: RunRecord | None = None,
 ) -> RunState:
     """The state the conversation opens with: of a stored run (only
-    inspected), of one taken over (going on), or of a new one the store
-    created."""
+    inspected; its run id checked with the inputs), of one taken over
+    (going on), or of a new one the store created."""
     if resume is not None:
         return _run_state(resume, Phase.RUNNING, options)
-    record, phase = await _record_of(run_id, store, run, prior, context, incarnation, options.work)
-    return _run_state(record, phase, options)
-
-
-async def _record_of(  # noqa: PLR0917 - what a run starts from
-    run_id: str,
-    store: Store,
-    run: RunRecord | None,
-    prior: list[Any] | None,
-    context: Mapping[str, Any] | None,
-    incarnation: int,
-    work: int,
-) -> tuple[RunRecord, Phase]:
-    """A stored run's record and phase, or a new run's the store created."""
     if run is not None:
-        if run.run_id != run_id:
-            raise Error(ErrorClass.VALIDATION, "run record belongs to another run_id")
-        return run, Phase.TERMINAL if run.state in TERMINAL_STATES else Phase.RECOVERY_REQUIRED
+        settled = run.state in TERMINAL_STATES
+        return _run_state(run, Phase.TERMINAL if settled else Phase.RECOVERY_REQUIRED, options)
     record = RunRecord.new(
         run_id,
         incarnation=incarnation,
-        work=work,
+        work=options.work,
         context=initial_context(context),
         transcript=prior,
     )
     receipt = await store.create(record)
     if receipt.revision != 0:
         raise Error(ErrorClass.RESOURCE_CONFLICT, "store created another revision")
-    return record, Phase.IDLE
+    return _run_state(record, Phase.IDLE, options)
