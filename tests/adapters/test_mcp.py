@@ -1028,3 +1028,27 @@ async def test_host_timeout_on_a_failed_connection_is_too_slow(
     monkeypatch.setattr(_connect, "StdioServerParameters", strict)
     with pytest.raises(trio.TooSlowError), trio.fail_after(30) as scope:
         await call_until(scope)
+
+
+async def test_every_argument_refusal_names_its_cause_the_tool_and_the_reason() -> None:
+    """Refused before sending, whatever the cause (a non-string key, a
+    value past the boundary's size limit, a schema mismatch): ``validation``
+    with the cause in the message, ``reason`` ``invalid_arguments`` and the
+    tool in the details; nothing reaches the server."""
+    async with server(validate_arguments=True) as source:
+        causes = {
+            "non-string key": ({"user_id": "u1", 3: 4}, "has a key that is not a string (int)"),
+            "too large": ({"user_id": "x" * 2_000_000}, "input_too_large"),
+            "mismatch": ({"user_id": 7}, "do not match its inputSchema"),
+        }
+        for label, (arguments, cause) in causes.items():
+            with pytest.raises(Error) as refused:
+                await source.call_tool("lookup", arguments)
+            error = refused.value
+            assert error.error_class is ErrorClass.VALIDATION, label
+            assert error.message.startswith("arguments of MCP tool 'lookup' refused: "), label
+            assert cause in error.message, label
+            assert error.details["reason"] == "invalid_arguments", label
+            assert error.details["tool"] == "lookup", label
+            assert cause in error.details["cause"], label
+        assert await server_calls(source) == []

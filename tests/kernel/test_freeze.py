@@ -62,7 +62,7 @@ def test_ker_11_any_depth_is_frozen_without_recursion(depth: int) -> None:
         (math.nan, "non-finite number"),
         (math.inf, "non-finite number"),
         (object(), "runtime handle"),
-        ({1: "not a str key"}, "runtime handle"),
+        ({1: "not a str key"}, "has a key that is not a string (int)"),
         ({"s": {1, 2}}, "runtime handle"),
         (10**4300, "more than 4300 digits"),
         ([-(10**4300)], "more than 4300 digits"),

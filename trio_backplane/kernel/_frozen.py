@@ -217,7 +217,8 @@ def freeze(value: Any, what: str = "committed intent", limit: int = MAX_DEPTH) -
     reusing values that are already frozen.
 
     Raises ``validation`` "<what> contains a runtime handle" for a callable, a
-    channel, a task or any other non-JSON object, and "<what> nests deeper
+    channel, a task or any other non-JSON object, "<what> has a key that is
+    not a string" for a mapping key of another type, and "<what> nests deeper
     than <limit> levels" past ``limit`` (:data:`MAX_DEPTH`; a record's own
     fields allow :data:`RECORD_DEPTH`).
     """
@@ -332,7 +333,7 @@ def _freeze(value: Any, what: str, depth: int, limit: int = MAX_DEPTH) -> Any:
         out: dict[str, Any] = {}
         for key, item in value.items():
             if type(key) is not str:
-                raise _handle(what, type(key))
+                raise _key(what, key)
             _text(key, what)
             ti = type(item)
             if ti in _KEPT:
@@ -357,6 +358,16 @@ def _freeze(value: Any, what: str, depth: int, limit: int = MAX_DEPTH) -> Any:
 def _too_deep(what: str, limit: int) -> Error:
     return Error(
         ErrorClass.VALIDATION, f"{what} nests deeper than {limit} levels", {"limit": limit}
+    )
+
+
+def _key(what: str, key: Any) -> Error:
+    """``validation`` for a mapping key that is not a string (JSON object
+    keys are strings; ``1`` and ``"1"`` would collide once encoded)."""
+    return Error(
+        ErrorClass.VALIDATION,
+        f"{what} has a key that is not a string ({type(key).__name__})",
+        {"reason": "non_string_key", "type": type(key).__name__},
     )
 
 
@@ -402,7 +413,7 @@ def _freeze_iterative(value: Any, what: str, depth: int = 0, limit: int = MAX_DE
             keys = list(item.keys())
             for key in keys:
                 if type(key) is not str:
-                    raise _handle(what, type(key))
+                    raise _key(what, key)
                 _text(key, what)
             values: list[Any] = [None] * len(keys)
             pending.append((holder, slot, (keys, values), True))

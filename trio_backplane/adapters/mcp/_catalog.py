@@ -221,13 +221,12 @@ class McpCatalog:
             raise Error(ErrorClass.NOT_FOUND, "MCP server lists no such tool", {"tool": name})
         json_arguments(name, arguments)
         if self.validate_arguments:
-            self._check(
-                tool.compiled_input,
-                arguments,
-                ErrorClass.VALIDATION,
-                f"arguments of MCP tool {name!r} do not match its inputSchema",
-                {"reason": "invalid_arguments", "tool": name},
-            )
+            try:
+                self.validator.validate(tool.compiled_input, arguments)
+            except Error as error:
+                raise _boundary_refusal(name, error) from None
+            except Exception as exc:
+                raise _validator_crash(exc) from exc
         return tool
 
     def _check(
@@ -289,19 +288,38 @@ def json_arguments(name: str, arguments: Any) -> dict[str, Any] | None:
     """
     if arguments is None:
         return None
-    problem = None
     if isinstance(arguments, Mapping):
         try:
             return thaw(freeze(arguments, "arguments"))  # type: ignore[no-any-return]
         except Error as error:
-            problem = error.message
-    else:
-        problem = f"arguments must be a JSON object, not {type(arguments).__name__}"
-    raise Error(
-        ErrorClass.VALIDATION,
-        f"arguments of MCP tool {name!r} are not a JSON object of JSON data",
-        {"reason": "invalid_arguments", "tool": name, "errors": [], "cause": problem},
+            raise refused_arguments(name, error.message) from None
+    raise refused_arguments(
+        name, f"arguments must be a JSON object, not {type(arguments).__name__}"
     )
+
+
+def refused_arguments(name: str, cause: str, **more: Any) -> Error:
+    """The one shape of a call refused for its arguments before anything is
+    sent: ``validation``, the cause in the message, ``reason``
+    ``invalid_arguments``, the tool and the cause in the details."""
+    return Error(
+        ErrorClass.VALIDATION,
+        f"arguments of MCP tool {name!r} refused: {cause}",
+        {"reason": "invalid_arguments", "tool": name, "cause": cause, "errors": [], **more},
+    )
+
+
+def _boundary_refusal(name: str, error: Error) -> Error:
+    """The schema boundary's refusal of a call's arguments, in that shape:
+    a mismatch with its errors, a resource limit with the limit it hit."""
+    details = dict(error.details)
+    if error.error_class is ErrorClass.VALIDATION:
+        errors = list(details.get("errors", ()))
+        return refused_arguments(name, "they do not match its inputSchema", errors=errors)
+    reason = details.pop("reason", None)
+    cause = error.message if reason is None else f"{error.message} ({reason})"
+    details.pop("tool", None)
+    return refused_arguments(name, cause, **details)
 
 
 def _validator_crash(exc: BaseException) -> Error:
