@@ -16,7 +16,14 @@ import trio
 
 from trio_backplane.errors import Error, ErrorClass
 from trio_backplane.kernel import UNSET, ConversationUpdated, RunRecord, thaw
-from trio_backplane.runtime import Continue, HookContext, Phase, ResourceCleanup, open_conversation
+from trio_backplane.runtime import (
+    Continue,
+    HookContext,
+    Phase,
+    ResourceCleanup,
+    ResponseFailed,
+    open_conversation,
+)
 from trio_backplane.runtime._types import TRANSIENT_EVENTS
 from trio_backplane.store import MemoryStore
 from trio_backplane.testing import Hang, ScriptedProvider, Sleep
@@ -1726,3 +1733,22 @@ async def test_conv_messages_are_checked_before_the_store_is_called() -> None:
     assert snapshot.run.state == "completed"
     ids = [m["id"] for m in snapshot.messages if "id" in m]
     assert len(set(ids)) == len(ids)
+
+
+@pytest.mark.parametrize("cause", ["output_limit", "provider_failed"])
+async def test_a_failed_run_s_snapshot_carries_its_error(autojump_clock: Any, cause: str) -> None:
+    """A run that ends ``failed`` (its provider's output past the limit, or
+    a failed provider response) says why in ``snapshot.last_error``, not
+    only in its events: the error of its outcome."""
+    if cause == "output_limit":
+        response = ScriptedProvider.tool_calls(("c1", "t", {"x": "y" * 2_000_000}))
+    else:
+        response = [ResponseFailed(Error(ErrorClass.TRANSIENT_TRANSPORT, "upstream went away"))]
+    async with open_conversation(
+        RUN_ID, store=MemoryStore(), provider=ScriptedProvider([response])
+    ) as conversation:
+        await conversation.prompt("go")
+        snapshot = await conversation.wait_settled()
+    assert snapshot.run.state == "failed"
+    assert snapshot.last_error is not None
+    assert snapshot.last_error.to_dict() == thaw(snapshot.run.outcome["error"])

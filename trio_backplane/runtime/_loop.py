@@ -170,6 +170,8 @@ class TurnLoop:
         else:
             await self._coordinator.commit_steps((Step(finish),))
         state.phase = Phase.TERMINAL
+        if error is not None:
+            state.last_error = error  # a failed run's snapshot says why
         self._publisher.publish("run_failed" if error else "run_completed", {"outcome": outcome})
         state.settled.set()
 
