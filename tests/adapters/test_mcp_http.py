@@ -34,11 +34,19 @@ SERVER = str(Path(__file__).with_name("mcp_server.py"))
 pytestmark = pytest.mark.filterwarnings(r"ignore:Async generator 'http(x|core)2\.:ResourceWarning")
 
 
+#: A web server that is no MCP server, printing its port like ``SERVER``.
+PLAIN_WEB = (
+    "import http.server as h; s = h.HTTPServer(('127.0.0.1', 0), h.SimpleHTTPRequestHandler);"
+    " print(s.server_port, flush=True); s.serve_forever()"
+)
+
+
 @asynccontextmanager
-async def http_server() -> AsyncIterator[str]:
-    """The server's URL while it runs; it is killed and reaped afterwards."""
+async def http_server(*command: str) -> AsyncIterator[str]:
+    """The server's URL while it runs (``command``: another server than the
+    MCP test server's); it is killed and reaped afterwards."""
     process = await trio.lowlevel.open_process(
-        [sys.executable, SERVER, "--http"], stdout=subprocess.PIPE
+        [sys.executable, *(command or (SERVER, "--http"))], stdout=subprocess.PIPE
     )
     try:
         assert process.stdout is not None
@@ -184,3 +192,20 @@ async def test_mcp_http_a_host_cancellation_passes_through() -> None:
             assert tools.descriptors
             await trio.sleep_forever()
     assert scope.cancelled_caught
+
+
+async def test_a_wrong_url_or_a_web_server_is_a_transport_error_naming_the_url() -> None:
+    """A path the MCP server does not serve, or a plain web server: no
+    JSON-RPC came back, so ``transient_transport`` naming the URL, never
+    "the server refused initialize"."""
+    async with http_server() as mcp_url, http_server("-c", PLAIN_WEB) as web_url:
+        wrong = (mcp_url.replace("/mcp", "/nope"), web_url.replace("/mcp", "/"))
+        for url in wrong:
+            with pytest.raises(Error) as failed, trio.fail_after(30):
+                async with connect_streamable_http(url):
+                    pass  # pragma: no cover - never connected
+            error = failed.value
+            assert error.error_class is ErrorClass.TRANSIENT_TRANSPORT, url
+            assert url in error.message
+            assert error.details["server"] == url
+            assert error.details["reason"] == "not_an_mcp_endpoint"

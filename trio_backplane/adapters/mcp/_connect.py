@@ -10,7 +10,7 @@ from typing import Any, TextIO
 import trio
 
 from ...errors import Error, ErrorClass, exception_leaves
-from ._errors import MAX_CAUSE, mcp_error
+from ._errors import MAX_CAUSE, initialize_error
 from ._sdk import ClientSession, MCPError, StdioServerParameters, stdio_client
 from ._source import McpToolSource, check_seconds
 from ._validators import SchemaValidator, ValidatorCache
@@ -52,7 +52,7 @@ async def _open(
                 try:
                     await session.initialize()
                 except MCPError as exc:
-                    raise mcp_error("initialize", exc, tool=None) from None
+                    raise initialize_error(exc, server) from None
                 await source.refresh()
                 opened = True
                 try:

@@ -7,7 +7,7 @@ from typing import Any, Final
 from ...errors import Error, ErrorClass
 from ._sdk import MCPError, mcp_types
 
-__all__ = ["MAX_CAUSE", "Unparsed", "mcp_error", "transport_error"]
+__all__ = ["MAX_CAUSE", "Unparsed", "initialize_error", "mcp_error", "transport_error"]
 
 #: The most of a cause or a server's message an error's details keep.
 MAX_CAUSE: Final = 500
@@ -21,6 +21,14 @@ _SDK_CONNECTION_CLOSED: Final = frozenset(
     }
 )
 _SDK_STREAM_FAILED: Final = "SSE stream failed: "
+#: What the SDK's HTTP client makes of an answer that is no JSON-RPC at all
+#: (an HTTP error status with another body): ``(code, message)``.
+_SDK_HTTP_STAND_INS: Final = frozenset(
+    {
+        (mcp_types.INTERNAL_ERROR, "Server returned an error response"),
+        (mcp_types.METHOD_NOT_FOUND, "Not Found"),
+    }
+)
 
 
 class Unparsed:
@@ -57,6 +65,26 @@ def mcp_error(method: str, exc: MCPError, *, tool: str | None) -> Error:
     if _connection_closed(exc):
         return Error(ErrorClass.TRANSIENT_TRANSPORT, "MCP connection closed", details)
     return Error(ErrorClass.EXECUTION_FAILURE, f"MCP server refused {method}", details)
+
+
+def initialize_error(exc: MCPError, server: str) -> Error:
+    """The classed error of a failed ``initialize`` at ``server``: an
+    endpoint that answered with no JSON-RPC at all (a wrong URL, a web
+    server that is no MCP server) is ``transient_transport`` naming it; a
+    server's own refusal stays one, with the server named too."""
+    if exc.data is None and (exc.code, exc.message) in _SDK_HTTP_STAND_INS:
+        return Error(
+            ErrorClass.TRANSIENT_TRANSPORT,
+            f"{server[:MAX_CAUSE]} did not answer initialize as an MCP server",
+            {
+                "method": "initialize",
+                "server": server[:MAX_CAUSE],
+                "reason": "not_an_mcp_endpoint",
+                "cause": f"HTTP answer without JSON-RPC ({exc.message})",
+            },
+        )
+    error = mcp_error("initialize", exc, tool=None)
+    return Error(error.error_class, error.message, {**error.details, "server": server[:MAX_CAUSE]})
 
 
 def _connection_closed(exc: MCPError) -> bool:
