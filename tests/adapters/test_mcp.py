@@ -1052,3 +1052,51 @@ async def test_every_argument_refusal_names_its_cause_the_tool_and_the_reason() 
             assert error.details["tool"] == "lookup", label
             assert cause in error.details["cause"], label
         assert await server_calls(source) == []
+
+
+def _server_pids() -> list[int]:
+    """The pids of this process's ``mcp_server.py`` children."""
+    import os
+
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            status = Path(f"/proc/{entry}/status").read_text()
+            command = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        parent = int(status.split("PPid:")[1].split()[0])
+        if parent == os.getpid() and b"mcp_server.py" in command:
+            found.append(int(entry))
+    return found
+
+
+async def test_a_call_to_a_server_known_dead_is_not_sent_and_the_run_goes_on() -> None:
+    """A stdio server killed while idle: the call that finds its connection
+    closed was never written, so it is refused as ``not_sent`` (the tool
+    message an error, the run completing, not ``unknown_outcome``) and the
+    source says it is closed; a direct call is refused the same way."""
+    import os
+    import signal
+
+    async with server() as source:
+        [pid] = _server_pids()
+        os.kill(pid, signal.SIGKILL)
+        with trio.fail_after(10):  # until the session has seen its end
+            while not source.session._dispatcher._closed:  # type: ignore[union-attr]
+                await trio.sleep(0.01)
+        provider = ScriptedProvider(
+            [ScriptedProvider.tool_calls(("c1", "plain", {})), ScriptedProvider.text("done")]
+        )
+        snapshot = await converse(source, provider, "run-dead")
+        assert snapshot.run.state == "completed"
+        [message] = [m for m in snapshot.messages if m["role"] == "tool"]
+        error = message["result"]["error"]
+        assert error["details"]["certainty"] == "not_sent"
+        assert error["details"]["tool"] == "plain"
+        assert source.closed
+        with pytest.raises(Error) as refused:
+            await source.call_tool("plain", {})
+        assert refused.value.error_class is ErrorClass.RESOURCE_CONFLICT  # not connected

@@ -7,7 +7,15 @@ from typing import Any, Final
 from ...errors import Error, ErrorClass
 from ._sdk import MCPError, mcp_types
 
-__all__ = ["MAX_CAUSE", "Unparsed", "initialize_error", "mcp_error", "transport_error"]
+__all__ = [
+    "MAX_CAUSE",
+    "NOT_SENT",
+    "Unparsed",
+    "initialize_error",
+    "mcp_error",
+    "not_sent",
+    "transport_error",
+]
 
 #: The most of a cause or a server's message an error's details keep.
 MAX_CAUSE: Final = 500
@@ -41,8 +49,32 @@ class Unparsed:
         self.cause = cause
 
 
+class _NotSent:
+    """The ``data`` of a "Connection closed" for a request never written."""
+
+    __slots__ = ()
+
+
+NOT_SENT: Final = _NotSent()
+
+
+def not_sent(error: Error) -> bool:
+    """Whether ``error`` is a call the adapter knows it never sent."""
+    return error.details.get("certainty") == "not_sent"
+
+
 def mcp_error(method: str, exc: MCPError, *, tool: str | None) -> Error:
-    """The classed error of a JSON-RPC error; uncertain for a ``tool`` call."""
+    """The classed error of a JSON-RPC error; uncertain for a ``tool`` call
+    unless it was never sent."""
+    if exc.data is NOT_SENT:
+        unsent = {"method": method, "reason": "connection_closed", "certainty": "not_sent"}
+        if tool is not None:
+            unsent["tool"] = tool
+        return Error(
+            ErrorClass.TRANSIENT_TRANSPORT,
+            f"MCP connection is closed: {method} was not sent",
+            unsent,
+        )
     details: dict[str, Any] = {
         "method": method,
         "code": exc.code,

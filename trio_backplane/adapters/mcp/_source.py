@@ -25,7 +25,7 @@ from ...tools import (
     reject,
 )
 from ._catalog import McpCatalog, McpTool, json_arguments
-from ._errors import MAX_CAUSE, mcp_error, transport_error
+from ._errors import MAX_CAUSE, mcp_error, not_sent, transport_error
 from ._refresh import REFRESH_DESCRIPTION, active_registry, is_descriptors, stage_refresh
 from ._sdk import ClientSession, MCPError, anyio, mcp_types, pydantic
 from ._validators import MCP_SCHEMA_OPTIONS, SchemaValidator, ValidatorCache
@@ -80,6 +80,12 @@ class McpToolSource:
         self._descriptors: tuple[ToolDescriptor, ...] = ()
 
     # -- the catalog -----------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        """Whether the source has no session: never connected, its block
+        left, or its connection found closed by a call it could not send."""
+        return self.session is None
 
     @property
     def stale(self) -> bool:
@@ -239,7 +245,10 @@ class McpToolSource:
             limit = self.call_timeout if self.call_timeout is not None else math.inf
             raw = await send_raw(session, request, mcp_types.CallToolResult, limit)
         except MCPError as exc:
-            raise mcp_error("tools/call", exc, tool=tool.name) from None
+            error = mcp_error("tools/call", exc, tool=tool.name)
+            if not_sent(error):
+                self.session = None  # the connection is gone: the source says so
+            raise error from None
         except pydantic.ValidationError as exc:
             raise Error(
                 ErrorClass.MALFORMED_RESULT,
@@ -305,7 +314,12 @@ class McpToolBackend:
                 {"reason": "stale_tool", "tool": self.name},
             )
             return reject(operation, changed)
-        return await self.source.send(tool, operation.arguments)
+        try:
+            return await self.source.send(tool, operation.arguments)
+        except Error as error:
+            if not_sent(error):
+                return reject(operation, error)  # nothing reached the server
+            raise
 
 
 @final

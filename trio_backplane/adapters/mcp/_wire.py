@@ -10,8 +10,16 @@ from contextvars import ContextVar
 from typing import Any, Final
 
 from ...errors import Error, ErrorClass
-from ._errors import MAX_CAUSE, Unparsed
-from ._sdk import CallOptions, ClientSession, JSONRPCDispatcher, mcp_types, pydantic
+from ._errors import MAX_CAUSE, NOT_SENT, Unparsed
+from ._sdk import (
+    CallOptions,
+    ClientSession,
+    JSONRPCDispatcher,
+    MCPError,
+    anyio,
+    mcp_types,
+    pydantic,
+)
 
 __all__ = [
     "RawDispatcher",
@@ -30,6 +38,9 @@ _MAX_LIST_PAGES: Final = 1000
 _MAX_LISTED_TOOLS: Final = 10_000
 #: Inside :func:`send_raw`: where :class:`RawDispatcher` puts the raw result.
 _CAPTURE: ContextVar[list[dict[str, Any]] | None] = ContextVar("_mcp_capture", default=None)
+#: Inside :class:`RawDispatcher`'s ``send_raw_request``: marked when the
+#: request's own write failed (the transport was gone: nothing was sent).
+_UNSENT: ContextVar[list[bool] | None] = ContextVar("_mcp_unsent", default=None)
 #: What the SDK is handed instead of a captured result: the least its models accept.
 _PLACEHOLDERS: Final[Mapping[str, Mapping[str, Any]]] = {
     "tools/list": {"tools": []},
@@ -56,15 +67,38 @@ class RawDispatcher(JSONRPCDispatcher):
         *,
         _related_request_id: Any = None,
     ) -> dict[str, Any]:
-        raw = await super().send_raw_request(
-            method, params, opts, _related_request_id=_related_request_id
-        )
+        """The SDK's request; a "Connection closed" for a request never
+        written (the connection was known closed, or the write itself
+        failed) carries :data:`NOT_SENT`: the SDK says the same for a
+        request lost in flight, whose outcome is unknown."""
+        unsent = [True] if getattr(self, "_closed", False) else []
+        token = _UNSENT.set(unsent)
+        try:
+            raw = await super().send_raw_request(
+                method, params, opts, _related_request_id=_related_request_id
+            )
+        except MCPError as exc:
+            closed = exc.code == mcp_types.CONNECTION_CLOSED and exc.data is None
+            if closed and unsent:
+                raise MCPError(exc.code, exc.message, NOT_SENT) from None
+            raise
+        finally:
+            _UNSENT.reset(token)
         capture = _CAPTURE.get()
         placeholder = _PLACEHOLDERS.get(method)
         if capture is None or placeholder is None or _related_request_id is not None:
             return raw
         capture.append(raw)
         return dict(placeholder)
+
+    async def _write(self, message: Any, metadata: Any = None) -> None:
+        try:
+            await super()._write(message, metadata)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            unsent = _UNSENT.get()
+            if unsent is not None and isinstance(message, mcp_types.JSONRPCRequest):
+                unsent.append(True)  # a memory stream that refused the item never delivered it
+            raise
 
     async def _dispatch(self, item: Any, *args: Any, **kwargs: Any) -> None:
         """The SDK's routing of one inbound item; first, a response the
