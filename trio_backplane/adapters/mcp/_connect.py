@@ -175,6 +175,9 @@ async def connect_stdio(
 ) -> AsyncIterator[McpToolSource]:
     """Start ``command`` as an MCP server subprocess, initialize and list its tools.
 
+    The subprocess gets the SDK's minimal environment (on POSIX ``HOME``,
+    ``LOGNAME``, ``PATH``, ``SHELL``, ``TERM``, ``USER``) with ``env``
+    merged over it, never the host's whole environment.
     The subprocess is stopped when the block ends, however it ends.
     ``read_timeout`` bounds every request but calls (see ``call_timeout``).
     The SDK stops the server's process group only when the server outlives
