@@ -1100,3 +1100,25 @@ async def test_a_call_to_a_server_known_dead_is_not_sent_and_the_run_goes_on() -
         with pytest.raises(Error) as refused:
             await source.call_tool("plain", {})
         assert refused.value.error_class is ErrorClass.RESOURCE_CONFLICT  # not connected
+
+
+async def test_a_task_only_tool_of_a_server_without_tasks_is_refused_at_listing() -> None:
+    """A tool whose ``execution.taskSupport`` is ``required``, listed by a
+    server whose capabilities offer no tasks, is left out with why
+    (``tasks_unsupported``), not admitted as a tool that always fails; an
+    ``optional`` one is admitted and called plainly."""
+    tools = json.dumps(
+        [
+            {"name": "only_task", "inputSchema": {"type": "object"},
+             "execution": {"taskSupport": "required"}},
+            {"name": "maybe_task", "inputSchema": {"type": "object"},
+             "execution": {"taskSupport": "optional"}},
+        ]
+    )  # fmt: skip
+    async with raw_server({"RAW_TOOLS": tools}, task_calls="optional") as source:
+        assert [d.name for d in source.descriptors] == ["maybe_task"]
+        error = refusal(source, "only_task")
+        assert error.error_class is ErrorClass.UNSUPPORTED_CAPABILITY
+        assert error.details["reason"] == "tasks_unsupported"
+        result = await source.call_tool("maybe_task", {"n": 1})
+        assert result.structured_content == {"arguments": {"n": 1}}

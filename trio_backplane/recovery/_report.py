@@ -146,10 +146,23 @@ def recover(record: RunRecord, *, incarnation: int) -> RecoveryReport:
     )
 
 
+#: Resources that live only as long as the invocation that recorded them
+#: (an MCP task, which the server runs for that one call): once it is
+#: settled, they are history, not something that may outlive a host.
+_CALL_SCOPED: Final = frozenset({"mcp_task"})
+
+
 def _resources(record: RunRecord) -> tuple[Mapping[str, Any], ...]:
-    """The resources the run's tools recorded (``context["conversation"]``)."""
+    """The resources the run's tools recorded (``context["conversation"]``)
+    that may still exist: all but those of a call that has settled."""
     conversation = (record.context or {}).get("conversation")
     listed = conversation.get("resources") if isinstance(conversation, Mapping) else None
     if not isinstance(listed, list | tuple):
         return ()
-    return tuple(thaw(item) for item in listed if isinstance(item, Mapping))
+    active = record.active_tools
+    return tuple(
+        thaw(item)
+        for item in listed
+        if isinstance(item, Mapping)
+        and (item.get("kind") not in _CALL_SCOPED or item.get("invocation_id") in active)
+    )

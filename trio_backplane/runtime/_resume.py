@@ -69,7 +69,11 @@ def resume_point(record: RunRecord, wall_now: float) -> ResumePoint:
     ):
         raise _refuse(record, "an effect, a child run or a wait is in flight")
     conversation = ConversationState.of(record)
-    if conversation.resources:
+    if any(
+        not isinstance(item, Mapping) or item.get("kind") != "mcp_task"
+        for item in conversation.resources
+    ):
+        # (an MCP task lives as long as its call, which has settled here)
         raise _refuse(record, "a resource its tools started may outlive its host")
     turn_id = conversation.turn_id
     if turn_id is None:

@@ -35,6 +35,17 @@ class McpTool:
     revision: int
     compiled_input: Any = attrs.field(repr=False)
     compiled_output: Any = attrs.field(repr=False)
+    #: its ``execution.taskSupport``: ``"forbidden"`` (the default),
+    #: ``"optional"`` or ``"required"`` (callable only as a task)
+    task_support: str = "forbidden"
+
+
+def _task_support(definition: Mapping[str, Any]) -> str:
+    """A definition's ``execution.taskSupport`` (``"forbidden"`` when absent
+    or not one of the three values)."""
+    execution = definition.get("execution")
+    support = execution.get("taskSupport") if isinstance(execution, Mapping) else None
+    return support if support in ("optional", "required") else "forbidden"
 
 
 def _unsafe(name: str, role: Role, built: Built) -> tuple[Error, Error]:
@@ -85,6 +96,9 @@ class McpCatalog:
         self.validate_structured_content = validate_structured_content
         self.validator: SchemaValidator = validator
         self.cache = cache if cache is not None else ValidatorCache()
+        #: the server runs ``tools/call`` as tasks (its capabilities say so,
+        #: and the session can send the requests): set before :meth:`admit`
+        self.tasks_supported = False
         self._tools: dict[str, McpTool] = {}
         self._refused: dict[str, tuple[Error, Rejected]] = {}
         self._revisions: dict[str, tuple[str | None, int]] = {}
@@ -168,6 +182,14 @@ class McpCatalog:
             output_schema = None  # ignored: never used, never built
         description = definition.get("description")
         annotations = definition.get("annotations")
+        task_support = _task_support(definition)
+        if task_support == "required" and not self.tasks_supported:
+            refusal = Error(
+                ErrorClass.UNSUPPORTED_CAPABILITY,
+                f"MCP tool {name!r} runs only as a task, and the server offers no tasks",
+                {"reason": "tasks_unsupported", "tool": name},
+            )
+            return refusal, Rejected(name, revision, refusal)
         return McpTool(
             name=name,
             description=description if isinstance(description, str) else "",
@@ -178,6 +200,7 @@ class McpCatalog:
             revision=revision,
             compiled_input=built_input.compiled,
             compiled_output=None if built_output is None else built_output.compiled,
+            task_support=task_support,
         )
 
     def _built(self, fingerprint: str | None, role: Role, schema: Any) -> Built:

@@ -39,29 +39,29 @@ async def _open(
     from_block: BaseException | None = None
     unwrapped: BaseException | None = None
     try:
-        async with (
-            streams as (read_stream, write_stream),
-            ClientSession(
+        async with streams as (read_stream, write_stream):
+            channels = session_streams(read_stream, write_stream)
+            async with ClientSession(
                 read_timeout_seconds=read_timeout,
                 message_handler=source._on_message,
-                **session_streams(read_stream, write_stream),
-            ) as session,
-        ):
-            source.session = session
-            try:
+                **channels,
+            ) as session:
+                source.session = session
+                source.dispatcher = channels.get("dispatcher")
                 try:
-                    await session.initialize()
-                except MCPError as exc:
-                    raise initialize_error(exc, server) from None
-                await source.refresh()
-                opened = True
-                try:
-                    yield source
-                except BaseException as exc:
-                    from_block = exc
-                    raise
-            finally:
-                source.session = None
+                    try:
+                        await session.initialize()
+                    except MCPError as exc:
+                        raise initialize_error(exc, server) from None
+                    await source.refresh()
+                    opened = True
+                    try:
+                        yield source
+                    except BaseException as exc:
+                        from_block = exc
+                        raise
+                finally:
+                    source.session = source.dispatcher = None
     except BaseException as exc:
         failure = _exit_failure(exception_leaves(exc), from_block, opened, server)
         if failure is None or failure is exc:
@@ -172,6 +172,7 @@ async def connect_stdio(
     cache: ValidatorCache | None = None,
     call_timeout: float | None = None,
     read_timeout: float | None = 30.0,
+    task_calls: str = "required",
 ) -> AsyncIterator[McpToolSource]:
     """Start ``command`` as an MCP server subprocess, initialize and list its tools.
 
@@ -192,6 +193,7 @@ async def connect_stdio(
         validator=validator,
         cache=cache,
         call_timeout=call_timeout,
+        task_calls=task_calls,
     )
     # "replace": one undecodable byte on the server's stdout must not kill
     # the SDK's reader, which would then drain stdout without reporting it
@@ -218,6 +220,7 @@ async def connect_streamable_http(
     cache: ValidatorCache | None = None,
     call_timeout: float | None = None,
     read_timeout: float | None = 30.0,
+    task_calls: str = "required",
 ) -> AsyncIterator[McpToolSource]:
     """Connect to an MCP server over streamable HTTP, initialize and list its tools.
 
@@ -237,6 +240,7 @@ async def connect_streamable_http(
         validator=validator,
         cache=cache,
         call_timeout=call_timeout,
+        task_calls=task_calls,
     )
     async with _open(streamable_http_client(url), source, read_timeout, url) as opened:
         yield opened

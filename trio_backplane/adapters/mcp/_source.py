@@ -28,6 +28,7 @@ from ._catalog import McpCatalog, McpTool, json_arguments
 from ._errors import MAX_CAUSE, mcp_error, not_sent, transport_error
 from ._refresh import REFRESH_DESCRIPTION, active_registry, is_descriptors, stage_refresh
 from ._sdk import ClientSession, MCPError, anyio, mcp_types, pydantic
+from ._tasks import call_as_task, server_runs_tasks
 from ._validators import MCP_SCHEMA_OPTIONS, SchemaValidator, ValidatorCache
 from ._wire import call_result, check_paging, listing_page, raw_result, send_raw
 
@@ -51,7 +52,11 @@ class McpToolSource:
     (or wrap a session you entered and initialized yourself, then
     ``await source.refresh()``).  ``call_timeout`` (seconds, ``None`` = no
     limit) bounds each ``tools/call``; a call that runs out is a ``timeout``
-    whose outcome is uncertain.
+    whose outcome is uncertain.  A tool whose ``execution.taskSupport``
+    is ``"required"`` (with ``task_calls="optional"``, ``"optional"`` too)
+    is called as an MCP task (``tools/call`` with ``task``, then
+    ``tasks/get`` until it ends and ``tasks/result``); a task-only tool of a
+    server that offers no tasks is refused at listing.
     """
 
     def __init__(
@@ -63,8 +68,15 @@ class McpToolSource:
         validator: SchemaValidator | None = None,
         cache: ValidatorCache | None = None,
         call_timeout: float | None = None,
+        task_calls: str = "required",
     ) -> None:
         check_seconds("call_timeout", call_timeout)
+        if task_calls not in ("required", "optional"):
+            raise Error(
+                ErrorClass.VALIDATION,
+                "task_calls must be 'required' or 'optional'",
+                {"argument": "task_calls"},
+            )
         if session is not None:
             require_methods(session, "session", ("list_tools", "call_tool"))
         self.catalog = McpCatalog(
@@ -74,7 +86,11 @@ class McpToolSource:
             cache=cache,
         )
         self.session = session
+        #: the adapter's raw JSON-RPC dispatcher under ``session`` (``None``
+        #: for a session the host built): task calls go through it
+        self.dispatcher: Any = None
         self.call_timeout = call_timeout
+        self.task_calls = task_calls
         self._stale = False
         self._stale_event = trio.Event()
         self._descriptors: tuple[ToolDescriptor, ...] = ()
@@ -139,6 +155,10 @@ class McpToolSource:
             if was_stale:
                 self.mark_stale()
             raise
+        capabilities = getattr(session, "server_capabilities", None)
+        self.catalog.tasks_supported = self.dispatcher is not None and server_runs_tasks(
+            capabilities
+        )
         self.catalog.admit(definitions)
         self._descriptors = tuple(
             ToolDescriptor(
@@ -228,22 +248,17 @@ class McpToolSource:
         tool = self.catalog.prepare(name, arguments)
         return await self.send(tool, arguments)
 
-    async def send(self, tool: McpTool, arguments: Any) -> ToolResult:
-        """Send a prepared call and check its result; every failure is classed and,
-        for the runtime, uncertain (the request may have reached the server)."""
+    async def send(self, tool: McpTool, arguments: Any, *, record: Any = None) -> ToolResult:
+        """Send a prepared call (as a task where it must be one; ``record``
+        is handed its task id) and check its result; every failure is
+        classed and, for the runtime, uncertain (the request may have
+        reached the server) unless it was never sent."""
         session = self._session()
-        request = mcp_types.CallToolRequest(
-            params=mcp_types.CallToolRequestParams(
-                name=tool.name, arguments=json_arguments(tool.name, arguments)
-            ),
-        )
         try:
-            # send_request, not ClientSession.call_tool: the SDK's own output
-            # validation must not replace the adapter's opt-in one.  Without a
-            # call_timeout there is no limit, never the session's read_timeout,
-            # which the SDK applies to a request given none.
-            limit = self.call_timeout if self.call_timeout is not None else math.inf
-            raw = await send_raw(session, request, mcp_types.CallToolResult, limit)
+            if self._as_task(tool):
+                raw = await self._task(tool, arguments, record)
+            else:
+                raw = await self._call(session, tool, arguments)
         except MCPError as exc:
             error = mcp_error("tools/call", exc, tool=tool.name)
             if not_sent(error):
@@ -262,9 +277,44 @@ class McpToolSource:
             ) from None
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:
             raise transport_error("tools/call", exc, tool=tool.name) from None
+        return self.catalog.result(tool, call_result(tool.name, raw))
+
+    async def _call(self, session: ClientSession, tool: McpTool, arguments: Any) -> Any:
+        """One plain ``tools/call``: its result as the server sent it."""
+        request = mcp_types.CallToolRequest(
+            params=mcp_types.CallToolRequestParams(
+                name=tool.name, arguments=json_arguments(tool.name, arguments)
+            ),
+        )
+        # send_request, not ClientSession.call_tool: the SDK's own output
+        # validation must not replace the adapter's opt-in one.  Without a
+        # call_timeout there is no limit, never the session's read_timeout,
+        # which the SDK applies to a request given none.
+        limit = self.call_timeout if self.call_timeout is not None else math.inf
+        raw = await send_raw(session, request, mcp_types.CallToolResult, limit)
         if isinstance(raw, mcp_types.CallToolResult):  # a session the host built
             raw = raw_result(raw)
-        return self.catalog.result(tool, call_result(tool.name, raw))
+        return raw
+
+    def _as_task(self, tool: McpTool) -> bool:
+        if tool.task_support == "required":
+            return True
+        optional = tool.task_support == "optional" and self.task_calls == "optional"
+        return optional and self.catalog.tasks_supported
+
+    async def _task(self, tool: McpTool, arguments: Any, record: Any) -> Any:
+        """``tools/call`` of ``tool`` as a task, within ``call_timeout``."""
+        plain = json_arguments(tool.name, arguments)
+        send = self.dispatcher.send_raw_request
+        limit = self.call_timeout if self.call_timeout is not None else math.inf
+        with trio.move_on_after(limit) as bound:
+            return await call_as_task(send, tool.name, plain, record=record)
+        assert bound.cancelled_caught
+        raise Error(
+            ErrorClass.TIMEOUT,
+            f"MCP tool {tool.name!r} task outlived call_timeout (it was cancelled)",
+            {"tool": tool.name, "certainty": "uncertain"},
+        )
 
     def _session(self) -> ClientSession:
         if self.session is None:
@@ -314,8 +364,9 @@ class McpToolBackend:
                 {"reason": "stale_tool", "tool": self.name},
             )
             return reject(operation, changed)
+        record = getattr(getattr(operation, "context", None), "record_resource", None)
         try:
-            return await self.source.send(tool, operation.arguments)
+            return await self.source.send(tool, operation.arguments, record=record)
         except Error as error:
             if not_sent(error):
                 return reject(operation, error)  # nothing reached the server
