@@ -331,3 +331,22 @@ async def test_crash_harness_needs_a_store(store: Any) -> None:
     assert raised.value.message == "store must provide create, load, commit, fence"
     assert raised.value.details["argument"] == "store"
     assert "load" in raised.value.details["missing"]
+
+
+def test_an_mcp_task_is_reported_while_its_call_is_in_flight_only() -> None:
+    """An MCP task recorded by a call still in flight may run on after a
+    crash: reported, with its id; one of a call that settled is history."""
+    from trio_backplane.recovery import recover
+
+    tasks = [
+        {"kind": "mcp_task", "task_id": "t-live", "invocation_id": "invocation-1-4"},
+        {"kind": "mcp_task", "task_id": "t-done", "invocation_id": "invocation-1-2"},
+    ]
+    record = RunRecord(
+        run_id="r",
+        state="running",
+        active_tools={"invocation-1-4": {"tool_name": "research"}},
+        context={"conversation": {"resources": tasks}},
+    )
+    report = recover(record, incarnation=2)
+    assert [r["task_id"] for r in report.resources] == ["t-live"]
