@@ -43,6 +43,9 @@ class Status:
     raw: bool = False  # send ``body`` as plain text, not a JSON error object
     #: announce a body twice as long as ``body``, send ``body``, then go silent
     stall: bool = False
+    #: the error object's ``code``, and more response headers
+    code: str | None = None
+    headers: dict[str, str] = attrs.Factory(dict)
 
 
 def text_chunks(text: str, *, usage: dict[str, Any] | None = None) -> Stream:
@@ -125,10 +128,15 @@ class ChatServer:
                     if reply.raw:
                         payload, kind = str(reply.body).encode(), "text/plain"
                     else:
-                        payload = json.dumps({"error": {"message": reply.body}}).encode()
+                        error = {"message": reply.body}
+                        if reply.code is not None:
+                            error["code"] = reply.code
+                        payload = json.dumps({"error": error}).encode()
                         kind = "application/json"
                     self.send_response(reply.status)
                     self.send_header("Content-Type", kind)
+                    for name, value in reply.headers.items():
+                        self.send_header(name, value)
                     length = 2 * len(payload) if reply.stall else len(payload)
                     self.send_header("Content-Length", str(length))
                     self.end_headers()

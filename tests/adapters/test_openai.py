@@ -17,7 +17,12 @@ import pytest
 import trio
 
 from tests.adapters.chat_server import ChatServer, Status, Stream, text_chunks, tool_call_chunks
-from trio_backplane.adapters.openai import OPENAI_NAME, OpenAIProvider, ToolAliases
+from trio_backplane.adapters.openai import (
+    OPENAI_NAME,
+    OpenAIProvider,
+    ToolAliases,
+    transcript_messages,
+)
 from trio_backplane.errors import Error, ErrorClass
 from trio_backplane.kernel import encode_record, thaw
 from trio_backplane.runtime import (
@@ -1070,3 +1075,33 @@ async def test_an_error_status_whose_body_stalls_keeps_its_class(chat: ChatServe
     error = await _failed_within_seconds(chat)
     assert error.error_class is ErrorClass.FORBIDDEN, error
     assert "invalid api key" in error.details["provider_message"]
+
+
+async def test_a_rate_limit_keeps_its_retry_after_and_code_and_a_spent_quota_is_apart(
+    chat: ChatServer,
+) -> None:
+    """A 429 says how long to wait (``retry-after``, for the host, which
+    owns retries) and the provider's code; one for an exhausted quota is
+    ``budget_exceeded``, not a transient failure a retry would repeat."""
+    chat.add(
+        Status(429, "slow down", code="rate_limit_exceeded", headers={"retry-after": "2"}),
+        Status(429, "You exceeded your current quota", code="insufficient_quota"),
+    )
+    provider = OpenAIProvider(chat.base_url, "m", timeout=5)
+    limited = (await collect(provider, request()))[-1].error
+    assert limited.error_class is ErrorClass.TRANSIENT_TRANSPORT
+    assert limited.details["retry_after"] == 2.0
+    assert limited.details["provider_code"] == "rate_limit_exceeded"
+    spent = (await collect(provider, request()))[-1].error
+    assert spent.error_class is ErrorClass.BUDGET_EXCEEDED
+    assert spent.details["provider_code"] == "insufficient_quota"
+    assert "retry_after" not in spent.details
+
+
+def test_an_empty_answer_is_sent_back_as_an_empty_string() -> None:
+    """An assistant message with no text and no calls goes back as content
+    ``""``: a null content is refused without ``tool_calls`` beside it."""
+    sent = transcript_messages(
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}], ToolAliases([])
+    )
+    assert sent[1] == {"role": "assistant", "content": ""}

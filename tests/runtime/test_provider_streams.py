@@ -1158,3 +1158,23 @@ async def test_prv_03_every_part_of_a_stream_is_closed_whatever_fails(
     finished = await run_to_settled(_Stream(lambda request: Wrapper()))
     assert finished.record.state == "completed"
     assert closed == ["async-aiter", "wrapper"]
+
+
+async def test_prv_18_the_names_of_credentials_are_kept_only_their_values_redacted(
+    autojump_clock: MockClock,
+) -> None:
+    """PRV-18: redaction looks for the values of ``provider_context``, not
+    its keys: a 401 body "Incorrect api_key provided: <key>" keeps the word
+    ``api_key`` and loses the key."""
+
+    async def reports(request: Any) -> Any:
+        yield ResponseFailed(
+            Error(ErrorClass.FORBIDDEN, f"Incorrect api_key provided: {PROVIDER_CANARY}")
+        )
+
+    store = MemoryStore()
+    finished = await run_to_settled(
+        _Stream(reports), store=store, provider_context={"api_key": PROVIDER_CANARY}
+    )
+    assert turn_error(finished)["message"] == "Incorrect api_key provided: [redacted]"
+    await assert_no_canary(store, RUN_ID, [PROVIDER_CANARY], events=finished.events)

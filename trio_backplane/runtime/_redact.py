@@ -2,8 +2,9 @@
 ``backend_context``) never reach a store, an event or a request: what a
 failure quotes of them is replaced by ``[redacted]`` before it is committed or published.
 
-The texts looked for are every ``str`` (and ``bytes``, as UTF-8) inside the
-context, keys included, nested in mappings, lists, tuples and sets: a
+The texts looked for are every ``str`` (and ``bytes``, as UTF-8) value inside
+the context (not the keys, which name secrets: "api_key" is no secret),
+nested in mappings, lists, tuples and sets: a
 credential held inside another object (an SDK client's attribute) is not
 found; hand it over as text.  Texts shorter than six characters are not
 looked for (they would blank out ordinary words).
@@ -38,7 +39,8 @@ def secrets_of(context: Any) -> tuple[str, ...]:
             if len(value) >= _MIN:
                 found.add(value)
         elif depth < _DEPTH and isinstance(value, Mapping):
-            stack.extend((item, depth + 1) for pair in value.items() for item in pair)
+            # the values: a key names a secret ("api_key"), it is none itself
+            stack.extend((item, depth + 1) for item in value.values())
         elif depth < _DEPTH and isinstance(value, list | tuple | set | frozenset):
             stack.extend((item, depth + 1) for item in value)
     return tuple(sorted(found, key=len, reverse=True))

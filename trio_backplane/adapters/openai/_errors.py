@@ -50,11 +50,19 @@ def stream_error(message: Any) -> Error:
     )
 
 
-def http_error(status: int, text: str) -> Error:
+#: Provider error codes (``error.code`` or ``error.type``) that no retry
+#: fixes: the account's quota or billing, not a passing rate limit.
+_QUOTA_CODES: Final = frozenset({"insufficient_quota", "billing_hard_limit_reached"})
+
+
+def http_error(status: int, text: str, *, retry_after: str | None = None) -> Error:
     """The error an HTTP status and its body's text make; the server's own
     message from the JSON shapes servers use (``{"error": {"message"}}``,
-    ``{"error": "..."}``, ``{"message"}``, ``{"detail"}``), else the text."""
-    provider_message = text
+    ``{"error": "..."}``, ``{"message"}``, ``{"detail"}``), else the text;
+    the provider's error ``code`` and the ``retry-after`` it asked for (the
+    host owns retries) in the details.  A 429 for an exhausted quota is
+    ``budget_exceeded``: retrying never helps."""
+    provider_message, code = text, None
     try:
         payload = strict_loads(text)
     except (ValueError, RecursionError):
@@ -62,17 +70,38 @@ def http_error(status: int, text: str) -> Error:
     if isinstance(payload, Mapping):
         error = payload.get("error")
         if isinstance(error, Mapping):
+            found = error.get("code") or error.get("type")
+            code = found if isinstance(found, str) else None
             error = error.get("message")
         for candidate in (error, payload.get("message"), payload.get("detail")):
             if isinstance(candidate, str) and candidate:
                 provider_message = candidate
                 break
-    details = {"status": status, "provider_message": provider_message}
+    details: dict[str, Any] = {"status": status, "provider_message": provider_message}
+    if code is not None:
+        details["provider_code"] = code[:100]
+    seconds = _seconds(retry_after)
+    if seconds is not None:
+        details["retry_after"] = seconds
+    if status == 429 and code in _QUOTA_CODES:
+        return Error(ErrorClass.BUDGET_EXCEEDED, "provider quota is exhausted", details)
     if status == 429 or status >= 500:
         return Error(ErrorClass.TRANSIENT_TRANSPORT, f"provider answered HTTP {status}", details)
     if status in (401, 403):
         return Error(ErrorClass.FORBIDDEN, f"provider refused the request (HTTP {status})", details)
     return Error(ErrorClass.VALIDATION, f"provider rejected the request (HTTP {status})", details)
+
+
+def _seconds(retry_after: str | None) -> float | None:
+    """A ``retry-after`` header's delay in seconds (its delta-seconds form;
+    an HTTP date is not read), ``None`` when absent or unreadable."""
+    if retry_after is None:
+        return None
+    try:
+        seconds = float(retry_after.strip())
+    except ValueError:
+        return None
+    return seconds if 0 <= seconds < 86_400 else None
 
 
 def _excerpt(text: str, api_key: str | None, limit: int | None = None) -> str:

@@ -28,7 +28,8 @@ async def check_response(response: httpx.Response, patience: float) -> None:
     body is read for ``patience`` seconds at most), and read it as UTF-8."""
     if response.status_code != 200:
         said = await error_body(response, patience)
-        raise Failed(http_error(response.status_code, said))
+        retry_after = response.headers.get("retry-after")
+        raise Failed(http_error(response.status_code, said, retry_after=retry_after))
     media_type = response.headers.get("content-type", "").partition(";")[0]
     if media_type.strip().lower() != "text/event-stream":
         raise Failed(malformed("response is not an event stream", media_type[:100]))

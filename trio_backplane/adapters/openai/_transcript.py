@@ -67,7 +67,9 @@ def _assistant_message(content: Any, aliases: ToolAliases) -> dict[str, Any]:
                         },
                     }
                 )
-    entry: dict[str, Any] = {"role": "assistant", "content": _text_of(content) or None}
+    # no text and no calls: "" (a null content needs tool_calls beside it)
+    text = _text_of(content)
+    entry: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else "")}
     if calls:
         entry["tool_calls"] = calls
     return entry
