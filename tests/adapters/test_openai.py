@@ -51,6 +51,9 @@ CANARY = "sk-canary-5f1d8c0e-never-store-me"
 GET_ME = "github::get_me"
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
 
+#: A completed answer's message, but for its content: it keeps its finish reason.
+STOPPED: dict[str, Any] = {"role": "assistant", "finish_reason": "stop"}
+
 
 @pytest.fixture
 def chat() -> Iterator[ChatServer]:
@@ -204,7 +207,7 @@ async def test_stream_events_and_usage(chat: ChatServer) -> None:
     assert isinstance(events[-1], ResponseCompleted)
     events = await collect(provider, request())
     assert [e.text for e in events if isinstance(e, TextDelta)] == ["hello", " world"]
-    assert events[-1] == ResponseCompleted({"role": "assistant", "content": "hello world"})
+    assert events[-1] == ResponseCompleted(STOPPED | {"content": "hello world"})
     body = chat.requests[1]
     assert "tools" not in body
     assert body["messages"] == [{"role": "user", "content": "hi"}]
@@ -559,6 +562,7 @@ async def test_chunks_after_done_are_never_read(chat: ChatServer) -> None:
     chat.add(Stream((_one({"content": "first"}), "[DONE]", _one({"content": "ignored"}), "")))
     events = await collect(OpenAIProvider(chat.base_url, "m"), request())
     assert [e.text for e in events if isinstance(e, TextDelta)] == ["first"]
+    # no finish reason came: the message has none
     assert events[-1] == ResponseCompleted({"role": "assistant", "content": "first"})
 
 
@@ -681,7 +685,7 @@ async def test_done_ends_the_response_at_once(chat: ChatServer, tail: str) -> No
     chat.add(Stream((_one({"content": "hello"}), _STOP), tail=tail))
     with trio.fail_after(5):  # well under the provider's read timeout
         events = await collect(OpenAIProvider(chat.base_url, "m", timeout=30), request())
-    assert events[-1] == ResponseCompleted({"role": "assistant", "content": "hello"})
+    assert events[-1] == ResponseCompleted(STOPPED | {"content": "hello"})
 
 
 @pytest.mark.parametrize("tail", ["drop", "reset", "hang"])
@@ -691,7 +695,7 @@ async def test_a_finished_response_survives_a_lost_tail(chat: ChatServer, tail: 
     that never came is not invented."""
     chat.add(Stream((_one({"content": "hello"}), _STOP), done=False, tail=tail))
     events = await collect(OpenAIProvider(chat.base_url, "m", timeout=0.3), request())
-    assert events[-1] == ResponseCompleted({"role": "assistant", "content": "hello"})
+    assert events[-1] == ResponseCompleted(STOPPED | {"content": "hello"})
     assert not any(isinstance(e, Usage) for e in events)
 
 
@@ -710,7 +714,7 @@ async def test_a_server_silent_after_the_finish_reason_costs_the_tail_timeout(
     with trio.fail_after(5):  # well under the read timeout
         events = await collect(provider, request())
     assert trio.current_time() - start >= 0.2
-    assert events[-1] == ResponseCompleted({"role": "assistant", "content": "hello"})
+    assert events[-1] == ResponseCompleted(STOPPED | {"content": "hello"})
     assert [e for e in events if isinstance(e, Usage)] == (
         [Usage({"total_tokens": 3})] if usage else []
     )
@@ -735,7 +739,7 @@ async def test_a_byte_order_mark_does_not_hide_the_first_event(chat: ChatServer)
     specification drops) keeps its first event."""
     chat.add(Stream((_one({"content": "Hello"}), _STOP), prefix=b"\xef\xbb\xbf"))
     events = await collect(OpenAIProvider(chat.base_url, "m"), request())
-    assert events[-1] == ResponseCompleted({"role": "assistant", "content": "Hello"})
+    assert events[-1] == ResponseCompleted(STOPPED | {"content": "Hello"})
 
 
 @pytest.mark.parametrize(
@@ -1105,3 +1109,56 @@ def test_an_empty_answer_is_sent_back_as_an_empty_string() -> None:
         [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}], ToolAliases([])
     )
     assert sent[1] == {"role": "assistant", "content": ""}
+
+
+def _finishing(reason: str, *delta: dict[str, Any]) -> Stream:
+    chunks = [{"choices": [{"index": 0, "delta": d}]} for d in delta]
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": reason}]})
+    return Stream(tuple(chunks))
+
+
+_CUT_CALL = {
+    "tool_calls": [
+        {"index": 0, "id": "c1", "type": "function",
+         "function": {"name": "lookup", "arguments": '{"q": "tr'}}
+    ]
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("reason", "delta", "error_class"),
+    [
+        ("length", {"content": "a cut answ"}, ErrorClass.BUDGET_EXCEEDED),
+        ("length", _CUT_CALL, ErrorClass.BUDGET_EXCEEDED),
+        ("content_filter", {"content": ""}, ErrorClass.FORBIDDEN),
+    ],
+    ids=["length-text", "length-call", "content-filter"],
+)
+async def test_a_cut_or_withheld_response_fails_with_its_finish_reason(
+    chat: ChatServer, reason: str, delta: dict[str, Any], error_class: ErrorClass
+) -> None:
+    """``finish_reason`` ``length`` or ``content_filter``: the response
+    fails naming it (a call it cut is never completed, so never
+    dispatched; a cut answer never passes for a whole one); any other
+    finish reason is kept on the completed message."""
+    chat.add(_finishing(reason, delta), _finishing("stop", {"content": "fine"}))
+    provider = OpenAIProvider(chat.base_url, "m", timeout=5)
+    events = await collect(provider, request())
+    assert not any(isinstance(e, ToolCallCompleted) for e in events)
+    assert isinstance(events[-1], ResponseFailed)
+    assert events[-1].error.error_class is error_class
+    assert events[-1].error.details["finish_reason"] == reason
+    completed = (await collect(provider, request()))[-1]
+    assert completed == ResponseCompleted(STOPPED | {"content": "fine"})
+
+
+async def test_garbage_after_the_finish_reason_is_a_cut_tail_not_a_failure(
+    chat: ChatServer,
+) -> None:
+    """A chunk that is no JSON after the finish reason and usage arrived
+    (``[DONE]`` cut to ``[DO``) ends the response as a cut connection there
+    would: it completes with what arrived."""
+    text = text_chunks("hello", usage={"prompt_tokens": 1, "completion_tokens": 1})
+    chat.add(Stream((*text.chunks, "[DO"), done=False))
+    events = await collect(OpenAIProvider(chat.base_url, "m", timeout=5), request())
+    assert events[-1] == ResponseCompleted(STOPPED | {"content": "hello"})

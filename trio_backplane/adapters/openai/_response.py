@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from ...errors import Error, ErrorClass
 from ...kernel import loads
 from ...runtime import (
     ProviderEvent,
@@ -93,6 +94,8 @@ class ResponseBuilder:
         self.calls = _Calls()
         self.text = StreamedText()
         self.thinking = StreamedText()
+        #: choice 0's ``finish_reason`` (``None``: none came)
+        self.finish_reason: str | None = None
 
     def events(self, chunk: Mapping[str, Any]) -> list[ProviderEvent]:
         """The events of one chunk; raises ``Failed`` for a malformed one."""
@@ -108,6 +111,9 @@ class ResponseBuilder:
         for choice in choices:
             if not isinstance(choice, Mapping) or choice.get("index", 0) != 0:
                 continue
+            reason = choice.get("finish_reason")
+            if isinstance(reason, str) and reason:
+                self.finish_reason = replace_surrogates(reason)[:100]
             delta = choice.get("delta") or {}
             if not isinstance(delta, Mapping):
                 raise Failed(malformed("chunk delta must be an object", type(delta).__name__))
@@ -206,7 +212,14 @@ class ResponseBuilder:
 
     def finish(self) -> Iterator[ProviderEvent]:
         """The events that end the response: each call not started yet
-        starts, every call completes, then ``ResponseCompleted``."""
+        starts, every call completes, then ``ResponseCompleted`` (its
+        message keeps the finish reason).  A response cut at the output
+        limit (``length``) or withheld (``content_filter``) fails instead:
+        a call it cut is never dispatched, a cut answer never passes for
+        a whole one."""
+        cut = _cut(self.finish_reason)
+        if cut is not None:
+            raise Failed(cut)
         blocks: list[dict[str, Any]] = []
         if self.thinking:
             blocks.append({"type": "thinking", "thinking": self.thinking.text()})
@@ -225,4 +238,25 @@ class ResponseBuilder:
         content: Any = blocks
         if not self.calls and not self.thinking:
             content = self.text.text()
-        yield ResponseCompleted({"role": "assistant", "content": content})
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if self.finish_reason is not None:
+            message["finish_reason"] = self.finish_reason
+        yield ResponseCompleted(message)
+
+
+def _cut(reason: str | None) -> Error | None:
+    """The failure a finish reason stands for, if it is one."""
+    details = {"reason": f"finish_{reason}", "finish_reason": reason}
+    if reason == "length":
+        return Error(
+            ErrorClass.BUDGET_EXCEEDED,
+            "provider stopped at its output token limit (finish_reason length)",
+            details,
+        )
+    if reason == "content_filter":
+        return Error(
+            ErrorClass.FORBIDDEN,
+            "provider withheld its answer (finish_reason content_filter)",
+            details,
+        )
+    return None

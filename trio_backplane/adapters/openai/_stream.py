@@ -88,6 +88,12 @@ class StreamReader:
                 chunk = parse_chunk(data)
                 events = self.builder.events(chunk)
             except Failed as failed:
+                if self.finished:
+                    # garbage after the finish reason ("[DO" for "[DONE]"):
+                    # what arrived is the response, as when the connection
+                    # is cut there; the rest is abandoned as after [DONE]
+                    self.done = True
+                    return None
                 self.failure = failed.error
             else:
                 self._finishing = finishes(chunk)
