@@ -48,6 +48,13 @@ class Status:
     headers: dict[str, str] = attrs.Factory(dict)
 
 
+@attrs.frozen
+class Completion:
+    """A non-streamed chat completion: ``payload`` as JSON, status 200."""
+
+    payload: Any
+
+
 def text_chunks(text: str, *, usage: dict[str, Any] | None = None) -> Stream:
     chunks: list[Any] = [{"choices": [{"index": 0, "delta": {"role": "assistant"}}]}]
     for part in (text[: len(text) // 2], text[len(text) // 2 :]):
@@ -104,7 +111,7 @@ def tool_call_chunks(*calls: tuple[str, str, str], usage: dict[str, Any] | None 
 
 class ChatServer:
     def __init__(self) -> None:
-        self.replies: list[Stream | Status] = []
+        self.replies: list[Stream | Status | Completion] = []
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self._lock = threading.Lock()
@@ -124,6 +131,14 @@ class ChatServer:
                     server.requests.append(body)
                     server.headers.append(dict(self.headers.items()))
                     reply = server.replies.pop(0) if server.replies else Status(500, "no reply")
+                if isinstance(reply, Completion):
+                    payload = json.dumps(reply.payload).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    return
                 if isinstance(reply, Status):
                     if reply.raw:
                         payload, kind = str(reply.body).encode(), "text/plain"
@@ -187,7 +202,7 @@ class ChatServer:
         host, port = self._server.server_address[:2]
         return f"http://{host!s}:{port}/v1"
 
-    def add(self, *replies: Stream | Status) -> None:
+    def add(self, *replies: Stream | Status | Completion) -> None:
         with self._lock:
             self.replies.extend(replies)
 

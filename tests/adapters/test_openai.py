@@ -16,7 +16,14 @@ from typing import Any
 import pytest
 import trio
 
-from tests.adapters.chat_server import ChatServer, Status, Stream, text_chunks, tool_call_chunks
+from tests.adapters.chat_server import (
+    ChatServer,
+    Completion,
+    Status,
+    Stream,
+    text_chunks,
+    tool_call_chunks,
+)
 from trio_backplane.adapters.openai import (
     OPENAI_NAME,
     OpenAIProvider,
@@ -1162,3 +1169,40 @@ async def test_garbage_after_the_finish_reason_is_a_cut_tail_not_a_failure(
     chat.add(Stream((*text.chunks, "[DO"), done=False))
     events = await collect(OpenAIProvider(chat.base_url, "m", timeout=5), request())
     assert events[-1] == ResponseCompleted(STOPPED | {"content": "hello"})
+
+
+async def test_a_non_streamed_completion_when_asked(chat: ChatServer) -> None:
+    """``streaming=False`` asks for one JSON completion (``"stream": false``)
+    and reads it into the same events: text, tool calls, usage, the finish
+    reason; an error status is classed as when streaming."""
+    message = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}},
+            {"id": "c2", "type": "function", "function": {"name": "add", "arguments": '{"a":1}'}},
+        ],
+    }
+    usage = {"prompt_tokens": 3, "completion_tokens": 2}
+    chat.add(
+        Completion({"choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}],
+                    "usage": usage}),
+        Completion({"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+                                 "finish_reason": "stop"}]}),
+        Status(429, "slow down", headers={"retry-after": "3"}),
+    )  # fmt: skip
+    provider = OpenAIProvider(chat.base_url, "m", timeout=5, streaming=False)
+    events = await collect(provider, request())
+    assert chat.requests[0]["stream"] is False
+    assert "stream_options" not in chat.requests[0]
+    calls = [
+        (e.tool_call_id, e.name, e.arguments) for e in events if isinstance(e, ToolCallCompleted)
+    ]
+    assert calls == [("c1", "lookup", {}), ("c2", "add", {"a": 1})]
+    assert any(isinstance(e, Usage) and e.usage["prompt_tokens"] == 3 for e in events)
+    assert events[-1].message["finish_reason"] == "tool_calls"
+    text = await collect(provider, request())
+    assert text[-1] == ResponseCompleted(STOPPED | {"content": "hi"})
+    refused = (await collect(provider, request()))[-1]
+    assert isinstance(refused, ResponseFailed)
+    assert refused.error.details["retry_after"] == 3.0

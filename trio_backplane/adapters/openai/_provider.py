@@ -14,6 +14,7 @@ from ...runtime import ProviderEvent, ProviderRequest, ResponseFailed
 from ._aliases import ToolAliases
 from ._errors import Failed, redact, transport
 from ._httpx import httpx
+from ._plain import plain_exchange
 from ._response import ResponseBuilder
 from ._sse import abandon, server_sent_events
 from ._stream import StreamReader, check_response
@@ -52,6 +53,7 @@ class OpenAIProvider:
         tail_timeout: float = 2.0,
         system: str | None = None,
         extra_body: Mapping[str, Any] | None = None,
+        streaming: bool = True,
     ) -> None:
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise Error(ErrorClass.VALIDATION, "base_url must be an http(s) URL")
@@ -66,6 +68,8 @@ class OpenAIProvider:
             if not isinstance(extra_body, Mapping):
                 raise Error(ErrorClass.VALIDATION, "extra_body must be a mapping or None")
             check_json(dict(extra_body), "extra_body")
+        if type(streaming) is not bool:
+            raise Error(ErrorClass.VALIDATION, "streaming must be a bool")
         if client is not None and not isinstance(client, httpx.AsyncClient):
             raise Error(ErrorClass.VALIDATION, "client must be an httpx.AsyncClient or None")
         self.url = base_url.rstrip("/") + "/chat/completions"
@@ -74,6 +78,7 @@ class OpenAIProvider:
         self.tail_timeout = float(tail_timeout)
         self.system = system
         self.extra_body = dict(extra_body or {})
+        self.streaming = streaming
         self._client = client
 
     def __repr__(self) -> str:
@@ -88,9 +93,10 @@ class OpenAIProvider:
             **self.extra_body,
             "model": self.model,
             "messages": messages,
-            "stream": True,
-            "stream_options": {"include_usage": True},
+            "stream": self.streaming,
         }
+        if self.streaming:
+            body["stream_options"] = {"include_usage": True}
         if request.tools:
             body["tools"] = [
                 {
@@ -142,6 +148,11 @@ class OpenAIProvider:
         builder = ResponseBuilder(aliases, request)
         try:
             try:
+                if not self.streaming:
+                    exchange = (body, headers, self.timeout)
+                    for event in await plain_exchange(client, self.url, exchange, builder):
+                        yield event
+                    return
                 async with aclosing(self._exchange(client, body, headers, builder)) as events:
                     async for event in events:
                         yield event
