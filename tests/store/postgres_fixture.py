@@ -27,10 +27,11 @@ SKIP_REASON = "PostgreSQL not available: set TRIO_BACKPLANE_PG_DSN or run throug
 StoreFactory = Callable[..., PostgresStore]
 
 
-def unavailable(reason: str) -> None:
-    """Skip for ``reason``; in CI, fail: a missing prerequisite is a failure there."""
+def unavailable(reason: str, *, tests: str = "PostgreSQL") -> None:
+    """Skip for ``reason``; in CI, fail: a missing prerequisite is a failure
+    there (``tests``: which tests must run)."""
     if os.environ.get("CI"):
-        pytest.fail(f"{reason} (CI is set: PostgreSQL tests must run)", pytrace=False)
+        pytest.fail(f"{reason} (CI is set: {tests} tests must run)", pytrace=False)
     pytest.skip(reason)
 
 
