@@ -1122,3 +1122,22 @@ async def test_a_task_only_tool_of_a_server_without_tasks_is_refused_at_listing(
         assert error.details["reason"] == "tasks_unsupported"
         result = await source.call_tool("maybe_task", {"n": 1})
         assert result.structured_content == {"arguments": {"n": 1}}
+
+
+async def test_a_created_task_whose_id_cannot_be_recorded_is_cancelled() -> None:
+    """The run stops (or its store fails) as the task's id is recorded: the
+    task the server created is cancelled, never left running unknown."""
+    from trio_backplane.adapters.mcp._tasks import call_as_task
+
+    sent: list[str] = []
+
+    async def send(method: str, params: Any) -> Any:
+        sent.append(method)
+        return {"task": {"taskId": "t-1", "status": "working"}}
+
+    async def record(evidence: Any) -> None:
+        raise Error(ErrorClass.STORAGE_FAILED, "store is unavailable")
+
+    with pytest.raises(Error):
+        await call_as_task(send, "research", {}, record=record)
+    assert sent == ["tools/call", "tasks/cancel"]

@@ -506,3 +506,18 @@ async def test_a_run_the_runtime_cannot_resume_is_replaced_from_its_prompt(
     assert [run for run, _ in await trio.to_thread.run_sync(_calls, pg_dsn, pg_schema)] == [
         f"{run_id}#2"
     ]
+
+
+def test_listening_to_a_database_that_is_away_is_a_classed_storage_failure() -> None:
+    """A worker's LISTEN on a database that cannot be reached raises the
+    library's ``storage_failed`` (the worker polls meanwhile), never the
+    driver's own exception, which would end the worker."""
+    import pytest
+
+    from trio_backplane import Error, ErrorClass
+    from trio_backplane.fleet._queue import Queue
+
+    dsn = "postgresql://postgres@127.0.0.1:1/none?connect_timeout=1"
+    with Queue(dsn) as queue, pytest.raises(Error) as failed:
+        queue.listen(0.1)
+    assert failed.value.error_class is ErrorClass.STORAGE_FAILED

@@ -363,3 +363,19 @@ print(sorted({s.attributes["backplane.run.id"] for s in spans.get_finished_spans
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert result.stdout.split("\n")[:2] == ["True", "['a', 'b']"]
+
+
+def test_a_turn_started_again_is_one_span(exported: Exported) -> None:
+    """Steering that arrives as a turn ends goes on in the same turn: its
+    span is started once and ended once."""
+    recorder = exported.telemetry().recorder(RUN, 1)
+    recorder.run_started(None)
+    recorder.turn_started("turn-1")
+    recorder.chat_started("turn-1", "attempt-1", [])
+    recorder.chat_ended("attempt-1", None, None)
+    recorder.turn_started("turn-1")
+    recorder.turn_ended("turn-1", None)
+    recorder.run_ended("completed", None, work_used=1, cleanup="confirmed")
+    named = _by_name(exported.spans.get_finished_spans())
+    [turn], [chat] = named["turn"], named["chat"]
+    assert _parent(chat) == _id(turn)  # the span its attempt nests in is the one exported

@@ -278,12 +278,15 @@ class Queue:
         finished, an answer given) or ``timeout`` seconds pass.  Only a
         wake-up: the tables are the truth, so a lost notification costs
         one ``timeout``, never an event."""
-        conn = self._psycopg.connect(self._dsn, autocommit=True, connect_timeout=10)
+        try:
+            conn = self._psycopg.connect(self._dsn, autocommit=True, connect_timeout=10)
+        except self._psycopg.Error as exc:  # the database away: classed, like every call
+            raise Error(ErrorClass.STORAGE_FAILED, f"fleet queue: {exc}"[:300]) from None
         try:
             conn.execute(f'LISTEN "{self.channel}"')
             for _ in conn.notifies(timeout=timeout, stop_after=1):
                 break
-        except self._psycopg.OperationalError as exc:
+        except self._psycopg.Error as exc:
             raise Error(ErrorClass.STORAGE_FAILED, f"fleet queue: {exc}"[:300]) from None
         finally:
             conn.close()

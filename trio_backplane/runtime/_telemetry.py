@@ -258,7 +258,10 @@ class RunRecorder:
     # -- turns, attempts, tools, waits, commits --------------------------------
 
     def turn_started(self, turn_id: str) -> None:
-        self._start(f"turn:{turn_id}", "turn", self._run, {"backplane.turn.id": turn_id})
+        """Start the turn's span, once (a turn steering prolongs goes on in it)."""
+        key = f"turn:{turn_id}"
+        if key not in self._open:
+            self._start(key, "turn", self._run, {"backplane.turn.id": turn_id})
 
     def turn_ended(self, turn_id: str, error: Error | None) -> None:
         self._end(f"turn:{turn_id}", None if error is None else error.to_dict())

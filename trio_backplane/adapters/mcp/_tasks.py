@@ -62,9 +62,9 @@ async def call_as_task(
     task_id = task.get("taskId") if isinstance(task, Mapping) else None
     if not isinstance(task, Mapping) or not isinstance(task_id, str) or not task_id:
         raise _task_error(tool, "was not created as a task", cause=str(created)[:MAX_CAUSE])
-    if record is not None:
-        await record({"kind": "mcp_task", "task_id": task_id, "tool": tool})
     try:
+        if record is not None:
+            await record({"kind": "mcp_task", "task_id": task_id, "tool": tool})
         status = await _until_done(send, tool, task)
     except BaseException:
         with trio.move_on_after(_CANCEL_BOUND) as bound:
