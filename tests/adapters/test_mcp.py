@@ -1141,3 +1141,22 @@ async def test_a_created_task_whose_id_cannot_be_recorded_is_cancelled() -> None
     with pytest.raises(Error):
         await call_as_task(send, "research", {}, record=record)
     assert sent == ["tools/call", "tasks/cancel"]
+
+
+async def test_a_task_poll_never_sent_leaves_the_task_uncertain() -> None:
+    """The connection closes after the task was created: the poll that
+    could not be written is no "not sent" refusal (the task exists and may
+    run), so the call's outcome stays unknown."""
+    from trio_backplane.adapters.mcp._errors import NOT_SENT, mcp_error
+    from trio_backplane.adapters.mcp._sdk import MCPError
+    from trio_backplane.adapters.mcp._tasks import call_as_task
+
+    async def send(method: str, params: Any) -> Any:
+        if method == "tools/call":
+            return {"task": {"taskId": "t-1", "status": "working", "pollInterval": 50}}
+        raise MCPError(-32000, "Connection closed", NOT_SENT)
+
+    with pytest.raises(MCPError) as lost:
+        await call_as_task(send, "research", {})
+    error = mcp_error("tools/call", lost.value, tool="research")
+    assert error.details["certainty"] == "uncertain"

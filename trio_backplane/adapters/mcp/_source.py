@@ -263,11 +263,6 @@ class McpToolSource:
             error = mcp_error("tools/call", exc, tool=tool.name)
             if not_sent(error):
                 self.session = None  # the connection is gone: the source says so
-                if self._as_task(tool):
-                    # a later poll may be what was not sent: the task itself
-                    # may exist and run, so its outcome is unknown
-                    details = {**error.details, "certainty": "uncertain"}
-                    error = Error(error.error_class, error.message, details)
             raise error from None
         except pydantic.ValidationError as exc:
             raise Error(

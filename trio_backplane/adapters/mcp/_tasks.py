@@ -13,7 +13,8 @@ from typing import Any, Final
 import trio
 
 from ...errors import Error, ErrorClass
-from ._errors import MAX_CAUSE
+from ._errors import MAX_CAUSE, NOT_SENT
+from ._sdk import MCPError
 
 __all__ = ["TERMINAL", "call_as_task", "server_runs_tasks"]
 
@@ -62,6 +63,19 @@ async def call_as_task(
     task_id = task.get("taskId") if isinstance(task, Mapping) else None
     if not isinstance(task, Mapping) or not isinstance(task_id, str) or not task_id:
         raise _task_error(tool, "was not created as a task", cause=str(created)[:MAX_CAUSE])
+    try:
+        return await _run(send, tool, task, record)
+    except MCPError as exc:
+        # the task exists: a request about it that was never sent leaves
+        # its outcome unknown, never "not sent"
+        data = None if exc.data is NOT_SENT else exc.data
+        raise MCPError(exc.code, exc.message, data) from None
+
+
+async def _run(send: Send, tool: str, task: Mapping[str, Any], record: Record | None) -> Any:
+    """Record the created ``task``, wait for its end and fetch its result;
+    cancel it, bounded, when anything stops that."""
+    task_id = str(task["taskId"])
     try:
         if record is not None:
             await record({"kind": "mcp_task", "task_id": task_id, "tool": tool})
