@@ -22,7 +22,7 @@ import pytest
 import trio
 
 from tests.adapters.test_mcp import converse
-from tests.store.postgres_fixture import unavailable
+from tests.prerequisites import unavailable
 from trio_backplane.adapters.mcp import McpToolSource, connect_stdio, connect_streamable_http
 from trio_backplane.errors import Error, ErrorClass
 from trio_backplane.runtime import open_conversation

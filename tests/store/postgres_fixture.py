@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import trio
 
+from tests.prerequisites import unavailable
 from trio_backplane.store import PostgresStore
 
 DSN_VARIABLE = "TRIO_BACKPLANE_PG_DSN"
@@ -25,14 +26,6 @@ SKIP_REASON = "PostgreSQL not available: set TRIO_BACKPLANE_PG_DSN or run throug
 
 #: ``make(**kwargs)`` -> a ``PostgresStore`` on the test's own schema.
 StoreFactory = Callable[..., PostgresStore]
-
-
-def unavailable(reason: str, *, tests: str = "PostgreSQL") -> None:
-    """Skip for ``reason``; in CI, fail: a missing prerequisite is a failure
-    there (``tests``: which tests must run)."""
-    if os.environ.get("CI"):
-        pytest.fail(f"{reason} (CI is set: {tests} tests must run)", pytrace=False)
-    pytest.skip(reason)
 
 
 @pytest.fixture
