@@ -2,29 +2,23 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import aclosing
-from typing import Any, Final, final
+from typing import Any, final
 
-from ..._numbers import is_seconds
+import httpx
+
 from ...errors import Error, ErrorClass
-from ...kernel import check_json
-from ...runtime import ProviderEvent, ProviderRequest, ResponseFailed
-from ._aliases import ToolAliases
-from ._errors import Failed, redact, transport
-from ._httpx import httpx
+from ...runtime import ProviderEvent, ProviderRequest
+from .._http._aliases import ToolAliases
+from .._http._exchange import Post, api_key_of, attempt, streamed
+from .._http._options import check_options
 from ._plain import plain_exchange
 from ._response import ResponseBuilder
-from ._sse import abandon, server_sent_events
-from ._stream import StreamReader, check_response
+from ._stream import ChunkDecoder
 from ._transcript import transcript_messages
 
 __all__ = ["OpenAIProvider"]
-
-#: What a bearer token may hold: printable ASCII, no spaces at its ends (a
-#: pasted curly quote or a newline would fail inside httpx, unclassed).
-_HEADER_TEXT: Final = re.compile(r"[!-~](?:[ -~]*[!-~])?")
 
 
 @final
@@ -55,23 +49,16 @@ class OpenAIProvider:
         extra_body: Mapping[str, Any] | None = None,
         streaming: bool = True,
     ) -> None:
-        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise Error(ErrorClass.VALIDATION, "base_url must be an http(s) URL")
-        if not isinstance(model, str) or not model:
-            raise Error(ErrorClass.VALIDATION, "model must be a non-empty str")
-        for name, seconds in (("timeout", timeout), ("tail_timeout", tail_timeout)):
-            if not is_seconds(seconds):
-                raise Error(ErrorClass.VALIDATION, f"{name} must be a positive number")
-        if system is not None and type(system) is not str:
-            raise Error(ErrorClass.VALIDATION, "system must be a str or None")
-        if extra_body is not None:
-            if not isinstance(extra_body, Mapping):
-                raise Error(ErrorClass.VALIDATION, "extra_body must be a mapping or None")
-            check_json(dict(extra_body), "extra_body")
+        check_options(
+            base_url=base_url,
+            model=model,
+            timeouts={"timeout": timeout, "tail_timeout": tail_timeout},
+            system=system,
+            extra_body=extra_body,
+            client=client,
+        )
         if type(streaming) is not bool:
             raise Error(ErrorClass.VALIDATION, "streaming must be a bool")
-        if client is not None and not isinstance(client, httpx.AsyncClient):
-            raise Error(ErrorClass.VALIDATION, "client must be an httpx.AsyncClient or None")
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
         self.timeout = float(timeout)
@@ -119,79 +106,33 @@ class OpenAIProvider:
         arguments of the wrong kind."""
         if not isinstance(request, ProviderRequest):
             raise Error(ErrorClass.VALIDATION, "stream needs a ProviderRequest")
-        if context is not None and not isinstance(context, Mapping):
-            raise Error(ErrorClass.VALIDATION, "provider_context must be a mapping or None")
-        api_key = None if context is None else context.get("api_key")
-        if api_key is not None and (
-            not isinstance(api_key, str) or not _HEADER_TEXT.fullmatch(api_key)
-        ):
-            # Never quoted: the key itself stays out of every error text.
-            raise Error(
-                ErrorClass.VALIDATION,
-                "provider_context api_key must be a non-empty str of printable ASCII"
-                " (an HTTP header value)",
-            )
-        return self._events(request, api_key)
+        api_key = api_key_of(context)
+        return attempt(
+            self._client,
+            self.timeout,
+            api_key,
+            lambda client: self._events(client, request, api_key),
+        )
 
     async def _events(
-        self, request: ProviderRequest, api_key: str | None
-    ) -> AsyncIterator[ProviderEvent]:
+        self, client: httpx.AsyncClient, request: ProviderRequest, api_key: str | None
+    ) -> AsyncGenerator[ProviderEvent, None]:
         aliases = ToolAliases(tool.name for tool in request.tools)
-        body = self.body(request, aliases)
         headers = {"Content-Type": "application/json"}
         if api_key is not None:
             headers["Authorization"] = f"Bearer {api_key}"
-        client = self._client
-        own = client is None
-        if client is None:
-            client = httpx.AsyncClient(timeout=self.timeout)
+        post = Post(
+            url=self.url,
+            body=self.body(request, aliases),
+            headers=headers,
+            timeout=self.timeout,
+            tail_timeout=self.tail_timeout,
+        )
         builder = ResponseBuilder(aliases, request)
-        try:
-            try:
-                if not self.streaming:
-                    exchange = (body, headers, self.timeout)
-                    for event in await plain_exchange(client, self.url, exchange, builder):
-                        yield event
-                    return
-                async with aclosing(self._exchange(client, body, headers, builder)) as events:
-                    async for event in events:
-                        yield event
-            except Failed as failed:
-                yield ResponseFailed(redact(failed.error, api_key))
-        finally:
-            if own:
-                await client.aclose()
-
-    async def _exchange(
-        self,
-        client: httpx.AsyncClient,
-        body: dict[str, Any],
-        headers: dict[str, str],
-        builder: ResponseBuilder,
-    ) -> AsyncGenerator[ProviderEvent, None]:
-        """The response's events as they stream, then its completion; raises
-        ``Failed`` for a response that failed."""
-        reader = StreamReader(builder, self.tail_timeout)
-        lost: Error | None = None
-        stream_headers = {**headers, "Accept": "text/event-stream", "Cache-Control": "no-store"}
-        try:
-            async with client.stream(
-                "POST", self.url, json=body, headers=stream_headers, timeout=self.timeout
-            ) as response:
-                await check_response(response, self.tail_timeout)
-                async with aclosing(server_sent_events(response)) as sses:
-                    while (events := await reader.read(sses)) is not None:
-                        for event in events:
-                            yield event
-                        reader.passed_on()
-                    if reader.done:
-                        await abandon(sses)
-        except httpx.TimeoutException as exc:
-            lost = transport("provider request timed out", exc, "timeout")
-        except httpx.HTTPError as exc:
-            lost = transport("provider connection failed", exc, "connection")
-        failure = reader.failed(lost)
-        if failure is not None:
-            raise Failed(failure)
-        for event in builder.finish():
-            yield event
+        if not self.streaming:
+            for event in await plain_exchange(client, post, builder):
+                yield event
+            return
+        async with aclosing(streamed(client, post, ChunkDecoder(builder))) as events:
+            async for event in events:
+                yield event

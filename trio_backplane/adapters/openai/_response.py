@@ -19,9 +19,9 @@ from ...runtime import (
     ToolCallStarted,
     Usage,
 )
-from ._aliases import ToolAliases
-from ._errors import Failed, malformed, stream_error
-from ._text import StreamedText, parse_arguments, replace_surrogates, unicode
+from .._http._aliases import ToolAliases
+from .._http._errors import Failed, Reported, malformed, stream_error
+from .._http._text import StreamedText, parse_arguments, replace_surrogates, unicode
 
 __all__ = ["ResponseBuilder", "finishes", "parse_chunk"]
 
@@ -67,7 +67,8 @@ def parse_chunk(data: str) -> Mapping[str, Any]:
     error = chunk.get("error")
     if error is not None:  # an object, or a bare message some servers send
         message = error.get("message") if isinstance(error, Mapping) else error
-        raise Failed(stream_error(message))
+        code = error.get("code") or error.get("type") if isinstance(error, Mapping) else None
+        raise Reported(stream_error(message, code))
     return chunk
 
 

@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ._aliases import ToolAliases
+from .._http._aliases import ToolAliases
 
 __all__ = ["transcript_messages"]
 

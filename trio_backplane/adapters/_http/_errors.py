@@ -9,7 +9,15 @@ from typing import Any, Final
 from ...errors import Error, ErrorClass
 from ._text import strict_loads, unicode
 
-__all__ = ["Failed", "http_error", "malformed", "redact", "stream_error", "transport"]
+__all__ = [
+    "Failed",
+    "Reported",
+    "http_error",
+    "malformed",
+    "redact",
+    "stream_error",
+    "transport",
+]
 
 _MAX_TEXT: Final = 500
 #: The shortest prefix of the key redacted where a text ends (a cut through an echo).
@@ -23,6 +31,11 @@ class Failed(Exception):
     def __init__(self, error: Error) -> None:
         super().__init__(error.message)
         self.error = error
+
+
+class Reported(Failed):
+    """A failure the server reported in the stream: it stands even after the
+    response's finish reason (where a malformed event is a cut tail)."""
 
 
 def malformed(message: str, detail: str) -> Error:
@@ -41,18 +54,20 @@ def transport(message: str, exc: BaseException, reason: str) -> Error:
     )
 
 
-def stream_error(message: Any) -> Error:
-    """An error the server reported mid-stream."""
-    return Error(
-        ErrorClass.TRANSIENT_TRANSPORT,
-        "provider reported an error mid-stream",
-        {"reason": "stream_error", "provider_message": unicode(str(message))[:500]},
-    )
+def stream_error(message: Any, code: Any = None) -> Error:
+    """An error the server reported mid-stream (``code``: its type or code,
+    kept when it is a string)."""
+    details = {"reason": "stream_error", "provider_message": unicode(str(message))[:500]}
+    if isinstance(code, str) and code:
+        details["provider_code"] = unicode(code)[:100]
+    return Error(ErrorClass.TRANSIENT_TRANSPORT, "provider reported an error mid-stream", details)
 
 
 #: Provider error codes (``error.code`` or ``error.type``) that no retry
 #: fixes: the account's quota or billing, not a passing rate limit.
-_QUOTA_CODES: Final = frozenset({"insufficient_quota", "billing_hard_limit_reached"})
+_QUOTA_CODES: Final = frozenset(
+    {"insufficient_quota", "billing_hard_limit_reached", "billing_error"}
+)
 
 
 def http_error(status: int, text: str, *, retry_after: str | None = None) -> Error:
@@ -60,8 +75,9 @@ def http_error(status: int, text: str, *, retry_after: str | None = None) -> Err
     message from the JSON shapes servers use (``{"error": {"message"}}``,
     ``{"error": "..."}``, ``{"message"}``, ``{"detail"}``), else the text;
     the provider's error ``code`` and the ``retry-after`` it asked for (the
-    host owns retries) in the details.  A 429 for an exhausted quota is
-    ``budget_exceeded``: retrying never helps."""
+    host owns retries) in the details.  An exhausted quota or a billing
+    refusal is ``budget_exceeded``, whatever the status: retrying never
+    helps."""
     provider_message, code = text, None
     try:
         payload = strict_loads(text)
@@ -83,7 +99,7 @@ def http_error(status: int, text: str, *, retry_after: str | None = None) -> Err
     seconds = _seconds(retry_after)
     if seconds is not None:
         details["retry_after"] = seconds
-    if status == 429 and code in _QUOTA_CODES:
+    if code in _QUOTA_CODES:
         return Error(ErrorClass.BUDGET_EXCEEDED, "provider quota is exhausted", details)
     if status == 429 or status >= 500:
         return Error(ErrorClass.TRANSIENT_TRANSPORT, f"provider answered HTTP {status}", details)

@@ -8,10 +8,10 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any, Final
 
+import httpx
 import trio
 
 from ._errors import Failed, malformed
-from ._httpx import httpx
 
 __all__ = ["abandon", "error_body", "server_sent_events"]
 
