@@ -601,6 +601,8 @@ def test_demo_and_runs_usage_errors_exit_2(tmp_path: Path) -> None:
             main(argv, out=io.StringIO())
         assert exc.value.code == 2, argv
     assert run("demo", "--provider", "openai", "--model", "m")[0] == 2
+    assert run("demo", "--provider", "anthropic")[0] == 2
+    assert run("demo", "--provider", "anthropic", "--base-url", "ftp://x", "--model", "m")[0] == 2
     assert run("demo", "--provider", "openai", "--base-url", "ftp://x", "--model", "m")[0] == 2
     assert run("demo", "--pace", "-1")[0] == 2
     assert run("demo", "--pace", "nan")[0] == 2
@@ -786,6 +788,70 @@ def test_demo_with_the_openai_provider_against_a_chat_server(
     tool_ids = [m.get("tool_call_id") for m in chat.requests[2]["messages"] if m["role"] == "tool"]
     assert tool_ids == ["call_read", "call_search", "call_note"]
     assert all(h.get("Authorization") == f"Bearer {CANARY}" for h in chat.headers)
+    assert CANARY not in text
+    for path in tmp_path.iterdir():
+        if path.is_file():
+            assert CANARY.encode() not in path.read_bytes(), path
+
+
+def test_demo_with_the_anthropic_provider_against_a_messages_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``backplane demo --provider anthropic --model M`` end to end against a
+    loopback server streaming Messages events: the three tools (the write
+    approved), thinking sent back with its signature, tool results as
+    ``tool_result`` blocks, and ANTHROPIC_API_KEY only in ``x-api-key``."""
+    from tests.adapters.chat_server import ChatServer, message_stream
+
+    note = {"title": demo.NOTE_TITLE, "body": "written through the Anthropic adapter"}
+    thinking = {"type": "thinking", "thinking": "read first", "signature": "c2lnbmVk"}
+
+    def call(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
+        return {"type": "tool_use", "id": call_id, "name": name, "input": arguments}
+
+    monkeypatch.setenv("ANTHROPIC_API_KEY", CANARY)
+    with ChatServer().running() as server:
+        server.add(
+            message_stream(
+                thinking,
+                call("toolu_read", "read_package_file", {"path": "__init__.py", "max_lines": 3}),
+                call("toolu_search", "search_glossary", {"query": "approval", "limit": 1}),
+                stop_reason="tool_use",
+            ),
+            message_stream(call("toolu_note", "write_note", note), stop_reason="tool_use"),
+            message_stream({"type": "text", "text": "All three tools ran."}),
+        )
+        status, text = run(
+            "demo",
+            "--provider",
+            "anthropic",
+            "--base-url",
+            server.base_url.removesuffix("/v1"),
+            "--model",
+            "claude-scripted",
+            "--db",
+            str(tmp_path / "demo.sqlite3"),
+            "--approve",
+            "yes",
+        )
+    assert status == 0, text
+    for line in ("tool ✓ read_package_file", "tool ✓ search_glossary", "tool ✓ write_note"):
+        assert line in text
+    assert "assistant ▸ All three tools ran." in text
+    written = tmp_path / "backplane-demo-notes" / f"{demo.NOTE_TITLE}.md"
+    assert "written through the Anthropic adapter" in written.read_text()
+    assert len(server.requests) == 3
+    assert all(body["model"] == "claude-scripted" for body in server.requests)
+    assert server.requests[1]["messages"][1]["content"][0] == thinking
+    results = [
+        block["tool_use_id"]
+        for message in server.requests[2]["messages"]
+        if message["role"] == "user"
+        for block in message["content"]
+        if block["type"] == "tool_result"
+    ]
+    assert results == ["toolu_read", "toolu_search", "toolu_note"]
+    assert all(h.get("x-api-key") == CANARY for h in server.headers)
     assert CANARY not in text
     for path in tmp_path.iterdir():
         if path.is_file():

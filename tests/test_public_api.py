@@ -106,6 +106,7 @@ NAMESPACES: dict[str, list[str]] = {
     "trio_backplane.adapters.openai": [
         "OPENAI_NAME", "OpenAIProvider", "ToolAliases", "transcript_messages",
     ],
+    "trio_backplane.adapters.anthropic": ["ANTHROPIC_VERSION", "AnthropicProvider"],
 }  # fmt: skip
 
 #: the public classes made to be subclassed (besides protocols and enums)

@@ -24,7 +24,8 @@ import attrs
 
 @attrs.frozen
 class Stream:
-    """SSE ``chunks`` (objects are JSON-encoded, strings sent as they are)."""
+    """SSE ``chunks`` (objects are JSON-encoded, strings sent as they are; a
+    ``(event type, data)`` pair is sent with its ``event:`` line)."""
 
     chunks: tuple[Any, ...]
     done: bool = True
@@ -109,6 +110,65 @@ def tool_call_chunks(*calls: tuple[str, str, str], usage: dict[str, Any] | None 
     return Stream(tuple(chunks))
 
 
+def message_stream(
+    *blocks: dict[str, Any],
+    stop_reason: str | None = "end_turn",
+    usage: dict[str, Any] | None = None,
+    stop: bool = True,
+) -> Stream:
+    """A Messages API stream of ``blocks`` (text, thinking with its
+    signature, tool_use with its input), each streamed in two deltas, then
+    ``stop_reason`` and ``message_stop`` (unless not ``stop``)."""
+    chunks: list[Any] = [
+        (
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {"id": "msg_1", "type": "message", "role": "assistant", "content": [],
+                            "usage": {"input_tokens": 10, "output_tokens": 1}},
+            },
+        ),
+        ("ping", {"type": "ping"}),
+    ]  # fmt: skip
+    for index, block in enumerate(blocks):
+        kind = block["type"]
+        start = dict(block)
+        if kind == "tool_use":
+            start["input"] = {}
+            text, delta, field = json.dumps(block["input"]), "input_json_delta", "partial_json"
+        elif kind in ("text", "thinking"):
+            start[kind] = ""
+            start.pop("signature", None)
+            text, delta, field = block[kind], f"{kind}_delta", kind
+        else:
+            text = ""
+        chunks.append(
+            ("content_block_start", {"type": "content_block_start", "index": index,
+                                     "content_block": start})
+        )  # fmt: skip
+        for part in (text[: len(text) // 2], text[len(text) // 2 :]) if text else ():
+            chunks.append(
+                ("content_block_delta", {"type": "content_block_delta", "index": index,
+                                         "delta": {"type": delta, field: part}})
+            )  # fmt: skip
+        if kind == "thinking" and block.get("signature"):
+            chunks.append(
+                ("content_block_delta", {"type": "content_block_delta", "index": index,
+                                         "delta": {"type": "signature_delta",
+                                                   "signature": block["signature"]}})
+            )  # fmt: skip
+        chunks.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+    if stop_reason is not None:
+        chunks.append(
+            ("message_delta", {"type": "message_delta",
+                               "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+                               "usage": usage or {"output_tokens": 5}})
+        )  # fmt: skip
+    if stop:
+        chunks.append(("message_stop", {"type": "message_stop"}))
+    return Stream(tuple(chunks), done=False)
+
+
 class ChatServer:
     def __init__(self) -> None:
         self.replies: list[Stream | Status | Completion] = []
@@ -168,8 +228,12 @@ class ChatServer:
                 if reply.prefix:
                     self._chunk(reply.prefix)
                 for chunk in reply.chunks:
-                    data = chunk if isinstance(chunk, str) else json.dumps(chunk)
-                    self._chunk(f"data: {data}\n\n".encode())
+                    kind, payload = chunk if isinstance(chunk, tuple) else (None, chunk)
+                    data = payload if isinstance(payload, str) else json.dumps(payload)
+                    line = (
+                        f"data: {data}\n\n" if kind is None else f"event: {kind}\ndata: {data}\n\n"
+                    )
+                    self._chunk(line.encode())
                 if reply.drop:
                     self.wfile.flush()
                     self.close_connection = True

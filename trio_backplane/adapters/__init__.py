@@ -1,10 +1,12 @@
-"""Real adapters at the edge: MCP servers as tool sources, OpenAI-compatible providers.
+"""Real adapters at the edge: MCP servers as tool sources, OpenAI-compatible
+and Anthropic Messages providers.
 
 The adapters import everything below them; nothing imports them.  Each
 lives in its own package and needs its optional extra: ``trio_backplane.adapters.mcp``
-(``pip install trio_backplane[mcp]``) and ``trio_backplane.adapters.openai``
-(``pip install trio_backplane[openai]``).  This package imports neither, so
-importing one adapter never requires the other's dependencies.
+(``pip install trio_backplane[mcp]``), ``trio_backplane.adapters.openai``
+(``[openai]``) and ``trio_backplane.adapters.anthropic`` (``[anthropic]``).
+This package imports none, so importing one adapter never requires another's
+dependencies; the two providers share the private ``_http``.
 """
 
 __all__: list[str] = []

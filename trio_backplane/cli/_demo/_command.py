@@ -62,13 +62,13 @@ def add_parser(commands: Any) -> None:
     )
     demo_cmd.add_argument(
         "--provider",
-        choices=("scripted", "openai"),
+        choices=("scripted", "openai", "anthropic"),
         default="scripted",
-        help="the model: the scripted one (default) or an OpenAI-compatible endpoint "
-        "(API key from OPENAI_API_KEY)",
+        help="the model: the scripted one (default), an OpenAI-compatible endpoint "
+        "(API key from OPENAI_API_KEY) or Anthropic's Messages API (ANTHROPIC_API_KEY)",
     )
     demo_cmd.add_argument(
-        "--base-url", metavar="URL", help="the API root, e.g. https://api.openai.com/v1"
+        "--base-url", metavar="URL", help="the API root (anthropic: api.anthropic.com if not given)"
     )
     demo_cmd.add_argument("--model", metavar="M", help="the model name")
     demo_cmd.add_argument(
@@ -122,6 +122,9 @@ def demo_command(args: argparse.Namespace, out: TextIO) -> int:
     if args.provider == "openai" and not (args.base_url and args.model):
         print("backplane: --provider openai needs --base-url URL and --model M", file=sys.stderr)
         return EXIT_USAGE
+    if args.provider == "anthropic" and not args.model:
+        print("backplane: --provider anthropic needs --model M", file=sys.stderr)
+        return EXIT_USAGE
     if not 0 <= args.pace <= 5:  # NaN too
         print("backplane: --pace must be between 0 and 5 seconds", file=sys.stderr)
         return EXIT_USAGE
@@ -161,21 +164,34 @@ def _provider(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None, str
             "scripted model (backplane demo)",
         )
     try:
-        from ...adapters.openai import OpenAIProvider
+        provider, variable = _http_provider(args)
     except ImportError as exc:  # pragma: no cover - httpx ships with the cli extra
-        raise UsageError(f"--provider openai needs httpx ({exc})") from None
-    try:
-        provider = OpenAIProvider(args.base_url, args.model, system=_SYSTEM_PROMPT)
+        raise UsageError(f"--provider {args.provider} needs httpx ({exc})") from None
     except Error as error:
         raise UsageError(error.message) from None
-    key = os.environ.get("OPENAI_API_KEY") or None
+    key = os.environ.get(variable) or None
     # The key goes only into the trusted provider_context: never the store,
     # an event, or a line printed here.
     context = {"api_key": key} if key else None
     # the whole userinfo hidden: a bare token@ is a secret too
-    shown_url = re.sub(r"(://)[^/\s]*@", r"\1***@", args.base_url)  # to the last @
-    label = f"{args.model} at {shown_url}" + ("" if key else " (no OPENAI_API_KEY)")
+    shown_url = re.sub(r"(://)[^/\s]*@", r"\1***@", provider.url)  # to the last @
+    label = f"{args.model} at {shown_url}" + ("" if key else f" (no {variable})")
     return provider, context, label
+
+
+def _http_provider(args: argparse.Namespace) -> tuple[Any, str]:
+    """The HTTP provider ``--provider`` names, and its key's variable."""
+    if args.provider == "anthropic":
+        from ...adapters.anthropic import AnthropicProvider
+
+        base_url = args.base_url or "https://api.anthropic.com"
+        return (
+            AnthropicProvider(args.model, base_url=base_url, system=_SYSTEM_PROMPT),
+            "ANTHROPIC_API_KEY",
+        )
+    from ...adapters.openai import OpenAIProvider
+
+    return OpenAIProvider(args.base_url, args.model, system=_SYSTEM_PROMPT), "OPENAI_API_KEY"
 
 
 async def _run(session: _Session) -> int:
@@ -251,7 +267,7 @@ async def _open(
             context={"demo": {"notes": notes, "provider": provider}},
             work=20,
             run_timeout=600.0,
-            effect_timeout=120.0 if provider == "openai" else 30.0,
+            effect_timeout=30.0 if provider == "scripted" else 120.0,
             telemetry=None if session.spans is None else session.spans.telemetry,
         ) as conversation,
     ):
