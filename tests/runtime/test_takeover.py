@@ -234,3 +234,82 @@ def test_runs_recover_continue_resumes_the_run(tmp_path: Path) -> None:
     assert resumed.transcript[-1]["content"] == "finished after takeover"
     assert [m["role"] for m in resumed.transcript] == ["user", "assistant", "tool", "assistant"]
     assert lookup.calls == 1
+
+
+class Overtaken(Delegating):
+    """A store where a rival recoverer fences the run again right after ours
+    did, before our resumed incarnation commits anything."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.ours: int | None = None
+
+    async def fence(self, run_id: str, *, incarnation: int) -> Any:
+        self.ours = incarnation
+        return await self.inner.fence(run_id, incarnation=incarnation)
+
+    async def commit(self, run_id: str, **kwargs: Any) -> Any:
+        if self.ours is not None:
+            rival, self.ours = self.ours + 1, None
+            await self.inner.fence(run_id, incarnation=rival)
+        return await self.inner.commit(run_id, **kwargs)
+
+
+async def test_continue_run_leaves_a_run_a_newer_owner_fenced(tmp_path: Path) -> None:
+    """A resume refused because a newer owner fenced the run in between is
+    not a run that cannot be resumed: ``continue_run`` raises the conflict
+    and neither settles the run over the owner's fence nor replaces it."""
+    from tests.fleet.app import resumable
+    from trio_backplane.fleet import continue_run
+
+    lookup = RecordingBackend(ToolResult("42"))
+    tools = [make_tool("lookup", lookup, read_only=True)]
+    provider = S([S.tool_calls(("c1", "lookup", {})), [Hang()]])
+
+    def second_attempt(record: Any) -> bool:
+        return record.active_provider is not None and bool(record.transcript[1:])
+
+    async with SQLiteStore(tmp_path / "runs.sqlite3") as store:
+        await crash_while(store, provider, tools, second_attempt, work=10, wall_clock=time.time)
+        with pytest.raises(Error) as refused:
+            await continue_run(Overtaken(store), RUN, resumable(RUN))
+        assert refused.value.error_class is ErrorClass.RESOURCE_CONFLICT
+        assert refused.value.details.get("reason") != "not_resumable"
+        record = await store.load(RUN)
+        assert record is not None
+        assert (record.state, record.incarnation) == ("running", 3)  # the rival's fence
+        assert [r.run_id for r in await store.list_runs()] == [RUN]  # no replacement
+
+
+async def test_a_run_that_cannot_resume_is_refused_as_not_resumable() -> None:
+    """The runtime's own refusal to resume names itself (``not_resumable``):
+    the one refusal a takeover answers by settling and replacing."""
+    store = MemoryStore()
+    record = await _completed_run(store)
+    registry = ToolRegistry([])
+    with pytest.raises(Error) as refused:
+        async with open_conversation(
+            RUN,
+            store=store,
+            provider=S([S.text("x")]),
+            registry=registry,
+            authority=Authority.for_registry(registry, caller="host", run_id=RUN),
+            resume=record,
+        ):
+            pass
+    assert refused.value.error_class is ErrorClass.RESOURCE_CONFLICT
+    assert refused.value.details["reason"] == "not_resumable"
+
+
+async def _completed_run(store: Any) -> Any:
+    registry = ToolRegistry([])
+    async with open_conversation(
+        RUN,
+        store=store,
+        provider=S([S.text("done")]),
+        registry=registry,
+        authority=Authority.for_registry(registry, caller="host", run_id=RUN),
+    ) as conversation:
+        await conversation.prompt("go")
+        await conversation.wait_settled()
+    return await store.load(RUN)

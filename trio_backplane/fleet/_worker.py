@@ -263,7 +263,7 @@ class Worker:
         except Error as refused:
             if not isinstance(start, _Start) or start.resume is None:
                 raise
-            if refused.error_class is not ErrorClass.RESOURCE_CONFLICT:
+            if not _not_resumable(refused):
                 raise
         # a run the runtime cannot resume (fenced, nothing in flight: it
         # never started a turn, say): settled, and replaced
@@ -417,7 +417,7 @@ async def continue_run(
                 store, spec, _Start(run_id=run_id, resume=settled.record), None
             )
         except Error as refused:
-            if refused.error_class is not ErrorClass.RESOURCE_CONFLICT:
+            if not _not_resumable(refused):
                 raise
         else:
             return run_id, state
@@ -431,3 +431,14 @@ async def continue_run(
     )
     _, state = await converse(store, spec, start, CONTINUE)
     return start.run_id, state
+
+
+def _not_resumable(error: Error) -> bool:
+    """Whether ``open_conversation(resume=...)`` refused the record itself
+    (a run that never started a turn, say): then it is settled and
+    replaced.  Any other conflict (a newer owner's fence) is not ours to
+    override."""
+    return (
+        error.error_class is ErrorClass.RESOURCE_CONFLICT
+        and error.details.get("reason") == "not_resumable"
+    )

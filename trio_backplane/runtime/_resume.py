@@ -20,7 +20,7 @@ from ..kernel import RunRecord, cleanup_requirements, thaw
 from ._attempt import tool_calls
 from ._conversation_state import ConversationState
 
-__all__ = ["ABANDONED", "ResumePoint", "resume_point", "same_call"]
+__all__ = ["ABANDONED", "NOT_RESUMABLE", "ResumePoint", "resume_point", "same_call"]
 
 #: The result committed for a provider attempt its host never finished.
 ABANDONED: Final = {"abandoned": "its host stopped before the response ended"}
@@ -50,11 +50,21 @@ class ResumePoint:
     failed: Error | None = None
 
 
+#: ``details["reason"]`` of the refusal to resume: the record itself cannot
+#: go on (another refusal, a fence lost to a newer owner say, is not this).
+NOT_RESUMABLE: Final = "not_resumable"
+
+
 def _refuse(record: RunRecord, why: str) -> Error:
     return Error(
         ErrorClass.RESOURCE_CONFLICT,
         f"the run cannot be resumed: {why}",
-        {"run_id": record.run_id, "state": record.state, "hint": "recovery.settle_run"},
+        {
+            "reason": NOT_RESUMABLE,
+            "run_id": record.run_id,
+            "state": record.state,
+            "hint": "recovery.settle_run",
+        },
     )
 
 
