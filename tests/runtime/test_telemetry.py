@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from tests.runtime.support import RecordingBackend, make_tool
-from trio_backplane import Authority, ToolRegistry, open_conversation
+from trio_backplane import Authority, Error, ErrorClass, ToolRegistry, open_conversation
 from trio_backplane.runtime import Telemetry, Usage
 from trio_backplane.store import MemoryStore
 from trio_backplane.testing import ScriptedProvider
@@ -218,9 +218,10 @@ async def test_a_refused_call_has_a_failed_span_and_usage_is_recorded(
 async def test_no_secret_reaches_a_span_an_event_or_a_metric(
     autojump_clock: Any, exported: Exported
 ) -> None:
-    """A canary in ``provider_context``, in a tool's ``backend_context`` and
-    in a quarantined tool's schema: in no attribute, event or metric, even
-    with content captured."""
+    """A canary in ``provider_context``, in a tool's ``backend_context`` (and
+    quoted by the error that tool fails with) and in a quarantined tool's
+    schema: in no attribute, event, status or metric, even with content
+    captured."""
     spans, reader = exported.spans, exported.reader
     telemetry = exported.telemetry(capture_content=True)
     secret_tool = make_tool(
@@ -236,16 +237,23 @@ async def test_no_secret_reaches_a_span_an_event_or_a_metric(
             "description": CANARY,
         },
     )
-    provider = S([S.tool_calls(("c1", "lookup", {"q": "x"})), S.text("done")])
+    failing = make_tool(
+        "fails",
+        RecordingBackend(Error(ErrorClass.EXECUTION_FAILURE, f"token {CANARY} was refused")),
+        backend_context={"token": CANARY},
+    )
+    provider = S([S.tool_calls(("c1", "lookup", {"q": "x"}), ("c2", "fails", {})), S.text("done")])
     await _converse(
         provider,
-        [secret_tool, hostile],
+        [secret_tool, hostile, failing],
         telemetry,
         provider_context={"api_key": CANARY},
         schema_admission="quarantine",
     )
     finished = spans.get_finished_spans()
-    assert finished
+    [failed] = [span for span in finished if span.name == "execute_tool fails"]
+    assert failed.status.status_code is StatusCode.ERROR
+    assert "[redacted]" in (failed.status.description or "")
     dumped = json.dumps(
         [
             {

@@ -185,6 +185,8 @@ class Executor:
             if caller is not None:
                 caller.nested_stop = None
             if recorder is not None:
+                if isinstance(result, Error):  # the backend's text may quote its secrets
+                    result = redacted(result, secrets_of(descriptor.backend_context))
                 recorder.tool_ended(operation, result, budget.timed_out(), state.stop_reason)
         if state.stop_reason is not None:
             # The run stopped while it executed: its outcome stays unsettled,
