@@ -228,13 +228,13 @@ class Worker:
             snapshot = conversation.status()
             asked = snapshot.pending_interaction
             if asked is not None:
-                for answer_id, interaction_id, answer in await trio.to_thread.run_sync(
-                    self.queue.answers, run_id
-                ):
-                    error = await _answered(conversation, asked["id"], interaction_id, answer)
-                    await trio.to_thread.run_sync(self.queue.applied, answer_id, error)
-                    if error is None:
-                        break  # answered: the next answer waits for the next question
+                try:
+                    await self._answer(conversation, asked["id"], run_id)
+                except Error as error:
+                    if error.error_class is not ErrorClass.STORAGE_FAILED:
+                        raise
+                    # the queue's database away for a moment: the run goes
+                    # on, and its answers are read again at the next poll
                 snapshot = conversation.status()
             if _releasable(snapshot):
                 waiting_since = waiting_since or trio.current_time()
@@ -248,6 +248,17 @@ class Worker:
             else:
                 with trio.move_on_after(self.poll_interval):
                     await self._draining.wait()  # a drain releases at once
+
+    async def _answer(self, conversation: Any, asked: str, run_id: str) -> None:
+        """Apply the first committed answer to the question ``asked``;
+        mark each one it passes over with why."""
+        for answer_id, interaction_id, answer in await trio.to_thread.run_sync(
+            self.queue.answers, run_id
+        ):
+            error = await _answered(conversation, asked, interaction_id, answer)
+            await trio.to_thread.run_sync(self.queue.applied, answer_id, error)
+            if error is None:
+                return  # answered: the next answer waits for the next question
 
     async def _drive(self, store: Any, claim: Claim) -> tuple[str, str]:
         """The row's next state (``done``, ``parked``, ``requeue``,
