@@ -22,7 +22,7 @@ from opentelemetry.trace import StatusCode
 from tests.runtime.support import RecordingBackend, make_tool
 from trio_backplane import Authority, Error, ErrorClass, ToolRegistry, open_conversation
 from trio_backplane.runtime import Telemetry, Usage
-from trio_backplane.store import MemoryStore
+from trio_backplane.store import MemoryStore, SQLiteStore
 from trio_backplane.testing import ScriptedProvider
 from trio_backplane.tools import ToolResult
 
@@ -195,6 +195,41 @@ async def test_a_cancelled_run_ends_its_open_spans(autojump_clock: Any, exported
     assert named["turn"][0].end_time is not None
 
 
+@pytest.mark.parametrize("how", ["cancelled", "released"])
+async def test_a_run_that_stops_waiting_is_no_longer_counted_waiting(
+    exported: Exported, how: str
+) -> None:
+    """Cancelled while it waits for an approval, or released (its
+    incarnation fenced, the block left: a fleet worker handing the wait to
+    another host): its ``await_human`` span ends and the waiting gauge
+    comes back to zero.  (SQLite, to be fenced; on Trio's own clock: its
+    commits run in a thread, and no deadline here is near.)"""
+    telemetry = exported.telemetry()
+    registry = ToolRegistry([make_tool("deploy", RecordingBackend(), requires_approval=True)])
+    async with (
+        SQLiteStore(":memory:") as store,
+        open_conversation(
+            RUN,
+            store=store,
+            provider=S([S.tool_calls(("c1", "deploy", {}))]),
+            registry=registry,
+            authority=Authority.for_registry(registry, caller="host", run_id=RUN),
+            telemetry=telemetry,
+        ) as conversation,
+    ):
+        await conversation.prompt("go")
+        while conversation.status().pending_interaction is None:
+            await trio.sleep(0.01)
+        if how == "cancelled":
+            await conversation.cancel()
+            await conversation.wait_settled()
+        else:
+            await store.fence(RUN, incarnation=2)
+    [wait] = _by_name(exported.spans.get_finished_spans())["await_human"]
+    assert wait.end_time is not None
+    assert _metrics(exported.reader)["backplane.interactions.waiting"] == [({}, 0)]
+
+
 async def test_a_refused_call_has_a_failed_span_and_usage_is_recorded(
     autojump_clock: Any, exported: Exported
 ) -> None:
@@ -293,7 +328,7 @@ def test_without_telemetry_nothing_of_opentelemetry_is_imported() -> None:
     code = """
 import sys, trio
 from trio_backplane import open_conversation
-from trio_backplane.store import MemoryStore
+from trio_backplane.store import MemoryStore, SQLiteStore
 from trio_backplane.testing import ScriptedProvider as S
 
 async def main():
@@ -349,7 +384,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from trio_backplane import open_conversation
 from trio_backplane.runtime import Telemetry
-from trio_backplane.store import MemoryStore
+from trio_backplane.store import MemoryStore, SQLiteStore
 from trio_backplane.testing import ScriptedProvider as S
 
 spans = InMemorySpanExporter()
