@@ -10,13 +10,28 @@ from typing import Any
 import trio
 
 from trio_backplane.kernel import encode_record
-from trio_backplane.runtime import Event, Provider, Snapshot, open_conversation
+from trio_backplane.runtime import Event, Provider, ProviderRequest, Snapshot, open_conversation
 from trio_backplane.store import Store
-from trio_backplane.tools import Authority, ToolDescriptor, ToolRegistry, ToolResult
+from trio_backplane.tools import Authority, ProviderTool, ToolDescriptor, ToolRegistry, ToolResult
 
 CANARY = "sk-canary-5f1d8c0e-never-store-me"
 GET_ME = "github::get_me"
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
+
+
+def request(tools: tuple[ProviderTool, ...] = (), messages: Any = None) -> ProviderRequest:
+    """One provider attempt's request: ``messages`` (default: one user
+    message) and ``tools``."""
+    return ProviderRequest(
+        run_id="run-1",
+        incarnation=1,
+        turn_id="turn-1",
+        step_id="step-1",
+        attempt_id="attempt-1",
+        messages=tuple(messages or [{"role": "user", "content": "hi", "id": "m1"}]),
+        catalog_revision=1,
+        tools=tools,
+    )
 
 
 class Add:

@@ -21,6 +21,7 @@ from tests.adapters.provider_runs import (
     approving_run,
     assert_no_key,
     registry,
+    request,
 )
 from trio_backplane.adapters._http._aliases import ToolAliases
 from trio_backplane.adapters.anthropic import ANTHROPIC_VERSION, AnthropicProvider
@@ -54,19 +55,6 @@ def provider(server: ChatServer, **options: Any) -> AnthropicProvider:
     base = server.base_url.removesuffix("/v1")
     options.setdefault("timeout", 5)
     return AnthropicProvider("claude-test", base_url=base, **options)
-
-
-def request(tools: tuple[ProviderTool, ...] = (), messages: Any = None) -> ProviderRequest:
-    return ProviderRequest(
-        run_id="run-1",
-        incarnation=1,
-        turn_id="turn-1",
-        step_id="step-1",
-        attempt_id="attempt-1",
-        messages=tuple(messages or [{"role": "user", "content": "hi", "id": "m1"}]),
-        catalog_revision=1,
-        tools=tools,
-    )
 
 
 async def collect(source: AnthropicProvider, req: ProviderRequest) -> list[Any]:

@@ -31,6 +31,7 @@ from tests.adapters.provider_runs import (
     approving_run,
     assert_no_key,
     registry,
+    request,
 )
 from trio_backplane.adapters._http._aliases import ToolAliases
 from trio_backplane.adapters.anthropic import AnthropicProvider
@@ -38,7 +39,6 @@ from trio_backplane.adapters.openai import OpenAIProvider
 from trio_backplane.errors import ErrorClass
 from trio_backplane.kernel import thaw
 from trio_backplane.runtime import (
-    ProviderRequest,
     ResponseFailed,
     open_conversation,
 )
@@ -92,19 +92,6 @@ def provider(server: LLMockServer, name: str, **options: Any) -> Any:
     if name == "openai":
         return OpenAIProvider(server.base_url("openai"), "gpt-mock", **options)
     return AnthropicProvider("claude-mock", base_url=server.base_url("anthropic"), **options)
-
-
-def request(tools: tuple[ProviderTool, ...] = ()) -> ProviderRequest:
-    return ProviderRequest(
-        run_id="run-1",
-        incarnation=1,
-        turn_id="turn-1",
-        step_id="step-1",
-        attempt_id="attempt-1",
-        messages=({"role": "user", "content": "hi", "id": "m1"},),
-        catalog_revision=1,
-        tools=tools,
-    )
 
 
 async def failure_of(source: Any, tools: tuple[ProviderTool, ...] = ()) -> ResponseFailed:

@@ -24,6 +24,7 @@ from tests.adapters.chat_server import (
     text_chunks,
     tool_call_chunks,
 )
+from tests.adapters.provider_runs import CANARY, GET_ME, SCHEMA, Add, GetMe, request
 from trio_backplane.adapters.openai import (
     OPENAI_NAME,
     OpenAIProvider,
@@ -51,12 +52,7 @@ from trio_backplane.tools import (
     ProviderTool,
     ToolDescriptor,
     ToolRegistry,
-    ToolResult,
 )
-
-CANARY = "sk-canary-5f1d8c0e-never-store-me"
-GET_ME = "github::get_me"
-SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
 
 #: A completed answer's message, but for its content: it keeps its finish reason.
 STOPPED: dict[str, Any] = {"role": "assistant", "finish_reason": "stop"}
@@ -68,40 +64,12 @@ def chat() -> Iterator[ChatServer]:
         yield server
 
 
-def request(tools: tuple[ProviderTool, ...] = (), messages: Any = None) -> ProviderRequest:
-    return ProviderRequest(
-        run_id="run-1",
-        incarnation=1,
-        turn_id="turn-1",
-        step_id="step-1",
-        attempt_id="attempt-1",
-        messages=tuple(messages or [{"role": "user", "content": "hi", "id": "m1"}]),
-        catalog_revision=1,
-        tools=tools,
-    )
-
-
 async def collect(provider: OpenAIProvider, req: ProviderRequest, key: str = CANARY) -> list[Any]:
     events = []
     with trio.fail_after(10):
         async for event in provider.stream(req, {"api_key": key}):
             events.append(event)
     return events
-
-
-class Add:
-    def __init__(self) -> None:
-        self.calls: list[Any] = []
-
-    async def execute(self, operation: Any) -> ToolResult:
-        self.calls.append(operation.arguments)
-        total = operation.arguments["a"] + operation.arguments["b"]
-        return ToolResult([{"type": "text", "text": str(total)}], {"sum": total})
-
-
-class GetMe:
-    async def execute(self, operation: Any) -> ToolResult:
-        return ToolResult("octocat")
 
 
 # -- the whole conversation --------------------------------------------------------
