@@ -40,6 +40,8 @@ ALLOWED: dict[str, set[str]] = {
     # the fleet: conversations on PostgresStore, taken over through recovery
     "fleet": PURE | {"store", "runtime", "recovery"},
     "testing": PURE | {"store", "runtime", "recovery"},
+    # the web console: stores read, answers through a host or the fleet
+    "console": PURE | {"store", "runtime", "recovery", "fleet"},
     "cli": PURE
     | {
         "store",
@@ -49,6 +51,7 @@ ALLOWED: dict[str, set[str]] = {
         "testing",
         "adapters",
         "fleet",
+        "console",
         "__init__",
         "_version",
     },

@@ -107,6 +107,7 @@ NAMESPACES: dict[str, list[str]] = {
         "OPENAI_NAME", "OpenAIProvider", "ToolAliases", "transcript_messages",
     ],
     "trio_backplane.adapters.anthropic": ["ANTHROPIC_VERSION", "AnthropicProvider"],
+    "trio_backplane.console": ["Answerer", "Console", "FleetAnswers", "LocalAnswers", "serve"],
 }  # fmt: skip
 
 #: the public classes made to be subclassed (besides protocols and enums)

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from . import _catalog, _demo, _fleet, _runs, _schema
+from . import _catalog, _console, _demo, _fleet, _runs, _schema
 from ._output import EXIT_BROKEN_PIPE
 from ._output import Out as _Out  # noqa: F401  (importable here, as before the split)
 
@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         " catalogs, run the demo, read and recover stored runs.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    for group in (_schema, _catalog, _demo, _runs, _fleet):
+    for group in (_schema, _catalog, _demo, _runs, _fleet, _console):
         group.add_parser(commands)
     return parser
 

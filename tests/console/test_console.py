@@ -1,0 +1,186 @@
+"""The console over HTTP (no browser): sign-in, the runs and run pages,
+escaping, secrets, live events, and answers refused or taken."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from tests.console.support import CANARY, Deploy, served, waiting_run
+from trio_backplane import Error, ErrorClass
+from trio_backplane.console import Console, serve
+from trio_backplane.store import SQLiteStore
+
+
+async def _signed_in(client: httpx.AsyncClient, console: Console) -> None:
+    response = await client.get(console.login_path())
+    assert response.status_code == 303
+    page = await client.get("/")  # sets the session cookie the CSRF token binds to
+    assert page.status_code == 200
+
+
+def _csrf(html: str) -> str:
+    marker = 'name="csrf" value="'
+    return html[html.index(marker) + len(marker) :].split('"', 1)[0]
+
+
+async def test_every_page_needs_the_token(tmp_path: Path) -> None:
+    """Without the token: 401 everywhere; a wrong token signs nobody in."""
+    async with (
+        SQLiteStore(tmp_path / "runs.sqlite3") as store,
+        served(store) as s,
+        httpx.AsyncClient(base_url=s.url) as client,
+    ):
+        for path in ("/", "/runs/x", "/runs/x/events"):
+            assert (await client.get(path)).status_code == 401, path
+        assert (await client.get("/login?token=wrong-token-wrong")).status_code == 401
+        assert (await client.get("/")).status_code == 401
+        bearer = {"Authorization": f"Bearer {s.console.token}"}
+        assert (await client.get("/", headers=bearer)).status_code == 200
+
+
+async def test_answers_refused_without_token_or_csrf_change_nothing(tmp_path: Path) -> None:
+    """An answer without the token (401), with no or a wrong CSRF token
+    (403), or to a question the run no longer waits on (409) changes
+    nothing; the right one approves, and the run completes."""
+    deploy = Deploy()
+    async with (
+        SQLiteStore(tmp_path / "runs.sqlite3") as store,
+        served(store) as s,
+        waiting_run(s, "run-a", deploy) as conversation,
+    ):
+        asked = conversation.status().pending_interaction["id"]
+        async with httpx.AsyncClient(base_url=s.url) as client:
+            form = {"interaction_id": asked, "answer": "approved"}
+            assert (await client.post("/runs/run-a/answer", data=form)).status_code == 401
+            await _signed_in(client, s.console)
+            page = await client.get("/runs/run-a")
+            csrf = _csrf(page.text)
+            for bad in ({}, {"csrf": "0" * 64}, {"csrf": csrf[:-1] + "x"}):
+                refused = await client.post("/runs/run-a/answer", data={**form, **bad})
+                assert refused.status_code == 403
+            stale = {"interaction_id": "nope", "answer": "approved", "csrf": csrf}
+            assert (await client.post("/runs/run-a/answer", data=stale)).status_code == 409
+            assert deploy.calls == []
+            assert conversation.status().pending_interaction["id"] == asked
+            taken = await client.post("/runs/run-a/answer", data={**form, "csrf": csrf})
+            assert taken.status_code == 303
+            with trio.fail_after(10):
+                snapshot = await conversation.wait_settled()
+            assert snapshot.run.state == "completed"
+            assert deploy.calls == [{"target": "prod"}]
+            again = await client.post("/runs/run-a/answer", data={**form, "csrf": csrf})
+            assert again.status_code == 409  # no longer pending
+
+
+async def test_pages_escape_markup_and_show_no_secret(tmp_path: Path) -> None:
+    """A tool result holding ``<script>`` is text on the page; the canary in
+    ``provider_context`` is in no page nor event; the pending question
+    shows the tool, its arguments and their digest."""
+    deploy = Deploy()
+    async with SQLiteStore(tmp_path / "runs.sqlite3") as store, served(store) as s:
+        arguments = {"target": "<img src=x onerror=alert(1)>"}
+        async with (
+            waiting_run(s, "run-x", deploy, arguments=arguments) as conversation,
+            httpx.AsyncClient(base_url=s.url) as client,
+        ):
+            await _signed_in(client, s.console)
+            waiting = (await client.get("/runs/run-x")).text
+            assert "Waiting for a person: permission" in waiting
+            assert "&lt;img src=x onerror=alert(1)&gt;" in waiting
+            assert "<img src=x" not in waiting
+            digest = conversation.status().pending_interaction["request"]["operation"]
+            assert digest["arguments_digest"] in waiting
+            await conversation.resolve(
+                digest and conversation.status().pending_interaction["id"], "approved"
+            )
+            await conversation.wait_settled()
+            pages = [(await client.get(p)).text for p in ("/", "/runs/run-x")]
+            events = (await client.get("/runs/run-x/events")).text
+        assert deploy.calls
+        run_page = pages[1]
+        assert "&lt;script&gt;window.pwned = 1&lt;/script&gt;" in run_page
+        assert "<script>window.pwned" not in run_page
+        assert "<b>bold</b>" not in run_page
+        for text in (*pages, events):
+            assert CANARY not in text
+
+
+async def test_runs_page_filters_pages_and_orders_newest_first(tmp_path: Path) -> None:
+    """Runs newest first; a state filter; pages of ``page_size``; an
+    unknown state is refused."""
+    deploy = Deploy()
+    async with (
+        SQLiteStore(tmp_path / "runs.sqlite3") as store,
+        served(store, page_size=2) as s,
+    ):
+        for run_id in ("first", "second", "third"):
+            async with waiting_run(s, run_id, deploy) as conversation:
+                if run_id == "second":  # completed; the others cancelled
+                    await conversation.resolve(
+                        conversation.status().pending_interaction["id"], "approved"
+                    )
+                    await conversation.wait_settled()
+                else:
+                    await conversation.cancel()
+                await trio.sleep(0.01)  # admission instants apart
+        async with httpx.AsyncClient(base_url=s.url) as client:
+            await _signed_in(client, s.console)
+            first_page = (await client.get("/")).text
+            assert first_page.index("third") < first_page.index("second")
+            assert "first" not in first_page.split('id="runs"', 1)[1].split("</table>", 1)[0]
+            assert "page 1 of 2" in first_page
+            assert "first" in (await client.get("/?page=2")).text
+            cancelled = (await client.get("/?state=cancelled")).text
+            assert "third" in cancelled
+            assert "second</a>" not in cancelled
+            assert (await client.get("/?state=nonsense")).status_code == 400
+
+
+async def test_live_events_resume_after_the_last_one_seen(tmp_path: Path) -> None:
+    """The event stream sends each stored event with its sequence as ``id``,
+    from ``Last-Event-ID`` on, and ends once the run is terminal."""
+    deploy = Deploy()
+    async with SQLiteStore(tmp_path / "runs.sqlite3") as store, served(store) as s:
+        async with waiting_run(s, "run-e", deploy) as conversation:
+            await conversation.resolve(conversation.status().pending_interaction["id"], "approved")
+            await conversation.wait_settled()
+        stored = await store.events("run-e")
+        async with httpx.AsyncClient(base_url=s.url, timeout=10) as client:
+            await _signed_in(client, s.console)
+            whole = _sse((await client.get("/runs/run-e/events")).text)
+            resumed = _sse(
+                (await client.get("/runs/run-e/events", headers={"Last-Event-ID": "3"})).text
+            )
+    ids = [int(e["id"]) for e in whole if e.get("event") == "stored"]
+    assert ids == [e.sequence for e in stored]
+    assert whole[-1]["event"] == "end"
+    assert [int(e["id"]) for e in resumed if e.get("event") == "stored"] == ids[3:]
+    first = json.loads(whole[1]["data"])
+    assert first["type"] == stored[0].type
+
+
+def _sse(text: str) -> list[dict[str, Any]]:
+    events = []
+    for block in text.split("\n\n"):
+        fields: dict[str, Any] = {}
+        for line in block.splitlines():
+            name, _, value = line.partition(": ")
+            fields[name] = value
+        if fields:
+            events.append(fields)
+    return events
+
+
+async def test_serve_refuses_a_host_that_is_not_loopback(tmp_path: Path) -> None:
+    async with SQLiteStore(tmp_path / "runs.sqlite3") as store:
+        with pytest.raises(Error) as refused:
+            await serve(Console(store), host="0.0.0.0", port=0)
+    assert refused.value.error_class is ErrorClass.FORBIDDEN
+    with pytest.raises(Error):
+        Console(None, token="short")
