@@ -40,6 +40,19 @@ def _start_postgres(session: nox.Session, base: str) -> str:
     )
 
 
+def _ensure_chromium(session: nox.Session) -> None:
+    """Debian's Chromium and ChromeDriver (scripts/chromium.sh), for the
+    console's browser tests: missing, they fail the session."""
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "chromium.sh")], capture_output=True, text=True, check=False
+    )
+    for line in result.stderr.splitlines():
+        session.log(line)
+    if result.returncode != 0:
+        session.error("scripts/chromium.sh failed: the console's browser tests must run")
+    session.log(f"browser for the tests: {result.stdout.strip()}")
+
+
 def _stop_postgres(session: nox.Session, base: str) -> None:
     subprocess.run(
         ["bash", str(ROOT / "scripts" / "postgres.sh"), "stop"],
@@ -61,6 +74,7 @@ def tests(session: nox.Session) -> None:
     session.install("-e", ".[test,cli,postgres]")
     env = {"CI": "1", "HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")}
     session.run("python", "conformance/run.py", env=env)
+    _ensure_chromium(session)
     # One server per session (its own directory and port), so concurrent
     # sessions on one machine never stop each other's server.  A DSN already
     # in the environment is used as it is.
