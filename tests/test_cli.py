@@ -6,6 +6,7 @@ import io
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -1190,3 +1191,40 @@ def test_demo_with_commands_runs_a_real_command_under_approval(
     else:
         assert result["is_error"] is True
         assert "The command did not run." in text
+
+
+def test_console_serves_a_store_on_loopback_until_interrupted(tmp_path: Path) -> None:
+    """``backplane console --db`` on a demo's SQLite store: it prints where it
+    listens and a sign-in URL, serves the runs page to the token only, and
+    exits 0 on Ctrl-C; a host that is not loopback, or a store that is not
+    there, is refused."""
+    import httpx
+
+    status, text, run_id = _demo(tmp_path, "--approve", "yes")
+    assert status == 0, text
+    db = tmp_path / "demo.sqlite3"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "trio_backplane.cli", "console", "--db", str(db), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        listening = server.stdout.readline()
+        sign_in = server.stdout.readline().removeprefix("sign in: ").strip()
+        assert listening.startswith("backplane console on http://127.0.0.1:"), listening
+        with httpx.Client() as client:
+            assert client.get(sign_in.split("/login")[0] + "/").status_code == 401
+            runs = client.get(sign_in, follow_redirects=True)
+            assert runs.status_code == 200
+            assert run_id in runs.text
+    finally:
+        server.send_signal(signal.SIGINT)
+        _, err = server.communicate(timeout=30)
+    assert server.returncode == 0, err
+    assert "Traceback" not in err
+    refused = _cli("console", "--db", str(db), "--host", "0.0.0.0", "--port", "0")
+    assert refused.returncode == 1
+    assert "loopback only" in refused.stderr
+    assert _cli("console", "--db", str(tmp_path / "none.sqlite3")).returncode == 2

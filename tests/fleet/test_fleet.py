@@ -521,3 +521,49 @@ def test_listening_to_a_database_that_is_away_is_a_classed_storage_failure() -> 
     with Queue(dsn) as queue, pytest.raises(Error) as failed:
         queue.listen(0.1)
     assert failed.value.error_class is ErrorClass.STORAGE_FAILED
+
+
+async def test_the_console_answers_a_fleet_run_through_the_worker_holding_it(
+    pg_dsn: str, pg_schema: str, monkeypatch: Any
+) -> None:
+    """The web console over the fleet's PostgreSQL store: the approval a
+    worker's run waits on, answered in the console (token, CSRF), goes
+    through ``fleet.resolve`` (committed, the worker woken) and the run
+    completes; answering it again is refused (409)."""
+    import httpx
+
+    from trio_backplane.console import Console, FleetAnswers, serve
+    from trio_backplane.fleet import pending
+    from trio_backplane.store import PostgresStore
+
+    monkeypatch.setenv("FLEET_TEST_DSN", pg_dsn)
+    monkeypatch.setenv("FLEET_TEST_SCHEMA", pg_schema)
+    await trio.to_thread.run_sync(_ledger, pg_dsn, pg_schema)
+    run_id = await submit(pg_dsn, agent="approver", prompt="ship", schema=pg_schema)
+    worker = Worker(pg_dsn, app, schema=pg_schema, poll_interval=0.05)
+    store = PostgresStore(pg_dsn, schema=pg_schema)
+    console = Console(store, answer=FleetAnswers(pg_dsn, schema=pg_schema), poll_interval=0.05)
+    async with store, trio.open_nursery() as nursery:
+        nursery.start_soon(worker.run)
+        url = await nursery.start(
+            lambda task_status: serve(console, port=0, task_status=task_status)
+        )
+        with trio.fail_after(30):
+            while (asked := await pending(pg_dsn, run_id, schema=pg_schema)) is None:
+                await trio.sleep(0.05)
+        async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+            await client.get(console.login_path())
+            page = (await client.get(f"/runs/{run_id}")).text
+            assert asked["id"] in page
+            marker = 'name="csrf" value="'
+            csrf = page[page.index(marker) + len(marker) :].split('"', 1)[0]
+            form = {"interaction_id": asked["id"], "answer": "approved", "csrf": csrf}
+            answered = await client.post(f"/runs/{run_id}/answer", data=form)
+            assert answered.status_code == 303
+            status = await wait(pg_dsn, run_id, schema=pg_schema, timeout=30)
+            again = await client.post(f"/runs/{run_id}/answer", data=form)
+        worker.drain()
+        nursery.cancel_scope.cancel()
+    assert status["outcome"] == "completed"
+    assert again.status_code == 409
+    assert [run for run, _ in await trio.to_thread.run_sync(_calls, pg_dsn, pg_schema)] == [run_id]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from typing import Any, TextIO
 
@@ -48,20 +49,30 @@ def console_command(args: argparse.Namespace, out: TextIO) -> int:
     console = Console(store, answer=FleetAnswers(args.db) if fleet else None)
 
     async def main() -> None:
-        async with store, trio.open_nursery() as nursery:
-            url = await nursery.start(
-                lambda task_status: serve(
-                    console, host=args.host, port=args.port, remote=args.remote,
-                    task_status=task_status,
-                )
-            )  # fmt: skip
-            print(f"backplane console on {url}", file=out)
-            print(f"sign in: {url}{console.login_path()}", file=out, flush=True)
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with store, trio.open_nursery() as nursery:
+                url = await nursery.start(
+                    lambda task_status: serve(
+                        console, host=args.host, port=args.port, remote=args.remote,
+                        task_status=task_status,
+                    )
+                )  # fmt: skip
+                print(f"backplane console on {url}", file=out)
+                print(f"sign in: {url}{console.login_path()}", file=out, flush=True)
+                async for _ in signals:  # Ctrl-C or SIGTERM: stop serving
+                    nursery.cancel_scope.cancel()
+                    break
 
     try:
         trio.run(main)
-    except KeyboardInterrupt:
-        return EXIT_OK
+    except BaseExceptionGroup as group:
+        refused, rest = group.split(Error)
+        if refused is None or rest is not None:
+            raise
+        error = refused.exceptions[0]
+        assert isinstance(error, Error)
+        print(hide_dsn_secret(f"backplane: {reason(error)}", args.db), file=sys.stderr)
+        return EXIT_REJECTED
     except Error as error:
         print(hide_dsn_secret(f"backplane: {reason(error)}", args.db), file=sys.stderr)
         return EXIT_REJECTED
