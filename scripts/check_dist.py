@@ -43,6 +43,8 @@ def wanted() -> list[str]:
         *PACKAGE.glob("examples/*.json"),
         *PACKAGE.glob("schema/*.pyi"),
         *PACKAGE.glob("kernel/*.pyi"),
+        *PACKAGE.glob("codemode/*.js"),
+        *PACKAGE.glob("console/templates/*.html"),
     ]
     if not any(p.suffix == ".json" for p in data) or not any(p.suffix == ".pyi" for p in data):
         raise SystemExit("the source tree has no examples/*.json or schema/*.pyi to ship")
