@@ -109,7 +109,7 @@ def conformance(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     """ruff (lint and format) and mypy --strict."""
-    session.install("-e", ".[lint,mcp,openai,anthropic,postgres,codemode]")
+    session.install("-e", ".[lint,mcp,openai,anthropic,postgres,codemode,console,otel]")
     paths = (
         "trio_backplane",
         "tests",
@@ -188,5 +188,5 @@ def instructions(session: nox.Session) -> None:
 def docs(session: nox.Session) -> None:
     """The documentation (Sphinx, autodoc), warnings as errors: HTML in
     ``docs/_build/html``.  Its examples run in ``tests/test_docs.py``."""
-    session.install("-e", ".[docs,mcp,openai,anthropic,postgres]")
+    session.install("-e", ".[docs,mcp,openai,anthropic,postgres,console,otel]")
     session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html")
