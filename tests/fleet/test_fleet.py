@@ -545,25 +545,26 @@ async def test_the_console_answers_a_fleet_run_through_the_worker_holding_it(
     console = Console(store, answer=FleetAnswers(pg_dsn, schema=pg_schema), poll_interval=0.05)
     async with store, trio.open_nursery() as nursery:
         nursery.start_soon(worker.run)
-        url = await nursery.start(
-            lambda task_status: serve(console, port=0, task_status=task_status)
-        )
-        with trio.fail_after(30):
-            while (asked := await pending(pg_dsn, run_id, schema=pg_schema)) is None:
-                await trio.sleep(0.05)
-        async with httpx.AsyncClient(base_url=url, timeout=10) as client:
-            await client.get(console.login_path())
-            page = (await client.get(f"/runs/{run_id}")).text
-            assert asked["id"] in page
-            marker = 'name="csrf" value="'
-            csrf = page[page.index(marker) + len(marker) :].split('"', 1)[0]
-            form = {"interaction_id": asked["id"], "answer": "approved", "csrf": csrf}
-            answered = await client.post(f"/runs/{run_id}/answer", data=form)
-            assert answered.status_code == 303
-            status = await wait(pg_dsn, run_id, schema=pg_schema, timeout=30)
-            again = await client.post(f"/runs/{run_id}/answer", data=form)
-        worker.drain()
-        nursery.cancel_scope.cancel()
+        async with trio.open_nursery() as web:
+            url = await web.start(
+                lambda task_status: serve(console, port=0, task_status=task_status)
+            )
+            with trio.fail_after(30):
+                while (asked := await pending(pg_dsn, run_id, schema=pg_schema)) is None:
+                    await trio.sleep(0.05)
+            async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+                await client.get(console.login_path())
+                page = (await client.get(f"/runs/{run_id}")).text
+                assert asked["id"] in page
+                marker = 'name="csrf" value="'
+                csrf = page[page.index(marker) + len(marker) :].split('"', 1)[0]
+                form = {"interaction_id": asked["id"], "answer": "approved", "csrf": csrf}
+                answered = await client.post(f"/runs/{run_id}/answer", data=form)
+                assert answered.status_code == 303
+                status = await wait(pg_dsn, run_id, schema=pg_schema, timeout=30)
+                again = await client.post(f"/runs/{run_id}/answer", data=form)
+            web.cancel_scope.cancel()
+        worker.drain()  # the worker returns once drained: its connections closed
     assert status["outcome"] == "completed"
     assert again.status_code == 409
     assert [run for run, _ in await trio.to_thread.run_sync(_calls, pg_dsn, pg_schema)] == [run_id]
