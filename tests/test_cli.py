@@ -1228,3 +1228,10 @@ def test_console_serves_a_store_on_loopback_until_interrupted(tmp_path: Path) ->
     assert refused.returncode == 1
     assert "loopback only" in refused.stderr
     assert _cli("console", "--db", str(tmp_path / "none.sqlite3")).returncode == 2
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = _cli("console", "--db", str(db), "--port", str(taken.getsockname()[1]))
+    assert busy.returncode == 2
+    assert "cannot listen there" in busy.stderr
+    assert "Traceback" not in busy.stderr

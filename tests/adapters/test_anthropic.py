@@ -170,7 +170,7 @@ async def test_stream_events_usage_and_finish_reason(server: ChatServer) -> None
         ToolCallCompleted("toolu_1", "add", {"a": 1, "b": 2})
     ]
     usage = [e.usage for e in events if isinstance(e, Usage)]
-    assert usage[-1] == {"input_tokens": 10, "output_tokens": 42}
+    assert usage == [{"input_tokens": 10, "output_tokens": 42}]  # one report, merged
     done = events[-1]
     assert isinstance(done, ResponseCompleted)
     assert done.message["finish_reason"] == "tool_use"
@@ -203,6 +203,8 @@ async def test_transcript_shapes(server: ChatServer) -> None:
          "result": {"content": "tool arguments are not JSON", "is_error": True}},
         {"role": "tool", "tool_call_id": "c2", "name": "add",
          "result": {"content": [], "structured_content": {"sum": 3}}},
+        {"role": "tool", "tool_call_id": "c3", "name": "add",
+         "result": {"content": [], "is_error": True, "error": {"message": "it broke"}}},
     ]  # fmt: skip
     events = await collect(provider(server, system="be brief"), request(messages=transcript))
     assert isinstance(events[-1], ResponseCompleted)
@@ -217,6 +219,8 @@ async def test_transcript_shapes(server: ChatServer) -> None:
              "content": [{"type": "text", "text": "tool arguments are not JSON"}]},
             {"type": "tool_result", "tool_use_id": "c2",
              "content": [{"type": "text", "text": '{"sum": 3}'}]},
+            {"type": "tool_result", "tool_use_id": "c3", "is_error": True,
+             "content": [{"type": "text", "text": "it broke"}]},
         ]},
     ]  # fmt: skip
 
@@ -226,10 +230,12 @@ async def test_extra_body_and_tool_choice(server: ChatServer) -> None:
     overridden); a tool_choice is dropped when the request has no tools."""
     server.add(message_stream({"type": "text", "text": "a"}))
     server.add(message_stream({"type": "text", "text": "b"}))
+    web_search = {"type": "web_search_20250305", "name": "web_search"}
     extra = {
         "thinking": {"type": "enabled", "budget_tokens": 1024},
         "tool_choice": {"type": "any"},
         "max_tokens": 2048,
+        "tools": [web_search],
     }
     source = provider(server, extra_body=extra)
     await collect(source, request((ProviderTool("add", "", SCHEMA),)))
@@ -238,7 +244,8 @@ async def test_extra_body_and_tool_choice(server: ChatServer) -> None:
     assert with_tools["thinking"] == extra["thinking"]
     assert with_tools["tool_choice"] == {"type": "any"}
     assert with_tools["max_tokens"] == 2048
-    assert "tool_choice" not in without
+    assert [t["name"] for t in with_tools["tools"]] == ["web_search", "add"]  # server tools kept
+    assert without["tools"] == [web_search]
 
 
 # -- how a response ends -----------------------------------------------------------
@@ -344,6 +351,13 @@ def _anthropic_error(kind: str, message: str) -> str:
         (
             Stream((*message_stream({"type": "text", "text": "a"}).chunks[:3],
                     ("content_block_delta", '{"type": "content_block_delta", "ind')), done=False),
+            ErrorClass.EXECUTION_FAILURE,
+            {"reason": "malformed_stream"},
+        ),
+        (
+            Stream((("content_block_start", {"type": "content_block_start", "index": 0,
+                                             "content_block": {"type": ["text"]}}),),
+                   done=False),
             ErrorClass.EXECUTION_FAILURE,
             {"reason": "malformed_stream"},
         ),

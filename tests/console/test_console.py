@@ -36,7 +36,7 @@ async def test_every_page_needs_the_token(tmp_path: Path) -> None:
         served(store) as s,
         httpx.AsyncClient(base_url=s.url) as client,
     ):
-        for path in ("/", "/runs/x", "/runs/x/events"):
+        for path in ("/", "/runs/x", "/events/x"):
             assert (await client.get(path)).status_code == 401, path
         assert (await client.get("/login?token=wrong-token-wrong")).status_code == 401
         assert (await client.get("/")).status_code == 401
@@ -57,24 +57,24 @@ async def test_answers_refused_without_token_or_csrf_change_nothing(tmp_path: Pa
         asked = conversation.status().pending_interaction["id"]
         async with httpx.AsyncClient(base_url=s.url) as client:
             form = {"interaction_id": asked, "answer": "approved"}
-            assert (await client.post("/runs/run-a/answer", data=form)).status_code == 401
+            assert (await client.post("/answer/run-a", data=form)).status_code == 401
             await _signed_in(client, s.console)
             page = await client.get("/runs/run-a")
             csrf = _csrf(page.text)
             for bad in ({}, {"csrf": "0" * 64}, {"csrf": csrf[:-1] + "x"}):
-                refused = await client.post("/runs/run-a/answer", data={**form, **bad})
+                refused = await client.post("/answer/run-a", data={**form, **bad})
                 assert refused.status_code == 403
             stale = {"interaction_id": "nope", "answer": "approved", "csrf": csrf}
-            assert (await client.post("/runs/run-a/answer", data=stale)).status_code == 409
+            assert (await client.post("/answer/run-a", data=stale)).status_code == 409
             assert deploy.calls == []
             assert conversation.status().pending_interaction["id"] == asked
-            taken = await client.post("/runs/run-a/answer", data={**form, "csrf": csrf})
+            taken = await client.post("/answer/run-a", data={**form, "csrf": csrf})
             assert taken.status_code == 303
             with trio.fail_after(10):
                 snapshot = await conversation.wait_settled()
             assert snapshot.run.state == "completed"
             assert deploy.calls == [{"target": "prod"}]
-            again = await client.post("/runs/run-a/answer", data={**form, "csrf": csrf})
+            again = await client.post("/answer/run-a", data={**form, "csrf": csrf})
             assert again.status_code == 409  # no longer pending
 
 
@@ -101,7 +101,7 @@ async def test_pages_escape_markup_and_show_no_secret(tmp_path: Path) -> None:
             )
             await conversation.wait_settled()
             pages = [(await client.get(p)).text for p in ("/", "/runs/run-x")]
-            events = (await client.get("/runs/run-x/events")).text
+            events = (await client.get("/events/run-x")).text
         assert deploy.calls
         run_page = pages[1]
         assert "&lt;script&gt;window.pwned = 1&lt;/script&gt;" in run_page
@@ -153,10 +153,8 @@ async def test_live_events_resume_after_the_last_one_seen(tmp_path: Path) -> Non
         stored = await store.events("run-e")
         async with httpx.AsyncClient(base_url=s.url, timeout=10) as client:
             await _signed_in(client, s.console)
-            whole = _sse((await client.get("/runs/run-e/events")).text)
-            resumed = _sse(
-                (await client.get("/runs/run-e/events", headers={"Last-Event-ID": "3"})).text
-            )
+            whole = _sse((await client.get("/events/run-e")).text)
+            resumed = _sse((await client.get("/events/run-e", headers={"Last-Event-ID": "3"})).text)
     ids = [int(e["id"]) for e in whole if e.get("event") == "stored"]
     assert ids == [e.sequence for e in stored]
     assert whole[-1]["event"] == "end"
@@ -184,3 +182,69 @@ async def test_serve_refuses_a_host_that_is_not_loopback(tmp_path: Path) -> None
     assert refused.value.error_class is ErrorClass.FORBIDDEN
     with pytest.raises(Error):
         Console(None, token="short")
+
+
+async def test_hostile_run_ids_and_sequences_are_refused_not_crashed(tmp_path: Path) -> None:
+    """Ids no run can have (empty, NUL, too long) are 404 pages, not server
+    errors; a run whose id ends in ``/events`` has its own page; a
+    sequence past any real one resumes nothing instead of failing."""
+    deploy = Deploy()
+    async with (
+        SQLiteStore(tmp_path / "runs.sqlite3") as store,
+        served(store) as s,
+        httpx.AsyncClient(base_url=s.url, timeout=10) as client,
+    ):
+        await _signed_in(client, s.console)
+        for path in ("/runs/", "/runs/%00", "/runs/" + "x" * 300, "/events/", "/events/%00"):
+            assert (await client.get(path)).status_code == 404, path
+        assert (await client.post("/answer/%00", data={})).status_code == 403  # no CSRF first
+        async with waiting_run(s, "a/events", deploy) as conversation:
+            page = await client.get("/runs/a/events")
+            assert page.status_code == 200
+            assert "Waiting for a person" in page.text
+            await conversation.cancel()
+            await conversation.wait_settled()
+        huge = {"Last-Event-ID": "1" + "0" * 30}
+        tail = _sse((await client.get("/events/a/events", headers=huge)).text)
+        assert [e.get("event") for e in tail if e.get("event")] == ["end"]
+
+
+async def test_fleet_answers_go_to_the_row_that_runs_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run answered through the fleet goes to the queue row whose current
+    run it is: its own row, or a replacement's (``<row>#<n>``) checked;
+    never a row that merely shares the prefix of a ``#`` in an id."""
+    from trio_backplane import fleet
+    from trio_backplane.console import FleetAnswers
+    from trio_backplane.fleet import _queue
+
+    rows = {"deploy": "deploy", "job": "job#2", "deploy#prod": "deploy#prod"}
+    sent: list[tuple[str, str]] = []
+
+    class Rows:
+        def __init__(self, dsn: str, *, schema: str) -> None:
+            pass
+
+        def __enter__(self) -> Rows:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def status(self, row: str) -> dict[str, Any] | None:
+            return {"current_run": rows[row]} if row in rows else None
+
+    async def resolve(dsn: str, row: str, interaction_id: str, answer: Any, **_: Any) -> None:
+        sent.append((row, interaction_id))
+
+    monkeypatch.setattr(_queue, "Queue", Rows)
+    monkeypatch.setattr(fleet, "resolve", resolve)
+    answers = FleetAnswers("postgresql://db/x")
+    await answers("deploy#prod", "i-1", "approved")
+    await answers("job#2", "i-2", "approved")
+    with pytest.raises(Error) as refused:
+        await answers("deploy#staging", "i-3", "approved")  # row "deploy" runs "deploy"
+    assert refused.value.error_class is ErrorClass.NOT_FOUND
+    assert sent == [("deploy#prod", "i-1"), ("job", "i-2")]
+    assert "postgresql" not in repr(answers)

@@ -559,10 +559,10 @@ async def test_the_console_answers_a_fleet_run_through_the_worker_holding_it(
                 marker = 'name="csrf" value="'
                 csrf = page[page.index(marker) + len(marker) :].split('"', 1)[0]
                 form = {"interaction_id": asked["id"], "answer": "approved", "csrf": csrf}
-                answered = await client.post(f"/runs/{run_id}/answer", data=form)
+                answered = await client.post(f"/answer/{run_id}", data=form)
                 assert answered.status_code == 303
                 status = await wait(pg_dsn, run_id, schema=pg_schema, timeout=30)
-                again = await client.post(f"/runs/{run_id}/answer", data=form)
+                again = await client.post(f"/answer/{run_id}", data=form)
             web.cancel_scope.cancel()
         worker.drain()  # the worker returns once drained: its connections closed
     assert status["outcome"] == "completed"

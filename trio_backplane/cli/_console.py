@@ -66,6 +66,10 @@ def console_command(args: argparse.Namespace, out: TextIO) -> int:
     try:
         trio.run(main)
     except BaseExceptionGroup as group:
+        unusable, rest = group.split(OSError)  # the port taken, or no such port
+        if unusable is not None and rest is None:
+            print(f"backplane: cannot listen there: {unusable.exceptions[0]}", file=sys.stderr)
+            return EXIT_USAGE
         refused, rest = group.split(Error)
         if refused is None or rest is not None:
             raise

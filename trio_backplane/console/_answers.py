@@ -58,6 +58,22 @@ class FleetAnswers:
     async def __call__(self, run_id: str, interaction_id: str, answer: Any) -> None:
         from ..fleet import resolve
 
-        # a replacement run (`<run>#<incarnation>`) is answered through its row
-        row = run_id.partition("#")[0]
-        await resolve(self.dsn, row, interaction_id, answer, schema=self.schema)
+        await resolve(self.dsn, await self._row(run_id), interaction_id, answer, schema=self.schema)
+
+    async def _row(self, run_id: str) -> str:
+        """The queue row whose current run is ``run_id``: its own row, or
+        for a replacement (``<row>#<incarnation>``) that row, checked."""
+        import trio
+
+        from ..fleet._queue import Queue
+
+        with Queue(self.dsn, schema=self.schema) as queue:
+            for row in dict.fromkeys((run_id, run_id.rpartition("#")[0])):
+                status = await trio.to_thread.run_sync(queue.status, row) if row else None
+                if status is not None and status["current_run"] == run_id:
+                    return row
+        raise Error(
+            ErrorClass.NOT_FOUND,
+            "no fleet row runs this run now",
+            {"run_id": run_id},
+        )

@@ -17,14 +17,14 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response, Stream
 from starlette.routing import Route
 
 from ..errors import Error, ErrorClass
-from ..kernel import RunRecord
+from ..kernel import RUN_STATES, RunRecord
 from ._answers import Answerer
 from ._guard import AUTH_COOKIE, SESSION_COOKIE, Guard
 from ._views import event_view, events_view, run_row, run_view
 
 __all__ = ["Console"]
 
-_STATES: Final = ("queued", "running", "completed", "failed", "cancelled", "unknown_outcome")
+_STATES: Final = tuple(sorted(RUN_STATES))
 #: a comment line this often keeps an idle event stream (and its proxies) open
 _HEARTBEAT: Final = 15.0
 
@@ -59,6 +59,8 @@ class Console:
     ) -> None:
         if token is not None and (type(token) is not str or len(token) < 16):
             raise Error(ErrorClass.VALIDATION, "token must be a str of 16 characters or more")
+        if type(page_size) is not int or page_size < 1:
+            raise Error(ErrorClass.VALIDATION, "page_size must be a positive int")
         self.store = store
         self.token = token or secrets.token_urlsafe(24)
         self.guard = Guard(self.token, authenticate)
@@ -73,8 +75,9 @@ class Console:
             routes=[
                 Route("/login", self._login),
                 Route("/", self._runs),
-                Route("/runs/{run_id:path}/events", self._events),
-                Route("/runs/{run_id:path}/answer", self._answer, methods=["POST"]),
+                # each resource under its own prefix: a run id may hold "/"
+                Route("/events/{run_id:path}", self._events),
+                Route("/answer/{run_id:path}", self._answer, methods=["POST"]),
                 Route("/runs/{run_id:path}", self._run),
             ]
         )
@@ -84,7 +87,7 @@ class Console:
 
     def login_path(self) -> str:
         """The path that signs a browser in with the console's token."""
-        return f"/login?token={self.token}"
+        return "/login?" + urllib.parse.urlencode({"token": self.token})
 
     # -- pages ------------------------------------------------------------------
 
@@ -154,7 +157,12 @@ class Console:
 
     async def _record(self, request: Request) -> RunRecord | Response:
         run_id = request.path_params["run_id"]
-        record: RunRecord | None = await self.store.load(run_id)
+        try:
+            record: RunRecord | None = await self.store.load(run_id)
+        except Error as error:  # an id no run can have (empty, too long, NUL)
+            if error.error_class is not ErrorClass.VALIDATION:
+                raise
+            record = None
         if record is None:
             return self._page(request, "error.html", 404, message=f"no run {run_id!r}")
         return record
@@ -185,7 +193,7 @@ class Console:
             return record
         mark = request.headers.get("last-event-id") or request.query_params.get("after") or "0"
         try:
-            after = max(0, int(mark))
+            after = min(max(0, int(mark)), _MAX_SEQUENCE)
         except ValueError:
             after = 0
         stream = self._stream(record.run_id, after)
@@ -219,7 +227,7 @@ class Console:
     async def _answer(self, request: Request) -> Response:
         if (refused := self._refused(request)) is not None:
             return refused
-        form = await request.form()
+        form = await _form(request)
         session = request.cookies.get(SESSION_COOKIE)
         if not self.guard.csrf_ok(session, _field(form, "csrf")):
             return self._page(request, "error.html", 403, message="the form is stale: reload")
@@ -239,13 +247,29 @@ class Console:
         except Error as error:
             message = f"{error.error_class.value}: {error.message}"
             return self._page(request, "error.html", 409, message=message)
-        where = urllib.parse.quote(record.run_id, safe="")
+        where = urllib.parse.quote(record.run_id, safe="/")
         return RedirectResponse(f"/runs/{where}?notice={answer}", status_code=303)
 
 
-def _field(form: Any, name: str) -> str:
-    value = form.get(name)
-    return value if isinstance(value, str) else ""
+async def _form(request: Request) -> dict[str, str]:
+    """An urlencoded form's fields (the first of each; at most
+    ``_MAX_FORM`` bytes read): no multipart parser needed."""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > _MAX_FORM:
+            return {}
+    fields = urllib.parse.parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
+    return {name: values[0] for name, values in fields.items()}
+
+
+def _field(form: dict[str, str], name: str) -> str:
+    return form.get(name, "")
+
+
+#: The most of an answer's form read, and the highest sequence resumed from.
+_MAX_FORM: Final = 64 * 1024
+_MAX_SEQUENCE: Final = 2**62
 
 
 #: No page may be framed, sniffed, or run a script but its own.

@@ -28,7 +28,7 @@ class Guard:
 
     def who(self, request: Any) -> str | None:
         if self._authenticate is not None:
-            return self._authenticate(request)
+            return self._authenticate(request) or None  # "" names nobody
         offered = request.cookies.get(AUTH_COOKIE) or ""
         header = request.headers.get("authorization", "")
         if header.startswith("Bearer "):

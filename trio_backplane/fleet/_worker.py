@@ -332,6 +332,8 @@ async def _answered(conversation: Any, asked: Any, interaction_id: str, answer: 
     try:
         await conversation.resolve(interaction_id, answer)
     except Error as refused:
+        if refused.error_class is ErrorClass.STORAGE_FAILED:
+            raise  # the run's store away for a moment: read again, not refused
         return f"{refused.error_class.value}: {refused.message}"
     return None
 

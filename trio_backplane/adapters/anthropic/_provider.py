@@ -92,15 +92,18 @@ class AnthropicProvider:
         }
         if system:
             body["system"] = "\n\n".join(system)
-        if request.tools:
-            body["tools"] = [
-                {
-                    "name": aliases.alias(tool.name),
-                    "description": tool.description,
-                    "input_schema": tool.parameters,
-                }
-                for tool in request.tools
-            ]
+        ours = [
+            {
+                "name": aliases.alias(tool.name),
+                "description": tool.description,
+                "input_schema": tool.parameters,
+            }
+            for tool in request.tools
+        ]
+        # the API's own server tools, given in extra_body, go beside ours
+        tools = [*self.extra_body.get("tools", ()), *ours]
+        if tools:
+            body["tools"] = tools
         else:
             body.pop("tool_choice", None)  # the API refuses a choice among no tools
         return body

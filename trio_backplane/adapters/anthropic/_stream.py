@@ -49,7 +49,7 @@ class MessageDecoder:
         self.aliases = aliases
         self.request = request
         self.blocks: dict[int, _Block] = {}
-        self._kinds: dict[Any, int] = {}  # blocks started, by kind
+        self._kinds: dict[str, int] = {}  # blocks started, by kind
         self.usage: dict[str, Any] = {}
         #: the ``stop_reason`` of ``message_delta`` (``None``: none came)
         self.stop_reason: str | None = None
@@ -85,7 +85,8 @@ class MessageDecoder:
     def _message_start(self, payload: Mapping[str, Any]) -> list[ProviderEvent]:
         message = payload.get("message")
         usage = message.get("usage") if isinstance(message, Mapping) else None
-        return self._usage(usage)
+        self._usage(usage)  # reported once, merged, with message_delta's
+        return []
 
     def _message_delta(self, payload: Mapping[str, Any]) -> list[ProviderEvent]:
         delta = payload.get("delta")
@@ -94,15 +95,17 @@ class MessageDecoder:
             if isinstance(reason, str) and reason:
                 self.stop_reason = unicode(reason)[:100]
                 self._finishes = True
-        return self._usage(payload.get("usage"))
-
-    def _usage(self, usage: Any) -> list[ProviderEvent]:
-        """One report of the usage so far: ``message_delta``'s counts are
-        totals, merged over ``message_start``'s."""
-        if not isinstance(usage, Mapping):
+        if not self._usage(payload.get("usage")):
             return []
+        return [Usage(dict(self.usage))]  # one report a response: the totals
+
+    def _usage(self, usage: Any) -> bool:
+        """Merge a usage report (``message_delta``'s counts are totals over
+        ``message_start``'s); whether there was one."""
+        if not isinstance(usage, Mapping):
+            return False
         self.usage.update(replace_surrogates(dict(usage)))
-        return [Usage(dict(self.usage))]
+        return True
 
     def _block_start(self, payload: Mapping[str, Any]) -> list[ProviderEvent]:
         index, start = payload.get("index"), payload.get("content_block")
@@ -111,6 +114,8 @@ class MessageDecoder:
         if not isinstance(start, Mapping):
             raise Failed(malformed("content_block must be an object", type(start).__name__))
         kind = start.get("type")
+        if type(kind) is not str or not kind:
+            raise Failed(malformed("content_block needs a str type", repr(start)[:200]))
         ordinal = self._kinds.get(kind, 0)
         self._kinds[kind] = ordinal + 1
         block = self.blocks[index] = _Block(replace_surrogates(dict(start)), ordinal)

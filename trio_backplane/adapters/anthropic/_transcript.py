@@ -130,7 +130,11 @@ def _tool_result(message: Mapping[str, Any]) -> dict[str, Any]:
     if not parts and result.get("structured_content") is not None:
         text = json.dumps(thaw(result["structured_content"]), ensure_ascii=False)
         parts.append({"type": "text", "text": text})
-    block["content"] = parts
     if result.get("is_error"):
         block["is_error"] = True
+        if not parts:  # the API refuses an error result without content
+            failure = result.get("error")
+            said = failure.get("message") if isinstance(failure, Mapping) else None
+            parts.append({"type": "text", "text": str(said or "the tool failed")})
+    block["content"] = parts
     return block
