@@ -6,7 +6,8 @@ import json
 import secrets
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
 from typing import Any, Final, final
 
 import jinja2
@@ -196,10 +197,9 @@ class Console:
             after = min(max(0, int(mark)), _MAX_SEQUENCE)
         except ValueError:
             after = 0
-        stream = self._stream(record.run_id, after)
-        return StreamingResponse(stream, media_type="text/event-stream", headers=_SSE_HEADERS)
+        return _EventStream(self._stream(record.run_id, after))
 
-    async def _stream(self, run_id: str, after: int) -> AsyncIterator[str]:
+    async def _stream(self, run_id: str, after: int) -> AsyncGenerator[str, None]:
         """Each stored event after ``after`` as it is committed (``id``: its
         sequence, so a reconnect resumes where it stopped); ``end`` once
         the run is terminal and every event was sent."""
@@ -249,6 +249,20 @@ class Console:
             return self._page(request, "error.html", 409, message=message)
         where = urllib.parse.quote(record.run_id, safe="/")
         return RedirectResponse(f"/runs/{where}?notice={answer}", status_code=303)
+
+
+class _EventStream(StreamingResponse):
+    """A server-sent event stream whose generator is closed however the
+    response ends (finished, the client gone, the server stopping), never
+    left to the garbage collector."""
+
+    def __init__(self, events: AsyncGenerator[str, None]) -> None:
+        super().__init__(events, media_type="text/event-stream", headers=_SSE_HEADERS)
+        self._events = events
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        async with aclosing(self._events):
+            await super().__call__(scope, receive, send)
 
 
 async def _form(request: Request) -> dict[str, str]:
