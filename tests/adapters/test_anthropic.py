@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import trio
 
-from tests.adapters.chat_server import ChatServer, Status, Stream, message_stream
+from tests.adapters.chat_server import ChatServer, Completion, Status, Stream, message_stream
 from tests.adapters.provider_runs import (
     CANARY,
     GET_ME,
@@ -444,6 +444,7 @@ async def test_echoed_key_is_redacted(server: ChatServer) -> None:
         ({"base_url": "ftp://x"}, "base_url"),
         ({"timeout": -1}, "timeout"),
         ({"version": ""}, "version"),
+        ({"streaming": 1}, "streaming"),
         ({"extra_body": {"x": float("nan")}}, "extra_body"),
     ],
 )
@@ -461,3 +462,59 @@ def test_a_key_that_is_no_header_value_is_refused_unquoted(key: Any) -> None:
     assert raised.value.error_class is ErrorClass.VALIDATION
     assert "printable ASCII" in raised.value.message
     assert raised.value.details == {}
+
+
+def _message(*content: dict[str, Any], stop_reason: str = "end_turn") -> Completion:
+    return Completion(
+        {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "content": list(content),
+            "stop_reason": stop_reason,
+            "usage": {"input_tokens": 7, "output_tokens": 3},
+        }
+    )
+
+
+async def test_a_non_streamed_message_gives_the_same_events(server: ChatServer) -> None:
+    """``streaming=False``: one JSON message (``"stream": false``) becomes the
+    events its stream would give: thinking kept with its signature, text,
+    a tool call with its input, one usage report, the stop reason."""
+    server.add(
+        _message(THINKING, {"type": "text", "text": "checking"},
+                 tool_use("toolu_1", "add", {"a": 1, "b": 2}), stop_reason="tool_use"),
+        _message({"type": "text", "text": "cut"}, stop_reason="max_tokens"),
+    )  # fmt: skip
+    source = provider(server, streaming=False)
+    events = await collect(source, request((ProviderTool("add", "", SCHEMA),)))
+    assert server.requests[0]["stream"] is False
+    assert [e.text for e in events if isinstance(e, ThinkingDelta)] == ["2 + 3 is 5"]
+    assert [e.text for e in events if isinstance(e, TextDelta)] == ["checking"]
+    assert [e for e in events if isinstance(e, ToolCallCompleted)] == [
+        ToolCallCompleted("toolu_1", "add", {"a": 1, "b": 2})
+    ]
+    assert [e.usage for e in events if isinstance(e, Usage)] == [
+        {"input_tokens": 7, "output_tokens": 3}
+    ]
+    done = events[-1]
+    assert isinstance(done, ResponseCompleted)
+    assert done.message["content"][0] == THINKING
+    assert done.message["finish_reason"] == "tool_use"
+    cut = (await collect(source, request()))[-1]
+    assert isinstance(cut, ResponseFailed)
+    assert cut.error.details["reason"] == "finish_max_tokens"
+
+
+async def test_a_non_streamed_conversation_runs_its_tool(server: ChatServer) -> None:
+    server.add(
+        _message(tool_use("toolu_1", "add", {"a": 2, "b": 3}), stop_reason="tool_use"),
+        _message({"type": "text", "text": "5"}),
+    )
+    add = Add()
+    snapshot, _ = await approving_run(
+        "run-plain", provider(server, streaming=False), MemoryStore(), registry(add)
+    )
+    assert snapshot.run.state == "completed", snapshot.last_error
+    assert add.calls == [{"a": 2, "b": 3}]
+    assert server.requests[1]["messages"][-1]["content"][0]["type"] == "tool_result"

@@ -115,10 +115,14 @@ def files_hold_no_key(directory: Path) -> None:
 # -- a conversation --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", PROVIDERS)
+@pytest.mark.parametrize(
+    "mode",
+    [(name, streaming) for name in PROVIDERS for streaming in (True, False)],
+    ids=lambda mode: f"{mode[0]}-{'streamed' if mode[1] else 'whole'}",
+)
 async def test_conversation_with_two_tool_calls_one_approved(
     peer: tuple[LLMockServer, list[dict[str, str]]],
-    name: str,
+    mode: tuple[str, bool],
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
     capsys: pytest.CaptureFixture[str],
@@ -126,8 +130,10 @@ async def test_conversation_with_two_tool_calls_one_approved(
     """Two tool calls in one reply (one under an aliased name, one approved
     by the host), then the answer: the run completes on SQLite, the results
     reach llmock in the provider's shape, and the canary key is in the
-    key header only: no store row, event, log record or printed line."""
+    key header only: no store row, event, log record or printed line.
+    Streamed, and asked for as one JSON response."""
     caplog.set_level(logging.DEBUG)
+    name, streaming = mode
     server, headers = peer
     server.state.scenarios.add(
         Reply(tool_calls=(ToolCall(ALIAS, {}), ToolCall("add", {"a": 2, "b": 3}))),
@@ -136,7 +142,10 @@ async def test_conversation_with_two_tool_calls_one_approved(
     add = Add()
     async with SQLiteStore(str(tmp_path / "runs.sqlite3")) as store:
         snapshot, events = await approving_run(
-            "run-llmock", provider(server, name), store, registry(add, approve_add=True)
+            "run-llmock",
+            provider(server, name, streaming=streaming),
+            store,
+            registry(add, approve_add=True),
         )
         assert snapshot.run.state == "completed", snapshot.last_error
         await assert_no_key(store, "run-llmock", events, snapshot, caplog.text)
@@ -152,6 +161,7 @@ async def test_conversation_with_two_tool_calls_one_approved(
     assert '"octocat"' in sent_back
     assert '"5"' in sent_back
     assert first.status == second.status == 200
+    assert first.stream is streaming
     assert [key_header(name, h) for h in headers] == [
         f"Bearer {CANARY}" if name == "openai" else CANARY
     ] * 2

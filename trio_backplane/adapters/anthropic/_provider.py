@@ -11,8 +11,10 @@ import httpx
 from ...errors import Error, ErrorClass
 from ...runtime import ProviderEvent, ProviderRequest
 from .._http._aliases import ToolAliases
-from .._http._exchange import Post, api_key_of, attempt, streamed
+from .._http._errors import Failed, malformed
+from .._http._exchange import Post, api_key_of, attempt, read_whole, streamed
 from .._http._options import check_options
+from .._http._text import strict_loads
 from ._stream import MessageDecoder
 from ._transcript import messages_of
 
@@ -35,7 +37,8 @@ class AnthropicProvider:
     (system messages of the transcript are joined after it);
     ``extra_body`` fields merged into every request body (``thinking``,
     ``temperature``, ``tool_choice``, ...); ``version`` the
-    ``anthropic-version`` header.  The API key is read from
+    ``anthropic-version`` header; ``streaming=False`` asks for one JSON
+    message instead of a stream (the same events come of it).  The API key is read from
     ``provider_context["api_key"]`` and sent only as the ``x-api-key``
     header.
     """
@@ -52,6 +55,7 @@ class AnthropicProvider:
         system: str | None = None,
         extra_body: Mapping[str, Any] | None = None,
         version: str = ANTHROPIC_VERSION,
+        streaming: bool = True,
     ) -> None:
         check_options(
             base_url=base_url,
@@ -65,6 +69,8 @@ class AnthropicProvider:
             raise Error(ErrorClass.VALIDATION, "max_tokens must be a positive int")
         if not isinstance(version, str) or not version.isascii() or not version:
             raise Error(ErrorClass.VALIDATION, "version must be a non-empty ASCII str")
+        if type(streaming) is not bool:
+            raise Error(ErrorClass.VALIDATION, "streaming must be a bool")
         self.url = base_url.rstrip("/") + "/v1/messages"
         self.model = model
         self.max_tokens = max_tokens
@@ -73,6 +79,7 @@ class AnthropicProvider:
         self.system = system
         self.extra_body = dict(extra_body or {})
         self.version = version
+        self.streaming = streaming
         self._client = client
 
     def __repr__(self) -> str:
@@ -88,7 +95,7 @@ class AnthropicProvider:
             **self.extra_body,
             "model": self.model,
             "messages": messages,
-            "stream": True,
+            "stream": self.streaming,
         }
         if system:
             body["system"] = "\n\n".join(system)
@@ -135,6 +142,15 @@ class AnthropicProvider:
             tail_timeout=self.tail_timeout,
         )
         decoder = MessageDecoder(aliases, request)
+        if not self.streaming:
+            text = await read_whole(client, post)
+            try:
+                message = strict_loads(text)
+            except (ValueError, RecursionError):
+                raise Failed(malformed("response is not JSON", text[:200])) from None
+            for event in decoder.whole(message):
+                yield event
+            return
         async with aclosing(streamed(client, post, decoder)) as events:
             async for event in events:
                 yield event

@@ -76,6 +76,24 @@ class MessageDecoder:
         handler = _HANDLERS.get(str(payload.get("type", kind)))
         return [] if handler is None else handler(self, payload)
 
+    def whole(self, message: Any) -> list[ProviderEvent]:
+        """The events of a whole, non-streamed message: those its stream
+        would give, then the completion; raises ``Failed`` as a stream
+        would."""
+        if not isinstance(message, Mapping):
+            raise Failed(malformed("response is not a JSON object", type(message).__name__))
+        if message.get("type") == "error":
+            self._error(message)
+        content = message.get("content")
+        if not isinstance(content, list):
+            raise Failed(malformed("message content must be a list", type(content).__name__))
+        events = self._message_start({"message": message})
+        for index, block in enumerate(content):
+            events += self._block_start({"index": index, "content_block": block})
+        delta = {"stop_reason": message.get("stop_reason")}
+        events += self._message_delta({"delta": delta, "usage": message.get("usage")})
+        return [*events, *self.finish()]
+
     def _error(self, payload: Mapping[str, Any]) -> list[ProviderEvent]:
         error = payload.get("error")
         if isinstance(error, Mapping):
