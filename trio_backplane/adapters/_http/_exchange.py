@@ -13,12 +13,13 @@ import attrs
 import httpx
 
 from ...errors import Error, ErrorClass
-from ...runtime import ProviderEvent, ResponseFailed
+from ...runtime import ProviderEvent, ProviderRequest, ResponseFailed
 from ._errors import Failed, http_error, malformed, redact, transport
+from ._options import HttpOptions
 from ._reader import Decoder, StreamReader, check_response
 from ._sse import abandon, server_sent_events
 
-__all__ = ["Post", "api_key_of", "attempt", "read_whole", "streamed"]
+__all__ = ["Post", "api_key_of", "provider_stream", "respond"]
 
 #: What an API key may hold: printable ASCII, no spaces at its ends (a pasted
 #: curly quote or a newline would fail inside httpx, unclassed).
@@ -29,14 +30,33 @@ _MAX_BODY: Final = 8 * 1024 * 1024
 
 @attrs.frozen(kw_only=True)
 class Post:
-    """One request: where, what, with which headers, each read bounded by
-    ``timeout`` and a finished stream's tail by ``tail_timeout``."""
+    """One request: ``body`` and ``headers`` (the key among them) to the
+    provider's endpoint, under its ``options``."""
 
-    url: str
+    options: HttpOptions
     body: dict[str, Any]
     headers: dict[str, str]
-    timeout: float
-    tail_timeout: float
+
+
+#: One attempt's exchange on a client: ``(client, request, api_key) -> events``.
+Exchange = Callable[[httpx.AsyncClient, ProviderRequest, str | None], AsyncIterator[ProviderEvent]]
+
+
+def provider_stream(
+    options: HttpOptions,
+    request: ProviderRequest,
+    context: Mapping[str, Any] | None,
+    exchange: Exchange,
+) -> AsyncIterator[ProviderEvent]:
+    """A provider's ``stream``: arguments of the wrong kind raise
+    ``validation`` before any request; then ``exchange`` on the shared
+    client (or one of its own), any ``Failed`` it raises its last event."""
+    if not isinstance(request, ProviderRequest):
+        raise Error(ErrorClass.VALIDATION, "stream needs a ProviderRequest")
+    api_key = api_key_of(context)
+    return _attempt(
+        options.client, options.timeout, api_key, lambda c: exchange(c, request, api_key)
+    )
 
 
 def api_key_of(context: Mapping[str, Any] | None) -> str | None:
@@ -56,7 +76,7 @@ def api_key_of(context: Mapping[str, Any] | None) -> str | None:
     return api_key
 
 
-async def attempt(
+async def _attempt(
     client: httpx.AsyncClient | None,
     timeout: float,
     api_key: str | None,
@@ -80,19 +100,32 @@ async def attempt(
             await client.aclose()
 
 
-async def streamed(
+async def respond(
     client: httpx.AsyncClient, post: Post, decoder: Decoder
 ) -> AsyncGenerator[ProviderEvent, None]:
-    """The response's events as they stream, then its completion; raises
-    ``Failed`` for a response that failed."""
-    reader = StreamReader(decoder, post.tail_timeout)
+    """The response's events, streamed or (``streaming=False``) read whole,
+    then its completion; raises ``Failed`` for a response that failed."""
+    if not post.options.streaming:
+        for event in decoder.whole(await _read_whole(client, post)):
+            yield event
+        return
+    async with aclosing(_streamed(client, post, decoder)) as events:
+        async for event in events:
+            yield event
+
+
+async def _streamed(
+    client: httpx.AsyncClient, post: Post, decoder: Decoder
+) -> AsyncGenerator[ProviderEvent, None]:
+    options = post.options
+    reader = StreamReader(decoder, options.tail_timeout)
     lost: Error | None = None
     headers = {**post.headers, "Accept": "text/event-stream", "Cache-Control": "no-store"}
     try:
         async with client.stream(
-            "POST", post.url, json=post.body, headers=headers, timeout=post.timeout
+            "POST", options.url, json=post.body, headers=headers, timeout=options.timeout
         ) as response:
-            await check_response(response, post.tail_timeout)
+            await check_response(response, options.tail_timeout)
             async with aclosing(server_sent_events(response)) as sses:
                 while (events := await reader.read(sses)) is not None:
                     for event in events:
@@ -111,13 +144,14 @@ async def streamed(
         yield event
 
 
-async def read_whole(client: httpx.AsyncClient, post: Post) -> str:
+async def _read_whole(client: httpx.AsyncClient, post: Post) -> str:
     """The body of a non-streamed 200 response (``_MAX_BODY`` bytes at most);
     raises ``Failed`` for any other status, or a lost connection."""
     headers = {**post.headers, "Accept": "application/json"}
     try:
+        options = post.options
         async with client.stream(
-            "POST", post.url, json=post.body, headers=headers, timeout=post.timeout
+            "POST", options.url, json=post.body, headers=headers, timeout=options.timeout
         ) as response:
             data = bytearray()
             async for piece in response.aiter_bytes():

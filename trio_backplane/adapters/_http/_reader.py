@@ -44,6 +44,11 @@ class Decoder(Protocol):
         raises ``Failed`` for a response that must not complete."""
         ...
 
+    def whole(self, text: str) -> list[ProviderEvent]:
+        """The events of a response asked for without streaming (its body's
+        text), the completion last: those its stream would have given."""
+        ...
+
 
 async def check_response(response: httpx.Response, patience: float) -> None:
     """Raise ``Failed`` unless ``response`` is a 200 event stream (an error

@@ -11,10 +11,8 @@ import httpx
 from ...errors import Error, ErrorClass
 from ...runtime import ProviderEvent, ProviderRequest
 from .._http._aliases import ToolAliases
-from .._http._errors import Failed, malformed
-from .._http._exchange import Post, api_key_of, attempt, read_whole, streamed
-from .._http._options import check_options
-from .._http._text import strict_loads
+from .._http._exchange import Post, provider_stream, respond
+from .._http._options import http_options
 from ._stream import MessageDecoder
 from ._transcript import messages_of
 
@@ -57,45 +55,39 @@ class AnthropicProvider:
         version: str = ANTHROPIC_VERSION,
         streaming: bool = True,
     ) -> None:
-        check_options(
+        self.options = http_options(
             base_url=base_url,
+            path="/v1/messages",
             model=model,
-            timeouts={"timeout": timeout, "tail_timeout": tail_timeout},
+            client=client,
+            timeout=timeout,
+            tail_timeout=tail_timeout,
             system=system,
             extra_body=extra_body,
-            client=client,
+            streaming=streaming,
         )
         if type(max_tokens) is not int or max_tokens < 1:
             raise Error(ErrorClass.VALIDATION, "max_tokens must be a positive int")
         if not isinstance(version, str) or not version.isascii() or not version:
             raise Error(ErrorClass.VALIDATION, "version must be a non-empty ASCII str")
-        if type(streaming) is not bool:
-            raise Error(ErrorClass.VALIDATION, "streaming must be a bool")
-        self.url = base_url.rstrip("/") + "/v1/messages"
-        self.model = model
         self.max_tokens = max_tokens
-        self.timeout = float(timeout)
-        self.tail_timeout = float(tail_timeout)
-        self.system = system
-        self.extra_body = dict(extra_body or {})
         self.version = version
-        self.streaming = streaming
-        self._client = client
 
     def __repr__(self) -> str:
-        return f"AnthropicProvider({self.model!r}, base_url={self.url!r})"
+        return f"AnthropicProvider({self.options.model!r}, url={self.options.url!r})"
 
     def body(self, request: ProviderRequest, aliases: ToolAliases) -> dict[str, Any]:
         """The Messages request body for ``request`` (no credentials inside)."""
+        options = self.options
         system, messages = messages_of(request.messages, aliases)
-        if self.system:
-            system.insert(0, self.system)
+        if options.system:
+            system.insert(0, options.system)
         body: dict[str, Any] = {
             "max_tokens": self.max_tokens,
-            **self.extra_body,
-            "model": self.model,
+            **options.extra_body,
+            "model": options.model,
             "messages": messages,
-            "stream": self.streaming,
+            "stream": options.streaming,
         }
         if system:
             body["system"] = "\n\n".join(system)
@@ -108,7 +100,7 @@ class AnthropicProvider:
             for tool in request.tools
         ]
         # the API's own server tools, given in extra_body, go beside ours
-        tools = [*self.extra_body.get("tools", ()), *ours]
+        tools = [*options.extra_body.get("tools", ()), *ours]
         if tools:
             body["tools"] = tools
         else:
@@ -121,36 +113,17 @@ class AnthropicProvider:
         """The attempt's events, ending in one ``ResponseCompleted`` or
         ``ResponseFailed``; raises ``validation`` before any request for
         arguments of the wrong kind."""
-        if not isinstance(request, ProviderRequest):
-            raise Error(ErrorClass.VALIDATION, "stream needs a ProviderRequest")
-        api_key = api_key_of(context)
-        events = lambda client: self._events(client, request, api_key)  # noqa: E731
-        return attempt(self._client, self.timeout, api_key, events)
+        return provider_stream(self.options, request, context, self._exchange)
 
-    async def _events(
+    async def _exchange(
         self, client: httpx.AsyncClient, request: ProviderRequest, api_key: str | None
     ) -> AsyncGenerator[ProviderEvent, None]:
         aliases = ToolAliases(tool.name for tool in request.tools)
         headers = {"Content-Type": "application/json", "anthropic-version": self.version}
         if api_key is not None:
             headers["x-api-key"] = api_key
-        post = Post(
-            url=self.url,
-            body=self.body(request, aliases),
-            headers=headers,
-            timeout=self.timeout,
-            tail_timeout=self.tail_timeout,
-        )
+        post = Post(options=self.options, body=self.body(request, aliases), headers=headers)
         decoder = MessageDecoder(aliases, request)
-        if not self.streaming:
-            text = await read_whole(client, post)
-            try:
-                message = strict_loads(text)
-            except (ValueError, RecursionError):
-                raise Failed(malformed("response is not JSON", text[:200])) from None
-            for event in decoder.whole(message):
-                yield event
-            return
-        async with aclosing(streamed(client, post, decoder)) as events:
+        async with aclosing(respond(client, post, decoder)) as events:
             async for event in events:
                 yield event

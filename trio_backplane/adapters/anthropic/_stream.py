@@ -76,10 +76,14 @@ class MessageDecoder:
         handler = _HANDLERS.get(str(payload.get("type", kind)))
         return [] if handler is None else handler(self, payload)
 
-    def whole(self, message: Any) -> list[ProviderEvent]:
+    def whole(self, text: str) -> list[ProviderEvent]:
         """The events of a whole, non-streamed message: those its stream
         would give, then the completion; raises ``Failed`` as a stream
         would."""
+        try:
+            message = loads(text)  # text repaired where it is taken, as streamed
+        except (ValueError, RecursionError):
+            raise Failed(malformed("response is not JSON", text[:200])) from None
         if not isinstance(message, Mapping):
             raise Failed(malformed("response is not a JSON object", type(message).__name__))
         if message.get("type") == "error":

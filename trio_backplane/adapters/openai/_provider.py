@@ -8,12 +8,10 @@ from typing import Any, final
 
 import httpx
 
-from ...errors import Error, ErrorClass
 from ...runtime import ProviderEvent, ProviderRequest
 from .._http._aliases import ToolAliases
-from .._http._exchange import Post, api_key_of, attempt, streamed
-from .._http._options import check_options
-from ._plain import plain_exchange
+from .._http._exchange import Post, provider_stream, respond
+from .._http._options import http_options
 from ._response import ResponseBuilder
 from ._stream import ChunkDecoder
 from ._transcript import transcript_messages
@@ -49,40 +47,34 @@ class OpenAIProvider:
         extra_body: Mapping[str, Any] | None = None,
         streaming: bool = True,
     ) -> None:
-        check_options(
+        self.options = http_options(
             base_url=base_url,
+            path="/chat/completions",
             model=model,
-            timeouts={"timeout": timeout, "tail_timeout": tail_timeout},
+            client=client,
+            timeout=timeout,
+            tail_timeout=tail_timeout,
             system=system,
             extra_body=extra_body,
-            client=client,
+            streaming=streaming,
         )
-        if type(streaming) is not bool:
-            raise Error(ErrorClass.VALIDATION, "streaming must be a bool")
-        self.url = base_url.rstrip("/") + "/chat/completions"
-        self.model = model
-        self.timeout = float(timeout)
-        self.tail_timeout = float(tail_timeout)
-        self.system = system
-        self.extra_body = dict(extra_body or {})
-        self.streaming = streaming
-        self._client = client
 
     def __repr__(self) -> str:
-        return f"OpenAIProvider({self.url!r}, {self.model!r})"
+        return f"OpenAIProvider({self.options.url!r}, {self.options.model!r})"
 
     def body(self, request: ProviderRequest, aliases: ToolAliases) -> dict[str, Any]:
         """The chat-completions request body for ``request`` (no credentials inside)."""
+        options = self.options
         messages = transcript_messages(request.messages, aliases)
-        if self.system:
-            messages.insert(0, {"role": "system", "content": self.system})
+        if options.system:
+            messages.insert(0, {"role": "system", "content": options.system})
         body: dict[str, Any] = {
-            **self.extra_body,
-            "model": self.model,
+            **options.extra_body,
+            "model": options.model,
             "messages": messages,
-            "stream": self.streaming,
+            "stream": options.streaming,
         }
-        if self.streaming:
+        if options.streaming:
             body["stream_options"] = {"include_usage": True}
         if request.tools:
             body["tools"] = [
@@ -104,35 +96,17 @@ class OpenAIProvider:
         """The attempt's events, ending in one ``ResponseCompleted`` or
         ``ResponseFailed``; raises ``validation`` before any request for
         arguments of the wrong kind."""
-        if not isinstance(request, ProviderRequest):
-            raise Error(ErrorClass.VALIDATION, "stream needs a ProviderRequest")
-        api_key = api_key_of(context)
-        return attempt(
-            self._client,
-            self.timeout,
-            api_key,
-            lambda client: self._events(client, request, api_key),
-        )
+        return provider_stream(self.options, request, context, self._exchange)
 
-    async def _events(
+    async def _exchange(
         self, client: httpx.AsyncClient, request: ProviderRequest, api_key: str | None
     ) -> AsyncGenerator[ProviderEvent, None]:
         aliases = ToolAliases(tool.name for tool in request.tools)
         headers = {"Content-Type": "application/json"}
         if api_key is not None:
             headers["Authorization"] = f"Bearer {api_key}"
-        post = Post(
-            url=self.url,
-            body=self.body(request, aliases),
-            headers=headers,
-            timeout=self.timeout,
-            tail_timeout=self.tail_timeout,
-        )
-        builder = ResponseBuilder(aliases, request)
-        if not self.streaming:
-            for event in await plain_exchange(client, post, builder):
-                yield event
-            return
-        async with aclosing(streamed(client, post, ChunkDecoder(builder))) as events:
+        post = Post(options=self.options, body=self.body(request, aliases), headers=headers)
+        decoder = ChunkDecoder(ResponseBuilder(aliases, request))
+        async with aclosing(respond(client, post, decoder)) as events:
             async for event in events:
                 yield event

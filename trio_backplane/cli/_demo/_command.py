@@ -174,7 +174,7 @@ def _provider(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None, str
     # an event, or a line printed here.
     context = {"api_key": key} if key else None
     # the whole userinfo hidden: a bare token@ is a secret too
-    shown_url = re.sub(r"(://)[^/\s]*@", r"\1***@", provider.url)  # to the last @
+    shown_url = re.sub(r"(://)[^/\s]*@", r"\1***@", provider.options.url)  # to the last @
     label = f"{args.model} at {shown_url}" + ("" if key else f" (no {variable})")
     return provider, context, label
 
