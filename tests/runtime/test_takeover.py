@@ -69,6 +69,20 @@ async def crash_while(
         await conversation.wait_settled()
 
 
+async def crash_in_second_attempt(store: Any, wall_clock: Any = trio.current_time) -> Any:
+    """A run that completed its read-only ``lookup`` (its backend, returned)
+    and whose host died in the provider attempt after it."""
+    lookup = RecordingBackend(ToolResult("42"))
+    provider = S([S.tool_calls(("c1", "lookup", {})), [Hang()]])
+
+    def second_attempt(record: Any) -> bool:
+        return record.active_provider is not None and bool(record.transcript[1:])
+
+    tools = [make_tool("lookup", lookup, read_only=True)]
+    await crash_while(store, provider, tools, second_attempt, work=10, wall_clock=wall_clock)
+    return lookup
+
+
 async def test_a_mutation_in_flight_settles_unknown_outcome_with_evidence(tmp_path: Path) -> None:
     """A dispatched mutating tool: ``settle_run`` fences the old
     incarnation, commits ``unknown_outcome`` naming the effect, and a
@@ -152,16 +166,9 @@ async def test_nothing_in_flight_settles_cancelled_and_continues_from_the_transc
     completed tool: settled ``cancelled`` (stop reason ``recovered``), and
     its replacement carries the committed transcript, the work left and the
     time left; it runs to completion without calling the tool again."""
-    lookup = RecordingBackend(ToolResult("42"))
-    tools = [make_tool("lookup", lookup, read_only=True)]
-    provider = S([S.tool_calls(("c1", "lookup", {})), [Hang()]])
-
-    def second_attempt(record: Any) -> bool:
-        return record.active_provider is not None and bool(record.transcript[1:])
-
     async with SQLiteStore(tmp_path / "runs.sqlite3") as store:
-        await crash_while(store, provider, tools, second_attempt, work=10)
-        await _continued(store, tools, lookup)
+        lookup = await crash_in_second_attempt(store)
+        await _continued(store, [make_tool("lookup", lookup, read_only=True)], lookup)
 
 
 async def _continued(store: Any, tools: Any, lookup: Any) -> None:
@@ -203,20 +210,14 @@ def test_runs_recover_continue_resumes_the_run(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    lookup = RecordingBackend(ToolResult("42"))
-    tools = [make_tool("lookup", lookup, read_only=True)]
-    provider = S([S.tool_calls(("c1", "lookup", {})), [Hang()]])
     db = tmp_path / "runs.sqlite3"
 
-    def second_attempt(record: Any) -> bool:
-        return record.active_provider is not None and bool(record.transcript[1:])
-
-    async def crash() -> None:
+    async def crash() -> Any:
         async with SQLiteStore(db) as store:
             # the real wall clock: the command line reads the deadline with it
-            await crash_while(store, provider, tools, second_attempt, work=10, wall_clock=time.time)
+            return await crash_in_second_attempt(store, wall_clock=time.time)
 
-    trio.run(crash)
+    lookup = trio.run(crash)
     result = subprocess.run(
         [sys.executable, "-m", "trio_backplane.cli", "runs", "recover", f"sqlite:///{db}",
          RUN, "--continue", "--app", "tests.fleet.app", "--agent", "resumable"],
@@ -262,15 +263,8 @@ async def test_continue_run_leaves_a_run_a_newer_owner_fenced(tmp_path: Path) ->
     from tests.fleet.app import resumable
     from trio_backplane.fleet import continue_run
 
-    lookup = RecordingBackend(ToolResult("42"))
-    tools = [make_tool("lookup", lookup, read_only=True)]
-    provider = S([S.tool_calls(("c1", "lookup", {})), [Hang()]])
-
-    def second_attempt(record: Any) -> bool:
-        return record.active_provider is not None and bool(record.transcript[1:])
-
     async with SQLiteStore(tmp_path / "runs.sqlite3") as store:
-        await crash_while(store, provider, tools, second_attempt, work=10, wall_clock=time.time)
+        await crash_in_second_attempt(store, wall_clock=time.time)
         with pytest.raises(Error) as refused:
             await continue_run(Overtaken(store), RUN, resumable(RUN))
         assert refused.value.error_class is ErrorClass.RESOURCE_CONFLICT
