@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import re
 import sys
@@ -13,6 +12,7 @@ from typing import Any, TextIO
 import attrs
 import trio
 
+from .._numbers import iso_instant
 from ..errors import Error, ErrorClass
 from ..kernel import RUN_STATES, encode_record, thaw
 from ..recovery import RecoveryReport, Settled, recover, settle_run
@@ -212,21 +212,11 @@ def _summary_rows(record: Any, events: Sequence[Any]) -> list[tuple[str, str]]:
         ("state", record.state),
         ("incarnation", str(record.incarnation)),
         ("revision", str(record.revision)),
-        ("deadline", _instant(record.deadline)),
+        ("deadline", iso_instant(record.deadline)),
         ("budget", f"{budget.used} of {budget.quota} used; reservations: {reservations}"),
         ("stop reason", record.stop_reason or "-"),
         ("stored events", f"{len(events)}"),
     ]
-
-
-def _instant(at: float | None) -> str:
-    """A stored instant (seconds since the epoch, UTC) as ISO 8601."""
-    if at is None:
-        return "-"
-    try:
-        return datetime.datetime.fromtimestamp(at, datetime.UTC).isoformat(timespec="seconds")
-    except (OverflowError, OSError, ValueError):
-        return f"{at!r} (not a date)"
 
 
 def _transcript_rows(messages: Sequence[Any]) -> list[tuple[str, str]]:

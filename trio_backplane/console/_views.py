@@ -3,29 +3,19 @@ functions, no I/O, nothing rendered (the templates escape every value)."""
 
 from __future__ import annotations
 
-import datetime
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from .._numbers import iso_instant as instant
 from ..errors import Error
 from ..kernel import RunEvent, RunRecord, thaw
 from ..recovery import recover
 
-__all__ = ["event_view", "events_view", "instant", "run_row", "run_view", "timeline"]
+__all__ = ["event_view", "events_view", "run_row", "run_view", "timeline"]
 
 #: How much of one value a page shows (the rest is cut, said so).
 _SHOWN: Final = 4000
-
-
-def instant(at: float | None) -> str:
-    """A stored instant (seconds since the epoch) as UTC ISO 8601."""
-    if at is None:
-        return "-"
-    try:
-        return datetime.datetime.fromtimestamp(at, datetime.UTC).isoformat(timespec="seconds")
-    except (OverflowError, OSError, ValueError):
-        return f"{at!r} (not a date)"
 
 
 def _json(value: Any) -> str:
