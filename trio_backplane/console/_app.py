@@ -21,7 +21,7 @@ from ..errors import Error, ErrorClass
 from ..kernel import RUN_STATES, RunRecord
 from ._answers import Answerer
 from ._guard import AUTH_COOKIE, SESSION_COOKIE, Guard
-from ._views import event_view, events_view, run_row, run_view
+from ._views import asked, event_view, events_view, run_row, run_view
 
 __all__ = ["Console"]
 
@@ -236,9 +236,8 @@ class Console:
         record = await self._record(request)
         if isinstance(record, Response):
             return record
-        asked = run_view(record, self._now())["pending"]
         interaction_id = _field(form, "interaction_id")
-        if asked is None or asked["id"] != interaction_id:
+        if asked(record) != interaction_id:
             message = "the run no longer waits on this question"
             return self._page(request, "error.html", 409, message=message)
         answer = "approved" if _field(form, "answer") == "approved" else "denied"

@@ -12,7 +12,7 @@ from ..errors import Error
 from ..kernel import RunEvent, RunRecord, thaw
 from ..recovery import recover
 
-__all__ = ["event_view", "events_view", "run_row", "run_view", "timeline"]
+__all__ = ["asked", "event_view", "events_view", "run_row", "run_view", "timeline"]
 
 #: How much of one value a page shows (the rest is cut, said so).
 _SHOWN: Final = 4000
@@ -59,6 +59,12 @@ def _conversation(record: RunRecord) -> Mapping[str, Any]:
 def _pending(record: RunRecord) -> Mapping[str, Any] | None:
     pending = _conversation(record).get("pending_interaction")
     return pending if isinstance(pending, Mapping) and not record.terminal else None
+
+
+def asked(record: RunRecord) -> str | None:
+    """The id of the question the run waits on, if it waits."""
+    pending = _pending(record)
+    return None if pending is None else str(pending.get("id"))
 
 
 def run_view(record: RunRecord, now: float) -> dict[str, Any]:
