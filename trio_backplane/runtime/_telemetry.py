@@ -246,11 +246,9 @@ class RunRecorder:
 
     def run_ended(self, state: str, error: Any, *, work_used: int, cleanup: str) -> None:
         """End every span left open, then the run's."""
-        instruments = self.telemetry.instruments
         for key in [k for k in self._open if k != "run"]:
             self._end(key, {"class": "cancelled", "message": f"the run ended {state}"})
-            if key.startswith("wait:"):  # a wait the run's end cut: no longer waiting
-                instruments.waiting.add(-1)
+        instruments = self.telemetry.instruments
         instruments.runs.add(1, {"backplane.run.state": state})
         instruments.work.record(work_used, {"backplane.run.state": state})
         instruments.cleanups.add(1, {"backplane.cleanup": cleanup})
