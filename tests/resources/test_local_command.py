@@ -17,7 +17,7 @@ import trio
 from tests.conftest import LINUX_ONLY
 from trio_backplane import Error, ErrorClass
 from trio_backplane.resources import CommandInvocation, CommandLimits, LocalCommand
-from trio_backplane.resources._proc import group_members
+from trio_backplane.resources._proc import GROUP_VAR, group_members
 
 pytestmark = LINUX_ONLY
 
@@ -46,8 +46,8 @@ async def test_res_11_a_command_runs_in_its_own_group_with_allow_listed_env(
     command: LocalCommand, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """RES-11: each command leads its own session and process group, sees
-    only the allow-listed variables, runs in the workspace, and reports
-    cleanup confirmed once its group is gone."""
+    only the allow-listed variables (and its group's mark), runs in the
+    workspace, and reports cleanup confirmed once its group is gone."""
     monkeypatch.setenv("BACKPLANE_SECRET", "canary-123")
     async with LocalCommand(env_allow=("PATH",)) as backend:
         first = await backend.start(
@@ -57,9 +57,12 @@ async def test_res_11_a_command_runs_in_its_own_group_with_allow_listed_env(
         done = await settled(backend, inv(1))
     pid, pgid, sid = (int(x) for x in done.output[0].split())
     assert pid == pgid == sid != os.getpid()
-    names = {line.split("=", 1)[0] for line in done.output[1:-1] if "=" in line}
-    assert "BACKPLANE_SECRET" not in names
-    assert names <= {"PATH", "PWD", "SHLVL", "_"}
+    variables = dict(line.split("=", 1) for line in done.output[1:-1] if "=" in line)
+    assert "BACKPLANE_SECRET" not in variables
+    assert set(variables) <= {"PATH", "PWD", "SHLVL", "_", GROUP_VAR}
+    # the group's mark: its id and its leader's start time
+    assert variables[GROUP_VAR].split(".")[0] == str(pgid)
+    assert variables[GROUP_VAR].split(".")[1].isdigit()
     assert done.output[-1] == str(tmp_path.resolve())
     assert (done.status, done.exit_status, done.cleanup_status) == ("completed", 0, "confirmed")
     assert group_members(pgid) == []
@@ -87,6 +90,62 @@ async def test_grandchildren_are_gone_after_the_command_completes(
     done = await settled(command, inv(1))
     assert (done.status, done.cleanup_status) == ("completed", "confirmed")
     assert group_members(pgid) == []
+
+
+async def test_a_descendant_in_a_session_of_its_own_is_stopped_on_cancel(
+    command: LocalCommand, tmp_path: Path
+) -> None:
+    """A descendant that left the command's group and session (``setsid``)
+    still carries the group's mark: cancelling the command stops it too, and
+    the cleanup is confirmed only once it is gone."""
+    mark = 47_201
+    escape = f"setsid sh -c 'echo $$ $(ps -o sid= -p $$); exec sleep {mark}' & wait"
+    await command.start(inv(1), escape, workspace=tmp_path)
+    pgid = await pgid_of(command, inv(1))
+    with trio.fail_after(10):
+        while not (_sleepers({mark}) and command.read(inv(1), cursor=0).output):
+            await trio.sleep(0.01)
+    pid, sid = (int(x) for x in command.read(inv(1), cursor=0).output[0].split())
+    assert pid == sid != pgid  # out of the command's session and group
+    command.cancel("run-1")
+    done = await settled(command, inv(1))
+    assert (done.status, done.cleanup_status) == ("cancelled", "confirmed")
+    assert _sleepers({mark}) == []
+
+
+async def test_a_daemon_a_completed_command_left_behind_is_killed(
+    command: LocalCommand, tmp_path: Path
+) -> None:
+    """A command that exits leaving a daemon (double fork, own session,
+    SIGTERM ignored): the cleanup finds it by the group's mark, kills it, and
+    only then confirms."""
+    mark = 47_202
+    daemon = f"(setsid sh -c \"trap '' TERM; touch ready; exec sleep {mark}\" &)"
+    wait_ready = "while [ ! -e ready ]; do sleep 0.01; done"
+    await command.start(inv(1), f"{daemon}; {wait_ready}; echo started", workspace=tmp_path)
+    done = await settled(command, inv(1))
+    assert (done.status, done.output, done.cleanup_status) == (
+        "completed",
+        ("started",),
+        "confirmed",
+    )
+    assert _sleepers({mark}) == []
+    assert marked_anywhere(mark) == []
+
+
+def marked_anywhere(mark: int) -> list[int]:
+    """Pids of live processes whose environment names the mark variable and
+    whose command line holds ``mark``."""
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            environ = Path(f"/proc/{name}/environ").read_bytes()
+            argv = Path(f"/proc/{name}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if GROUP_VAR.encode() in environ and str(mark).encode() in argv:
+            found.append(int(name))
+    return found
 
 
 async def test_cancel_stops_the_whole_group(command: LocalCommand, tmp_path: Path) -> None:

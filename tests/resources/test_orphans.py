@@ -29,7 +29,7 @@ HOST = textwrap.dedent(
     from trio_backplane.testing import Hang, ScriptedProvider as S
 
     db, workspace, mark = sys.argv[1], sys.argv[2], sys.argv[3]
-    cmd = f"sleep {mark} & sleep {mark} & wait"
+    cmd = f"sleep {mark} & sleep {mark} & setsid sleep {mark} & wait"
 
     async def main():
         async with SQLiteStore(db) as store, LocalCommand() as command:
@@ -66,8 +66,8 @@ def test_a_sigkilled_host_s_groups_are_recorded_and_kill_orphans_stops_them(
 ) -> None:
     """After a host SIGKILL, ``recover`` reports the command's process group
     (recorded with the run before the model heard of it), its processes
-    still run, and ``backplane runs recover --kill-orphans`` stops them all
-    and says so; a second pass finds it gone."""
+    still run (one in a session of its own), and ``backplane runs recover
+    --kill-orphans`` stops them all and says so; a second pass finds it gone."""
     db, mark = tmp_path / "runs.sqlite3", 47_123
     host = subprocess.Popen([sys.executable, "-c", HOST, str(db), str(tmp_path), str(mark)])
     try:
@@ -76,7 +76,8 @@ def test_a_sigkilled_host_s_groups_are_recorded_and_kill_orphans_stops_them(
             assert time.monotonic() < deadline, "the host never recorded its command"
             assert host.poll() is None, "the host exited"
             record = db.exists() and _load(db)
-            if record and recover(record, incarnation=record.incarnation + 1).resources:
+            recorded = record and recover(record, incarnation=record.incarnation + 1).resources
+            if recorded and len(_sleepers({mark})) == 3:
                 break
             time.sleep(0.05)
     finally:
@@ -84,7 +85,9 @@ def test_a_sigkilled_host_s_groups_are_recorded_and_kill_orphans_stops_them(
         host.wait()
     [group] = recover(record, incarnation=record.incarnation + 1).resources
     assert group["kind"] == "process_group"
-    assert len(_sleepers({mark})) == 2  # the host is dead, its command's group is not
+    # the host is dead, its command's group is not, nor the sleeper that
+    # left the group for a session of its own
+    assert len(_sleepers({mark})) == 3
     result = subprocess.run(
         [sys.executable, "-m", "trio_backplane.cli", "runs", "recover", f"sqlite:///{db}",
          "host-run", "--kill-orphans"],

@@ -57,7 +57,10 @@ class LocalCommand:
 
     Use as ``async with LocalCommand() as command:``; leaving it kills every
     group it still owns.  Linux only (``unsupported_capability`` elsewhere).
-    A command's descendants that start a session of their own escape it.
+    Every command's environment holds ``TRIO_BACKPLANE_GROUP``, its group's
+    mark: a descendant that starts a session or group of its own carries it
+    and is stopped with the group; only one that clears its environment
+    escapes.
     """
 
     def __init__(

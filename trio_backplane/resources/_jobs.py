@@ -12,9 +12,9 @@ import trio
 
 from ._launch import Launched
 from ._ledger import Obligation
-from ._proc import group_alive
+from ._proc import ProcStat, group_alive, group_mark, marked, same_process
 
-__all__ = ["CommandOutput", "Job", "Signaler", "clean_group"]
+__all__ = ["CommandOutput", "Job", "Signaler", "clean_group", "escapees", "launch_alive"]
 
 #: Sends a signal to a process group: ``os.killpg`` unless a test swaps it.
 Signaler = Callable[[int, int], None]
@@ -115,29 +115,71 @@ class Job:
         )
 
 
-async def _gone_within(pgid: int, start_time: int, seconds: float) -> bool:
+async def _gone_within(pgid: int, start_time: int, escaped: list[ProcStat], seconds: float) -> None:
     with trio.move_on_after(seconds):
-        while group_alive(pgid, start_time):
+        while group_alive(pgid, start_time) or any(map(same_process, escaped)):
             await trio.sleep(_POLL)
-        return True
-    return not group_alive(pgid, start_time)
+
+
+def escapees(pgid: int, start_time: int) -> list[ProcStat]:
+    """The live processes that carry group ``pgid``'s mark outside it: its
+    descendants that started a session or group of their own."""
+    return [s for s in marked(group_mark(pgid, start_time)) if s.pgrp != pgid]
+
+
+def launch_alive(pgid: int, start_time: int) -> bool:
+    """Whether anything the launch of group ``pgid`` started still lives."""
+    return group_alive(pgid, start_time) or bool(escapees(pgid, start_time))
 
 
 async def clean_group(pgid: int, start_time: int, signaler: Signaler) -> str | None:
-    """Stop process group ``pgid``: TERM, a short wait, KILL, then its
-    absence verified from ``/proc``.  ``None`` once it is gone, else why not."""
-    if not group_alive(pgid, start_time):
+    """Stop process group ``pgid`` and every process that left it carrying
+    its mark: TERM, a short wait, KILL, then their absence verified from
+    ``/proc``.  ``None`` once all are gone, else why not."""
+    escaped = escapees(pgid, start_time)
+    if not escaped and not group_alive(pgid, start_time):
         return None
     for sig, wait in ((signal.SIGTERM, _TERM_WAIT), (signal.SIGKILL, _KILL_WAIT)):
-        try:
-            signaler(pgid, sig)
-        except ProcessLookupError:
-            pass
-        except OSError as exc:
-            return f"could not signal the group: {exc}"[:300]
-        if await _gone_within(pgid, start_time, wait):
+        # (a group id no longer ours may be another's by now: never signalled)
+        if group_alive(pgid, start_time):
+            try:
+                signaler(pgid, sig)
+            except ProcessLookupError:
+                pass
+            except OSError as exc:
+                return f"could not signal the group: {exc}"[:300]
+        for stat in escaped:
+            signal_process(stat, sig)
+        await _gone_within(pgid, start_time, escaped, wait)
+        escaped = escapees(pgid, start_time)  # (and any they started meanwhile)
+        if not escaped and not group_alive(pgid, start_time):
             return None
-    return f"process group {pgid} is still alive after SIGKILL"
+    if group_alive(pgid, start_time):
+        return f"process group {pgid} is still alive after SIGKILL"
+    return f"{len(escaped)} processes that left process group {pgid} are alive after SIGKILL"
+
+
+def signal_process(stat: ProcStat, sig: int) -> None:
+    """Send ``sig`` to the process ``stat`` names, never to one that reused
+    its id: through a pidfd (Linux 5.3+), checked against its start time."""
+    try:
+        fd: int | None = os.pidfd_open(stat.pid)
+    except ProcessLookupError:
+        return
+    except OSError:  # no pidfd here: the id is checked just before the signal
+        fd = None
+    try:
+        if not same_process(stat):
+            return
+        if fd is None:
+            os.kill(stat.pid, sig)
+        else:
+            signal.pidfd_send_signal(fd, sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # gone meanwhile; another user's: the verification says so
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def default_signaler(pgid: int, sig: int) -> None:

@@ -15,7 +15,7 @@ import attrs
 import trio
 
 from ..errors import Error, ErrorClass
-from ._proc import ProcStat, read_stat
+from ._proc import ProcStat, group_mark, read_stat
 
 __all__ = ["DEFAULT_ENV", "CommandLimits", "Launched", "LineReader", "launch"]
 
@@ -23,11 +23,16 @@ __all__ = ["DEFAULT_ENV", "CommandLimits", "Launched", "LineReader", "launch"]
 DEFAULT_ENV: Final = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TERM")
 
 # $1 nonce, $2 command, $3.. `ulimit` options.  The ACK is read before the
-# command exists, so a refused launch has run nothing.
+# command exists, so a refused launch has run nothing; it ends with the
+# leader's start time, which the group's mark (GROUP_VAR) needs.
 _LAUNCHER: Final = """
 printf 'BACKPLANE_LOCAL_COMMAND %s %s\\n' "$1" "$$"
 IFS= read -r ack || exit 125
-[ "$ack" = "ACK $1 $$" ] || exit 125
+start=${ack##* }
+[ "$ack" = "ACK $1 $$ $start" ] || exit 125
+case $start in ''|*[!0-9]*) exit 125;; esac
+TRIO_BACKPLANE_GROUP="$$.$start"
+export TRIO_BACKPLANE_GROUP
 cmd=$2
 shift 2
 while [ $# -gt 0 ]; do ulimit "$1" "$2" || exit 126; shift 2; done
@@ -114,6 +119,11 @@ class Launched:
     pgid: int
     start_time: int
 
+    @property
+    def mark(self) -> str:
+        """The group's mark, in the environment of every process it starts."""
+        return group_mark(self.pgid, self.start_time)
+
 
 def _failure(message: str, **details: object) -> Error:
     return Error(ErrorClass.EXECUTION_FAILURE, message, details)
@@ -149,7 +159,8 @@ async def launch(
         stat = await _handshake(process, reader, nonce, startup_timeout)
         if admit is not None:
             await admit(process.pid, stat.start_time)
-        await process.stdin.send_all(f"ACK {nonce} {process.pid}\n".encode())
+        ack = f"ACK {nonce} {process.pid} {stat.start_time}\n"
+        await process.stdin.send_all(ack.encode())
     except BaseException:
         _kill_group(process.pid)
         with trio.CancelScope(shield=True), trio.move_on_after(1.0):

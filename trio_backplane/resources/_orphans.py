@@ -6,8 +6,7 @@ import socket
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ._jobs import Signaler, clean_group, default_signaler
-from ._proc import group_alive
+from ._jobs import Signaler, clean_group, default_signaler, launch_alive
 
 __all__ = ["boot_id", "group_evidence", "kill_orphans"]
 
@@ -47,7 +46,8 @@ async def kill_orphans(
     resources: Iterable[Mapping[str, Any]], *, signaler: Signaler = default_signaler
 ) -> list[dict[str, Any]]:
     """Stop every recorded process group of this host and boot that is still
-    alive (its leader's start time checked: a reused id is left alone).
+    alive (its leader's start time checked: a reused id is left alone), and
+    the processes that left it carrying its mark.
     One report per process group: ``status`` is ``"killed"``, ``"gone"``
     (nothing left), ``"skipped"`` (another host or boot, ``reason`` says)
     or ``"alive"`` (it survived SIGKILL, ``reason`` says why)."""
@@ -64,7 +64,7 @@ async def kill_orphans(
             reports.append({**report, "status": "skipped", "reason": elsewhere})
         elif type(pgid) is not int or type(start) is not int or pgid < 2:
             reports.append({**report, "status": "skipped", "reason": "malformed evidence"})
-        elif not group_alive(pgid, start):
+        elif not launch_alive(pgid, start):
             reports.append({**report, "status": "gone"})
         else:
             error = await clean_group(pgid, start, signaler)

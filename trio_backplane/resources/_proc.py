@@ -9,11 +9,28 @@ import os
 import shutil
 import sys
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
-__all__ = ["ProcStat", "group_alive", "group_members", "read_stat", "supported"]
+__all__ = [
+    "GROUP_VAR",
+    "ProcStat",
+    "group_alive",
+    "group_mark",
+    "group_members",
+    "marked",
+    "read_stat",
+    "same_process",
+    "supported",
+]
 
 PROC = "/proc"
+
+#: The environment variable every launched command carries: its group's
+#: :func:`group_mark`.  Descendants inherit it whatever session or group they
+#: move to, so cleanup finds those that left the group (as Jenkins's process
+#: tree killer finds a build's daemons by its cookie); only a process that
+#: clears its own environment escapes.
+GROUP_VAR: Final = "TRIO_BACKPLANE_GROUP"
 
 
 class ProcStat(NamedTuple):
@@ -56,6 +73,38 @@ def read_stat(pid: int) -> ProcStat | None:
         session=int(fields[3]),
         start_time=int(fields[19]),
     )
+
+
+def group_mark(pgid: int, leader_start: int) -> str:
+    """What names a launched group for good: its id and its leader's start time."""
+    return f"{pgid}.{leader_start}"
+
+
+def marked(mark: str) -> list[ProcStat]:
+    """The live processes whose environment holds ``GROUP_VAR=mark`` (of
+    those whose environment this user may read: the ones it may signal)."""
+    wanted = f"{GROUP_VAR}={mark}".encode()
+    found = []
+    for name in os.listdir(PROC):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"{PROC}/{name}/environ", "rb") as file:
+                environ = file.read()
+        except OSError:  # gone, or another user's
+            continue
+        if wanted in environ.split(b"\0"):
+            stat = read_stat(int(name))
+            if stat is not None and stat.state not in ("Z", "X"):
+                found.append(stat)
+    return found
+
+
+def same_process(stat: ProcStat) -> bool:
+    """Whether the process ``stat`` was read from still lives (its id not
+    reused: the same start time), not a zombie."""
+    now = read_stat(stat.pid)
+    return now is not None and now.start_time == stat.start_time and now.state not in ("Z", "X")
 
 
 def _all() -> Iterator[ProcStat]:
