@@ -14,7 +14,8 @@ import trio
 from tests.console.support import CANARY, Deploy, served, waiting_run
 from trio_backplane import Error, ErrorClass
 from trio_backplane.console import Console, serve
-from trio_backplane.store import SQLiteStore
+from trio_backplane.kernel import Admit, RunRecord, transition
+from trio_backplane.store import MemoryStore, SQLiteStore
 
 
 async def _signed_in(client: httpx.AsyncClient, console: Console) -> None:
@@ -140,6 +141,44 @@ async def test_runs_page_filters_pages_and_orders_newest_first(tmp_path: Path) -
             assert "third" in cancelled
             assert "second</a>" not in cancelled
             assert (await client.get("/?state=nonsense")).status_code == 400
+
+
+class Reads:
+    """A store counting the records and event logs read through it."""
+
+    def __init__(self, inner: MemoryStore) -> None:
+        self.inner, self.loads, self.logs = inner, 0, 0
+
+    async def load(self, run_id: str) -> Any:
+        self.loads += 1
+        return await self.inner.load(run_id)
+
+    async def events(self, run_id: str, *, after: int = 0) -> Any:
+        self.logs += 1
+        return await self.inner.events(run_id, after=after)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_the_runs_page_reads_only_the_records_it_shows() -> None:
+    """The runs page orders runs by ``RunSummary.admitted_at``: showing a
+    page of 10 out of 40 runs reads those 10 records and no event log."""
+    store = Reads(MemoryStore())
+    for n in range(40):
+        record = RunRecord.new(f"run-{n:02d}")
+        await store.create(record)
+        admitted, events = transition(record, Admit(at=1_000.0 + n, state="running"))
+        await store.commit(
+            record.run_id, incarnation=1, expected_revision=0, record=admitted, events=events
+        )
+    async with served(store, page_size=10) as s, httpx.AsyncClient(base_url=s.url) as client:
+        await _signed_in(client, s.console)  # (the first page)
+        page = (await client.get("/?page=2")).text
+    assert (store.loads, store.logs) == (20, 0)
+    shown = page.split('id="runs"', 1)[1].split("</table>", 1)[0]
+    assert [f"run-{n:02d}" in shown for n in (29, 20, 19, 30)] == [True, True, False, False]
+    assert shown.index("run-29") < shown.index("run-20")  # newest first
 
 
 async def test_live_events_resume_after_the_last_one_seen(tmp_path: Path) -> None:

@@ -185,8 +185,13 @@ class FileStore:
         await trio.lowlevel.checkpoint()
         data = self._read()
         records = [decode_record(v) for _, v in sorted(data["runs"].items())]
+        firsts = {
+            run_id: decode_event(log[0]).occurred_at
+            for run_id, log in data["events"].items()
+            if log
+        }
         return [
-            RunSummary(r.run_id, r.incarnation, r.revision, r.state)
+            RunSummary(r.run_id, r.incarnation, r.revision, r.state, firsts.get(r.run_id))
             for r in records
             if states is None or r.state in states
         ]
@@ -445,6 +450,14 @@ class CreationIncarnationListedStore(FileStore):
         return [attrs.evolve(summary, incarnation=1) for summary in listed]
 
 
+class NoAdmissionTimeStore(FileStore):
+    """Broken: ``list_runs`` leaves every run's ``admitted_at`` out."""
+
+    async def list_runs(self, *, states: Collection[str] | None = None) -> list[RunSummary]:
+        listed = await super().list_runs(states=states)
+        return [attrs.evolve(summary, admitted_at=None) for summary in listed]
+
+
 BROKEN_STORES: tuple[type[FileStore], ...] = (
     AckWithoutPersistStore,
     NoFenceStore,
@@ -468,4 +481,5 @@ BROKEN_STORES: tuple[type[FileStore], ...] = (
     CaseInsensitiveIdsStore,
     TruncatedIdsStore,
     CreationIncarnationListedStore,
+    NoAdmissionTimeStore,
 )

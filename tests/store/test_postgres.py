@@ -829,9 +829,11 @@ async def test_list_runs(pg_store_factory: StoreFactory) -> None:
     assert [s.run_id for s in everything] == sorted(
         [queued.run_id, running.run_id, cancelled.run_id]
     )
+    [first, *_] = await store.events(running.run_id)
     assert await store.list_runs(states={"running"}) == [
-        RunSummary(running.run_id, 1, running.revision, "running")
+        RunSummary(running.run_id, 1, running.revision, "running", first.occurred_at)
     ]
+    assert everything[0].admitted_at is None  # a run never admitted has no event
     assert await store.list_runs(states=()) == []
 
 

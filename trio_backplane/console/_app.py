@@ -69,7 +69,6 @@ class Console:
         self.poll_interval = float(poll_interval)
         self.page_size = page_size
         self._now = wall_clock
-        self._admitted: dict[str, float] = {}  # run id -> when admitted (never changes)
         loader = jinja2.PackageLoader("trio_backplane.console", "templates")
         self._templates = jinja2.Environment(loader=loader, autoescape=True)
         self._app = Starlette(
@@ -132,9 +131,8 @@ class Console:
         except ValueError:
             page = 1
         summaries = await self.store.list_runs(states=None if state is None else [state])
-        ordered = sorted(
-            [(await self._admitted_at(s.run_id), s.run_id) for s in summaries], reverse=True
-        )
+        # newest first by admission, from the listing alone: a page reads its own records only
+        ordered = sorted(((s.admitted_at or 0.0, s.run_id) for s in summaries), reverse=True)
         start = (page - 1) * self.page_size
         rows = []
         for _, run_id in ordered[start : start + self.page_size]:
@@ -146,15 +144,6 @@ class Console:
             request, "runs.html", rows=rows, state=state, states=_STATES, page=page, pages=pages,
             total=len(ordered),
         )  # fmt: skip
-
-    async def _admitted_at(self, run_id: str) -> float:
-        known = self._admitted.get(run_id)
-        if known is None:
-            events = await self.store.events(run_id)
-            known = events[0].occurred_at if events else 0.0
-            if events:
-                self._admitted[run_id] = known
-        return known
 
     async def _record(self, request: Request) -> RunRecord | Response:
         run_id = request.path_params["run_id"]

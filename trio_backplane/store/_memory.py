@@ -102,10 +102,14 @@ class MemoryStore:
     async def list_runs(self, *, states: Collection[str] | None = None) -> list[RunSummary]:
         check_states(states)
         return [
-            RunSummary(r.run_id, r.incarnation, r.revision, r.state)
+            RunSummary(r.run_id, r.incarnation, r.revision, r.state, self._admitted_at(r.run_id))
             for r in sorted(self._records.values(), key=lambda r: r.run_id)
             if states is None or r.state in states
         ]
+
+    def _admitted_at(self, run_id: str) -> float | None:
+        log = self._events.get(run_id)
+        return log[0].occurred_at if log else None
 
     async def aclose(self) -> None:
         """Nothing to release: the runs stay readable."""

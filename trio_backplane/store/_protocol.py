@@ -53,10 +53,14 @@ class Receipt:
 @final
 @attrs.frozen
 class RunSummary:
+    """A run as ``list_runs`` lists it: no record read.  ``admitted_at``:
+    the time of its first event (its admission), ``None`` before."""
+
     run_id: str
     incarnation: int
     revision: int
     state: str
+    admitted_at: float | None = None
 
 
 @runtime_checkable

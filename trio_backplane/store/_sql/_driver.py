@@ -54,8 +54,11 @@ class Driver(Protocol):
         an event sequence was taken: the run is not as the engine remembered
         it, and the caller rolls back."""
 
-    def list_runs(self, states: Sequence[str] | None) -> list[tuple[str, int, int, str]]:
-        """``(run_id, incarnation, revision, state)`` by run id."""
+    def list_runs(
+        self, states: Sequence[str] | None
+    ) -> list[tuple[str, int, int, str, float | None]]:
+        """``(run_id, incarnation, revision, state, first event's time)`` by
+        run id."""
 
     def read_events(self, run_id: str, after: int) -> list[EventTuple]: ...
 

@@ -495,7 +495,7 @@ class SQLStore:
             await trio.lowlevel.checkpoint()
             return []
 
-        def read(driver: Driver) -> list[tuple[str, int, int, str]]:
+        def read(driver: Driver) -> list[tuple[str, int, int, str, float | None]]:
             driver.begin_read()
             rows = driver.list_runs(wanted)
             driver.rollback()

@@ -58,6 +58,11 @@ _CONNECT_DEFAULTS: Final = {
 #: A connection unused this long is pinged before it is used.
 _PING_AFTER_S: Final = 1.0
 
+#: A listed run, with its first event's time (one seek in the events' key).
+_LISTED: Final = (
+    "SELECT run_id, incarnation, revision, state, (SELECT occurred_at FROM {events} e"
+    " WHERE e.run_id = r.run_id ORDER BY sequence LIMIT 1) FROM {runs} r"
+)
 _STATEMENTS: Final = {
     "runs": "CREATE TABLE IF NOT EXISTS {runs} (run_id text PRIMARY KEY,"
     " incarnation bigint NOT NULL, revision bigint NOT NULL, state text NOT NULL,"
@@ -83,9 +88,8 @@ _STATEMENTS: Final = {
     "last_sequence": "SELECT coalesce(max(sequence), 0) FROM {events} WHERE run_id = %s",
     "read_events": "SELECT sequence, type, occurred_at, payload FROM {events}"
     " WHERE run_id = %s AND sequence > %s ORDER BY sequence",
-    "list_runs": "SELECT run_id, incarnation, revision, state FROM {runs} ORDER BY run_id",
-    "list_runs_in": "SELECT run_id, incarnation, revision, state FROM {runs}"
-    " WHERE state = ANY(%s) ORDER BY run_id",
+    "list_runs": _LISTED + " ORDER BY run_id",
+    "list_runs_in": _LISTED + " WHERE state = ANY(%s) ORDER BY run_id",
     # Several rows of a kind in one statement: arrays sent in binary (%b).
     "update_runs": "UPDATE {runs} AS r SET incarnation = v.incarnation, revision = v.revision,"
     " state = v.state, head = v.head"
@@ -124,6 +128,10 @@ def _shut_down(conn: Any) -> None:
         fd = conn.pgconn.socket
         with socket.fromfd(fd, socket.AF_INET, socket.SOCK_STREAM) as dup:
             dup.shutdown(socket.SHUT_RDWR)
+
+
+def _time(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
@@ -371,13 +379,15 @@ class PostgresDriver:
         matched = 0 if cur is None else cur.rowcount
         return bool(matched == len(updates))
 
-    def list_runs(self, states: Sequence[str] | None) -> list[tuple[str, int, int, str]]:
+    def list_runs(
+        self, states: Sequence[str] | None
+    ) -> list[tuple[str, int, int, str, float | None]]:
         sql = self._settings.sql
         if states is None:
             rows = self._conn.execute(sql["list_runs"]).fetchall()
         else:
             rows = self._conn.execute(sql["list_runs_in"], (list(states),)).fetchall()
-        return [(str(r[0]), int(r[1]), int(r[2]), str(r[3])) for r in rows]
+        return [(str(r[0]), int(r[1]), int(r[2]), str(r[3]), _time(r[4])) for r in rows]
 
     def read_events(self, run_id: str, after: int) -> list[EventTuple]:
         rows = self._conn.execute(self._settings.sql["read_events"], (run_id, after)).fetchall()

@@ -46,6 +46,10 @@ _UPSERT_PART: Final = (
     "INSERT INTO run_parts (run_id, part, key, value) VALUES (?, ?, ?, ?)"
     " ON CONFLICT (run_id, part, key) DO UPDATE SET value = excluded.value"
 )
+#: A listed run's first event's time: one seek in the events' primary key.
+_FIRST_EVENT_AT: Final = (
+    "SELECT occurred_at FROM run_events e WHERE e.run_id = runs.run_id ORDER BY sequence LIMIT 1"
+)
 _DELETE_PART: Final = "DELETE FROM run_parts WHERE run_id = ? AND part = ? AND key = ?"
 _INSERT_EVENT: Final = (
     "INSERT INTO run_events (run_id, sequence, type, occurred_at, payload) VALUES (?, ?, ?, ?, ?)"
@@ -338,8 +342,10 @@ class SQLiteDriver:
                 return False
         return True
 
-    def list_runs(self, states: Sequence[str] | None) -> list[tuple[str, int, int, str]]:
-        sql = "SELECT run_id, incarnation, revision, state FROM runs"
+    def list_runs(
+        self, states: Sequence[str] | None
+    ) -> list[tuple[str, int, int, str, float | None]]:
+        sql = f"SELECT run_id, incarnation, revision, state, ({_FIRST_EVENT_AT}) FROM runs"
         args: tuple[str, ...] = ()
         if states is not None:
             sql += f" WHERE state IN ({', '.join('?' * len(states))})"

@@ -248,7 +248,8 @@ class _FurtherChecks(_Suite):
     async def test_list_runs_filters(self) -> None:
         """``list_runs`` lists every run unfiltered (terminal ones included,
         and more runs than a page of a paginated backend), none for an empty
-        filter, and exactly the runs in any of the states of a filter."""
+        filter, and exactly the runs in any of the states of a filter, each
+        with its first event's time as ``admitted_at`` (``None``: none yet)."""
 
         async def body() -> None:
             store = await self._durable_store()
@@ -271,6 +272,11 @@ class _FurtherChecks(_Suite):
             }
             assert mine(await store.list_runs(states={"running"})) == {running.run_id: "running"}
             assert len(mine(await store.list_runs(states={"queued"}))) == _MANY_RUNS
+            for summary in await store.list_runs():  # admitted: the first event's time
+                if summary.run_id in ids:
+                    events = await store.events(summary.run_id)
+                    first = events[0].occurred_at if events else None
+                    assert summary.admitted_at == first, (summary, first)
 
         await self._check(body)
 
