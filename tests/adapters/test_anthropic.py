@@ -225,6 +225,43 @@ async def test_transcript_shapes(server: ChatServer) -> None:
     ]  # fmt: skip
 
 
+PIXEL = {"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"}
+
+
+async def test_a_user_image_is_sent_as_an_image_block(server: ChatServer) -> None:
+    """A user message's image (MCP's shape) goes as a base64 ``image``
+    block beside its text, in order."""
+    server.add(message_stream({"type": "text", "text": "a pixel"}))
+    said = [{"type": "text", "text": "what is this?"}, PIXEL]
+    await collect(provider(server), request(messages=[{"role": "user", "content": said}]))
+    assert server.requests[0]["messages"] == [
+        {"role": "user", "content": [
+            {"type": "text", "text": "what is this?"},
+            {"type": "image",
+             "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
+        ]},
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "block",
+    [{"type": "audio", "data": "AAAA"}, {"type": "image", "data": "AAAA"}, {"text": "untyped"}],
+    ids=["audio", "image-without-media-type", "untyped"],
+)
+async def test_a_user_block_the_api_cannot_take_fails_the_attempt(
+    server: ChatServer, block: dict[str, Any]
+) -> None:
+    """A user content block that is neither text nor an image is refused,
+    ``unsupported_capability`` naming its type, and nothing is sent: never
+    the message without it."""
+    said = [{"type": "text", "text": "listen"}, block]
+    with pytest.raises(Error) as exc:
+        await collect(provider(server), request(messages=[{"role": "user", "content": said}]))
+    assert exc.value.error_class is ErrorClass.UNSUPPORTED_CAPABILITY
+    assert exc.value.details == {"type": repr(block.get("type"))}
+    assert server.requests == []
+
+
 async def test_extra_body_and_tool_choice(server: ChatServer) -> None:
     """``extra_body`` reaches the body (thinking, tool_choice, max_tokens
     overridden); a tool_choice is dropped when the request has no tools."""

@@ -54,6 +54,10 @@ from trio_backplane.tools import (
     ToolRegistry,
 )
 
+#: An image in a user message (MCP's shape), and the part it is sent as.
+PIXEL = {"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"}
+PIXEL_PART = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+
 #: A completed answer's message, but for its content: it keeps its finish reason.
 STOPPED: dict[str, Any] = {"role": "assistant", "finish_reason": "stop"}
 
@@ -419,13 +423,13 @@ async def test_reasoning_ids_and_arguments_are_normalized(chat: ChatServer) -> N
 
 async def test_request_body_carries_the_transcript(chat: ChatServer) -> None:
     """The request body: the system prompt first, then the transcript in
-    chat-completions form (content blocks flattened to text, tool calls with
+    chat-completions form (user text and image parts, tool calls with
     aliased names and JSON arguments, tool results as text, structured
     content when there is no text), and nothing of our own bookkeeping."""
     chat.add(text_chunks("ok"))
     messages = [
         {"role": "system", "content": [{"type": "text", "text": "be brief"}]},
-        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image"}]},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, PIXEL]},
         {
             "role": "assistant",
             "content": [
@@ -455,7 +459,7 @@ async def test_request_body_carries_the_transcript(chat: ChatServer) -> None:
     assert body["messages"][:3] == [
         {"role": "system", "content": "You are terse."},
         {"role": "system", "content": "be brief"},
-        {"role": "user", "content": [{"type": "text", "text": "a"}]},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, PIXEL_PART]},
     ]
     assistant = body["messages"][3]
     assert assistant["content"] == "let me look"
@@ -1075,6 +1079,32 @@ async def test_a_rate_limit_keeps_its_retry_after_and_code_and_a_spent_quota_is_
     assert spent.error_class is ErrorClass.BUDGET_EXCEEDED
     assert spent.details["provider_code"] == "insufficient_quota"
     assert "retry_after" not in spent.details
+
+
+def test_a_user_image_is_sent_as_a_data_url() -> None:
+    """A user message's image (MCP's shape) goes as an ``image_url`` part
+    holding a data URL, beside its text, in order."""
+    said = [{"type": "text", "text": "what is this?"}, PIXEL]
+    sent = transcript_messages([{"role": "user", "content": said}], ToolAliases([]))
+    assert sent == [
+        {"role": "user", "content": [{"type": "text", "text": "what is this?"}, PIXEL_PART]}
+    ]
+
+
+async def test_a_user_block_the_api_cannot_take_fails_the_turn(chat: ChatServer) -> None:
+    """A prompt holding a block that is neither text nor an image: the turn
+    fails ``unsupported_capability`` naming its type, and no request left
+    (never the message without it)."""
+    provider = OpenAIProvider(chat.base_url, "m")
+    async with open_conversation("audio", store=MemoryStore(), provider=provider) as conversation:
+        with trio.fail_after(10):
+            await conversation.prompt([{"type": "text", "text": "listen"}, {"type": "audio"}])
+            snapshot = await conversation.wait_settled()
+    assert snapshot.run.state == "failed"
+    assert snapshot.last_error is not None
+    assert snapshot.last_error.error_class is ErrorClass.UNSUPPORTED_CAPABILITY
+    assert snapshot.last_error.details == {"type": "'audio'"}
+    assert chat.requests == []
 
 
 def test_an_empty_answer_is_sent_back_as_an_empty_string() -> None:

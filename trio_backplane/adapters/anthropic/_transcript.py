@@ -10,6 +10,7 @@ from typing import Any
 
 from ...kernel import thaw
 from .._http._aliases import ToolAliases
+from .._http._content import image_of, unsendable
 
 __all__ = ["messages_of"]
 
@@ -66,8 +67,23 @@ def _text_of(content: Any) -> str:
 
 
 def _user_blocks(content: Any) -> list[dict[str, Any]]:
-    text = _text_of(content) if not isinstance(content, str) else content
-    return [{"type": "text", "text": text}] if text else []
+    """Text and image blocks; ``unsupported_capability`` for any other."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    blocks: list[dict[str, Any]] = []
+    for block in content if isinstance(content, list | tuple) else ():
+        if not isinstance(block, Mapping):
+            continue
+        image = image_of(block)
+        if block.get("type") == "text":
+            if block.get("text"):
+                blocks.append({"type": "text", "text": str(block["text"])})
+        elif image is not None:
+            source = {"type": "base64", "media_type": image[0], "data": image[1]}
+            blocks.append({"type": "image", "source": source})
+        else:
+            raise unsendable(block, "the Anthropic Messages API")
+    return blocks
 
 
 def _assistant_blocks(content: Any, aliases: ToolAliases) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .._http._aliases import ToolAliases
+from .._http._content import image_of, unsendable
 
 __all__ = ["transcript_messages"]
 
@@ -28,12 +29,19 @@ def _user_content(content: Any) -> Any:
     if isinstance(content, str):
         return content
     if isinstance(content, list | tuple):
-        return [
-            {"type": "text", "text": str(block.get("text", ""))}
-            for block in content
-            if isinstance(block, Mapping) and block.get("type") == "text"
-        ]
+        return [_user_part(block) for block in content if isinstance(block, Mapping)]
     return str(content)
+
+
+def _user_part(block: Mapping[str, Any]) -> dict[str, Any]:
+    """A text part, or an image as a data URL; ``unsupported_capability``
+    for any other block."""
+    if block.get("type") == "text":
+        return {"type": "text", "text": str(block.get("text", ""))}
+    image = image_of(block)
+    if image is None:
+        raise unsendable(block, "an OpenAI-compatible chat API")
+    return {"type": "image_url", "image_url": {"url": f"data:{image[0]};base64,{image[1]}"}}
 
 
 def _arguments_text(arguments: Any) -> str:
