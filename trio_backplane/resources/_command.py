@@ -20,6 +20,7 @@ from ._launch import DEFAULT_ENV, CommandLimits, environment, launch
 from ._ledger import CAPACITY, Ledger, Obligation, check_capacity
 from ._orphans import group_evidence
 from ._proc import supported
+from ._refusals import RefusalSigner
 
 __all__ = ["BeforeRun", "CommandInvocation", "LocalCommand"]
 
@@ -92,6 +93,7 @@ class LocalCommand:
         self._workspaces: dict[str, int] = {}
         self._stack = contextlib.AsyncExitStack()
         self._nursery: trio.Nursery | None = None
+        self._refusals = RefusalSigner()
 
     async def __aenter__(self) -> LocalCommand:
         if not supported():
@@ -150,7 +152,46 @@ class LocalCommand:
         returns at once with the running command's first record.
         ``before_run``: awaited with the verified group's evidence (see
         :func:`kill_orphans`) before the command runs; raising refuses the
-        launch, and nothing ran (record it durably there)."""
+        launch, and nothing ran (record it durably there).
+
+        Every ``Error`` it raises is a refusal that ran nothing, with
+        ``launch_status: "never_started"`` and a proof
+        :meth:`validate_refusal` checks."""
+        try:
+            job = await self._started(
+                invocation,
+                command,
+                workspace=workspace,
+                timeout=timeout,
+                output_limit=output_limit,
+                how=(limits, before_run),
+            )
+        except Error as error:
+            if type(invocation) is not CommandInvocation:
+                raise
+            raise self._refusals.sign(invocation, error) from error
+        self._jobs[job.session_id] = job
+        assert self._nursery is not None
+        self._nursery.start_soon(self._supervise, job)
+        return job.output(0)
+
+    def validate_refusal(self, invocation: CommandInvocation, error: BaseException) -> None:
+        """Return only when ``error`` is a refusal :meth:`start` raised for
+        ``invocation`` on this backend (nothing ran: its reservation may be
+        withdrawn without cleanup); ``unknown_outcome`` "command refusal is
+        unverified" for anything else."""
+        self._refusals.verify(invocation, error)
+
+    async def _started(
+        self,
+        invocation: CommandInvocation,
+        command: str,
+        *,
+        workspace: str | Path,
+        timeout: float | None,
+        output_limit: int,
+        how: tuple[CommandLimits | None, BeforeRun | None],
+    ) -> Job:
         if self._nursery is None:
             raise Error(ErrorClass.RESOURCE_CONFLICT, "LocalCommand is not open")
         if type(command) is not str or not command or "\0" in command:
@@ -171,16 +212,14 @@ class LocalCommand:
         self._ledger.launching(obligation)
         self._workspaces[where] = obligation.session_id
         try:
-            job = await self._launch(obligation, command, where, deadline, (limits, before_run))
+            job = await self._launch(obligation, command, where, deadline, how)
         except BaseException:
             # nothing ran: the launcher is killed before it execs the command
             del self._workspaces[where]
             obligation.state, obligation.fenced = "confirmed", True
             raise
         job.output_limit = output_limit
-        self._jobs[obligation.session_id] = job
-        self._nursery.start_soon(self._supervise, job)
-        return job.output(0)
+        return job
 
     async def _launch(
         self,

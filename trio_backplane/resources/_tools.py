@@ -14,6 +14,7 @@ from ..tools._backend import FunctionBackend
 from ._command import CommandInvocation, LocalCommand
 from ._jobs import CommandOutput
 from ._launch import CommandLimits
+from ._refusals import without_proof
 from ._registry import ResourceRegistry
 
 __all__ = ["command_tools"]
@@ -115,9 +116,11 @@ class _Shell:
                 before_run=operation.context.record_resource,
             )
         except Error as error:
-            # the launcher never ran the command: nothing happened
+            # Withdrawn without cleanup only when the backend proves it ran
+            # nothing; else the session stays, for the run's cleanup to confirm.
+            self.command.validate_refusal(session.invocation, error)
             self.registry.withdraw_session(session_id, owner, incarnation)
-            return reject(operation, error)
+            return reject(operation, without_proof(error))
         self.registry.update_session(session_id, owner, session, incarnation)
         return await self._report(session, args, operation)
 
