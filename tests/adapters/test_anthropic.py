@@ -25,6 +25,7 @@ from tests.adapters.provider_runs import (
 )
 from trio_backplane.adapters._http._aliases import ToolAliases
 from trio_backplane.adapters.anthropic import ANTHROPIC_VERSION, AnthropicProvider
+from trio_backplane.adapters.anthropic._provider import PAUSES
 from trio_backplane.errors import Error, ErrorClass
 from trio_backplane.kernel import thaw
 from trio_backplane.runtime import (
@@ -541,6 +542,60 @@ async def test_a_non_streamed_message_gives_the_same_events(server: ChatServer) 
     cut = (await collect(source, request()))[-1]
     assert isinstance(cut, ResponseFailed)
     assert cut.error.details["reason"] == "finish_max_tokens"
+
+
+SEARCH = {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search",
+          "input": {"query": "trio"}}  # fmt: skip
+FOUND = {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []}
+
+
+@pytest.mark.parametrize("streaming", [True, False], ids=["streamed", "whole"])
+async def test_a_paused_turn_is_sent_back_and_continued(
+    server: ChatServer, streaming: bool
+) -> None:
+    """``pause_turn`` (the API stopped a long turn of its server tools):
+    the turn so far is sent back as the last assistant message and the
+    continuation joins it, one response with every block in order and the
+    usage of both messages summed."""
+    said = {"type": "text", "text": "searching"}
+    done = {"type": "text", "text": "found it"}
+    if streaming:
+        server.add(
+            message_stream(said, SEARCH, FOUND, stop_reason="pause_turn"), message_stream(done)
+        )
+    else:
+        server.add(_message(said, SEARCH, FOUND, stop_reason="pause_turn"), _message(done))
+    events = await collect(provider(server, streaming=streaming), request())
+    first, second = server.requests
+    assert second["messages"] == [
+        *first["messages"],
+        {"role": "assistant", "content": [said, SEARCH, FOUND]},
+    ]
+    texts = [(e.index, e.text) for e in events if isinstance(e, TextDelta)]
+    assert ["".join(t for i, t in texts if i == n) for n in (0, 1)] == ["searching", "found it"]
+    usage = [e.usage for e in events if isinstance(e, Usage)]
+    assert usage[-1] == (
+        {"input_tokens": 20, "output_tokens": 10}
+        if streaming
+        else {"input_tokens": 14, "output_tokens": 6}
+    )
+    completed = events[-1]
+    assert isinstance(completed, ResponseCompleted)
+    assert completed.message["content"] == [said, SEARCH, FOUND, done]
+    assert completed.message["finish_reason"] == "end_turn"
+
+
+async def test_a_turn_paused_past_the_limit_fails(server: ChatServer) -> None:
+    """A turn the API keeps pausing ends after ``PAUSES`` continuations:
+    ``budget_exceeded`` (``finish_pause_turn``), no further request."""
+    server.add(*[message_stream(SEARCH, stop_reason="pause_turn")] * (PAUSES + 1))
+    events = await collect(provider(server), request())
+    failed = events[-1]
+    assert isinstance(failed, ResponseFailed)
+    assert failed.error.error_class is ErrorClass.BUDGET_EXCEEDED
+    assert failed.error.details["reason"] == "finish_pause_turn"
+    assert len(server.requests) == PAUSES + 1
+    assert not any(isinstance(e, ResponseCompleted) for e in events)
 
 
 async def test_a_non_streamed_conversation_runs_its_tool(server: ChatServer) -> None:

@@ -11,6 +11,7 @@ import httpx
 from ...errors import Error, ErrorClass
 from ...runtime import ProviderEvent, ProviderRequest
 from .._http._aliases import ToolAliases
+from .._http._errors import Failed
 from .._http._exchange import Post, provider_stream, respond
 from .._http._options import http_options
 from ._stream import MessageDecoder
@@ -20,6 +21,8 @@ __all__ = ["ANTHROPIC_VERSION", "AnthropicProvider"]
 
 #: The ``anthropic-version`` header sent unless another is given.
 ANTHROPIC_VERSION: Final = "2023-06-01"
+#: How many times one response may be paused (``pause_turn``) and continued.
+PAUSES: Final = 8
 
 
 @final
@@ -122,8 +125,23 @@ class AnthropicProvider:
         headers = {"Content-Type": "application/json", "anthropic-version": self.version}
         if api_key is not None:
             headers["x-api-key"] = api_key
-        post = Post(options=self.options, body=self.body(request, aliases), headers=headers)
+        body = self.body(request, aliases)
         decoder = MessageDecoder(aliases, request)
-        async with aclosing(respond(client, post, decoder)) as events:
-            async for event in events:
-                yield event
+        for _ in range(PAUSES + 1):
+            post = Post(options=self.options, body=body, headers=headers)
+            async with aclosing(respond(client, post, decoder)) as events:
+                async for event in events:
+                    yield event
+            if not decoder.paused:
+                return
+            # A long turn the API paused (``pause_turn``) goes on when it is
+            # sent back: one response, its blocks and usage joined.
+            body = {**body, "messages": [*body["messages"], decoder.paused_turn()]}
+            decoder.resume()
+        raise Failed(
+            Error(
+                ErrorClass.BUDGET_EXCEEDED,
+                f"provider paused its turn more than {PAUSES} times",
+                {"reason": "finish_pause_turn", "finish_reason": "pause_turn"},
+            )
+        )

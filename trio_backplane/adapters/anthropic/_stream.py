@@ -54,6 +54,47 @@ class MessageDecoder:
         #: the ``stop_reason`` of ``message_delta`` (``None``: none came)
         self.stop_reason: str | None = None
         self._finishes = False
+        #: a continued turn: the usage of its earlier messages, summed, and
+        #: where this message's block indexes start among the turn's
+        self._spent: dict[str, Any] = {}
+        self._offset = 0
+
+    @property
+    def paused(self) -> bool:
+        """Whether the message ended ``pause_turn``: the API stopped a long
+        turn (its server tools), to be continued by sending it back."""
+        return self.stop_reason == "pause_turn"
+
+    def paused_turn(self) -> dict[str, Any]:
+        """The assistant turn so far, in the API's shape, to send back."""
+        content = []
+        for index in sorted(self.blocks):
+            block = self.blocks[index]
+            if block.kind == "tool_use":
+                text = block.streamed.text()
+                arguments = parse_arguments(text) if text else block.start.get("input", {})
+                content.append({**block.start, "input": arguments})
+            else:
+                content.append(_finished(block))
+        return {"role": "assistant", "content": content}
+
+    def resume(self) -> None:
+        """Decode the next message as the same turn's continuation: its
+        blocks after this one's, its usage added."""
+        self._spent = self._totals()
+        self.usage = {}
+        self._offset = max(self.blocks, default=-1) + 1
+        self.stop_reason = None
+        self._finishes = False
+
+    def _totals(self) -> dict[str, Any]:
+        """This message's usage plus the earlier messages' (numbers summed)."""
+        totals = dict(self._spent)
+        for key, value in self.usage.items():
+            before = totals.get(key)
+            summable = type(value) is int and type(before) is int
+            totals[key] = before + value if summable else value
+        return totals
 
     def ends(self, kind: str, data: str) -> bool:
         return kind == "message_stop"
@@ -119,7 +160,7 @@ class MessageDecoder:
                 self._finishes = True
         if not self._usage(payload.get("usage")):
             return []
-        return [Usage(dict(self.usage))]  # one report a response: the totals
+        return [Usage(self._totals())]  # one report a message: the turn's totals
 
     def _usage(self, usage: Any) -> bool:
         """Merge a usage report (``message_delta``'s counts are totals over
@@ -131,8 +172,9 @@ class MessageDecoder:
 
     def _block_start(self, payload: Mapping[str, Any]) -> list[ProviderEvent]:
         index, start = payload.get("index"), payload.get("content_block")
-        if type(index) is not int or index < 0 or index in self.blocks:
+        if type(index) is not int or index < 0 or index + self._offset in self.blocks:
             raise Failed(malformed("content block index must be a new int", repr(index)))
+        index += self._offset
         if not isinstance(start, Mapping):
             raise Failed(malformed("content_block must be an object", type(start).__name__))
         kind = start.get("type")
@@ -151,7 +193,7 @@ class MessageDecoder:
 
     def _block_delta(self, payload: Mapping[str, Any]) -> list[ProviderEvent]:
         index, delta = payload.get("index"), payload.get("delta")
-        block = self.blocks.get(index) if type(index) is int else None
+        block = self.blocks.get(index + self._offset) if type(index) is int else None
         if block is None:
             raise Failed(malformed("delta for a content block never started", repr(payload)))
         if not isinstance(delta, Mapping):
@@ -184,7 +226,10 @@ class MessageDecoder:
         """Each tool call completes, then ``ResponseCompleted``: its content
         the blocks in order (thinking with its signature, as the API needs
         it back), its ``finish_reason`` the stop reason.  A message cut at
-        ``max_tokens`` (or the context window) or refused fails instead."""
+        ``max_tokens`` (or the context window) or refused fails instead;
+        a paused one gives nothing yet (the turn goes on)."""
+        if self.paused:
+            return
         cut = _cut(self.stop_reason)
         if cut is not None:
             raise Failed(cut)
