@@ -246,8 +246,13 @@ async def test_a_user_image_is_sent_as_an_image_block(server: ChatServer) -> Non
 
 @pytest.mark.parametrize(
     "block",
-    [{"type": "audio", "data": "AAAA"}, {"type": "image", "data": "AAAA"}, {"text": "untyped"}],
-    ids=["audio", "image-without-media-type", "untyped"],
+    [
+        {"type": "audio", "data": "AAAA"},
+        {"type": "image", "data": "AAAA"},
+        {"type": "image", "data": "AAAA", "mimeType": "image/png, text/html"},
+        {"text": "untyped"},
+    ],
+    ids=["audio", "image-without-media-type", "image-of-another-type", "untyped"],
 )
 async def test_a_user_block_the_api_cannot_take_fails_the_attempt(
     server: ChatServer, block: dict[str, Any]
@@ -583,6 +588,31 @@ async def test_a_paused_turn_is_sent_back_and_continued(
     assert isinstance(completed, ResponseCompleted)
     assert completed.message["content"] == [said, SEARCH, FOUND, done]
     assert completed.message["finish_reason"] == "end_turn"
+
+
+async def test_a_turn_paused_twice_is_sent_back_whole_once(server: ChatServer) -> None:
+    """Each continuation sends the transcript and the whole turn so far as
+    one assistant message (never the earlier pause's again); usage counts,
+    nested ones too, are summed over the three messages."""
+    searched = {"input_tokens": 10, "server_tool_use": {"web_search_requests": 1}}
+    one, two, three = ({"type": "text", "text": t} for t in ("one", "two", "three"))
+    server.add(
+        message_stream(one, SEARCH, stop_reason="pause_turn", usage=searched),
+        message_stream(two, FOUND, stop_reason="pause_turn", usage=searched),
+        message_stream(three),
+    )
+    events = await collect(provider(server), request())
+    first, _, third = server.requests
+    assert third["messages"] == [
+        *first["messages"],
+        {"role": "assistant", "content": [one, SEARCH, two, FOUND]},
+    ]
+    usage = [e.usage for e in events if isinstance(e, Usage)][-1]
+    assert usage["server_tool_use"] == {"web_search_requests": 2}
+    assert usage["input_tokens"] == 30
+    completed = events[-1]
+    assert isinstance(completed, ResponseCompleted)
+    assert completed.message["content"] == [one, SEARCH, two, FOUND, three]
 
 
 async def test_a_turn_paused_past_the_limit_fails(server: ChatServer) -> None:

@@ -5,19 +5,23 @@ images as MCP gives them (``{"type": "image", "data": <base64>,
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from ...errors import Error, ErrorClass
 
-__all__ = ["image_of", "unsendable"]
+__all__ = ["IMAGE_TYPES", "image_of", "unsendable"]
+
+#: The image types both APIs take (a data URL of any other would be malformed).
+IMAGE_TYPES: Final = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
 
 
 def image_of(block: Mapping[str, Any]) -> tuple[str, str] | None:
-    """``(media type, base64 data)`` of an image block; ``None`` for any other."""
+    """``(media type, base64 data)`` of an image block of a type both APIs
+    take (:data:`IMAGE_TYPES`); ``None`` for any other block."""
     data, media = block.get("data"), block.get("mimeType")
-    if block.get("type") != "image" or not isinstance(data, str) or not isinstance(media, str):
+    if block.get("type") != "image" or not isinstance(data, str) or media not in IMAGE_TYPES:
         return None
-    return (media, data) if data and media else None
+    return (str(media), data) if data else None
 
 
 def unsendable(block: Mapping[str, Any], provider: str) -> Error:
@@ -25,6 +29,6 @@ def unsendable(block: Mapping[str, Any], provider: str) -> Error:
     attempt fails, classed, rather than send the message without it."""
     return Error(
         ErrorClass.UNSUPPORTED_CAPABILITY,
-        f"a user content block {provider} cannot take: only text and images",
+        f"a user content block {provider} cannot take: only text and PNG, JPEG, GIF or WebP images",
         {"type": repr(block.get("type"))[:100]},
     )

@@ -126,6 +126,7 @@ class AnthropicProvider:
         if api_key is not None:
             headers["x-api-key"] = api_key
         body = self.body(request, aliases)
+        sent = body["messages"]
         decoder = MessageDecoder(aliases, request)
         for _ in range(PAUSES + 1):
             post = Post(options=self.options, body=body, headers=headers)
@@ -136,7 +137,8 @@ class AnthropicProvider:
                 return
             # A long turn the API paused (``pause_turn``) goes on when it is
             # sent back: one response, its blocks and usage joined.
-            body = {**body, "messages": [*body["messages"], decoder.paused_turn()]}
+            # (the turn so far, every message of it: never one message a pause)
+            body = {**body, "messages": [*sent, decoder.paused_turn()]}
             decoder.resume()
         raise Failed(
             Error(

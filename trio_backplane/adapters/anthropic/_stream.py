@@ -88,13 +88,9 @@ class MessageDecoder:
         self._finishes = False
 
     def _totals(self) -> dict[str, Any]:
-        """This message's usage plus the earlier messages' (numbers summed)."""
-        totals = dict(self._spent)
-        for key, value in self.usage.items():
-            before = totals.get(key)
-            summable = type(value) is int and type(before) is int
-            totals[key] = before + value if summable else value
-        return totals
+        """This message's usage plus the earlier messages' (counts summed,
+        nested ones too: ``server_tool_use.web_search_requests``)."""
+        return _summed(self._spent, self.usage)
 
     def ends(self, kind: str, data: str) -> bool:
         return kind == "message_stop"
@@ -252,6 +248,21 @@ class MessageDecoder:
         if self.stop_reason is not None:
             message["finish_reason"] = self.stop_reason
         yield ResponseCompleted(message)
+
+
+def _summed(before: Mapping[str, Any], usage: Mapping[str, Any]) -> dict[str, Any]:
+    """``usage`` added to ``before``: ints summed, mappings key by key, any
+    other value (a service tier) the later one."""
+    totals = dict(before)
+    for key, value in usage.items():
+        was = totals.get(key)
+        if type(value) is int and type(was) is int:
+            totals[key] = was + value
+        elif isinstance(value, Mapping) and isinstance(was, Mapping):
+            totals[key] = _summed(was, value)
+        else:
+            totals[key] = value
+    return totals
 
 
 def _finished(block: _Block) -> dict[str, Any]:
