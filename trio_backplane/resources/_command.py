@@ -60,8 +60,9 @@ class LocalCommand:
     group it still owns.  Linux only (``unsupported_capability`` elsewhere).
     Every command's environment holds ``TRIO_BACKPLANE_GROUP``, its group's
     mark: a descendant that starts a session or group of its own carries it
-    and is stopped with the group; only one that clears its environment
-    escapes.
+    and is stopped with the group (not one whose environment this user
+    cannot read, nor one that cleared or rewrote it).  ``signaler`` stops
+    groups; such descendants are signalled directly.
     """
 
     def __init__(

@@ -128,16 +128,25 @@ def escapees(pgid: int, start_time: int) -> list[ProcStat]:
 
 
 def launch_alive(pgid: int, start_time: int) -> bool:
-    """Whether anything the launch of group ``pgid`` started still lives."""
+    """Whether anything the launch of group ``pgid`` started still lives
+    (the group read first: see :func:`_left`)."""
     return group_alive(pgid, start_time) or bool(escapees(pgid, start_time))
+
+
+async def _left(pgid: int, start_time: int) -> tuple[bool, list[ProcStat]]:
+    """Whether the group lives, then what left it: in that order, so a
+    member leaving the group between the two reads is seen by the second.
+    The scan of ``/proc`` runs in a thread (it reads every process)."""
+    alive = group_alive(pgid, start_time)
+    return alive, await trio.to_thread.run_sync(escapees, pgid, start_time)
 
 
 async def clean_group(pgid: int, start_time: int, signaler: Signaler) -> str | None:
     """Stop process group ``pgid`` and every process that left it carrying
     its mark: TERM, a short wait, KILL, then their absence verified from
     ``/proc``.  ``None`` once all are gone, else why not."""
-    escaped = escapees(pgid, start_time)
-    if not escaped and not group_alive(pgid, start_time):
+    alive, escaped = await _left(pgid, start_time)
+    if not alive and not escaped:
         return None
     for sig, wait in ((signal.SIGTERM, _TERM_WAIT), (signal.SIGKILL, _KILL_WAIT)):
         # (a group id no longer ours may be another's by now: never signalled)
@@ -151,10 +160,10 @@ async def clean_group(pgid: int, start_time: int, signaler: Signaler) -> str | N
         for stat in escaped:
             signal_process(stat, sig)
         await _gone_within(pgid, start_time, escaped, wait)
-        escaped = escapees(pgid, start_time)  # (and any they started meanwhile)
-        if not escaped and not group_alive(pgid, start_time):
+        alive, escaped = await _left(pgid, start_time)  # (with any started meanwhile)
+        if not alive and not escaped:
             return None
-    if group_alive(pgid, start_time):
+    if alive:
         return f"process group {pgid} is still alive after SIGKILL"
     return f"{len(escaped)} processes that left process group {pgid} are alive after SIGKILL"
 

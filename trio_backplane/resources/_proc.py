@@ -28,8 +28,10 @@ PROC = "/proc"
 #: The environment variable every launched command carries: its group's
 #: :func:`group_mark`.  Descendants inherit it whatever session or group they
 #: move to, so cleanup finds those that left the group (as Jenkins's process
-#: tree killer finds a build's daemons by its cookie); only a process that
-#: clears its own environment escapes.
+#: tree killer finds a build's daemons by its cookie).  Not found: a process
+#: whose environment this user cannot read (one that made itself
+#: non-dumpable, as ``ssh-agent`` does, or ran a setuid program), and one
+#: that cleared or rewrote its environment (``env -i``, ``sudo``).
 GROUP_VAR: Final = "TRIO_BACKPLANE_GROUP"
 
 
@@ -81,23 +83,28 @@ def group_mark(pgid: int, leader_start: int) -> str:
 
 
 def marked(mark: str) -> list[ProcStat]:
-    """The live processes whose environment holds ``GROUP_VAR=mark`` (of
-    those whose environment this user may read: the ones it may signal)."""
+    """The live processes whose environment holds ``GROUP_VAR=mark``, of
+    those whose environment this user can read (see :data:`GROUP_VAR`)."""
     wanted = f"{GROUP_VAR}={mark}".encode()
     found = []
     for name in os.listdir(PROC):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"{PROC}/{name}/environ", "rb") as file:
-                environ = file.read()
-        except OSError:  # gone, or another user's
-            continue
-        if wanted in environ.split(b"\0"):
+        if name.isdigit() and _holds(name, wanted):
+            # Its stat, then the mark again, then the same start time: the
+            # process recorded is the one that holds the mark, never one
+            # that took a dead one's id between two reads.
             stat = read_stat(int(name))
-            if stat is not None and stat.state not in ("Z", "X"):
+            if stat is not None and _holds(name, wanted) and same_process(stat):
                 found.append(stat)
     return found
+
+
+def _holds(pid: str, wanted: bytes) -> bool:
+    try:
+        with open(f"{PROC}/{pid}/environ", "rb") as file:
+            environ = file.read()
+    except OSError:  # gone, or not ours to read
+        return False
+    return wanted in environ.split(b"\0")
 
 
 def same_process(stat: ProcStat) -> bool:

@@ -1,0 +1,52 @@
+"""``clean_group`` against reads of ``/proc`` that race a process leaving
+its group."""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+import pytest
+import trio
+
+from tests.conftest import LINUX_ONLY
+from trio_backplane.resources import _jobs
+from trio_backplane.resources._proc import ProcStat, read_stat, same_process
+
+pytestmark = LINUX_ONLY
+
+
+async def test_a_member_leaving_between_the_reads_is_not_missed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The group's last member moves to a session of its own right after
+    the first read of ``/proc``, whichever read that is: the group is read
+    first, so the scan after it finds the process, which is stopped before
+    the cleanup confirms."""
+    mover = await trio.lowlevel.open_process(["sleep", "47401"], start_new_session=True)
+    stat = read_stat(mover.pid)
+    assert stat is not None
+    moved = [False]
+
+    def group_alive(pgid: int, start_time: int) -> bool:
+        alive = not moved[0]
+        moved[0] = True  # it leaves the group now
+        return alive
+
+    def escapees(pgid: int, start_time: int) -> list[ProcStat]:
+        out = moved[0]
+        moved[0] = True
+        return [stat] if out and same_process(stat) else []
+
+    monkeypatch.setattr(_jobs, "group_alive", group_alive)
+    monkeypatch.setattr(_jobs, "escapees", escapees)
+    sent: list[Any] = []
+    try:
+        with trio.fail_after(5):
+            error = await _jobs.clean_group(999_999, 1, lambda *args: sent.append(args))
+            assert error is None
+            assert await mover.wait() == -signal.SIGTERM
+    finally:
+        mover.kill()
+        await mover.wait()
+    assert sent == []  # gone by the time it would be signalled: its id may be another's
