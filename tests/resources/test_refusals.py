@@ -90,6 +90,41 @@ async def test_every_refusal_of_start_is_proved(tmp_path: Path) -> None:
         command.validate_refusal(invocation, error)
 
 
+async def test_a_refusal_is_unverified_once_its_session_has_launched(tmp_path: Path) -> None:
+    """A refusal (the workspace was busy) leaves the session reserved; once
+    that session launches after all, the old refusal no longer says that
+    nothing ran."""
+    async with LocalCommand(completion_retention=60.0) as command:
+        await command.start(inv(1), "sleep 300", workspace=tmp_path)
+        other = inv(2, owner="run-2")
+        with pytest.raises(Error) as exc:
+            await command.start(other, "true", workspace=tmp_path)
+        refusal = exc.value
+        command.validate_refusal(other, refusal)
+        command.cancel("run-1")
+        await command.wait(inv(1), 10.0)
+        await command.start(other, "true", workspace=tmp_path)
+        _unverified(command, other, refusal)
+
+
+async def test_a_retired_refusal_frees_its_capacity(tmp_path: Path) -> None:
+    """A session refused before it ran, once retired, no longer counts
+    against ``session_capacity``; one that launched cannot be retired."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    async with LocalCommand(session_capacity=2) as command:
+        await command.start(inv(1), "sleep 300", workspace=tmp_path / "a")
+        with pytest.raises(Error) as exc:
+            await command.start(inv(2), "true", workspace=tmp_path / "a")
+        command.validate_refusal(inv(2), exc.value)
+        command.retire(inv(2))
+        await command.start(inv(3), "sleep 300", workspace=tmp_path / "b")  # not overloaded
+        with pytest.raises(Error) as refused:
+            command.retire(inv(3))
+        assert refused.value.error_class is ErrorClass.RESOURCE_CONFLICT
+        command.cancel("run-1")
+
+
 async def test_an_unverified_refusal_keeps_the_session_for_cleanup(tmp_path: Path) -> None:
     """``exec_command`` withdraws a session without cleanup only for a proved
     refusal: an ``Error`` that is not one (a backend wrapped by the host that
@@ -128,7 +163,10 @@ async def test_a_proved_refusal_reaches_the_model_without_its_proof(tmp_path: Pa
             ]
         )
         finished = await run_to_settled(provider, tools, wall_clock=None)
+        ledger = command._ledger
+        left = [o.session_id for o in ledger.live.values() if not o.launched]
     refused = finished.tool_messages()[1]["result"]["error"]
     assert refused["message"] == "workspace already has an active command"
     assert refused["details"]["launch_status"] == "never_started"
     assert "refusal_proof" not in refused["details"]
+    assert left == []  # the refused session is retired: out of session_capacity

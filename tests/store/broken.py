@@ -458,6 +458,18 @@ class NoAdmissionTimeStore(FileStore):
         return [attrs.evolve(summary, admitted_at=None) for summary in listed]
 
 
+class OneAdmissionTimeStore(FileStore):
+    """Broken: ``list_runs`` gives every admitted run the earliest admission time."""
+
+    async def list_runs(self, *, states: Collection[str] | None = None) -> list[RunSummary]:
+        listed = await super().list_runs(states=states)
+        first = min((s.admitted_at for s in listed if s.admitted_at is not None), default=None)
+        return [
+            summary if summary.admitted_at is None else attrs.evolve(summary, admitted_at=first)
+            for summary in listed
+        ]
+
+
 BROKEN_STORES: tuple[type[FileStore], ...] = (
     AckWithoutPersistStore,
     NoFenceStore,
@@ -482,4 +494,5 @@ BROKEN_STORES: tuple[type[FileStore], ...] = (
     TruncatedIdsStore,
     CreationIncarnationListedStore,
     NoAdmissionTimeStore,
+    OneAdmissionTimeStore,
 )

@@ -20,7 +20,7 @@ from ._launch import DEFAULT_ENV, CommandLimits, environment, launch
 from ._ledger import CAPACITY, Ledger, Obligation, check_capacity
 from ._orphans import group_evidence
 from ._proc import supported
-from ._refusals import RefusalSigner
+from ._refusals import RefusalSigner, unverified
 
 __all__ = ["BeforeRun", "CommandInvocation", "LocalCommand"]
 
@@ -178,10 +178,19 @@ class LocalCommand:
 
     def validate_refusal(self, invocation: CommandInvocation, error: BaseException) -> None:
         """Return only when ``error`` is a refusal :meth:`start` raised for
-        ``invocation`` on this backend (nothing ran: its reservation may be
-        withdrawn without cleanup); ``unknown_outcome`` "command refusal is
-        unverified" for anything else."""
+        ``invocation`` on this backend and the session has not launched
+        since (nothing ran: its reservation may be withdrawn without
+        cleanup); ``unknown_outcome`` "command refusal is unverified" for
+        anything else."""
         self._refusals.verify(invocation, error)
+        if self._ledger.launched(invocation.session_id):
+            raise unverified(invocation, error)
+
+    def retire(self, invocation: CommandInvocation) -> None:
+        """After a validated refusal: the session, which never launched, is
+        fenced and receipted, so it no longer counts against
+        ``session_capacity``.  ``resource_conflict`` for one that launched."""
+        self._ledger.retire(invocation.session_id, invocation.owner, invocation.incarnation)
 
     async def _started(
         self,
@@ -255,7 +264,7 @@ class LocalCommand:
             startup_timeout=startup,
             admit=admit,
         )
-        obligation.state = "active"
+        obligation.state, obligation.launched = "active", True
         return Job(
             obligation=obligation,
             launched=launched,

@@ -33,6 +33,9 @@ class Obligation:
     #: refused for launch for good (cancelled before it launched, or a
     #: cancellation reserved an identity never seen)
     fenced: bool = False
+    #: its command ran (its launch was acknowledged): no refusal of it
+    #: means "nothing ran" any more
+    launched: bool = False
 
 
 def check_capacity(name: str, value: Any) -> int:
@@ -166,6 +169,31 @@ class Ledger:
         for obligation in self.live.values():
             if obligation.owner == owner:
                 self.fence(obligation)
+
+    def retire(self, session_id: int, owner: str, incarnation: int) -> None:
+        """Fence a session that never launched and move it to the receipts
+        (out of ``session_capacity``); one never seen is receipted fenced."""
+        found = self.live.get(session_id)
+        if found is None:
+            if session_id in self.receipts or session_id <= self.floor:
+                return  # retired already, or expired
+            found = self.fence_unknown(session_id, owner, incarnation)
+        self.check(found, owner, incarnation)
+        if found.launched or found.state not in ("reserved", "confirmed"):
+            raise Error(
+                ErrorClass.RESOURCE_CONFLICT,
+                "only a command session that never launched can be retired",
+                {"session_id": session_id, "state": found.state},
+            )
+        self.fence(found)
+        self.acknowledge(session_id, owner, incarnation)
+
+    def launched(self, session_id: int) -> bool:
+        """Whether the session's command ran, as far as the ledger holds it:
+        an expired id (a receipt evicted, or a launch refused at capacity,
+        which raised the floor past it) says ``False``."""
+        found = self.live.get(session_id) or self.receipts.get(session_id)
+        return found is not None and found.launched
 
     def acknowledge(self, session_id: Any, owner: str, incarnation: int) -> None:
         """Move a confirmed obligation to the receipts; evicting the oldest

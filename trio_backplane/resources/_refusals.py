@@ -11,7 +11,7 @@ from typing import Any, Final, Protocol, final
 
 from ..errors import Error, ErrorClass
 
-__all__ = ["PROOF", "RefusalSigner", "without_proof"]
+__all__ = ["PROOF", "RefusalSigner", "unverified", "without_proof"]
 
 #: The detail holding a refusal's proof.
 PROOF: Final = "refusal_proof"
@@ -52,11 +52,7 @@ class RefusalSigner:
             expected = self._mac(invocation, without_proof(error))
             if isinstance(given, str) and hmac.compare_digest(given, expected):
                 return
-        raise Error(
-            ErrorClass.UNKNOWN_OUTCOME,
-            "command refusal is unverified",
-            {"session_id": invocation.session_id, "refusal": str(error)[:300]},
-        )
+        raise unverified(invocation, error)
 
     def _mac(self, invocation: _Invocation, error: Error) -> str:
         signed: list[Any] = [
@@ -69,6 +65,15 @@ class RefusalSigner:
         ]
         text = json.dumps(signed, sort_keys=True, default=repr, ensure_ascii=True)
         return hmac.new(self._key, text.encode(), hashlib.sha256).hexdigest()
+
+
+def unverified(invocation: _Invocation, error: BaseException) -> Error:
+    """``unknown_outcome``: ``error`` does not show that nothing ran."""
+    return Error(
+        ErrorClass.UNKNOWN_OUTCOME,
+        "command refusal is unverified",
+        {"session_id": invocation.session_id, "refusal": str(error)[:300]},
+    )
 
 
 def without_proof(error: Error) -> Error:

@@ -119,6 +119,7 @@ class _Shell:
             # Withdrawn without cleanup only when the backend proves it ran
             # nothing; else the session stays, for the run's cleanup to confirm.
             self.command.validate_refusal(session.invocation, error)
+            self.command.retire(session.invocation)  # out of session_capacity
             self.registry.withdraw_session(session_id, owner, incarnation)
             return reject(operation, without_proof(error))
         self.registry.update_session(session_id, owner, session, incarnation)

@@ -259,7 +259,11 @@ class _FurtherChecks(_Suite):
             failed = await self._running(store, "listed-failed")
             await failed.apply("finish", status="failed")
             created = [await self._new_run(store, f"listed-{n}") for n in range(_MANY_RUNS)]
-            ids = {r.run_id: r.record.state for r in (running, done, failed, *created)}
+            late = await self._new_run(store, "listed-late")  # admitted at another time
+            for _ in range(5):
+                next(late._clock)
+            await late.apply("admit", state="running", deadline=1_000_000.0)
+            ids = {r.run_id: r.record.state for r in (running, done, failed, late, *created)}
 
             def mine(summaries: Sequence[Any]) -> dict[str, str]:
                 return {s.run_id: s.state for s in summaries if s.run_id in ids}
@@ -270,7 +274,10 @@ class _FurtherChecks(_Suite):
                 done.run_id: "completed",
                 failed.run_id: "failed",
             }
-            assert mine(await store.list_runs(states={"running"})) == {running.run_id: "running"}
+            assert mine(await store.list_runs(states={"running"})) == {
+                running.run_id: "running",
+                late.run_id: "running",
+            }
             assert len(mine(await store.list_runs(states={"queued"}))) == _MANY_RUNS
             for summary in await store.list_runs():  # admitted: the first event's time
                 if summary.run_id in ids:
