@@ -126,6 +126,23 @@ def store_commits(count: int, total: int) -> None:
     trio.run(main)
 
 
+def engine_on_sqlite(steps: int) -> None:
+    """The ``engine-sqlite`` workload: the engine's run of ``steps`` steps on
+    a ``SQLiteStore`` in a temporary directory; every thread's instructions
+    count (the writer thread's too), the disk's waits do not."""
+    import trio
+    from bench_engine import one_run
+
+    from trio_backplane.store import SQLiteStore
+
+    async def main() -> None:
+        with tempfile.TemporaryDirectory(prefix="instructions-sqlite-") as root:
+            async with SQLiteStore(Path(root) / "runs.db") as store:
+                await one_run(store, "instructions", steps)
+
+    trio.run(main)
+
+
 def handoffs(count: int) -> None:
     """The ``handoff`` workload: ``count`` round trips doing nothing through
     a ``SQLiteStore``'s worker thread, on the path a commit batch takes (the
@@ -184,7 +201,8 @@ def with_otel(sdk: bool) -> None:
 
 def measured(steps: int, pure: bool, check: bool, workload: str, total: int) -> None:
     """One run of ``steps`` tool steps on a MemoryStore (the ``engine``
-    workload; ``store``: :func:`store_commits`; ``compile``:
+    workload; ``engine-sqlite``: :func:`engine_on_sqlite`; ``store``:
+    :func:`store_commits`; ``compile``:
     :func:`compiles`), then one line naming the ``trio_backplane`` imported
     and which of its C extensions were loaded (printed in every run alike,
     so its cost cancels).  ``check`` (the run
@@ -210,6 +228,8 @@ def measured(steps: int, pure: bool, check: bool, workload: str, total: int) -> 
     elif workload.startswith("otel"):
         with_otel(workload == "otel-sdk")
         trio.run(one_run, MemoryStore(), "instructions", steps)
+    elif workload == "engine-sqlite":
+        engine_on_sqlite(steps)
     else:
         trio.run(one_run, MemoryStore(), "instructions", steps)
     loaded = ",".join(sorted(name for name in SPEEDUPS if sys.modules.get(name) is not None))
@@ -517,9 +537,10 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument(
         "--workload",
-        choices=("engine", "otel-api", "otel-sdk", "store", "handoff", "compile"),
+        choices=("engine", "engine-sqlite", "otel-api", "otel-sdk", "store", "handoff", "compile"),
         default="engine",
-        help="engine: N tool steps on a MemoryStore (default); store: N SQLiteStore commits"
+        help="engine: N tool steps on a MemoryStore (default); engine-sqlite: the same on a"
+        " SQLiteStore (every thread's instructions); store: N SQLiteStore commits"
         " of precomputed records, no engine; handoff: N bare round trips through the"
         " SQLiteStore's worker thread (this checkout's engine only); compile: N uncached"
         " schema compiles of benchmarks/workloads/schemas.json, in turn (an even N"
