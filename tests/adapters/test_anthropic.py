@@ -250,9 +250,10 @@ async def test_a_user_image_is_sent_as_an_image_block(server: ChatServer) -> Non
         {"type": "audio", "data": "AAAA"},
         {"type": "image", "data": "AAAA"},
         {"type": "image", "data": "AAAA", "mimeType": "image/png, text/html"},
+        {"type": "image", "data": "AAAA", "mimeType": ["image/png"]},
         {"text": "untyped"},
     ],
-    ids=["audio", "image-without-media-type", "image-of-another-type", "untyped"],
+    ids=["audio", "image-without-type", "image-of-another-type", "type-not-a-str", "untyped"],
 )
 async def test_a_user_block_the_api_cannot_take_fails_the_attempt(
     server: ChatServer, block: dict[str, Any]
@@ -266,6 +267,28 @@ async def test_a_user_block_the_api_cannot_take_fails_the_attempt(
     assert exc.value.error_class is ErrorClass.UNSUPPORTED_CAPABILITY
     assert exc.value.details == {"type": repr(block.get("type"))}
     assert server.requests == []
+
+
+async def test_a_tool_result_image_the_api_cannot_take_is_noted(server: ChatServer) -> None:
+    """A tool result's PNG goes as an image block; its SVG, which the API
+    cannot take, is named in a text block instead of sent."""
+    server.add(message_stream({"type": "text", "text": "ok"}))
+    svg = {"type": "image", "data": "PHN2Zz4=", "mimeType": "image/svg+xml"}
+    result = {"content": [PIXEL, svg]}
+    transcript = [
+        {"role": "user", "content": "draw"},
+        {"role": "assistant", "content": [
+            {"type": "tool_call", "id": "c1", "name": "add", "arguments": {}}]},
+        {"role": "tool", "tool_call_id": "c1", "name": "add", "result": result},
+    ]  # fmt: skip
+    await collect(provider(server), request(messages=transcript))
+    [block] = server.requests[0]["messages"][-1]["content"]
+    assert block["content"] == [
+        {"type": "image",
+         "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
+        {"type": "text", "text": "[1 image(s) of the tool result left out: only PNG, JPEG,"
+                                 " GIF and WebP images are sent]"},
+    ]  # fmt: skip
 
 
 async def test_extra_body_and_tool_choice(server: ChatServer) -> None:

@@ -1107,6 +1107,19 @@ async def test_a_user_block_the_api_cannot_take_fails_the_turn(chat: ChatServer)
     assert chat.requests == []
 
 
+def test_a_tool_result_s_images_are_noted_in_its_text() -> None:
+    """A tool message carries text only: the images of a result are named
+    after its text, never dropped unsaid."""
+    result = {"content": [{"type": "text", "text": "drawn"}, PIXEL]}
+    sent = transcript_messages(
+        [{"role": "tool", "tool_call_id": "c1", "name": "draw", "result": result}], ToolAliases([])
+    )
+    assert sent[0]["content"] == (
+        "drawn\n[1 image(s) of the tool result left out: a tool message of this API"
+        " carries text only]"
+    )
+
+
 def test_an_empty_answer_is_sent_back_as_an_empty_string() -> None:
     """An assistant message with no text and no calls goes back as content
     ``""``: a null content is refused without ``tool_calls`` beside it."""

@@ -10,7 +10,7 @@ from typing import Any
 
 from ...kernel import thaw
 from .._http._aliases import ToolAliases
-from .._http._content import image_of, unsendable
+from .._http._content import image_of, left_out, unsendable
 
 __all__ = ["messages_of"]
 
@@ -135,14 +135,20 @@ def _tool_result(message: Mapping[str, Any]) -> dict[str, Any]:
     content = result.get("content")
     if isinstance(content, str):
         content = [{"type": "text", "text": content}]
+    unsent = 0
     for item in content if isinstance(content, list | tuple) else ():
         if not isinstance(item, Mapping):
             continue
+        image = image_of(item)
         if item.get("type") == "text" and item.get("text"):
             parts.append({"type": "text", "text": str(item["text"])})
-        elif item.get("type") == "image" and item.get("data"):
-            source = {"type": "base64", "media_type": item.get("mimeType"), "data": item["data"]}
+        elif image is not None:
+            source = {"type": "base64", "media_type": image[0], "data": image[1]}
             parts.append({"type": "image", "source": source})
+        elif item.get("type") == "image":
+            unsent += 1
+    if unsent:
+        parts.append(left_out(unsent, "only PNG, JPEG, GIF and WebP images are sent"))
     if not parts and result.get("structured_content") is not None:
         text = json.dumps(thaw(result["structured_content"]), ensure_ascii=False)
         parts.append({"type": "text", "text": text})

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .._http._aliases import ToolAliases
-from .._http._content import image_of, unsendable
+from .._http._content import image_of, left_out, unsendable
 
 __all__ = ["transcript_messages"]
 
@@ -51,11 +51,22 @@ def _arguments_text(arguments: Any) -> str:
 
 
 def _tool_content(result: Any) -> str:
+    """The result's text (its structured content as JSON when it has none),
+    and a note of the images it held: a ``tool`` message carries text only."""
     if not isinstance(result, Mapping):
         return json.dumps(result, ensure_ascii=False)
-    text = _text_of(result.get("content"))
+    content = result.get("content")
+    text = _text_of(content)
     if not text and result.get("structured_content") is not None:
         text = json.dumps(result["structured_content"], ensure_ascii=False)
+    images = sum(
+        1
+        for block in (content if isinstance(content, list | tuple) else ())
+        if isinstance(block, Mapping) and block.get("type") == "image"
+    )
+    if images:
+        note = left_out(images, "a tool message of this API carries text only")["text"]
+        text = f"{text}\n{note}" if text else note
     return text
 
 
