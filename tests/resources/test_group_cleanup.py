@@ -50,3 +50,27 @@ async def test_a_member_leaving_between_the_reads_is_not_missed(
         mover.kill()
         await mover.wait()
     assert sent == []  # gone by the time it would be signalled: its id may be another's
+
+
+async def test_an_empty_scan_is_confirmed_by_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A marked process that forks and exits while a scan runs hides its
+    child from that scan: nothing left is believed only when a second scan
+    agrees, and the child it finds is stopped."""
+    child = await trio.lowlevel.open_process(["sleep", "47402"], start_new_session=True)
+    stat = read_stat(child.pid)
+    assert stat is not None
+    scans = [0]
+
+    def escapees(pgid: int, start_time: int) -> list[ProcStat]:
+        scans[0] += 1
+        return [stat] if scans[0] > 1 and same_process(stat) else []
+
+    monkeypatch.setattr(_jobs, "group_alive", lambda pgid, start_time: False)
+    monkeypatch.setattr(_jobs, "escapees", escapees)
+    try:
+        with trio.fail_after(5):
+            assert await _jobs.clean_group(999_999, 1, lambda *args: None) is None
+            assert await child.wait() == -signal.SIGTERM
+    finally:
+        child.kill()
+        await child.wait()

@@ -107,6 +107,26 @@ async def test_a_refusal_is_unverified_once_its_session_has_launched(tmp_path: P
         _unverified(command, other, refusal)
 
 
+async def test_a_refusal_is_unverified_once_its_launched_session_expired(
+    tmp_path: Path,
+) -> None:
+    """Refused, then launched, released and its receipt evicted: the ledger
+    no longer holds the session, and the old refusal stays unverified (its
+    id expired after the refusal was signed)."""
+    async with LocalCommand(receipt_capacity=1, completion_retention=60.0) as command:
+        await command.start(inv(1), "sleep 300", workspace=tmp_path)
+        other = inv(2, owner="run-2")
+        with pytest.raises(Error) as exc:
+            await command.start(other, "true", workspace=tmp_path)
+        command.cancel("run-1")
+        await command.wait(inv(1), 10.0)
+        for invocation in (other, inv(3, owner="run-3")):
+            await command.start(invocation, "true", workspace=tmp_path)
+            await command.wait(invocation, 10.0)
+            command.acknowledge_release(invocation)  # the second evicts the first receipt
+        _unverified(command, other, exc.value)
+
+
 async def test_a_retired_refusal_frees_its_capacity(tmp_path: Path) -> None:
     """A session refused before it ran, once retired, no longer counts
     against ``session_capacity``; one that launched cannot be retired."""

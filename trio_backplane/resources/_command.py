@@ -170,7 +170,7 @@ class LocalCommand:
         except Error as error:
             if type(invocation) is not CommandInvocation:
                 raise
-            raise self._refusals.sign(invocation, error) from error
+            raise self._refusals.sign(invocation, error, self._ledger.floor) from error
         self._jobs[job.session_id] = job
         assert self._nursery is not None
         self._nursery.start_soon(self._supervise, job)
@@ -182,8 +182,8 @@ class LocalCommand:
         since (nothing ran: its reservation may be withdrawn without
         cleanup); ``unknown_outcome`` "command refusal is unverified" for
         anything else."""
-        self._refusals.verify(invocation, error)
-        if self._ledger.launched(invocation.session_id):
+        floor = self._refusals.verify(invocation, error)
+        if self._ledger.launched(invocation.session_id, since=floor):
             raise unverified(invocation, error)
 
     def retire(self, invocation: CommandInvocation) -> None:

@@ -136,9 +136,16 @@ def launch_alive(pgid: int, start_time: int) -> bool:
 async def _left(pgid: int, start_time: int) -> tuple[bool, list[ProcStat]]:
     """Whether the group lives, then what left it: in that order, so a
     member leaving the group between the two reads is seen by the second.
-    The scan of ``/proc`` runs in a thread (it reads every process)."""
-    alive = group_alive(pgid, start_time)
-    return alive, await trio.to_thread.run_sync(escapees, pgid, start_time)
+    Nothing left only when a second look, begun after the first ended,
+    agrees: a marked process that forks and exits while a scan runs hides
+    its child from that scan, not from the next.  The scans of ``/proc``
+    run in a thread (they read every process), abandoned on cancellation."""
+    for _ in range(2):
+        alive = group_alive(pgid, start_time)
+        escaped = await trio.to_thread.run_sync(escapees, pgid, start_time, abandon_on_cancel=True)
+        if alive or escaped:
+            break
+    return alive, escaped
 
 
 async def clean_group(pgid: int, start_time: int, signaler: Signaler) -> str | None:

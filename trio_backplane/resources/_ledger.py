@@ -188,12 +188,14 @@ class Ledger:
         self.fence(found)
         self.acknowledge(session_id, owner, incarnation)
 
-    def launched(self, session_id: int) -> bool:
-        """Whether the session's command ran, as far as the ledger holds it:
-        an expired id (a receipt evicted, or a launch refused at capacity,
-        which raised the floor past it) says ``False``."""
+    def launched(self, session_id: int, *, since: int) -> bool:
+        """Whether the session's command may have run: it did, or its id
+        expired after the floor was ``since`` (a receipt evicted since, of
+        a session that may have launched)."""
         found = self.live.get(session_id) or self.receipts.get(session_id)
-        return found is not None and found.launched
+        if found is not None:
+            return found.launched
+        return since < session_id <= self.floor
 
     def acknowledge(self, session_id: Any, owner: str, incarnation: int) -> None:
         """Move a confirmed obligation to the receipts; evicting the oldest

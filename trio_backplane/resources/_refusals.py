@@ -35,27 +35,31 @@ class RefusalSigner:
     def __init__(self) -> None:
         self._key = secrets.token_bytes(32)
 
-    def sign(self, invocation: _Invocation, error: Error) -> Error:
-        """``error`` as a proved refusal of ``invocation`` (nothing ran)."""
+    def sign(self, invocation: _Invocation, error: Error, floor: int) -> Error:
+        """``error`` as a proved refusal of ``invocation`` (nothing ran);
+        ``floor``: the backend's expired-id floor as it refused."""
         details = {**without_proof(error).details, "launch_status": "never_started"}
         proved = Error(error.error_class, error.message, details)
-        return Error(
-            error.error_class, error.message, {**details, PROOF: self._mac(invocation, proved)}
-        )
+        proof = f"{floor}:{self._mac(invocation, proved, floor)}"
+        return Error(error.error_class, error.message, {**details, PROOF: proof})
 
-    def verify(self, invocation: _Invocation, error: BaseException) -> None:
-        """Return only for a refusal this signer signed for ``invocation``;
-        ``unknown_outcome`` "command refusal is unverified" for any other
-        (another invocation's, another backend's, altered, or unsigned)."""
+    def verify(self, invocation: _Invocation, error: BaseException) -> int:
+        """The floor a refusal this signer signed for ``invocation`` was
+        signed with; ``unknown_outcome`` "command refusal is unverified" for
+        any other error (another invocation's, another backend's, altered,
+        or unsigned)."""
         if isinstance(error, Error) and error.details.get("launch_status") == "never_started":
             given = error.details.get(PROOF)
-            expected = self._mac(invocation, without_proof(error))
-            if isinstance(given, str) and hmac.compare_digest(given, expected):
-                return
+            floor, _, mac = given.partition(":") if isinstance(given, str) else ("", "", "")
+            if floor.isascii() and floor.isdigit():
+                expected = self._mac(invocation, without_proof(error), int(floor))
+                if hmac.compare_digest(mac, expected):
+                    return int(floor)
         raise unverified(invocation, error)
 
-    def _mac(self, invocation: _Invocation, error: Error) -> str:
+    def _mac(self, invocation: _Invocation, error: Error, floor: int) -> str:
         signed: list[Any] = [
+            floor,
             invocation.owner,
             invocation.session_id,
             invocation.incarnation,
