@@ -5,7 +5,7 @@ API gave it, consecutive turns of one role joined."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from ...kernel import thaw
@@ -66,21 +66,29 @@ def _text_of(content: Any) -> str:
     return ""
 
 
+def _mappings(content: Any) -> Iterator[Mapping[str, Any]]:
+    """The blocks of a message's content list (a str has none)."""
+    for block in content if isinstance(content, list | tuple) else ():
+        if isinstance(block, Mapping):
+            yield block
+
+
+def _image(media: str, data: str) -> dict[str, Any]:
+    return {"type": "image", "source": {"type": "base64", "media_type": media, "data": data}}
+
+
 def _user_blocks(content: Any) -> list[dict[str, Any]]:
     """Text and image blocks; ``unsupported_capability`` for any other."""
     if isinstance(content, str):
         return [{"type": "text", "text": content}] if content else []
     blocks: list[dict[str, Any]] = []
-    for block in content if isinstance(content, list | tuple) else ():
-        if not isinstance(block, Mapping):
-            continue
+    for block in _mappings(content):
         image = image_of(block)
         if block.get("type") == "text":
             if block.get("text"):
                 blocks.append({"type": "text", "text": str(block["text"])})
         elif image is not None:
-            source = {"type": "base64", "media_type": image[0], "data": image[1]}
-            blocks.append({"type": "image", "source": source})
+            blocks.append(_image(*image))
         else:
             raise unsendable(block, "the Anthropic Messages API")
     return blocks
@@ -90,9 +98,7 @@ def _assistant_blocks(content: Any, aliases: ToolAliases) -> list[dict[str, Any]
     if isinstance(content, str):
         return [{"type": "text", "text": content}] if content else []
     blocks: list[dict[str, Any]] = []
-    for block in content if isinstance(content, list | tuple) else ():
-        if not isinstance(block, Mapping):
-            continue
+    for block in _mappings(content):
         kind = block.get("type")
         if kind == "tool_call":
             arguments = block.get("arguments")
@@ -136,15 +142,12 @@ def _tool_result(message: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(content, str):
         content = [{"type": "text", "text": content}]
     unsent = 0
-    for item in content if isinstance(content, list | tuple) else ():
-        if not isinstance(item, Mapping):
-            continue
+    for item in _mappings(content):
         image = image_of(item)
         if item.get("type") == "text" and item.get("text"):
             parts.append({"type": "text", "text": str(item["text"])})
         elif image is not None:
-            source = {"type": "base64", "media_type": image[0], "data": image[1]}
-            parts.append({"type": "image", "source": source})
+            parts.append(_image(*image))
         elif item.get("type") == "image":
             unsent += 1
     if unsent:
