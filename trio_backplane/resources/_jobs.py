@@ -14,7 +14,7 @@ from ._launch import Launched
 from ._ledger import Obligation
 from ._proc import ProcStat, group_alive, group_mark, marked, same_process
 
-__all__ = ["CommandOutput", "Job", "Signaler", "clean_group", "escapees", "launch_alive"]
+__all__ = ["CommandOutput", "Job", "Signaler", "clean_group", "escapees", "left_behind"]
 
 #: Sends a signal to a process group: ``os.killpg`` unless a test swaps it.
 Signaler = Callable[[int, int], None]
@@ -127,13 +127,7 @@ def escapees(pgid: int, start_time: int) -> list[ProcStat]:
     return [s for s in marked(group_mark(pgid, start_time)) if s.pgrp != pgid]
 
 
-def launch_alive(pgid: int, start_time: int) -> bool:
-    """Whether anything the launch of group ``pgid`` started still lives
-    (the group read first: see :func:`_left`)."""
-    return group_alive(pgid, start_time) or bool(escapees(pgid, start_time))
-
-
-async def _left(pgid: int, start_time: int) -> tuple[bool, list[ProcStat]]:
+async def left_behind(pgid: int, start_time: int) -> tuple[bool, list[ProcStat]]:
     """Whether the group lives, then what left it: in that order, so a
     member leaving the group between the two reads is seen by the second.
     Nothing left only when a second look, begun after the first ended,
@@ -152,7 +146,7 @@ async def clean_group(pgid: int, start_time: int, signaler: Signaler) -> str | N
     """Stop process group ``pgid`` and every process that left it carrying
     its mark: TERM, a short wait, KILL, then their absence verified from
     ``/proc``.  ``None`` once all are gone, else why not."""
-    alive, escaped = await _left(pgid, start_time)
+    alive, escaped = await left_behind(pgid, start_time)
     if not alive and not escaped:
         return None
     for sig, wait in ((signal.SIGTERM, _TERM_WAIT), (signal.SIGKILL, _KILL_WAIT)):
@@ -167,7 +161,7 @@ async def clean_group(pgid: int, start_time: int, signaler: Signaler) -> str | N
         for stat in escaped:
             signal_process(stat, sig)
         await _gone_within(pgid, start_time, escaped, wait)
-        alive, escaped = await _left(pgid, start_time)  # (with any started meanwhile)
+        alive, escaped = await left_behind(pgid, start_time)  # (with any started meanwhile)
         if not alive and not escaped:
             return None
     if alive:

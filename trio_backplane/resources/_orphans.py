@@ -6,7 +6,7 @@ import socket
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ._jobs import Signaler, clean_group, default_signaler, launch_alive
+from ._jobs import Signaler, clean_group, default_signaler, left_behind
 
 __all__ = ["boot_id", "group_evidence", "kill_orphans"]
 
@@ -64,7 +64,7 @@ async def kill_orphans(
             reports.append({**report, "status": "skipped", "reason": elsewhere})
         elif type(pgid) is not int or type(start) is not int or pgid < 2:
             reports.append({**report, "status": "skipped", "reason": "malformed evidence"})
-        elif not launch_alive(pgid, start):
+        elif not any(await left_behind(pgid, start)):
             reports.append({**report, "status": "gone"})
         else:
             error = await clean_group(pgid, start, signaler)
