@@ -71,9 +71,7 @@ class MessageDecoder:
         for index in sorted(self.blocks):
             block = self.blocks[index]
             if block.kind == "tool_use":
-                text = block.streamed.text()
-                arguments = parse_arguments(text) if text else block.start.get("input", {})
-                content.append({**block.start, "input": arguments})
+                content.append({**block.start, "input": _arguments(block)})
             else:
                 content.append(_finished(block))
         return {"role": "assistant", "content": content}
@@ -234,8 +232,7 @@ class MessageDecoder:
             block = self.blocks[index]
             if block.kind == "tool_use":
                 call_id, name = block.start["id"], self.aliases.name(block.start["name"])
-                text = block.streamed.text()
-                arguments = parse_arguments(text) if text else block.start.get("input", {})
+                arguments = _arguments(block)
                 yield ToolCallCompleted(call_id, name, arguments)
                 content.append(
                     {"type": "tool_call", "id": call_id, "name": name, "arguments": arguments}
@@ -248,6 +245,12 @@ class MessageDecoder:
         if self.stop_reason is not None:
             message["finish_reason"] = self.stop_reason
         yield ResponseCompleted(message)
+
+
+def _arguments(block: _Block) -> Any:
+    """A ``tool_use`` block's input: streamed, else as it started."""
+    text = block.streamed.text()
+    return parse_arguments(text) if text else block.start.get("input", {})
 
 
 def _summed(before: Mapping[str, Any], usage: Mapping[str, Any]) -> dict[str, Any]:
