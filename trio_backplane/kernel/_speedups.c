@@ -5,6 +5,7 @@
  * copy_slots(obj) -> a new instance of type(obj) holding the same slot values
  * grown(items, more) -> a new FrozenList: the items of items, then of more
  * put(mapping, key, value, layer_from, overlay_max) -> derived | NotImplemented
+ * configure_transition(...), transition(record, command, revision, ...) -> (new, [event]) | NotImplemented
  *
  * freeze builds exactly what the Python walk builds for JSON data made of
  * exact built-in types (dict, list, tuple, str, int, float, bool, None) and
@@ -22,6 +23,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <math.h>
 #include <string.h>
 #include <structmember.h>
@@ -33,7 +35,10 @@
 /* 10**4300 has 14285 bits: an int of fewer bits has at most 4300 digits. */
 #define INT_BITS_OK 14285
 
+typedef struct kernel_spec kernel_spec;
+
 typedef struct {
+    kernel_spec *kernel;  /* configure_transition's, or NULL */
     PyObject *frozen_dict;
     PyObject *frozen_list;
     PyObject *layered_dict;
@@ -275,15 +280,24 @@ slots_only(PyTypeObject *t)
  * its bases) pointing at the same value; no __init__, converter or
  * validator runs, as the Python copy it replaces.  Any other type is
  * refused (TypeError): its state would not all be copied. */
+static PyObject *slot_copy(PyObject *obj);
+
 static PyObject *
 copy_slots(PyObject *module, PyObject *obj)
 {
-    PyTypeObject *t = Py_TYPE(obj);
-    if (!slots_only(t)) {
+    if (!slots_only(Py_TYPE(obj))) {
         PyErr_SetString(PyExc_TypeError,
                         "copy_slots: only classes with __slots__ over object (no __dict__)");
         return NULL;
     }
+    return slot_copy(obj);
+}
+
+/* copy_slots of an object of a type slots_only accepted. */
+static PyObject *
+slot_copy(PyObject *obj)
+{
+    PyTypeObject *t = Py_TYPE(obj);
     Py_INCREF(t);  /* held across the allocation, which may run a finalizer */
     PyObject *new = t->tp_alloc(t, 0);
     if (new != NULL)
@@ -305,13 +319,20 @@ copy_slots(PyObject *module, PyObject *obj)
  * every commit is then not walked by every young collection.  Messages the
  * kernel froze are untracked; one holding a mutable value keeps the copy
  * tracked. */
+static PyObject *grown_impl(module_state *st, PyObject *items, PyObject *more);
+
 static PyObject *
 grown(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     module_state *st = called(module, nargs, 2, "grown(items, more)");
     if (st == NULL)
         return NULL;
-    PyObject *items = args[0], *more = args[1];
+    return grown_impl(st, args[0], args[1]);
+}
+
+static PyObject *
+grown_impl(module_state *st, PyObject *items, PyObject *more)
+{
     if (!(PyList_Check(items) || PyTuple_Check(items)) || !(PyList_Check(more) || PyTuple_Check(more))) {
         PyErr_SetString(PyExc_TypeError, "grown: items and more must be lists or tuples");
         return NULL;
@@ -604,6 +625,1127 @@ configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* ---- transition: the kernel's four hot commands -------------------------
+ *
+ * transition(record, command, revision, layer_from, overlay_max)
+ *     -> (new record, [event]) | NotImplemented
+ *
+ * What _transition.transition builds for provider_started,
+ * provider_completed, tool_invoked and tool_completed on a running record,
+ * field for field, lineage included, when every value is of the exact types
+ * the kernel builds.  Anything else (another command, a generic command's
+ * typed form, a refusal of any kind, a value of another type, the final
+ * response, the first tool of a run) returns NotImplemented and the Python
+ * transition decides: it stays the reference and words every error. */
+
+enum { K_PROVIDER_STARTED, K_PROVIDER_COMPLETED, K_TOOL_INVOKED, K_TOOL_COMPLETED, N_KINDS };
+
+/* The command fields the handlers read. */
+enum {
+    F_AT, F_RUN_ID, F_INCARNATION, F_SOURCE, F_TURN_ID, F_ATTEMPT_ID, F_RESULT, F_FINAL,
+    F_CONVERSATION, F_MESSAGES, F_USAGE, F_STEP_ID, F_TOOL_NAME, F_TOOL_REVISION,
+    F_TOOL_CALL_ID, F_ARGUMENTS_DIGEST, F_EFFECTIVE_AUTHORITY, F_EFFECT_CLASS,
+    F_DISPATCH_STATE, F_INVOCATION_ID, N_FIELDS
+};
+static const char *const FIELD_NAMES[N_FIELDS] = {
+    "at", "run_id", "incarnation", "_source", "turn_id", "attempt_id", "result", "final",
+    "conversation", "messages", "usage", "step_id", "tool_name", "tool_revision",
+    "tool_call_id", "arguments_digest", "effective_authority", "effect_class",
+    "dispatch_state", "invocation_id",
+};
+
+/* The record's, budget's and event's slots. */
+enum {
+    R_RUN_ID, R_INCARNATION, R_REVISION, R_STATE, R_DEADLINE, R_BUDGET, R_STEP_ID,
+    R_COUNTERS, R_ACTIVE_PROVIDER, R_ACTIVE_TOOLS, R_INTENTS, R_TOOL_RESULTS,
+    R_PROVIDER_RESULT, R_ACTIVE_WAIT, R_CONTEXT, R_TRANSCRIPT, R_USAGE, N_RECORD
+};
+static const char *const RECORD_NAMES[N_RECORD] = {
+    "run_id", "incarnation", "revision", "state", "deadline", "budget", "step_id",
+    "counters", "active_provider", "active_tools", "intents", "tool_results",
+    "provider_result", "active_wait", "context", "transcript", "usage",
+};
+enum { B_QUOTA, B_USED, B_RESERVATIONS, N_BUDGET };
+static const char *const BUDGET_NAMES[N_BUDGET] = {"quota", "used", "reservations"};
+enum { E_TYPE, E_AT, E_PAYLOAD, E_SEQUENCE, N_EVENT };
+static const char *const EVENT_NAMES[N_EVENT] = {"type", "occurred_at", "payload", "sequence"};
+
+/* The strings the handlers write (interned once). */
+enum {
+    S_RUNNING, S_KIND, S_STATUS, S_EFFECT_CLASS, S_DISPATCH_STATE, S_ATTEMPT_ID, S_STEP_ID,
+    S_STARTED_AT, S_TURN_ID, S_COMPLETED_AT, S_RESULT, S_INVOCATION_ID, S_CONVERSATION,
+    S_PROVIDER, S_STARTED, S_READ_ONLY, S_UNKNOWN, S_CONSUMED, S_TOOL, S_MUTATION,
+    S_ATTEMPT, S_STEP, S_INVOCATION, S_STATE, S_INPUT, S_MESSAGES,
+    S_TOOL_NAME, S_TOOL_REVISION, S_TOOL_CALL_ID, S_ARGUMENTS_DIGEST,
+    S_EFFECTIVE_AUTHORITY, N_STRINGS
+};
+static const char *const STRINGS[N_STRINGS] = {
+    "running", "kind", "status", "effect_class", "dispatch_state", "attempt_id", "step_id",
+    "started_at", "turn_id", "completed_at", "result", "invocation_id", "conversation",
+    "provider", "started", "read_only", "unknown", "consumed", "tool", "mutation",
+    "attempt", "step", "invocation", "state", "input", "messages",
+    "tool_name", "tool_revision", "tool_call_id", "arguments_digest",
+    "effective_authority",
+};
+
+#define MAX_INPUTS 16
+
+typedef struct {
+    PyObject *type;        /* the command's class */
+    PyObject *event_type;  /* "run.<kind>" */
+    Py_ssize_t field[N_FIELDS];          /* slot offsets, -1 where it has none */
+    Py_ssize_t n_input;                  /* its input fields, in order */
+    PyObject *input_name[MAX_INPUTS];
+    Py_ssize_t input_at[MAX_INPUTS];
+    int digested[MAX_INPUTS];
+} command_spec;
+
+struct kernel_spec {
+    PyObject *record_type, *budget_type, *event_proto, *unset;
+    PyObject *summary, *key_summaries, *item_summaries;
+    int max_depth, record_depth;
+    Py_ssize_t record[N_RECORD], budget[N_BUDGET], event[N_EVENT];
+    PyObject *s[N_STRINGS];
+    command_spec kinds[N_KINDS];
+};
+
+/* The offset of the slot `name` of t or a base of it, or -1. */
+static Py_ssize_t
+slot_offset_in(PyObject *t, const char *name)
+{
+    for (PyTypeObject *b = (PyTypeObject *)t; b != NULL && b != &PyBaseObject_Type; b = b->tp_base) {
+        Py_ssize_t at = slot_offset((PyObject *)b, name);
+        if (at >= 0)
+            return at;
+    }
+    return -1;
+}
+
+/* A change to the copied record: its slot, and the new value (owned). */
+typedef struct {
+    Py_ssize_t at[8];
+    PyObject *value[8];
+    int n;
+} changes;
+
+static void
+changes_clear(changes *c)
+{
+    for (int i = 0; i < c->n; i++)
+        Py_CLEAR(c->value[i]);
+    c->n = 0;
+}
+
+/* Steals value (NULL: a failure already set); -1 on failure. */
+static int
+change(changes *c, Py_ssize_t at, PyObject *value)
+{
+    if (value == NULL)
+        return -1;
+    c->at[c->n] = at;
+    c->value[c->n++] = value;
+    return 0;
+}
+
+/* The outcome of a step below: done, declined (Python decides), or failed
+ * (an exception is set). */
+enum { OK = 0, NO = 1, FAIL = -1 };
+
+/* The value of key in a FrozenDict or LayeredDict, borrowed, or NULL when it
+ * has none; *how is NO for another type or layout. */
+static PyObject *
+lookup(module_state *st, PyObject *m, PyObject *key, int *how)
+{
+    PyObject *t = (PyObject *)Py_TYPE(m);
+    PyObject *v;
+    *how = OK;
+    if (t == st->frozen_dict) {
+        v = PyDict_GetItemWithError(m, key);
+    }
+    else if (t == st->layered_dict) {
+        PyObject *over = SLOT(m, st->ld_over), *base = SLOT(m, st->ld_base);
+        if (over == NULL || base == NULL || !PyDict_CheckExact(over)
+            || (PyObject *)Py_TYPE(base) != st->frozen_dict) {
+            *how = NO;
+            return NULL;
+        }
+        v = PyDict_GetItemWithError(over, key);
+        if (v == NULL && !PyErr_Occurred())
+            v = PyDict_GetItemWithError(base, key);
+    }
+    else {
+        *how = NO;
+        return NULL;
+    }
+    if (v == NULL && PyErr_Occurred())
+        *how = FAIL;
+    return v;
+}
+
+/* _derived.put(mapping, key, value) at C speed: a new reference, DECLINE
+ * (new) or NULL.  Steals value. */
+static PyObject *
+put_stealing(module_state *st, PyObject *mapping, PyObject *key, PyObject *value,
+             Py_ssize_t layer_from, Py_ssize_t overlay_max)
+{
+    if (value == NULL)
+        return NULL;
+    PyObject *out = derive_put(st, mapping, key, value, layer_from, overlay_max);
+    Py_DECREF(value);
+    return out;
+}
+
+/* A non-negative counter of the record's (0 when missing), or -1 (NO). */
+static long long
+counter(module_state *st, PyObject *counters, PyObject *name)
+{
+    PyObject *n = PyDict_GetItemWithError(counters, name);
+    if (n == NULL)
+        return PyErr_Occurred() ? (PyErr_Clear(), -1) : 0;
+    if (!PyLong_CheckExact(n))
+        return -1;
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(n, &overflow);
+    return overflow || v < 0 || v >= LLONG_MAX - 1 ? -1 : v;
+}
+
+/* new_counters[name] = n + 1 and the id "<name>-<incarnation>-<n + 1>" (new). */
+static PyObject *
+next_id(PyObject *new_counters, PyObject *name, long long n, long long incarnation)
+{
+    PyObject *count = PyLong_FromLongLong(n + 1);
+    if (count == NULL)
+        return NULL;
+    int failed = PyDict_SetItem(new_counters, name, count);
+    Py_DECREF(count);
+    if (failed)
+        return NULL;
+    return PyUnicode_FromFormat("%U-%lld-%lld", name, incarnation, n + 1);
+}
+
+/* What an event says of a large input (_commands._summary): the shared
+ * summaries of a key set or a short list, else the Python function's. */
+static PyObject *
+summarize(module_state *st, kernel_spec *k, PyObject *v)
+{
+    PyObject *t = (PyObject *)Py_TYPE(v);
+    if (t == st->frozen_dict) {
+        PyObject *messages = PyDict_GetItemWithError(v, k->s[S_MESSAGES]);
+        if (messages == NULL && PyErr_Occurred())
+            return NULL;
+        if (messages == NULL || !(PyList_Check(messages) || PyTuple_Check(messages))) {
+            PyObject *keys = PyTuple_New(PyDict_GET_SIZE(v));
+            if (keys == NULL)
+                return NULL;
+            Py_ssize_t pos = 0, i = 0;
+            PyObject *key, *item;
+            while (PyDict_Next(v, &pos, &key, &item) && i < PyTuple_GET_SIZE(keys))
+                PyTuple_SET_ITEM(keys, i++, Py_NewRef(key));
+            PyObject *known = i == PyTuple_GET_SIZE(keys)
+                                  ? PyDict_GetItemWithError(k->key_summaries, keys) : NULL;
+            Py_DECREF(keys);
+            if (known != NULL)
+                return Py_NewRef(known);
+            if (PyErr_Occurred())
+                return NULL;
+        }
+    }
+    else if (t == st->frozen_list && Py_SIZE(v) < PyTuple_GET_SIZE(k->item_summaries)) {
+        return Py_NewRef(PyTuple_GET_ITEM(k->item_summaries, Py_SIZE(v)));
+    }
+    return PyObject_CallOneArg(k->summary, v);
+}
+
+/* A value as a record or an event keeps it: frozen already or a leaf needing
+ * no check as it is, else frozen at C speed (new; DECLINE or NULL). */
+static PyObject *
+checked_value(module_state *st, PyObject *v, int limit)
+{
+    PyObject *t = (PyObject *)Py_TYPE(v);
+    if (v == Py_None || t == (PyObject *)&PyBool_Type || t == st->frozen_dict
+        || t == st->frozen_list || t == st->layered_dict)
+        return Py_NewRef(v);
+    return freeze_value(st, v, 0, limit);
+}
+
+/* The command's event input (_commands.event_input of a typed command). */
+static PyObject *
+event_input_of(module_state *st, kernel_spec *k, command_spec *c, PyObject *command)
+{
+    PyObject *given = PyObject_CallNoArgs(st->frozen_dict);
+    if (given == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < c->n_input; i++) {
+        PyObject *v = SLOT(command, c->input_at[i]);
+        if (v == NULL) {
+            Py_DECREF(given);
+            return Py_NewRef(DECLINE);
+        }
+        if (v == k->unset)
+            continue;
+        PyObject *shown;
+        if (c->digested[i])
+            shown = summarize(st, k, v);
+        else if (PyUnicode_CheckExact(v) && PyUnicode_IS_ASCII(v))
+            shown = Py_NewRef(v);
+        else
+            shown = checked_value(st, v, k->max_depth);
+        if (shown == NULL || shown == DECLINE) {
+            Py_DECREF(given);
+            return shown;
+        }
+        int failed = PyDict_SetItem(given, c->input_name[i], shown);
+        Py_DECREF(shown);
+        if (failed) {
+            Py_DECREF(given);
+            return NULL;
+        }
+    }
+    return given;
+}
+
+/* A new FrozenDict of n (key, value) pairs, values borrowed. */
+static PyObject *
+frozen_of(module_state *st, int n, PyObject **pairs)
+{
+    PyObject *d = PyObject_CallNoArgs(st->frozen_dict);
+    if (d == NULL)
+        return NULL;
+    for (int i = 0; i < n; i++)
+        if (PyDict_SetItem(d, pairs[2 * i], pairs[2 * i + 1]) < 0) {
+            Py_DECREF(d);
+            return NULL;
+        }
+    return d;
+}
+
+/* {**intent, "status": "consumed", "completed_at": at}, frozen (new), or
+ * DECLINE for an intent that is not a FrozenDict. */
+static PyObject *
+consumed(module_state *st, kernel_spec *k, PyObject *intent, PyObject *at)
+{
+    if (intent == NULL || (PyObject *)Py_TYPE(intent) != st->frozen_dict)
+        return Py_NewRef(DECLINE);
+    PyObject *d = PyObject_CallNoArgs(st->frozen_dict);
+    if (d == NULL)
+        return NULL;
+    if (PyDict_Update(d, intent) < 0 || PyDict_SetItem(d, k->s[S_STATUS], k->s[S_CONSUMED]) < 0
+        || PyDict_SetItem(d, k->s[S_COMPLETED_AT], at) < 0) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
+/* Whether derive_put and dissoc_c derive m rather than decline: checked
+ * before a transition derives anything, so a decline leaves every mapping's
+ * lineage as it was (the Python code then derives from the same state). */
+static int
+derivable(module_state *st, PyObject *m)
+{
+    PyObject *t = (PyObject *)Py_TYPE(m);
+    int layered = t == st->layered_dict, bad = 0;
+    if (!layered && t != st->frozen_dict)
+        return NO;
+    (void)lineage_of(m, layered ? st->ld_lineage : st->fd_lineage, &bad);
+    if (bad)
+        return NO;
+    if (layered) {
+        PyObject *base = SLOT(m, st->ld_base), *over = SLOT(m, st->ld_over);
+        PyObject *length = SLOT(m, st->ld_len);
+        if (base == NULL || over == NULL || length == NULL || !PyDict_CheckExact(over)
+            || (PyObject *)Py_TYPE(base) != st->frozen_dict || !PyLong_CheckExact(length))
+            return NO;
+        if (PyLong_AsSsize_t(length) == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return NO;
+        }
+    }
+    return OK;
+}
+
+/* Whether one more unit fits the budget (_records.reserve's check). */
+static int
+reservable(module_state *st, kernel_spec *k, PyObject *budget)
+{
+    if (budget == NULL || (PyObject *)Py_TYPE(budget) != k->budget_type)
+        return NO;
+    PyObject *quota = SLOT(budget, k->budget[B_QUOTA]), *used = SLOT(budget, k->budget[B_USED]);
+    PyObject *reservations = SLOT(budget, k->budget[B_RESERVATIONS]);
+    if (quota == NULL || used == NULL || reservations == NULL || !PyLong_CheckExact(quota)
+        || !PyLong_CheckExact(used))
+        return NO;
+    int o1, o2;
+    long long q = PyLong_AsLongLongAndOverflow(quota, &o1);
+    long long u = PyLong_AsLongLongAndOverflow(used, &o2);
+    if (o1 || o2 || u < 0 || u >= q)
+        return NO;
+    return derivable(st, reservations);
+}
+
+/* The budget with one unit reserved under key (_records.reserve), new; the
+ * budget passed reservable and the key is unreserved. */
+static PyObject *
+reserved(module_state *st, kernel_spec *k, PyObject *budget, PyObject *key,
+         Py_ssize_t layer_from, Py_ssize_t overlay_max)
+{
+    long long u = PyLong_AsLongLong(SLOT(budget, k->budget[B_USED]));
+    PyObject *held = put_stealing(st, SLOT(budget, k->budget[B_RESERVATIONS]), key,
+                                  PyLong_FromLong(1), layer_from, overlay_max);
+    if (held == NULL || held == DECLINE)
+        return held;
+    PyObject *more = PyLong_FromLongLong(u + 1);
+    PyObject *new = more == NULL ? NULL : slot_copy(budget);
+    if (new == NULL) {
+        Py_XDECREF(more);
+        Py_DECREF(held);
+        return NULL;
+    }
+    Py_XSETREF(SLOT(new, k->budget[B_USED]), more);
+    Py_XSETREF(SLOT(new, k->budget[B_RESERVATIONS]), held);
+    return new;
+}
+
+/* Whether key is free (in neither the intents nor the reservations) and one
+ * more unit can be reserved under it. */
+static int
+reservable_key(module_state *st, kernel_spec *k, PyObject *record, PyObject *key)
+{
+    int how;
+    PyObject *budget = SLOT(record, k->record[R_BUDGET]);
+    if (reservable(st, k, budget) != OK)
+        return NO;
+    if (lookup(st, SLOT(record, k->record[R_INTENTS]), key, &how) != NULL || how != OK)
+        return how == FAIL ? FAIL : NO;
+    if (lookup(st, SLOT(budget, k->budget[B_RESERVATIONS]), key, &how) != NULL || how != OK)
+        return how == FAIL ? FAIL : NO;
+    return OK;
+}
+
+#define FIELD(command, c, f) ((c)->field[f] < 0 ? NULL : SLOT(command, (c)->field[f]))
+#define RECORD(obj, spec, r) SLOT(obj, (spec)->record[r])
+/* Leave with result r unless it is OK. */
+#define TRY(expr)                  \
+    do {                           \
+        int r_ = (expr);           \
+        if (r_ != OK) {            \
+            result = r_;           \
+            goto out;              \
+        }                          \
+    } while (0)
+/* A new reference that must not be NULL (FAIL) or DECLINE (NO). */
+#define HOLD(var, expr)                                 \
+    do {                                                \
+        var = (expr);                                   \
+        if (var == NULL) {                              \
+            result = FAIL;                              \
+            goto out;                                   \
+        }                                               \
+        if (var == DECLINE) {                           \
+            Py_CLEAR(var);                              \
+            result = NO;                                \
+            goto out;                                   \
+        }                                               \
+    } while (0)
+/* A change, once nothing can decline any more (NULL: FAIL). */
+#define CHANGE(slot, expr)                                   \
+    do {                                                     \
+        PyObject *v_ = (expr);                               \
+        if (v_ == DECLINE) { /* never, after the checks */   \
+            Py_DECREF(v_);                                   \
+            v_ = NULL;                                       \
+            PyErr_SetString(PyExc_SystemError, "transition: a checked derivation declined"); \
+        }                                                    \
+        if (change(ch, k->record[slot], v_) < 0) {           \
+            result = FAIL;                                   \
+            goto out;                                        \
+        }                                                    \
+    } while (0)
+
+/* _handlers._with_context's checks: a frozen conversation state, frozen
+ * lists to append, mappings to derive. */
+static int
+context_ok(module_state *st, kernel_spec *k, command_spec *c, PyObject *record, PyObject *command)
+{
+    PyObject *conversation = FIELD(command, c, F_CONVERSATION);
+    PyObject *more[2] = {FIELD(command, c, F_MESSAGES), FIELD(command, c, F_USAGE)};
+    int slot[2] = {R_TRANSCRIPT, R_USAGE};
+    if (conversation == NULL || more[0] == NULL || more[1] == NULL)
+        return NO;
+    if (conversation != k->unset) {
+        PyObject *t = (PyObject *)Py_TYPE(conversation);
+        if ((t != st->frozen_dict && t != st->layered_dict)
+            || derivable(st, RECORD(record, k, R_CONTEXT)) != OK)
+            return NO;
+    }
+    for (int i = 0; i < 2; i++) {
+        PyObject *items = RECORD(record, k, slot[i]);
+        if (more[i] != k->unset
+            && ((PyObject *)Py_TYPE(more[i]) != st->frozen_list || items == NULL
+                || (PyObject *)Py_TYPE(items) != st->frozen_list))
+            return NO;
+    }
+    return OK;
+}
+
+/* _handlers._with_context's changes, after context_ok. */
+static int
+with_context(module_state *st, kernel_spec *k, command_spec *c, PyObject *record,
+             PyObject *command, changes *ch, Py_ssize_t layer_from, Py_ssize_t overlay_max)
+{
+    int result = OK;
+    PyObject *conversation = FIELD(command, c, F_CONVERSATION);
+    PyObject *more[2] = {FIELD(command, c, F_MESSAGES), FIELD(command, c, F_USAGE)};
+    int slot[2] = {R_TRANSCRIPT, R_USAGE};
+    if (conversation != k->unset)
+        CHANGE(R_CONTEXT, derive_put(st, RECORD(record, k, R_CONTEXT), k->s[S_CONVERSATION],
+                                     conversation, layer_from, overlay_max));
+    for (int i = 0; i < 2; i++)
+        if (more[i] != k->unset)
+            CHANGE(slot[i], grown_impl(st, RECORD(record, k, slot[i]), more[i]));
+out:
+    return result;
+}
+
+static int
+provider_started(module_state *st, kernel_spec *k, command_spec *c, PyObject *record,
+                 PyObject *command, changes *ch, long long incarnation,
+                 Py_ssize_t layer_from, Py_ssize_t overlay_max)
+{
+    int result = OK;
+    PyObject *counters = NULL, *attempt_id = NULL, *step_id = NULL, *key = NULL;
+    PyObject *intent = NULL, *provider = NULL;
+    PyObject *old = RECORD(record, k, R_COUNTERS), *tools = RECORD(record, k, R_ACTIVE_TOOLS);
+    PyObject *turn_id = FIELD(command, c, F_TURN_ID);
+    if (RECORD(record, k, R_ACTIVE_PROVIDER) != Py_None || RECORD(record, k, R_ACTIVE_WAIT) != Py_None
+        || tools == NULL || (PyObject *)Py_TYPE(tools) != st->frozen_dict || PyDict_GET_SIZE(tools)
+        || old == NULL || (PyObject *)Py_TYPE(old) != st->frozen_dict || turn_id == NULL
+        || derivable(st, RECORD(record, k, R_INTENTS)) != OK)
+        return NO;
+    long long attempts = counter(st, old, k->s[S_ATTEMPT]), steps = counter(st, old, k->s[S_STEP]);
+    if (attempts < 0 || steps < 0)
+        return NO;
+    HOLD(counters, PyObject_CallNoArgs(st->frozen_dict));
+    if (PyDict_Update(counters, old) < 0) {
+        result = FAIL;
+        goto out;
+    }
+    HOLD(attempt_id, next_id(counters, k->s[S_ATTEMPT], attempts, incarnation));
+    HOLD(step_id, next_id(counters, k->s[S_STEP], steps, incarnation));
+    HOLD(key, PyUnicode_FromFormat("provider:%U", attempt_id));
+    TRY(reservable_key(st, k, record, key));
+    PyObject *at = FIELD(command, c, F_AT);
+    PyObject *pairs[16] = {
+        k->s[S_KIND], k->s[S_PROVIDER], k->s[S_STATUS], k->s[S_STARTED],
+        k->s[S_EFFECT_CLASS], k->s[S_READ_ONLY], k->s[S_DISPATCH_STATE], k->s[S_UNKNOWN],
+        k->s[S_ATTEMPT_ID], attempt_id, k->s[S_STEP_ID], step_id, k->s[S_STARTED_AT], at,
+        k->s[S_TURN_ID], turn_id,
+    };
+    int turn = turn_id != k->unset;
+    HOLD(intent, frozen_of(st, turn ? 8 : 7, pairs));
+    PyObject *ids[6] = {k->s[S_ATTEMPT_ID], attempt_id, k->s[S_STEP_ID], step_id,
+                        k->s[S_TURN_ID], turn_id};
+    HOLD(provider, frozen_of(st, turn ? 3 : 2, ids));
+    /* nothing declines from here on */
+    CHANGE(R_BUDGET, reserved(st, k, RECORD(record, k, R_BUDGET), key, layer_from, overlay_max));
+    CHANGE(R_INTENTS, put_stealing(st, RECORD(record, k, R_INTENTS), key, Py_NewRef(intent),
+                                   layer_from, overlay_max));
+    CHANGE(R_COUNTERS, Py_NewRef(counters));
+    CHANGE(R_STEP_ID, Py_NewRef(step_id));
+    CHANGE(R_ACTIVE_PROVIDER, Py_NewRef(provider));
+out:
+    Py_XDECREF(counters);
+    Py_XDECREF(attempt_id);
+    Py_XDECREF(step_id);
+    Py_XDECREF(key);
+    Py_XDECREF(intent);
+    Py_XDECREF(provider);
+    return result;
+}
+
+/* The provider result {"attempt_id", "result"} as its converter freezes it. */
+static PyObject *
+result_of(module_state *st, kernel_spec *k, PyObject *attempt_id, PyObject *res)
+{
+    PyObject *plain = PyDict_New();
+    if (plain == NULL || PyDict_SetItem(plain, k->s[S_ATTEMPT_ID], attempt_id) < 0
+        || PyDict_SetItem(plain, k->s[S_RESULT], res) < 0) {
+        Py_XDECREF(plain);
+        return NULL;
+    }
+    PyObject *frozen = freeze_value(st, plain, 0, k->record_depth);
+    Py_DECREF(plain);
+    return frozen;
+}
+
+static int
+provider_completed(module_state *st, kernel_spec *k, command_spec *c, PyObject *record,
+                   PyObject *command, changes *ch, long long incarnation,
+                   Py_ssize_t layer_from, Py_ssize_t overlay_max)
+{
+    int result = OK, how;
+    PyObject *key = NULL, *intent = NULL, *provider_result = NULL;
+    PyObject *provider = RECORD(record, k, R_ACTIVE_PROVIDER);
+    PyObject *given = FIELD(command, c, F_ATTEMPT_ID), *final = FIELD(command, c, F_FINAL);
+    PyObject *res = FIELD(command, c, F_RESULT);
+    if (provider == NULL || (PyObject *)Py_TYPE(provider) != st->frozen_dict || given == NULL
+        || final == NULL || final == Py_True || res == NULL
+        || derivable(st, RECORD(record, k, R_INTENTS)) != OK
+        || context_ok(st, k, c, record, command) != OK)
+        return NO;
+    PyObject *attempt_id = PyDict_GetItemWithError(provider, k->s[S_ATTEMPT_ID]);
+    if (attempt_id == NULL)
+        return PyErr_Occurred() ? FAIL : NO;
+    if (!PyUnicode_CheckExact(attempt_id))
+        return NO;
+    if (given != k->unset && given != Py_None) {
+        int same = PyObject_RichCompareBool(given, attempt_id, Py_EQ);
+        if (same <= 0)
+            return same < 0 ? FAIL : NO;
+    }
+    HOLD(key, PyUnicode_FromFormat("provider:%U", attempt_id));
+    PyObject *old = lookup(st, RECORD(record, k, R_INTENTS), key, &how);
+    TRY(how);
+    HOLD(intent, consumed(st, k, old, FIELD(command, c, F_AT)));
+    HOLD(provider_result, result_of(st, k, attempt_id, res == k->unset ? Py_None : res));
+    /* nothing declines from here on */
+    CHANGE(R_INTENTS, put_stealing(st, RECORD(record, k, R_INTENTS), key, Py_NewRef(intent),
+                                   layer_from, overlay_max));
+    CHANGE(R_PROVIDER_RESULT, Py_NewRef(provider_result));
+    CHANGE(R_ACTIVE_PROVIDER, Py_NewRef(Py_None));
+    TRY(with_context(st, k, c, record, command, ch, layer_from, overlay_max));
+out:
+    Py_XDECREF(key);
+    Py_XDECREF(intent);
+    Py_XDECREF(provider_result);
+    return result;
+}
+
+/* _handlers._invoked_in_step's walk down the step's invocations: OK when
+ * call_id is not among them, NO when it is or the walk needs every intent. */
+static int
+not_invoked(module_state *st, kernel_spec *k, PyObject *record, PyObject *step_id,
+            PyObject *call_id, long long incarnation)
+{
+    PyObject *counters = RECORD(record, k, R_COUNTERS);
+    long long n = counter(st, counters, k->s[S_INVOCATION]);
+    for (; n > 0; n--) {
+        int how;
+        PyObject *key = PyUnicode_FromFormat("tool:invocation-%lld-%lld", incarnation, n);
+        if (key == NULL)
+            return FAIL;
+        PyObject *intent = lookup(st, RECORD(record, k, R_INTENTS), key, &how);
+        Py_DECREF(key);
+        if (how != OK)
+            return how;
+        if (intent == NULL || (PyObject *)Py_TYPE(intent) != st->frozen_dict)
+            return NO;  /* the Python walk looks at every intent */
+        PyObject *step = PyDict_GetItemWithError(intent, k->s[S_STEP_ID]);
+        if (step == NULL && PyErr_Occurred())
+            return FAIL;
+        int other = PyObject_RichCompareBool(step == NULL ? Py_None : step, step_id, Py_NE);
+        if (other != 0)
+            return other < 0 ? FAIL : OK;
+        PyObject *call = PyDict_GetItemWithError(intent, k->s[S_TOOL_CALL_ID]);
+        if (call == NULL && PyErr_Occurred())
+            return FAIL;
+        int same = PyObject_RichCompareBool(call == NULL ? Py_None : call, call_id, Py_EQ);
+        if (same != 0)
+            return same < 0 ? FAIL : NO;
+    }
+    return NO;
+}
+
+static int
+tool_invoked(module_state *st, kernel_spec *k, command_spec *c, PyObject *record,
+             PyObject *command, changes *ch, long long incarnation,
+             Py_ssize_t layer_from, Py_ssize_t overlay_max)
+{
+    static const int identity_fields[6] = {F_TOOL_NAME, F_TOOL_REVISION, F_TOOL_CALL_ID,
+                                           F_TURN_ID, F_ARGUMENTS_DIGEST,
+                                           F_EFFECTIVE_AUTHORITY};
+    static const int identity_names[6] = {S_TOOL_NAME, S_TOOL_REVISION, S_TOOL_CALL_ID,
+                                          S_TURN_ID, S_ARGUMENTS_DIGEST,
+                                          S_EFFECTIVE_AUTHORITY};
+    int result = OK;
+    PyObject *counters = NULL, *invocation_id = NULL, *key = NULL, *identity = NULL;
+    PyObject *intent = NULL;
+    PyObject *step_id = RECORD(record, k, R_STEP_ID), *old = RECORD(record, k, R_COUNTERS);
+    PyObject *given = FIELD(command, c, F_STEP_ID), *call_id = FIELD(command, c, F_TOOL_CALL_ID);
+    PyObject *effect = FIELD(command, c, F_EFFECT_CLASS);
+    PyObject *dispatch = FIELD(command, c, F_DISPATCH_STATE);
+    if (RECORD(record, k, R_ACTIVE_PROVIDER) != Py_None || step_id == NULL
+        || !PyUnicode_CheckExact(step_id) || old == NULL
+        || (PyObject *)Py_TYPE(old) != st->frozen_dict || given == NULL || call_id == NULL
+        || effect == NULL || dispatch == NULL
+        || derivable(st, RECORD(record, k, R_ACTIVE_TOOLS)) != OK
+        || derivable(st, RECORD(record, k, R_INTENTS)) != OK)
+        return NO;
+    if (given != k->unset) {
+        int same = PyObject_RichCompareBool(given, step_id, Py_EQ);
+        if (same <= 0)
+            return same < 0 ? FAIL : NO;
+        step_id = given;  /* equal: the command's, as the Python handler keeps */
+    }
+    if (call_id != k->unset && call_id != Py_None)
+        TRY(not_invoked(st, k, record, step_id, call_id, incarnation));
+    long long invocations = counter(st, old, k->s[S_INVOCATION]);
+    if (invocations < 0)
+        return NO;
+    PyObject *pairs[2 * 8] = {k->s[S_INVOCATION_ID], NULL, k->s[S_STEP_ID], step_id};
+    int n = 2;
+    for (int i = 0; i < 6; i++) {
+        PyObject *v = FIELD(command, c, identity_fields[i]);
+        if (v == NULL)
+            return NO;
+        if (v != k->unset) {
+            pairs[2 * n] = k->s[identity_names[i]];
+            pairs[2 * n + 1] = v;
+            n++;
+        }
+    }
+    HOLD(counters, PyObject_CallNoArgs(st->frozen_dict));
+    if (PyDict_Update(counters, old) < 0) {
+        result = FAIL;
+        goto out;
+    }
+    HOLD(invocation_id, next_id(counters, k->s[S_INVOCATION], invocations, incarnation));
+    HOLD(key, PyUnicode_FromFormat("tool:%U", invocation_id));
+    TRY(reservable_key(st, k, record, key));
+    pairs[1] = invocation_id;
+    HOLD(identity, frozen_of(st, n, pairs));
+    PyObject *head[10] = {
+        k->s[S_KIND], k->s[S_TOOL], k->s[S_STATUS], k->s[S_STARTED],
+        k->s[S_EFFECT_CLASS], effect == k->unset ? k->s[S_MUTATION] : effect,
+        k->s[S_DISPATCH_STATE], dispatch == k->unset ? k->s[S_UNKNOWN] : dispatch,
+        k->s[S_STARTED_AT], FIELD(command, c, F_AT),
+    };
+    HOLD(intent, frozen_of(st, 5, head));
+    if (PyDict_Update(intent, identity) < 0) {
+        result = FAIL;
+        goto out;
+    }
+    /* nothing declines from here on */
+    CHANGE(R_BUDGET, reserved(st, k, RECORD(record, k, R_BUDGET), key, layer_from, overlay_max));
+    CHANGE(R_ACTIVE_TOOLS, put_stealing(st, RECORD(record, k, R_ACTIVE_TOOLS), invocation_id,
+                                        Py_NewRef(identity), layer_from, overlay_max));
+    CHANGE(R_INTENTS, put_stealing(st, RECORD(record, k, R_INTENTS), key, Py_NewRef(intent),
+                                   layer_from, overlay_max));
+    CHANGE(R_COUNTERS, Py_NewRef(counters));
+out:
+    Py_XDECREF(counters);
+    Py_XDECREF(invocation_id);
+    Py_XDECREF(key);
+    Py_XDECREF(identity);
+    Py_XDECREF(intent);
+    return result;
+}
+
+/* _derived.dissoc: mapping without key, with its lineage (new or DECLINE). */
+static PyObject *
+dissoc_c(module_state *st, PyObject *mapping, PyObject *key)
+{
+    PyObject *t = (PyObject *)Py_TYPE(mapping);
+    int layered = t == st->layered_dict;
+    if (!layered && t != st->frozen_dict)
+        return Py_NewRef(DECLINE);
+    Py_ssize_t lineage_at = layered ? st->ld_lineage : st->fd_lineage;
+    int bad = 0;
+    PyObject *lineage = lineage_of(mapping, lineage_at, &bad);
+    if (bad)
+        return Py_NewRef(DECLINE);
+    Py_ssize_t old_len;
+    PyObject *new = PyObject_CallNoArgs(st->frozen_dict);
+    if (new == NULL)
+        return NULL;
+    if (layered) {
+        PyObject *base = SLOT(mapping, st->ld_base), *over = SLOT(mapping, st->ld_over);
+        PyObject *length = SLOT(mapping, st->ld_len);
+        if (base == NULL || over == NULL || length == NULL || !PyDict_CheckExact(over)
+            || (PyObject *)Py_TYPE(base) != st->frozen_dict || !PyLong_CheckExact(length)) {
+            Py_DECREF(new);
+            return Py_NewRef(DECLINE);
+        }
+        old_len = PyLong_AsSsize_t(length);
+        if (old_len == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            Py_DECREF(new);
+            return Py_NewRef(DECLINE);
+        }
+        if (PyDict_Update(new, base) < 0 || PyDict_Update(new, over) < 0) {
+            Py_DECREF(new);
+            return NULL;
+        }
+    }
+    else {
+        old_len = PyDict_GET_SIZE(mapping);
+        if (PyDict_Update(new, mapping) < 0) {
+            Py_DECREF(new);
+            return NULL;
+        }
+    }
+    if (PyDict_DelItem(new, key) < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_KeyError)) {
+            Py_DECREF(new);
+            return NULL;
+        }
+        PyErr_Clear();
+    }
+    Py_XINCREF(lineage);
+    new = with_lineage(st, mapping, lineage_at, lineage, old_len, key, new);
+    Py_XDECREF(lineage);
+    return new;
+}
+
+static int
+tool_completed(module_state *st, kernel_spec *k, command_spec *c, PyObject *record,
+               PyObject *command, changes *ch, long long incarnation,
+               Py_ssize_t layer_from, Py_ssize_t overlay_max)
+{
+    int result = OK, how;
+    PyObject *key = NULL, *intent = NULL, *value = NULL;
+    PyObject *id = FIELD(command, c, F_INVOCATION_ID), *res = FIELD(command, c, F_RESULT);
+    PyObject *tools = RECORD(record, k, R_ACTIVE_TOOLS);
+    if (id == NULL || res == NULL || !PyUnicode_CheckExact(id) || derivable(st, tools) != OK
+        || derivable(st, RECORD(record, k, R_INTENTS)) != OK
+        || derivable(st, RECORD(record, k, R_TOOL_RESULTS)) != OK
+        || context_ok(st, k, c, record, command) != OK)
+        return NO;
+    PyObject *active = lookup(st, tools, id, &how);
+    if (how != OK || active == NULL)
+        return how == FAIL ? FAIL : NO;
+    HOLD(key, PyUnicode_FromFormat("tool:%U", id));
+    PyObject *old = lookup(st, RECORD(record, k, R_INTENTS), key, &how);
+    TRY(how);
+    HOLD(intent, consumed(st, k, old, FIELD(command, c, F_AT)));
+    HOLD(value, checked_value(st, res == k->unset ? Py_None : res, k->max_depth));
+    /* nothing declines from here on */
+    CHANGE(R_ACTIVE_TOOLS, dissoc_c(st, tools, id));
+    CHANGE(R_INTENTS, put_stealing(st, RECORD(record, k, R_INTENTS), key, Py_NewRef(intent),
+                                   layer_from, overlay_max));
+    CHANGE(R_TOOL_RESULTS, put_stealing(st, RECORD(record, k, R_TOOL_RESULTS), id,
+                                        Py_NewRef(value), layer_from, overlay_max));
+    TRY(with_context(st, k, c, record, command, ch, layer_from, overlay_max));
+out:
+    Py_XDECREF(key);
+    Py_XDECREF(intent);
+    Py_XDECREF(value);
+    return result;
+}
+
+typedef int (*handler_fn)(module_state *, kernel_spec *, command_spec *, PyObject *, PyObject *,
+                          changes *, long long, Py_ssize_t, Py_ssize_t);
+static const handler_fn HANDLERS[N_KINDS] = {provider_started, provider_completed, tool_invoked,
+                                             tool_completed};
+
+/* The checks _transition._apply makes before its handler: a running record,
+ * the command's own run and incarnation, the run deadline; and the new
+ * revision.  OK with *revision_out (new) and *incarnation_out set. */
+static int
+preconditions(kernel_spec *k, command_spec *c, PyObject *record, PyObject *command,
+              PyObject *revision, PyObject **revision_out, long long *incarnation_out)
+{
+    PyObject *state = RECORD(record, k, R_STATE), *at = FIELD(command, c, F_AT);
+    PyObject *run_id = FIELD(command, c, F_RUN_ID), *inc = FIELD(command, c, F_INCARNATION);
+    PyObject *own_inc = RECORD(record, k, R_INCARNATION), *deadline = RECORD(record, k, R_DEADLINE);
+    PyObject *own_rev = RECORD(record, k, R_REVISION), *source = FIELD(command, c, F_SOURCE);
+    if (state == NULL || at == NULL || run_id == NULL || inc == NULL || own_inc == NULL
+        || deadline == NULL || own_rev == NULL || source != Py_None
+        || !PyUnicode_CheckExact(state) || !PyLong_CheckExact(own_inc)
+        || !PyLong_CheckExact(own_rev) || !(PyFloat_CheckExact(at) || PyLong_CheckExact(at)))
+        return NO;
+    int running = PyUnicode_Compare(state, k->s[S_RUNNING]);
+    if (running != 0)
+        return running == -1 && PyErr_Occurred() ? FAIL : NO;
+    if (run_id != k->unset) {
+        PyObject *own = RECORD(record, k, R_RUN_ID);
+        if (!PyUnicode_CheckExact(run_id) || own == NULL || PyUnicode_Compare(run_id, own) != 0)
+            return PyErr_Occurred() ? FAIL : NO;
+    }
+    int overflow;
+    long long incarnation = PyLong_AsLongLongAndOverflow(own_inc, &overflow);
+    if (overflow || incarnation <= 0)
+        return NO;
+    if (inc != k->unset) {
+        if (!PyLong_CheckExact(inc))
+            return NO;
+        long long theirs = PyLong_AsLongLongAndOverflow(inc, &overflow);
+        if (overflow || theirs != incarnation)
+            return NO;
+    }
+    if (deadline != Py_None) {
+        if (!(PyFloat_CheckExact(deadline) || PyLong_CheckExact(deadline)))
+            return NO;
+        int late = PyObject_RichCompareBool(at, deadline, Py_GT);
+        if (late != 0)
+            return late < 0 ? FAIL : NO;
+    }
+    long long rev = PyLong_AsLongLongAndOverflow(own_rev, &overflow);
+    if (overflow || rev < 0 || rev >= LLONG_MAX - 1)
+        return NO;
+    if (revision == Py_None) {
+        *revision_out = PyLong_FromLongLong(rev + 1);
+        if (*revision_out == NULL)
+            return FAIL;
+    }
+    else {
+        if (!PyLong_CheckExact(revision))
+            return NO;
+        long long given = PyLong_AsLongLongAndOverflow(revision, &overflow);
+        if (overflow || given < rev || given > rev + 1)
+            return NO;
+        *revision_out = Py_NewRef(revision);
+    }
+    *incarnation_out = incarnation;
+    return OK;
+}
+
+/* The kernel event of a new record: "run.<kind>" with {"state", "input"}. */
+static PyObject *
+kernel_event_c(module_state *st, kernel_spec *k, command_spec *c, PyObject *new,
+               PyObject *command, PyObject *given)
+{
+    PyObject *at = FIELD(command, c, F_AT);
+    PyObject *when = PyFloat_CheckExact(at) ? Py_NewRef(at)
+                                            : PyFloat_FromDouble(PyLong_AsDouble(at));
+    if (when == NULL)
+        return NULL;
+    PyObject *pairs[4] = {k->s[S_STATE], RECORD(new, k, R_STATE), k->s[S_INPUT], given};
+    PyObject *payload = frozen_of(st, 2, pairs);
+    PyObject *event = payload == NULL ? NULL : slot_copy(k->event_proto);
+    if (event == NULL) {
+        Py_DECREF(when);
+        Py_XDECREF(payload);
+        return NULL;
+    }
+    Py_XSETREF(SLOT(event, k->event[E_TYPE]), Py_NewRef(c->event_type));
+    Py_XSETREF(SLOT(event, k->event[E_AT]), when);
+    Py_XSETREF(SLOT(event, k->event[E_PAYLOAD]), payload);
+    Py_XSETREF(SLOT(event, k->event[E_SEQUENCE]), Py_NewRef(Py_None));
+    PyObject *events = PyList_New(1);
+    if (events == NULL) {
+        Py_DECREF(event);
+        return NULL;
+    }
+    PyList_SET_ITEM(events, 0, event);
+    return events;
+}
+
+static PyObject *
+transition(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    module_state *st = called(module, nargs, 5,
+                              "transition(record, command, revision, layer_from, overlay_max)");
+    if (st == NULL)
+        return NULL;
+    kernel_spec *k = st->kernel;
+    PyObject *record = args[0], *command = args[1];
+    if (k == NULL || (PyObject *)Py_TYPE(record) != k->record_type)
+        return Py_NewRef(DECLINE);
+    command_spec *c = NULL;
+    for (int i = 0; i < N_KINDS; i++)
+        if ((PyObject *)Py_TYPE(command) == k->kinds[i].type)
+            c = &k->kinds[i];
+    if (c == NULL)
+        return Py_NewRef(DECLINE);
+    Py_ssize_t layer_from = PyLong_AsSsize_t(args[3]);
+    Py_ssize_t overlay_max = PyLong_AsSsize_t(args[4]);
+    if ((layer_from == -1 || overlay_max == -1) && PyErr_Occurred())
+        return NULL;
+    PyObject *revision = NULL, *given = NULL, *new = NULL, *events = NULL, *out = NULL;
+    long long incarnation = 0;
+    changes ch = {.n = 0};
+    int result = preconditions(k, c, record, command, args[2], &revision, &incarnation);
+    if (result != OK)
+        goto out;
+    given = event_input_of(st, k, c, command);
+    if (given == NULL || given == DECLINE) {
+        result = given == NULL ? FAIL : NO;
+        Py_CLEAR(given);
+        goto out;
+    }
+    result = HANDLERS[c - k->kinds](st, k, c, record, command, &ch, incarnation, layer_from,
+                                    overlay_max);
+    if (result != OK)
+        goto out;
+    new = slot_copy(record);
+    if (new == NULL) {
+        result = FAIL;
+        goto out;
+    }
+    for (int i = 0; i < ch.n; i++) {
+        Py_XSETREF(SLOT(new, ch.at[i]), ch.value[i]);
+        ch.value[i] = NULL;
+    }
+    Py_XSETREF(SLOT(new, k->record[R_REVISION]), revision);
+    revision = NULL;
+    events = kernel_event_c(st, k, c, new, command, given);
+    if (events == NULL) {
+        result = FAIL;
+        goto out;
+    }
+    out = PyTuple_Pack(2, new, events);
+    if (out == NULL)
+        result = FAIL;
+out:
+    changes_clear(&ch);
+    Py_XDECREF(revision);
+    Py_XDECREF(given);
+    Py_XDECREF(new);
+    Py_XDECREF(events);
+    if (result == NO) {
+        if (PyErr_Occurred())  /* never: a decline sets no exception */
+            PyErr_Clear();
+        return Py_NewRef(DECLINE);
+    }
+    return result == OK ? out : NULL;
+}
+
+static int
+kernel_traverse(kernel_spec *k, visitproc visit, void *arg)
+{
+    if (k == NULL)
+        return 0;
+    Py_VISIT(k->record_type);
+    Py_VISIT(k->budget_type);
+    Py_VISIT(k->event_proto);
+    Py_VISIT(k->unset);
+    Py_VISIT(k->summary);
+    Py_VISIT(k->key_summaries);
+    Py_VISIT(k->item_summaries);
+    for (int i = 0; i < N_KINDS; i++) {
+        Py_VISIT(k->kinds[i].type);
+        Py_VISIT(k->kinds[i].event_type);
+    }
+    return 0;
+}
+
+static void
+kernel_free(kernel_spec *k)
+{
+    if (k == NULL)
+        return;
+    Py_CLEAR(k->record_type);
+    Py_CLEAR(k->budget_type);
+    Py_CLEAR(k->event_proto);
+    Py_CLEAR(k->unset);
+    Py_CLEAR(k->summary);
+    Py_CLEAR(k->key_summaries);
+    Py_CLEAR(k->item_summaries);
+    for (int i = 0; i < N_STRINGS; i++)
+        Py_CLEAR(k->s[i]);
+    for (int i = 0; i < N_KINDS; i++) {
+        Py_CLEAR(k->kinds[i].type);
+        Py_CLEAR(k->kinds[i].event_type);
+        for (Py_ssize_t j = 0; j < k->kinds[i].n_input; j++)
+            Py_CLEAR(k->kinds[i].input_name[j]);
+    }
+    PyMem_Free(k);
+}
+
+/* The offsets of names[0..n) in t into out; -1 (TypeError) when one lacks. */
+static int
+offsets_of(PyObject *t, const char *const *names, int n, Py_ssize_t *out)
+{
+    for (int i = 0; i < n; i++) {
+        out[i] = slot_offset_in(t, names[i]);
+        if (out[i] < 0) {
+            PyErr_Format(PyExc_TypeError, "configure_transition: %R has no slot %s", t, names[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* One command kind: (class, event type, ((field, digested), ...)). */
+static int
+command_of(kernel_spec *k, command_spec *c, PyObject *spec)
+{
+    PyObject *type, *event_type, *inputs;
+    if (!PyArg_ParseTuple(spec, "OUO!", &type, &event_type, &PyTuple_Type, &inputs))
+        return -1;
+    if (!PyType_Check(type) || !slots_only((PyTypeObject *)type)
+        || PyTuple_GET_SIZE(inputs) > MAX_INPUTS) {
+        PyErr_SetString(PyExc_TypeError, "configure_transition: a slotted command class");
+        return -1;
+    }
+    c->type = Py_NewRef(type);
+    c->event_type = Py_NewRef(event_type);
+    for (int f = 0; f < N_FIELDS; f++)
+        c->field[f] = slot_offset_in(type, FIELD_NAMES[f]);
+    if (c->field[F_AT] < 0 || c->field[F_RUN_ID] < 0 || c->field[F_INCARNATION] < 0
+        || c->field[F_SOURCE] < 0) {
+        PyErr_SetString(PyExc_TypeError, "configure_transition: a command lacks its base slots");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(inputs); i++) {
+        PyObject *name;
+        int digested;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(inputs, i), "Up", &name, &digested))
+            return -1;
+        Py_ssize_t at = slot_offset_in(type, PyUnicode_AsUTF8(name));
+        if (at < 0) {
+            PyErr_Format(PyExc_TypeError, "configure_transition: no slot %U", name);
+            return -1;
+        }
+        c->input_name[i] = Py_NewRef(name);
+        c->input_at[i] = at;
+        c->digested[i] = digested;
+        c->n_input = i + 1;
+    }
+    return 0;
+}
+
+static PyObject *
+configure_transition(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    module_state *st = called(module, nargs, 10,
+                              "configure_transition(record_type, budget_type, event, unset, "
+                              "summary, key_summaries, item_summaries, max_depth, "
+                              "record_depth, commands)");
+    if (st == NULL)
+        return NULL;
+    kernel_spec *k = PyMem_Calloc(1, sizeof(kernel_spec));
+    if (k == NULL)
+        return PyErr_NoMemory();
+    PyObject *commands = args[9];
+    if (!PyType_Check(args[0]) || !PyType_Check(args[1])
+        || !slots_only((PyTypeObject *)args[0]) || !slots_only((PyTypeObject *)args[1])
+        || !slots_only(Py_TYPE(args[2])) || !PyDict_CheckExact(args[5])
+        || !PyTuple_CheckExact(args[6]) || !PyTuple_CheckExact(commands)
+        || PyTuple_GET_SIZE(commands) != N_KINDS) {
+        PyErr_SetString(PyExc_TypeError, "configure_transition: unexpected arguments");
+        goto failed;
+    }
+    k->record_type = Py_NewRef(args[0]);
+    k->budget_type = Py_NewRef(args[1]);
+    k->event_proto = Py_NewRef(args[2]);
+    k->unset = Py_NewRef(args[3]);
+    k->summary = Py_NewRef(args[4]);
+    k->key_summaries = Py_NewRef(args[5]);
+    k->item_summaries = Py_NewRef(args[6]);
+    k->max_depth = (int)PyLong_AsLong(args[7]);
+    k->record_depth = (int)PyLong_AsLong(args[8]);
+    if (PyErr_Occurred())
+        goto failed;
+    if (offsets_of(args[0], RECORD_NAMES, N_RECORD, k->record) < 0
+        || offsets_of(args[1], BUDGET_NAMES, N_BUDGET, k->budget) < 0
+        || offsets_of((PyObject *)Py_TYPE(args[2]), EVENT_NAMES, N_EVENT, k->event) < 0)
+        goto failed;
+    for (int i = 0; i < N_STRINGS; i++)
+        if ((k->s[i] = PyUnicode_InternFromString(STRINGS[i])) == NULL)
+            goto failed;
+    for (int i = 0; i < N_KINDS; i++)
+        if (command_of(k, &k->kinds[i], PyTuple_GET_ITEM(commands, i)) < 0)
+            goto failed;
+    kernel_free(st->kernel);
+    st->kernel = k;
+    Py_RETURN_NONE;
+failed:
+    kernel_free(k);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"freeze", (PyCFunction)(void (*)(void))freeze, METH_FASTCALL,
      "freeze(value, limit, /)\n--\n\n"
@@ -617,6 +1759,13 @@ static PyMethodDef methods[] = {
     {"put", (PyCFunction)(void (*)(void))put, METH_FASTCALL,
      "put(mapping, key, value, layer_from, overlay_max, /)\n--\n\n"
      "_derived.put for a FrozenDict or a LayeredDict, or NotImplemented."},
+    {"transition", (PyCFunction)(void (*)(void))transition, METH_FASTCALL,
+     "transition(record, command, revision, layer_from, overlay_max, /)\n--\n\n"
+     "_transition.transition of the four hot commands, or NotImplemented."},
+    {"configure_transition", (PyCFunction)(void (*)(void))configure_transition, METH_FASTCALL,
+     "configure_transition(record_type, budget_type, event, unset, summary, key_summaries, "
+     "item_summaries, max_depth, record_depth, commands, /)\n--\n\n"
+     "The kernel's types, helpers and command layouts transition works with."},
     {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL,
      "configure(frozen_dict, frozen_list, layered_dict, lineage_max, /)\n--\n\n"
      "The types the accelerator builds and keeps, and the lineage limit."},
@@ -630,7 +1779,7 @@ module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->frozen_dict);
     Py_VISIT(st->frozen_list);
     Py_VISIT(st->layered_dict);
-    return 0;
+    return kernel_traverse(st->kernel, visit, arg);
 }
 
 static int
@@ -640,6 +1789,8 @@ module_clear(PyObject *module)
     Py_CLEAR(st->frozen_dict);
     Py_CLEAR(st->frozen_list);
     Py_CLEAR(st->layered_dict);
+    kernel_free(st->kernel);
+    st->kernel = NULL;
     return 0;
 }
 
@@ -652,7 +1803,7 @@ module_free(void *module)
 static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT,
     .m_name = "trio_backplane.kernel._speedups",
-    .m_doc = "C accelerator for the kernel: freeze, copy_slots, grown, put.",
+    .m_doc = "C accelerator for the kernel: freeze, copy_slots, grown, put, transition.",
     .m_size = sizeof(module_state),
     .m_methods = methods,
     .m_traverse = module_traverse,

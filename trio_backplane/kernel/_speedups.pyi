@@ -16,3 +16,23 @@ def grown(items: list[Any] | tuple[Any, ...], more: list[Any] | tuple[Any, ...],
 
 def put(mapping: object, key: object, value: object, layer_from: int, overlay_max: int, /) -> Any:
     """``_derived.put`` for a ``FrozenDict`` or a ``LayeredDict``, or ``NotImplemented``."""
+
+def configure_transition(
+    record_type: type,
+    budget_type: type,
+    event: object,
+    unset: object,
+    summary: Any,
+    key_summaries: dict[Any, Any],
+    item_summaries: tuple[Any, ...],
+    max_depth: int,
+    record_depth: int,
+    commands: tuple[tuple[type, str, tuple[tuple[str, bool], ...]], ...],
+    /,
+) -> None:
+    """The kernel's types, helpers and command layouts ``transition`` works with."""
+
+def transition(
+    record: object, command: object, revision: int | None, layer_from: int, overlay_max: int, /
+) -> Any:
+    """``_transition.transition`` of a tool step's four commands, or ``NotImplemented``."""

@@ -9,26 +9,36 @@ and yields one ``"run.<command>"`` event.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 import attrs
 
 from ..errors import Error, ErrorClass
+from . import _derived
 from ._checks import _conflict, _invalid, _malformed
 from ._commands import (
+    _ITEMS,
+    _KEY_SUMMARIES,
+    _ORDER,
+    DIGESTED,
     UNSET,
     Cancel,
     CleanupSettled,
     ConversationUpdated,
     DeadlineExceeded,
     KernelCommand,
+    ProviderCompleted,
+    ProviderStarted,
+    ToolCompleted,
+    ToolInvoked,
+    _summary,
     event_input,
     typed,
 )
 from ._evolve import evolved
-from ._frozen import FrozenDict
+from ._frozen import MAX_DEPTH, RECORD_DEPTH, FrozenDict, _accelerator
 from ._handlers import _EVENT_TYPES, _HANDLERS, _Handler
-from ._records import TERMINAL_STATES, Command, RunEvent, RunRecord, kernel_event
+from ._records import TERMINAL_STATES, Budget, Command, RunEvent, RunRecord, kernel_event
 
 __all__ = ["fence", "transition"]
 
@@ -49,6 +59,36 @@ def _check_identity(record: RunRecord, command: KernelCommand) -> None:
         )
 
 
+def _configured() -> Any:
+    """The C accelerator's ``transition`` of the four commands of a tool
+    step, configured with the kernel's types and layouts, or ``None``."""
+    fast = getattr(_accelerator, "transition", None)
+    if fast is None:  # pragma: no cover - exercised where no compiler was available
+        return None
+    kinds = (ProviderStarted, ProviderCompleted, ToolInvoked, ToolCompleted)  # its order
+    _accelerator.configure_transition(
+        RunRecord,
+        Budget,
+        kernel_event("run.probe", 0.0, FrozenDict()),
+        UNSET,
+        _summary,
+        _KEY_SUMMARIES,
+        _ITEMS,
+        MAX_DEPTH,
+        RECORD_DEPTH,
+        tuple(
+            (cls, _EVENT_TYPES[cls], tuple((name, name in DIGESTED) for name in _ORDER[cls]))
+            for cls in kinds
+        ),
+    )
+    return fast
+
+
+#: ``transition`` of a tool step's commands in C (the same records and events,
+#: lineage included), declining to the Python code below on any doubt.
+_fast_transition: Final = _configured()
+
+
 def transition(
     record: RunRecord, command: Command | KernelCommand, *, revision: int | None = None
 ) -> tuple[RunRecord, list[RunEvent]]:
@@ -59,6 +99,12 @@ def transition(
     the first keeps its record's (``revision == record.revision``)."""
     if type(record) is not RunRecord:
         raise Error(ErrorClass.VALIDATION, "transition needs a RunRecord")
+    if _fast_transition is not None:
+        done = _fast_transition(
+            record, command, revision, _derived._LAYER_FROM, _derived._OVERLAY_MAX
+        )
+        if done is not NotImplemented:
+            return done  # type: ignore[no-any-return]
     if type(command) is Command:
         command = typed(command)
     handler = _HANDLERS.get(type(command))
