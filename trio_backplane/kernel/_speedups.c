@@ -45,9 +45,27 @@ typedef struct {
     /* slot offsets: FrozenDict._lineage; LayeredDict's _base, _over, _len, _lineage */
     Py_ssize_t fd_lineage, ld_base, ld_over, ld_len, ld_lineage;
     Py_ssize_t lineage_max;
+    /* the frozen types keep dict's and list's __new__ and __init__: made by
+     * tp_new alone (their __init__ without arguments does nothing) */
+    int plain_new;
 } module_state;
 
 #define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
+
+/* A new empty FrozenDict / FrozenList, without a call through the type. */
+static PyObject *
+new_frozen(module_state *st, PyObject *type)
+{
+    if (!st->plain_new)
+        return PyObject_CallNoArgs(type);
+    PyTypeObject *t = (PyTypeObject *)type;
+    PyObject *no_args = PyTuple_New(0);  /* the shared empty tuple */
+    if (no_args == NULL)
+        return NULL;
+    PyObject *new = t->tp_new(t, no_args, NULL);
+    Py_DECREF(no_args);
+    return new;
+}
 
 /* The "let the Python walk decide" result, a borrowed NotImplemented. */
 #define DECLINE Py_NotImplemented
@@ -118,7 +136,7 @@ static PyObject *freeze_value(module_state *st, PyObject *v, int depth, int limi
 static PyObject *
 freeze_dict(module_state *st, PyObject *v, int depth, int limit)
 {
-    PyObject *out = PyObject_CallNoArgs(st->frozen_dict);
+    PyObject *out = new_frozen(st, st->frozen_dict);
     if (out == NULL)
         return NULL;
     Py_ssize_t pos = 0;
@@ -156,7 +174,7 @@ decline:
 static PyObject *
 freeze_sequence(module_state *st, PyObject *v, int depth, int limit)
 {
-    PyObject *out = PyObject_CallNoArgs(st->frozen_list);
+    PyObject *out = new_frozen(st, st->frozen_list);
     if (out == NULL)
         return NULL;
     /* a list's size is read at each item: nothing here can change it, but
@@ -340,7 +358,7 @@ grown_impl(module_state *st, PyObject *items, PyObject *more)
     /* The new list first: an object allocation may run a collection (and a
      * finalizer); the sizes and item arrays are read after it, and nothing
      * between reading and copying them runs Python code. */
-    PyObject *out = PyObject_CallNoArgs(st->frozen_list);
+    PyObject *out = new_frozen(st, st->frozen_list);
     if (out == NULL)
         return NULL;
     if (!PyList_Check(out) || Py_SIZE(out) != 0) {
@@ -525,7 +543,7 @@ derive_put(module_state *st, PyObject *mapping, PyObject *key, PyObject *value,
             new = make_layered(st, base, grown, in_base ? old_len : old_len + 1);
         }
         else {
-            new = PyObject_CallNoArgs(st->frozen_dict);
+            new = new_frozen(st, st->frozen_dict);
             if (new != NULL && (PyDict_Update(new, base) < 0 || PyDict_Update(new, over) < 0
                                 || PyDict_SetItem(new, key, value) < 0))
                 Py_CLEAR(new);
@@ -543,7 +561,7 @@ derive_put(module_state *st, PyObject *mapping, PyObject *key, PyObject *value,
             new = make_layered(st, mapping, grown, in_mapping ? old_len : old_len + 1);
         }
         else {
-            new = PyObject_CallNoArgs(st->frozen_dict);
+            new = new_frozen(st, st->frozen_dict);
             if (new != NULL && (PyDict_Update(new, mapping) < 0
                                 || PyDict_SetItem(new, key, value) < 0))
                 Py_CLEAR(new);
@@ -622,6 +640,9 @@ configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     st->ld_len = ld_len;
     st->ld_lineage = ld_lineage;
     st->lineage_max = lineage_max;
+    PyTypeObject *fd = (PyTypeObject *)args[0], *fl = (PyTypeObject *)args[1];
+    st->plain_new = fd->tp_new == PyDict_Type.tp_new && fd->tp_init == PyDict_Type.tp_init
+                    && fl->tp_new == PyList_Type.tp_new && fl->tp_init == PyList_Type.tp_init;
     Py_RETURN_NONE;
 }
 
@@ -872,7 +893,7 @@ checked_value(module_state *st, PyObject *v, int limit)
 static PyObject *
 event_input_of(module_state *st, kernel_spec *k, command_spec *c, PyObject *command)
 {
-    PyObject *given = PyObject_CallNoArgs(st->frozen_dict);
+    PyObject *given = new_frozen(st, st->frozen_dict);
     if (given == NULL)
         return NULL;
     for (Py_ssize_t i = 0; i < c->n_input; i++) {
@@ -908,7 +929,7 @@ event_input_of(module_state *st, kernel_spec *k, command_spec *c, PyObject *comm
 static PyObject *
 frozen_of(module_state *st, int n, PyObject **pairs)
 {
-    PyObject *d = PyObject_CallNoArgs(st->frozen_dict);
+    PyObject *d = new_frozen(st, st->frozen_dict);
     if (d == NULL)
         return NULL;
     for (int i = 0; i < n; i++)
@@ -926,7 +947,7 @@ consumed(module_state *st, kernel_spec *k, PyObject *intent, PyObject *at)
 {
     if (intent == NULL || (PyObject *)Py_TYPE(intent) != st->frozen_dict)
         return Py_NewRef(DECLINE);
-    PyObject *d = PyObject_CallNoArgs(st->frozen_dict);
+    PyObject *d = new_frozen(st, st->frozen_dict);
     if (d == NULL)
         return NULL;
     if (PyDict_Update(d, intent) < 0 || PyDict_SetItem(d, k->s[S_STATUS], k->s[S_CONSUMED]) < 0
@@ -1125,7 +1146,7 @@ provider_started(module_state *st, kernel_spec *k, command_spec *c, PyObject *re
     long long attempts = counter(st, old, k->s[S_ATTEMPT]), steps = counter(st, old, k->s[S_STEP]);
     if (attempts < 0 || steps < 0)
         return NO;
-    HOLD(counters, PyObject_CallNoArgs(st->frozen_dict));
+    HOLD(counters, new_frozen(st, st->frozen_dict));
     if (PyDict_Update(counters, old) < 0) {
         result = FAIL;
         goto out;
@@ -1304,7 +1325,7 @@ tool_invoked(module_state *st, kernel_spec *k, command_spec *c, PyObject *record
             n++;
         }
     }
-    HOLD(counters, PyObject_CallNoArgs(st->frozen_dict));
+    HOLD(counters, new_frozen(st, st->frozen_dict));
     if (PyDict_Update(counters, old) < 0) {
         result = FAIL;
         goto out;
@@ -1355,7 +1376,7 @@ dissoc_c(module_state *st, PyObject *mapping, PyObject *key)
     if (bad)
         return Py_NewRef(DECLINE);
     Py_ssize_t old_len;
-    PyObject *new = PyObject_CallNoArgs(st->frozen_dict);
+    PyObject *new = new_frozen(st, st->frozen_dict);
     if (new == NULL)
         return NULL;
     if (layered) {
