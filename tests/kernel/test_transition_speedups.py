@@ -40,6 +40,7 @@ from trio_backplane.kernel import (
     transition,
 )
 from trio_backplane.kernel._commands import UNSET, Admit, Cancel, ConversationUpdated, Start
+from trio_backplane.kernel._records import kernel_event
 
 RUN = "run-c"
 
@@ -314,3 +315,67 @@ def test_what_the_c_transition_does_not_build_it_declines(bad: Any) -> None:
     record = _start(1, 10, None)
     subject = bad if isinstance(bad, str) else bad(record)
     assert _speedups.transition(subject, ProviderStarted(at=1.0), None, 64, 32) is NotImplemented
+
+
+class _Hostile(str):
+    """A key whose comparison raises, as a record's own data may."""
+
+    def __eq__(self, other: object) -> bool:
+        raise TypeError("boom")
+
+    __hash__ = str.__hash__
+
+
+def test_a_record_with_an_unset_slot_declines_and_python_classes_it() -> None:
+    """A record whose slot was deleted is not read by C (no crash): the
+    Python kernel refuses it as malformed."""
+    record = _start(1, 10, None)
+    object.__delattr__(record, "intents")
+    assert _speedups.transition(record, ProviderStarted(at=1.0), None, 64, 32) is NotImplemented
+    with pytest.raises(Error, match="malformed"):
+        transition(record, ProviderStarted(at=1.0))
+
+
+def test_a_command_with_an_unset_slot_declines() -> None:
+    record = _start(1, 10, None)
+    command = ProviderStarted(at=1.0)
+    object.__delattr__(command, "turn_id")
+    assert _speedups.transition(record, command, None, 64, 32) is NotImplemented
+
+
+def test_a_failure_while_reading_the_record_is_classed_as_the_python_kernel_does() -> None:
+    """An exception raised by the record's own data as C reads it (before it
+    derives anything) is left to the Python code, which classes it."""
+    record = _start(1, 10, None)
+    for command in (
+        ProviderStarted(at=1.0),
+        ProviderCompleted(at=2.0),
+        ToolInvoked(at=3.0, tool_name="echo"),
+    ):
+        with _python_only():
+            record, _ = transition(record, command)
+    identity = record.active_tools["invocation-1-1"]
+    hostile = attrs.evolve(record, active_tools=FrozenDict({_Hostile("invocation-1-1"): identity}))
+    completed = ToolCompleted(at=4.0, invocation_id="invocation-1-1", result=None)
+    assert _speedups.transition(hostile, completed, None, 64, 32) is NotImplemented
+    with pytest.raises(Error, match="malformed"):
+        transition(hostile, completed)
+
+
+def test_configuration_checks_the_command_order() -> None:
+    """The handler is chosen by position: a misordered layout is refused."""
+    commands = ((ToolInvoked, "run.tool_invoked", ()),) * 4
+    with pytest.raises(TypeError, match=r"run\.provider_started"):
+        _speedups.configure_transition(
+            RunRecord,
+            type(_start(1, 1, None).budget),
+            kernel_event("run.probe", 0.0, FrozenDict()),
+            UNSET,
+            {},
+            (),
+            256,
+            320,
+            commands,
+        )
+    # the configured layout is still the one in use
+    assert _speedups.transition(_start(1, 10, None), ProviderStarted(at=1.0), None, 64, 32)

@@ -660,6 +660,9 @@ configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
  * transition decides: it stays the reference and words every error. */
 
 enum { K_PROVIDER_STARTED, K_PROVIDER_COMPLETED, K_TOOL_INVOKED, K_TOOL_COMPLETED, N_KINDS };
+static const char *const EVENT_TYPES[N_KINDS] = {
+    "run.provider_started", "run.provider_completed", "run.tool_invoked", "run.tool_completed",
+};
 
 /* The command fields the handlers read. */
 enum {
@@ -698,7 +701,7 @@ enum {
     S_PROVIDER, S_STARTED, S_READ_ONLY, S_UNKNOWN, S_CONSUMED, S_TOOL, S_MUTATION,
     S_ATTEMPT, S_STEP, S_INVOCATION, S_STATE, S_INPUT, S_MESSAGES,
     S_TOOL_NAME, S_TOOL_REVISION, S_TOOL_CALL_ID, S_ARGUMENTS_DIGEST,
-    S_EFFECTIVE_AUTHORITY, N_STRINGS
+    S_EFFECTIVE_AUTHORITY, S_KEYS, S_ITEMS, S_TYPE, N_STRINGS
 };
 static const char *const STRINGS[N_STRINGS] = {
     "running", "kind", "status", "effect_class", "dispatch_state", "attempt_id", "step_id",
@@ -706,7 +709,7 @@ static const char *const STRINGS[N_STRINGS] = {
     "provider", "started", "read_only", "unknown", "consumed", "tool", "mutation",
     "attempt", "step", "invocation", "state", "input", "messages",
     "tool_name", "tool_revision", "tool_call_id", "arguments_digest",
-    "effective_authority",
+    "effective_authority", "keys", "items", "type",
 };
 
 #define MAX_INPUTS 16
@@ -723,7 +726,7 @@ typedef struct {
 
 struct kernel_spec {
     PyObject *record_type, *budget_type, *event_proto, *unset;
-    PyObject *summary, *key_summaries, *item_summaries;
+    PyObject *key_summaries, *item_summaries;
     int max_depth, record_depth;
     Py_ssize_t record[N_RECORD], budget[N_BUDGET], event[N_EVENT];
     PyObject *s[N_STRINGS];
@@ -772,27 +775,33 @@ change(changes *c, Py_ssize_t at, PyObject *value)
  * (an exception is set). */
 enum { OK = 0, NO = 1, FAIL = -1 };
 
-/* The value of key in a FrozenDict or LayeredDict, borrowed, or NULL when it
- * has none; *how is NO for another type or layout. */
+/* The value of key (an exact str) in a FrozenDict or LayeredDict, a new
+ * reference, or NULL when it has none; *how is NO for another type or
+ * layout, FAIL with an exception set.  The layers are held while read. */
 static PyObject *
 lookup(module_state *st, PyObject *m, PyObject *key, int *how)
 {
     PyObject *t = (PyObject *)Py_TYPE(m);
-    PyObject *v;
+    PyObject *v = NULL;
     *how = OK;
     if (t == st->frozen_dict) {
-        v = PyDict_GetItemWithError(m, key);
+        Py_INCREF(m);
+        v = Py_XNewRef(PyDict_GetItemWithError(m, key));
+        Py_DECREF(m);
     }
     else if (t == st->layered_dict) {
-        PyObject *over = SLOT(m, st->ld_over), *base = SLOT(m, st->ld_base);
+        PyObject *over = Py_XNewRef(SLOT(m, st->ld_over)), *base = Py_XNewRef(SLOT(m, st->ld_base));
         if (over == NULL || base == NULL || !PyDict_CheckExact(over)
-            || (PyObject *)Py_TYPE(base) != st->frozen_dict) {
+            || (PyObject *)Py_TYPE(base) != st->frozen_dict)
             *how = NO;
-            return NULL;
+        else {
+            v = Py_XNewRef(PyDict_GetItemWithError(over, key));
+            if (v == NULL && !PyErr_Occurred())
+                v = Py_XNewRef(PyDict_GetItemWithError(base, key));
         }
-        v = PyDict_GetItemWithError(over, key);
-        if (v == NULL && !PyErr_Occurred())
-            v = PyDict_GetItemWithError(base, key);
+        Py_XDECREF(over);
+        Py_XDECREF(base);
+        return v;
     }
     else {
         *how = NO;
@@ -801,6 +810,20 @@ lookup(module_state *st, PyObject *m, PyObject *key, int *how)
     if (v == NULL && PyErr_Occurred())
         *how = FAIL;
     return v;
+}
+
+/* Whether key is in m: OK when it is not, NO when it is or m is not a
+ * frozen mapping, FAIL. */
+static int
+absent(module_state *st, PyObject *m, PyObject *key)
+{
+    int how;
+    PyObject *v = lookup(st, m, key, &how);
+    if (v != NULL) {
+        Py_DECREF(v);
+        return NO;
+    }
+    return how;
 }
 
 /* _derived.put(mapping, key, value) at C speed: a new reference, DECLINE
@@ -844,37 +867,94 @@ next_id(PyObject *new_counters, PyObject *name, long long n, long long incarnati
     return PyUnicode_FromFormat("%U-%lld-%lld", name, incarnation, n + 1);
 }
 
-/* What an event says of a large input (_commands._summary): the shared
- * summaries of a key set or a short list, else the Python function's. */
+/* FrozenList(sorted(keys)[:32]) of a tuple of exact strs (new). */
+static PyObject *
+sorted_keys(module_state *st, PyObject *keys)
+{
+    PyObject *listed = PySequence_List(keys);
+    if (listed == NULL || PyList_Sort(listed) < 0) {
+        Py_XDECREF(listed);
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(listed) < 32 ? PyList_GET_SIZE(listed) : 32;
+    PyObject *head = PyList_GetSlice(listed, 0, n);
+    Py_DECREF(listed);
+    if (head == NULL)
+        return NULL;
+    PyObject *out = new_frozen(st, st->frozen_list);
+    if (out != NULL && PyList_SetSlice(out, 0, 0, head) < 0)
+        Py_CLEAR(out);
+    Py_DECREF(head);
+    return out;
+}
+
+/* A FrozenDict of one or two entries (values stolen; NULL: failed). */
+static PyObject *
+frozen_pair(module_state *st, PyObject *k1, PyObject *v1, PyObject *k2, PyObject *v2)
+{
+    PyObject *d = v1 == NULL || (k2 != NULL && v2 == NULL) ? NULL : new_frozen(st, st->frozen_dict);
+    if (d != NULL && (PyDict_SetItem(d, k1, v1) < 0 || (k2 != NULL && PyDict_SetItem(d, k2, v2) < 0)))
+        Py_CLEAR(d);
+    Py_XDECREF(v1);
+    Py_XDECREF(v2);
+    return d;
+}
+
+/* What an event says of a large input (_commands._summary), for a FrozenDict
+ * or dict of exact str keys, a FrozenList, an exact list or tuple; DECLINE (new)
+ * for anything else, so no Python code runs (no __len__, __iter__, __eq__
+ * or __hash__ of a subclass).  The summary of a key set is shared through
+ * the Python function's cache, filled as it fills it. */
 static PyObject *
 summarize(module_state *st, kernel_spec *k, PyObject *v)
 {
     PyObject *t = (PyObject *)Py_TYPE(v);
-    if (t == st->frozen_dict) {
-        PyObject *messages = PyDict_GetItemWithError(v, k->s[S_MESSAGES]);
-        if (messages == NULL && PyErr_Occurred())
-            return NULL;
-        if (messages == NULL || !(PyList_Check(messages) || PyTuple_Check(messages))) {
-            PyObject *keys = PyTuple_New(PyDict_GET_SIZE(v));
-            if (keys == NULL)
-                return NULL;
-            Py_ssize_t pos = 0, i = 0;
-            PyObject *key, *item;
-            while (PyDict_Next(v, &pos, &key, &item) && i < PyTuple_GET_SIZE(keys))
-                PyTuple_SET_ITEM(keys, i++, Py_NewRef(key));
-            PyObject *known = i == PyTuple_GET_SIZE(keys)
-                                  ? PyDict_GetItemWithError(k->key_summaries, keys) : NULL;
+    if (t == st->frozen_list || t == (PyObject *)&PyList_Type || t == (PyObject *)&PyTuple_Type) {
+        Py_ssize_t n = Py_SIZE(v);
+        if (n < PyTuple_GET_SIZE(k->item_summaries))
+            return Py_NewRef(PyTuple_GET_ITEM(k->item_summaries, n));
+        return frozen_pair(st, k->s[S_ITEMS], PyLong_FromSsize_t(n), NULL, NULL);
+    }
+    if (v == Py_None || t == (PyObject *)&PyBool_Type || t == (PyObject *)&PyLong_Type
+        || t == (PyObject *)&PyFloat_Type || t == (PyObject *)&PyUnicode_Type)
+        return frozen_pair(st, k->s[S_TYPE], PyType_GetName((PyTypeObject *)t), NULL, NULL);
+    if (t != st->frozen_dict && t != (PyObject *)&PyDict_Type)
+        return Py_NewRef(DECLINE);
+    PyObject *keys = PyTuple_New(PyDict_GET_SIZE(v));
+    if (keys == NULL)
+        return NULL;
+    Py_ssize_t pos = 0, i = 0;
+    PyObject *key, *item;
+    while (PyDict_Next(v, &pos, &key, &item)) {
+        if (!PyUnicode_CheckExact(key) || i >= PyTuple_GET_SIZE(keys)) {
             Py_DECREF(keys);
-            if (known != NULL)
-                return Py_NewRef(known);
-            if (PyErr_Occurred())
-                return NULL;
+            return Py_NewRef(DECLINE);
         }
+        PyTuple_SET_ITEM(keys, i++, Py_NewRef(key));
     }
-    else if (t == st->frozen_list && Py_SIZE(v) < PyTuple_GET_SIZE(k->item_summaries)) {
-        return Py_NewRef(PyTuple_GET_ITEM(k->item_summaries, Py_SIZE(v)));
+    PyObject *out = NULL;
+    PyObject *messages = PyDict_GetItemWithError(v, k->s[S_MESSAGES]);
+    if (messages == NULL && PyErr_Occurred())
+        goto done;
+    if (messages != NULL && (PyList_Check(messages) || PyTuple_Check(messages))) {
+        PyObject *mt = (PyObject *)Py_TYPE(messages);
+        if (mt != st->frozen_list && mt != (PyObject *)&PyList_Type && mt != (PyObject *)&PyTuple_Type)
+            out = Py_NewRef(DECLINE);  /* a subclass's len() may be its own */
+        else
+            out = frozen_pair(st, k->s[S_KEYS], sorted_keys(st, keys), k->s[S_MESSAGES],
+                              PyLong_FromSsize_t(Py_SIZE(messages)));
+        goto done;
     }
-    return PyObject_CallOneArg(k->summary, v);
+    out = Py_XNewRef(PyDict_GetItemWithError(k->key_summaries, keys));
+    if (out != NULL || PyErr_Occurred())
+        goto done;
+    out = frozen_pair(st, k->s[S_KEYS], sorted_keys(st, keys), NULL, NULL);
+    if (out != NULL && PyDict_GET_SIZE(k->key_summaries) < 256
+        && PyDict_SetItem(k->key_summaries, keys, out) < 0)
+        Py_CLEAR(out);
+done:
+    Py_DECREF(keys);
+    return out;
 }
 
 /* A value as a record or an event keeps it: frozen already or a leaf needing
@@ -904,6 +984,7 @@ event_input_of(module_state *st, kernel_spec *k, command_spec *c, PyObject *comm
         }
         if (v == k->unset)
             continue;
+        /* (no Python code runs below: the slot's value stays alive) */
         PyObject *shown;
         if (c->digested[i])
             shown = summarize(st, k, v);
@@ -1011,8 +1092,12 @@ reserved(module_state *st, kernel_spec *k, PyObject *budget, PyObject *key,
          Py_ssize_t layer_from, Py_ssize_t overlay_max)
 {
     long long u = PyLong_AsLongLong(SLOT(budget, k->budget[B_USED]));
-    PyObject *held = put_stealing(st, SLOT(budget, k->budget[B_RESERVATIONS]), key,
-                                  PyLong_FromLong(1), layer_from, overlay_max);
+    if (u == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *reservations = Py_NewRef(SLOT(budget, k->budget[B_RESERVATIONS]));
+    PyObject *held = put_stealing(st, reservations, key, PyLong_FromLong(1), layer_from,
+                                  overlay_max);
+    Py_DECREF(reservations);
     if (held == NULL || held == DECLINE)
         return held;
     PyObject *more = PyLong_FromLongLong(u + 1);
@@ -1030,21 +1115,24 @@ reserved(module_state *st, kernel_spec *k, PyObject *budget, PyObject *key,
 /* Whether key is free (in neither the intents nor the reservations) and one
  * more unit can be reserved under it. */
 static int
-reservable_key(module_state *st, kernel_spec *k, PyObject *record, PyObject *key)
+reservable_key(module_state *st, kernel_spec *k, PyObject **record, PyObject *key)
 {
-    int how;
-    PyObject *budget = SLOT(record, k->record[R_BUDGET]);
+    PyObject *budget = record[R_BUDGET];
     if (reservable(st, k, budget) != OK)
         return NO;
-    if (lookup(st, SLOT(record, k->record[R_INTENTS]), key, &how) != NULL || how != OK)
-        return how == FAIL ? FAIL : NO;
-    if (lookup(st, SLOT(budget, k->budget[B_RESERVATIONS]), key, &how) != NULL || how != OK)
-        return how == FAIL ? FAIL : NO;
-    return OK;
+    int free = absent(st, record[R_INTENTS], key);
+    if (free != OK)
+        return free;
+    PyObject *reservations = Py_NewRef(SLOT(budget, k->budget[B_RESERVATIONS]));
+    free = absent(st, reservations, key);
+    Py_DECREF(reservations);
+    return free;
 }
 
-#define FIELD(command, c, f) ((c)->field[f] < 0 ? NULL : SLOT(command, (c)->field[f]))
-#define RECORD(obj, spec, r) SLOT(obj, (spec)->record[r])
+/* The transition's snapshots (strong references taken on entry): a
+ * command's fields (NULL where its class has none) and the record's slots. */
+#define FIELD(command, c, f) ((command)[f])
+#define RECORD(obj, spec, r) ((obj)[r])
 /* Leave with result r unless it is OK. */
 #define TRY(expr)                  \
     do {                           \
@@ -1086,7 +1174,7 @@ reservable_key(module_state *st, kernel_spec *k, PyObject *record, PyObject *key
 /* _handlers._with_context's checks: a frozen conversation state, frozen
  * lists to append, mappings to derive. */
 static int
-context_ok(module_state *st, kernel_spec *k, command_spec *c, PyObject *record, PyObject *command)
+context_ok(module_state *st, kernel_spec *k, command_spec *c, PyObject **record, PyObject **command)
 {
     PyObject *conversation = FIELD(command, c, F_CONVERSATION);
     PyObject *more[2] = {FIELD(command, c, F_MESSAGES), FIELD(command, c, F_USAGE)};
@@ -1111,8 +1199,8 @@ context_ok(module_state *st, kernel_spec *k, command_spec *c, PyObject *record, 
 
 /* _handlers._with_context's changes, after context_ok. */
 static int
-with_context(module_state *st, kernel_spec *k, command_spec *c, PyObject *record,
-             PyObject *command, changes *ch, Py_ssize_t layer_from, Py_ssize_t overlay_max)
+with_context(module_state *st, kernel_spec *k, command_spec *c, PyObject **record,
+             PyObject **command, changes *ch, Py_ssize_t layer_from, Py_ssize_t overlay_max)
 {
     int result = OK;
     PyObject *conversation = FIELD(command, c, F_CONVERSATION);
@@ -1129,8 +1217,8 @@ out:
 }
 
 static int
-provider_started(module_state *st, kernel_spec *k, command_spec *c, PyObject *record,
-                 PyObject *command, changes *ch, long long incarnation,
+provider_started(module_state *st, kernel_spec *k, command_spec *c, PyObject **record,
+                 PyObject **command, changes *ch, long long incarnation,
                  Py_ssize_t layer_from, Py_ssize_t overlay_max)
 {
     int result = OK;
@@ -1200,8 +1288,8 @@ result_of(module_state *st, kernel_spec *k, PyObject *attempt_id, PyObject *res)
 }
 
 static int
-provider_completed(module_state *st, kernel_spec *k, command_spec *c, PyObject *record,
-                   PyObject *command, changes *ch, long long incarnation,
+provider_completed(module_state *st, kernel_spec *k, command_spec *c, PyObject **record,
+                   PyObject **command, changes *ch, long long incarnation,
                    Py_ssize_t layer_from, Py_ssize_t overlay_max)
 {
     int result = OK, how;
@@ -1219,15 +1307,15 @@ provider_completed(module_state *st, kernel_spec *k, command_spec *c, PyObject *
         return PyErr_Occurred() ? FAIL : NO;
     if (!PyUnicode_CheckExact(attempt_id))
         return NO;
-    if (given != k->unset && given != Py_None) {
-        int same = PyObject_RichCompareBool(given, attempt_id, Py_EQ);
-        if (same <= 0)
-            return same < 0 ? FAIL : NO;
-    }
+    if (given != k->unset && given != Py_None
+        && (!PyUnicode_CheckExact(given) || PyUnicode_Compare(given, attempt_id) != 0))
+        return PyErr_Occurred() ? FAIL : NO;  /* (exact strs: no Python code compares) */
     HOLD(key, PyUnicode_FromFormat("provider:%U", attempt_id));
     PyObject *old = lookup(st, RECORD(record, k, R_INTENTS), key, &how);
     TRY(how);
-    HOLD(intent, consumed(st, k, old, FIELD(command, c, F_AT)));
+    intent = consumed(st, k, old, FIELD(command, c, F_AT));
+    Py_XDECREF(old);
+    HOLD(intent, intent);
     HOLD(provider_result, result_of(st, k, attempt_id, res == k->unset ? Py_None : res));
     /* nothing declines from here on */
     CHANGE(R_INTENTS, put_stealing(st, RECORD(record, k, R_INTENTS), key, Py_NewRef(intent),
@@ -1245,11 +1333,10 @@ out:
 /* _handlers._invoked_in_step's walk down the step's invocations: OK when
  * call_id is not among them, NO when it is or the walk needs every intent. */
 static int
-not_invoked(module_state *st, kernel_spec *k, PyObject *record, PyObject *step_id,
+not_invoked(module_state *st, kernel_spec *k, PyObject **record, PyObject *step_id,
             PyObject *call_id, long long incarnation)
 {
-    PyObject *counters = RECORD(record, k, R_COUNTERS);
-    long long n = counter(st, counters, k->s[S_INVOCATION]);
+    long long n = counter(st, RECORD(record, k, R_COUNTERS), k->s[S_INVOCATION]);
     for (; n > 0; n--) {
         int how;
         PyObject *key = PyUnicode_FromFormat("tool:invocation-%lld-%lld", incarnation, n);
@@ -1259,27 +1346,35 @@ not_invoked(module_state *st, kernel_spec *k, PyObject *record, PyObject *step_i
         Py_DECREF(key);
         if (how != OK)
             return how;
-        if (intent == NULL || (PyObject *)Py_TYPE(intent) != st->frozen_dict)
+        if (intent == NULL || (PyObject *)Py_TYPE(intent) != st->frozen_dict) {
+            Py_XDECREF(intent);
             return NO;  /* the Python walk looks at every intent */
+        }
+        /* exact strs (or missing) only: no Python code compares them */
         PyObject *step = PyDict_GetItemWithError(intent, k->s[S_STEP_ID]);
-        if (step == NULL && PyErr_Occurred())
-            return FAIL;
-        int other = PyObject_RichCompareBool(step == NULL ? Py_None : step, step_id, Py_NE);
-        if (other != 0)
-            return other < 0 ? FAIL : OK;
-        PyObject *call = PyDict_GetItemWithError(intent, k->s[S_TOOL_CALL_ID]);
-        if (call == NULL && PyErr_Occurred())
-            return FAIL;
-        int same = PyObject_RichCompareBool(call == NULL ? Py_None : call, call_id, Py_EQ);
-        if (same != 0)
-            return same < 0 ? FAIL : NO;
+        PyObject *call = step == NULL ? NULL : PyDict_GetItemWithError(intent, k->s[S_TOOL_CALL_ID]);
+        int verdict;
+        if (PyErr_Occurred())
+            verdict = FAIL;
+        else if (step == NULL || !PyUnicode_CheckExact(step)
+                 || (call != NULL && !PyUnicode_CheckExact(call)))
+            verdict = NO;
+        else if (PyUnicode_Compare(step, step_id) != 0)
+            verdict = OK;  /* the step's tools are all above this one */
+        else if (call != NULL && PyUnicode_Compare(call, call_id) == 0)
+            verdict = NO;  /* invoked already: the Python code refuses it */
+        else
+            verdict = -2;  /* go on down */
+        Py_DECREF(intent);
+        if (verdict != -2)
+            return PyErr_Occurred() ? FAIL : verdict;
     }
     return NO;
 }
 
 static int
-tool_invoked(module_state *st, kernel_spec *k, command_spec *c, PyObject *record,
-             PyObject *command, changes *ch, long long incarnation,
+tool_invoked(module_state *st, kernel_spec *k, command_spec *c, PyObject **record,
+             PyObject **command, changes *ch, long long incarnation,
              Py_ssize_t layer_from, Py_ssize_t overlay_max)
 {
     static const int identity_fields[6] = {F_TOOL_NAME, F_TOOL_REVISION, F_TOOL_CALL_ID,
@@ -1303,11 +1398,12 @@ tool_invoked(module_state *st, kernel_spec *k, command_spec *c, PyObject *record
         || derivable(st, RECORD(record, k, R_INTENTS)) != OK)
         return NO;
     if (given != k->unset) {
-        int same = PyObject_RichCompareBool(given, step_id, Py_EQ);
-        if (same <= 0)
-            return same < 0 ? FAIL : NO;
+        if (!PyUnicode_CheckExact(given) || PyUnicode_Compare(given, step_id) != 0)
+            return PyErr_Occurred() ? FAIL : NO;
         step_id = given;  /* equal: the command's, as the Python handler keeps */
     }
+    if (call_id != k->unset && call_id != Py_None && !PyUnicode_CheckExact(call_id))
+        return NO;  /* compared below as exact strs only: no Python code runs */
     if (call_id != k->unset && call_id != Py_None)
         TRY(not_invoked(st, k, record, step_id, call_id, incarnation));
     long long invocations = counter(st, old, k->s[S_INVOCATION]);
@@ -1419,8 +1515,8 @@ dissoc_c(module_state *st, PyObject *mapping, PyObject *key)
 }
 
 static int
-tool_completed(module_state *st, kernel_spec *k, command_spec *c, PyObject *record,
-               PyObject *command, changes *ch, long long incarnation,
+tool_completed(module_state *st, kernel_spec *k, command_spec *c, PyObject **record,
+               PyObject **command, changes *ch, long long incarnation,
                Py_ssize_t layer_from, Py_ssize_t overlay_max)
 {
     int result = OK, how;
@@ -1435,10 +1531,13 @@ tool_completed(module_state *st, kernel_spec *k, command_spec *c, PyObject *reco
     PyObject *active = lookup(st, tools, id, &how);
     if (how != OK || active == NULL)
         return how == FAIL ? FAIL : NO;
+    Py_DECREF(active);
     HOLD(key, PyUnicode_FromFormat("tool:%U", id));
     PyObject *old = lookup(st, RECORD(record, k, R_INTENTS), key, &how);
     TRY(how);
-    HOLD(intent, consumed(st, k, old, FIELD(command, c, F_AT)));
+    intent = consumed(st, k, old, FIELD(command, c, F_AT));
+    Py_XDECREF(old);
+    HOLD(intent, intent);
     HOLD(value, checked_value(st, res == k->unset ? Py_None : res, k->max_depth));
     /* nothing declines from here on */
     CHANGE(R_ACTIVE_TOOLS, dissoc_c(st, tools, id));
@@ -1454,7 +1553,7 @@ out:
     return result;
 }
 
-typedef int (*handler_fn)(module_state *, kernel_spec *, command_spec *, PyObject *, PyObject *,
+typedef int (*handler_fn)(module_state *, kernel_spec *, command_spec *, PyObject **, PyObject **,
                           changes *, long long, Py_ssize_t, Py_ssize_t);
 static const handler_fn HANDLERS[N_KINDS] = {provider_started, provider_completed, tool_invoked,
                                              tool_completed};
@@ -1463,7 +1562,7 @@ static const handler_fn HANDLERS[N_KINDS] = {provider_started, provider_complete
  * the command's own run and incarnation, the run deadline; and the new
  * revision.  OK with *revision_out (new) and *incarnation_out set. */
 static int
-preconditions(kernel_spec *k, command_spec *c, PyObject *record, PyObject *command,
+preconditions(kernel_spec *k, command_spec *c, PyObject **record, PyObject **command,
               PyObject *revision, PyObject **revision_out, long long *incarnation_out)
 {
     PyObject *state = RECORD(record, k, R_STATE), *at = FIELD(command, c, F_AT);
@@ -1475,6 +1574,12 @@ preconditions(kernel_spec *k, command_spec *c, PyObject *record, PyObject *comma
         || !PyUnicode_CheckExact(state) || !PyLong_CheckExact(own_inc)
         || !PyLong_CheckExact(own_rev) || !(PyFloat_CheckExact(at) || PyLong_CheckExact(at)))
         return NO;
+    if (PyLong_CheckExact(at)) {  /* a time the event's double holds exactly */
+        int big;
+        long long t = PyLong_AsLongLongAndOverflow(at, &big);
+        if (big || t > (1LL << 53) || t < -(1LL << 53))
+            return NO;
+    }
     int running = PyUnicode_Compare(state, k->s[S_RUNNING]);
     if (running != 0)
         return running == -1 && PyErr_Occurred() ? FAIL : NO;
@@ -1524,14 +1629,14 @@ preconditions(kernel_spec *k, command_spec *c, PyObject *record, PyObject *comma
 /* The kernel event of a new record: "run.<kind>" with {"state", "input"}. */
 static PyObject *
 kernel_event_c(module_state *st, kernel_spec *k, command_spec *c, PyObject *new,
-               PyObject *command, PyObject *given)
+               PyObject **command, PyObject *given)
 {
     PyObject *at = FIELD(command, c, F_AT);
     PyObject *when = PyFloat_CheckExact(at) ? Py_NewRef(at)
                                             : PyFloat_FromDouble(PyLong_AsDouble(at));
     if (when == NULL)
         return NULL;
-    PyObject *pairs[4] = {k->s[S_STATE], RECORD(new, k, R_STATE), k->s[S_INPUT], given};
+    PyObject *pairs[4] = {k->s[S_STATE], SLOT(new, k->record[R_STATE]), k->s[S_INPUT], given};
     PyObject *payload = frozen_of(st, 2, pairs);
     PyObject *event = payload == NULL ? NULL : slot_copy(k->event_proto);
     if (event == NULL) {
@@ -1550,6 +1655,27 @@ kernel_event_c(module_state *st, kernel_spec *k, command_spec *c, PyObject *new,
     }
     PyList_SET_ITEM(events, 0, event);
     return events;
+}
+
+/* Strong references to the record's slots and the command's fields: what
+ * the handlers read stays alive whatever runs meanwhile.  NO when one the
+ * kernel reads is unset. */
+static int
+snapshot(kernel_spec *k, command_spec *c, PyObject *record, PyObject *command,
+         PyObject **rv, PyObject **fv)
+{
+    int result = OK;
+    for (int i = 0; i < N_RECORD; i++) {
+        rv[i] = Py_XNewRef(SLOT(record, k->record[i]));
+        if (rv[i] == NULL)
+            result = NO;
+    }
+    for (int f = 0; f < N_FIELDS; f++) {
+        fv[f] = c->field[f] < 0 ? NULL : Py_XNewRef(SLOT(command, c->field[f]));
+        if (c->field[f] >= 0 && fv[f] == NULL)
+            result = NO;
+    }
+    return result;
 }
 
 static PyObject *
@@ -1573,19 +1699,24 @@ transition(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t overlay_max = PyLong_AsSsize_t(args[4]);
     if ((layer_from == -1 || overlay_max == -1) && PyErr_Occurred())
         return NULL;
+    PyObject *rv[N_RECORD], *fv[N_FIELDS];
     PyObject *revision = NULL, *given = NULL, *new = NULL, *events = NULL, *out = NULL;
     long long incarnation = 0;
     changes ch = {.n = 0};
-    int result = preconditions(k, c, record, command, args[2], &revision, &incarnation);
+    int result = snapshot(k, c, record, command, rv, fv);
     if (result != OK)
         goto out;
+    /* the event's input first, as the Python code computes it */
     given = event_input_of(st, k, c, command);
     if (given == NULL || given == DECLINE) {
         result = given == NULL ? FAIL : NO;
         Py_CLEAR(given);
         goto out;
     }
-    result = HANDLERS[c - k->kinds](st, k, c, record, command, &ch, incarnation, layer_from,
+    result = preconditions(k, c, rv, fv, args[2], &revision, &incarnation);
+    if (result != OK)
+        goto out;
+    result = HANDLERS[c - k->kinds](st, k, c, rv, fv, &ch, incarnation, layer_from,
                                     overlay_max);
     if (result != OK)
         goto out;
@@ -1594,13 +1725,15 @@ transition(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         result = FAIL;
         goto out;
     }
+    for (int i = 0; i < N_RECORD; i++)  /* the copy holds what the handlers read */
+        Py_XSETREF(SLOT(new, k->record[i]), Py_NewRef(rv[i]));
     for (int i = 0; i < ch.n; i++) {
         Py_XSETREF(SLOT(new, ch.at[i]), ch.value[i]);
         ch.value[i] = NULL;
     }
     Py_XSETREF(SLOT(new, k->record[R_REVISION]), revision);
     revision = NULL;
-    events = kernel_event_c(st, k, c, new, command, given);
+    events = kernel_event_c(st, k, c, new, fv, given);
     if (events == NULL) {
         result = FAIL;
         goto out;
@@ -1609,7 +1742,19 @@ transition(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (out == NULL)
         result = FAIL;
 out:
+    if (result == FAIL && ch.n == 0
+        && (PyErr_ExceptionMatches(PyExc_TypeError) || PyErr_ExceptionMatches(PyExc_KeyError)
+            || PyErr_ExceptionMatches(PyExc_AttributeError))) {
+        /* a record's own data failing as it is read (a hostile key's __eq__,
+         * say) before anything was derived: the Python code classes it */
+        PyErr_Clear();
+        result = NO;
+    }
     changes_clear(&ch);
+    for (int i = 0; i < N_RECORD; i++)
+        Py_XDECREF(rv[i]);
+    for (int f = 0; f < N_FIELDS; f++)
+        Py_XDECREF(fv[f]);
     Py_XDECREF(revision);
     Py_XDECREF(given);
     Py_XDECREF(new);
@@ -1631,7 +1776,6 @@ kernel_traverse(kernel_spec *k, visitproc visit, void *arg)
     Py_VISIT(k->budget_type);
     Py_VISIT(k->event_proto);
     Py_VISIT(k->unset);
-    Py_VISIT(k->summary);
     Py_VISIT(k->key_summaries);
     Py_VISIT(k->item_summaries);
     for (int i = 0; i < N_KINDS; i++) {
@@ -1650,7 +1794,6 @@ kernel_free(kernel_spec *k)
     Py_CLEAR(k->budget_type);
     Py_CLEAR(k->event_proto);
     Py_CLEAR(k->unset);
-    Py_CLEAR(k->summary);
     Py_CLEAR(k->key_summaries);
     Py_CLEAR(k->item_summaries);
     for (int i = 0; i < N_STRINGS; i++)
@@ -1683,8 +1826,19 @@ static int
 command_of(kernel_spec *k, command_spec *c, PyObject *spec)
 {
     PyObject *type, *event_type, *inputs;
+    if (!PyTuple_Check(spec)) {
+        PyErr_SetString(PyExc_TypeError, "configure_transition: a command is a tuple");
+        return -1;
+    }
     if (!PyArg_ParseTuple(spec, "OUO!", &type, &event_type, &PyTuple_Type, &inputs))
         return -1;
+    /* the handler is chosen by position: the event type says whose it is */
+    int same = PyUnicode_CompareWithASCIIString(event_type, EVENT_TYPES[c - k->kinds]);
+    if (same != 0) {
+        PyErr_Format(PyExc_TypeError, "configure_transition: command %zd must be %s",
+                     (Py_ssize_t)(c - k->kinds), EVENT_TYPES[c - k->kinds]);
+        return -1;
+    }
     if (!PyType_Check(type) || !slots_only((PyTypeObject *)type)
         || PyTuple_GET_SIZE(inputs) > MAX_INPUTS) {
         PyErr_SetString(PyExc_TypeError, "configure_transition: a slotted command class");
@@ -1704,7 +1858,10 @@ command_of(kernel_spec *k, command_spec *c, PyObject *spec)
         int digested;
         if (!PyArg_ParseTuple(PyTuple_GET_ITEM(inputs, i), "Up", &name, &digested))
             return -1;
-        Py_ssize_t at = slot_offset_in(type, PyUnicode_AsUTF8(name));
+        const char *text = PyUnicode_AsUTF8(name);
+        if (text == NULL)
+            return -1;
+        Py_ssize_t at = slot_offset_in(type, text);
         if (at < 0) {
             PyErr_Format(PyExc_TypeError, "configure_transition: no slot %U", name);
             return -1;
@@ -1720,20 +1877,20 @@ command_of(kernel_spec *k, command_spec *c, PyObject *spec)
 static PyObject *
 configure_transition(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    module_state *st = called(module, nargs, 10,
+    module_state *st = called(module, nargs, 9,
                               "configure_transition(record_type, budget_type, event, unset, "
-                              "summary, key_summaries, item_summaries, max_depth, "
-                              "record_depth, commands)");
+                              "key_summaries, item_summaries, max_depth, record_depth, "
+                              "commands)");
     if (st == NULL)
         return NULL;
     kernel_spec *k = PyMem_Calloc(1, sizeof(kernel_spec));
     if (k == NULL)
         return PyErr_NoMemory();
-    PyObject *commands = args[9];
+    PyObject *commands = args[8];
     if (!PyType_Check(args[0]) || !PyType_Check(args[1])
         || !slots_only((PyTypeObject *)args[0]) || !slots_only((PyTypeObject *)args[1])
-        || !slots_only(Py_TYPE(args[2])) || !PyDict_CheckExact(args[5])
-        || !PyTuple_CheckExact(args[6]) || !PyTuple_CheckExact(commands)
+        || !slots_only(Py_TYPE(args[2])) || !PyDict_CheckExact(args[4])
+        || !PyTuple_CheckExact(args[5]) || !PyTuple_CheckExact(commands)
         || PyTuple_GET_SIZE(commands) != N_KINDS) {
         PyErr_SetString(PyExc_TypeError, "configure_transition: unexpected arguments");
         goto failed;
@@ -1742,13 +1899,17 @@ configure_transition(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     k->budget_type = Py_NewRef(args[1]);
     k->event_proto = Py_NewRef(args[2]);
     k->unset = Py_NewRef(args[3]);
-    k->summary = Py_NewRef(args[4]);
-    k->key_summaries = Py_NewRef(args[5]);
-    k->item_summaries = Py_NewRef(args[6]);
-    k->max_depth = (int)PyLong_AsLong(args[7]);
-    k->record_depth = (int)PyLong_AsLong(args[8]);
+    k->key_summaries = Py_NewRef(args[4]);
+    k->item_summaries = Py_NewRef(args[5]);
+    long depths[2] = {PyLong_AsLong(args[6]), PyLong_AsLong(args[7])};
     if (PyErr_Occurred())
         goto failed;
+    if (depths[0] < 1 || depths[0] > 100000 || depths[1] < 1 || depths[1] > 100000) {
+        PyErr_SetString(PyExc_ValueError, "configure_transition: depth limits from 1 to 100000");
+        goto failed;
+    }
+    k->max_depth = (int)depths[0];
+    k->record_depth = (int)depths[1];
     if (offsets_of(args[0], RECORD_NAMES, N_RECORD, k->record) < 0
         || offsets_of(args[1], BUDGET_NAMES, N_BUDGET, k->budget) < 0
         || offsets_of((PyObject *)Py_TYPE(args[2]), EVENT_NAMES, N_EVENT, k->event) < 0)
@@ -1784,7 +1945,7 @@ static PyMethodDef methods[] = {
      "transition(record, command, revision, layer_from, overlay_max, /)\n--\n\n"
      "_transition.transition of the four hot commands, or NotImplemented."},
     {"configure_transition", (PyCFunction)(void (*)(void))configure_transition, METH_FASTCALL,
-     "configure_transition(record_type, budget_type, event, unset, summary, key_summaries, "
+     "configure_transition(record_type, budget_type, event, unset, key_summaries, "
      "item_summaries, max_depth, record_depth, commands, /)\n--\n\n"
      "The kernel's types, helpers and command layouts transition works with."},
     {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL,

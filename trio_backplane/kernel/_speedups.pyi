@@ -22,7 +22,6 @@ def configure_transition(
     budget_type: type,
     event: object,
     unset: object,
-    summary: Any,
     key_summaries: dict[Any, Any],
     item_summaries: tuple[Any, ...],
     max_depth: int,

@@ -31,7 +31,6 @@ from ._commands import (
     ProviderStarted,
     ToolCompleted,
     ToolInvoked,
-    _summary,
     event_input,
     typed,
 )
@@ -66,21 +65,23 @@ def _configured() -> Any:
     if fast is None:  # pragma: no cover - exercised where no compiler was available
         return None
     kinds = (ProviderStarted, ProviderCompleted, ToolInvoked, ToolCompleted)  # its order
-    _accelerator.configure_transition(
-        RunRecord,
-        Budget,
-        kernel_event("run.probe", 0.0, FrozenDict()),
-        UNSET,
-        _summary,
-        _KEY_SUMMARIES,
-        _ITEMS,
-        MAX_DEPTH,
-        RECORD_DEPTH,
-        tuple(
-            (cls, _EVENT_TYPES[cls], tuple((name, name in DIGESTED) for name in _ORDER[cls]))
-            for cls in kinds
-        ),
-    )
+    try:
+        _accelerator.configure_transition(
+            RunRecord,
+            Budget,
+            kernel_event("run.probe", 0.0, FrozenDict()),
+            UNSET,
+            _KEY_SUMMARIES,
+            _ITEMS,
+            MAX_DEPTH,
+            RECORD_DEPTH,
+            tuple(
+                (cls, _EVENT_TYPES[cls], tuple((name, name in DIGESTED) for name in _ORDER[cls]))
+                for cls in kinds
+            ),
+        )
+    except (TypeError, ValueError):  # pragma: no cover - a layout it does not know
+        return None
     return fast
 
 
