@@ -493,6 +493,25 @@ failed:
     return NULL;
 }
 
+/* A LayeredDict's layers as its class sets them (borrowed) and its length;
+ * 0 for a layout set by hand, which the Python code decides about. */
+static int
+layers_of(module_state *st, PyObject *m, PyObject **base, PyObject **over, Py_ssize_t *length)
+{
+    PyObject *size = SLOT(m, st->ld_len);
+    *base = SLOT(m, st->ld_base);
+    *over = SLOT(m, st->ld_over);
+    if (*base == NULL || *over == NULL || size == NULL || !PyDict_CheckExact(*over)
+        || (PyObject *)Py_TYPE(*base) != st->frozen_dict || !PyLong_CheckExact(size))
+        return 0;
+    *length = PyLong_AsSsize_t(size);
+    if (*length == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return 1;
+}
+
 /* The derived mapping of _derived.put (its _set then its _derive, exactly),
  * for a FrozenDict or a LayeredDict and a str key; NotImplemented for
  * anything else (the Python code decides).  The mapping's parts are held
@@ -514,22 +533,12 @@ derive_put(module_state *st, PyObject *mapping, PyObject *key, PyObject *value,
     Py_ssize_t old_len;
     Py_XINCREF(lineage);
     if (layered) {
-        base = SLOT(mapping, st->ld_base);
-        over = SLOT(mapping, st->ld_over);
-        PyObject *length = SLOT(mapping, st->ld_len);
-        if (base == NULL || over == NULL || length == NULL || !PyDict_CheckExact(over)
-            || (PyObject *)Py_TYPE(base) != st->frozen_dict || !PyLong_CheckExact(length)) {
+        if (!layers_of(st, mapping, &base, &over, &old_len)) {
             Py_XDECREF(lineage);
             return Py_NewRef(DECLINE);
         }
         Py_INCREF(base);
         Py_INCREF(over);
-        old_len = PyLong_AsSsize_t(length);
-        if (old_len == -1 && PyErr_Occurred()) {
-            PyErr_Clear();  /* a length set by hand: the Python code decides */
-            new = Py_NewRef(DECLINE);
-            goto done;
-        }
         int in_over = PyDict_Contains(over, key);
         if (in_over < 0)
             goto done;
@@ -745,10 +754,12 @@ slot_offset_in(PyObject *t, const char *name)
     return -1;
 }
 
-/* A change to the copied record: its slot, and the new value (owned). */
+/* The changes to the copied record: slots and new values (owned).  A
+ * handler makes at most six. */
+#define MAX_CHANGES 8
 typedef struct {
-    Py_ssize_t at[8];
-    PyObject *value[8];
+    Py_ssize_t at[MAX_CHANGES];
+    PyObject *value[MAX_CHANGES];
     int n;
 } changes;
 
@@ -766,6 +777,11 @@ change(changes *c, Py_ssize_t at, PyObject *value)
 {
     if (value == NULL)
         return -1;
+    if (c->n == MAX_CHANGES) {
+        Py_DECREF(value);
+        PyErr_SetString(PyExc_SystemError, "transition: too many changes");
+        return -1;
+    }
     c->at[c->n] = at;
     c->value[c->n++] = value;
     return 0;
@@ -790,18 +806,19 @@ lookup(module_state *st, PyObject *m, PyObject *key, int *how)
         Py_DECREF(m);
     }
     else if (t == st->layered_dict) {
-        PyObject *over = Py_XNewRef(SLOT(m, st->ld_over)), *base = Py_XNewRef(SLOT(m, st->ld_base));
-        if (over == NULL || base == NULL || !PyDict_CheckExact(over)
-            || (PyObject *)Py_TYPE(base) != st->frozen_dict)
+        PyObject *base, *over;
+        Py_ssize_t length;
+        if (!layers_of(st, m, &base, &over, &length)) {
             *how = NO;
-        else {
-            v = Py_XNewRef(PyDict_GetItemWithError(over, key));
-            if (v == NULL && !PyErr_Occurred())
-                v = Py_XNewRef(PyDict_GetItemWithError(base, key));
+            return NULL;
         }
-        Py_XDECREF(over);
-        Py_XDECREF(base);
-        return v;
+        Py_INCREF(base);
+        Py_INCREF(over);
+        v = Py_XNewRef(PyDict_GetItemWithError(over, key));
+        if (v == NULL && !PyErr_Occurred())
+            v = Py_XNewRef(PyDict_GetItemWithError(base, key));
+        Py_DECREF(over);
+        Py_DECREF(base);
     }
     else {
         *how = NO;
@@ -841,7 +858,7 @@ put_stealing(module_state *st, PyObject *mapping, PyObject *key, PyObject *value
 
 /* A non-negative counter of the record's (0 when missing), or -1 (NO). */
 static long long
-counter(module_state *st, PyObject *counters, PyObject *name)
+counter(PyObject *counters, PyObject *name)
 {
     PyObject *n = PyDict_GetItemWithError(counters, name);
     if (n == NULL)
@@ -1052,18 +1069,9 @@ derivable(module_state *st, PyObject *m)
     (void)lineage_of(m, layered ? st->ld_lineage : st->fd_lineage, &bad);
     if (bad)
         return NO;
-    if (layered) {
-        PyObject *base = SLOT(m, st->ld_base), *over = SLOT(m, st->ld_over);
-        PyObject *length = SLOT(m, st->ld_len);
-        if (base == NULL || over == NULL || length == NULL || !PyDict_CheckExact(over)
-            || (PyObject *)Py_TYPE(base) != st->frozen_dict || !PyLong_CheckExact(length))
-            return NO;
-        if (PyLong_AsSsize_t(length) == -1 && PyErr_Occurred()) {
-            PyErr_Clear();
-            return NO;
-        }
-    }
-    return OK;
+    PyObject *base, *over;
+    Py_ssize_t length;
+    return !layered || layers_of(st, m, &base, &over, &length) ? OK : NO;
 }
 
 /* Whether one more unit fits the budget (_records.reserve's check). */
@@ -1231,7 +1239,7 @@ provider_started(module_state *st, kernel_spec *k, command_spec *c, PyObject **r
         || old == NULL || (PyObject *)Py_TYPE(old) != st->frozen_dict || turn_id == NULL
         || derivable(st, RECORD(record, k, R_INTENTS)) != OK)
         return NO;
-    long long attempts = counter(st, old, k->s[S_ATTEMPT]), steps = counter(st, old, k->s[S_STEP]);
+    long long attempts = counter(old, k->s[S_ATTEMPT]), steps = counter(old, k->s[S_STEP]);
     if (attempts < 0 || steps < 0)
         return NO;
     HOLD(counters, new_frozen(st, st->frozen_dict));
@@ -1336,7 +1344,7 @@ static int
 not_invoked(module_state *st, kernel_spec *k, PyObject **record, PyObject *step_id,
             PyObject *call_id, long long incarnation)
 {
-    long long n = counter(st, RECORD(record, k, R_COUNTERS), k->s[S_INVOCATION]);
+    long long n = counter(RECORD(record, k, R_COUNTERS), k->s[S_INVOCATION]);
     for (; n > 0; n--) {
         int how;
         PyObject *key = PyUnicode_FromFormat("tool:invocation-%lld-%lld", incarnation, n);
@@ -1406,7 +1414,7 @@ tool_invoked(module_state *st, kernel_spec *k, command_spec *c, PyObject **recor
         return NO;  /* compared below as exact strs only: no Python code runs */
     if (call_id != k->unset && call_id != Py_None)
         TRY(not_invoked(st, k, record, step_id, call_id, incarnation));
-    long long invocations = counter(st, old, k->s[S_INVOCATION]);
+    long long invocations = counter(old, k->s[S_INVOCATION]);
     if (invocations < 0)
         return NO;
     PyObject *pairs[2 * 8] = {k->s[S_INVOCATION_ID], NULL, k->s[S_STEP_ID], step_id};
@@ -1471,31 +1479,20 @@ dissoc_c(module_state *st, PyObject *mapping, PyObject *key)
     PyObject *lineage = lineage_of(mapping, lineage_at, &bad);
     if (bad)
         return Py_NewRef(DECLINE);
-    Py_ssize_t old_len;
+    PyObject *base = NULL, *over = NULL;
+    Py_ssize_t old_len = layered ? 0 : PyDict_GET_SIZE(mapping);
+    if (layered && !layers_of(st, mapping, &base, &over, &old_len))
+        return Py_NewRef(DECLINE);
     PyObject *new = new_frozen(st, st->frozen_dict);
     if (new == NULL)
         return NULL;
     if (layered) {
-        PyObject *base = SLOT(mapping, st->ld_base), *over = SLOT(mapping, st->ld_over);
-        PyObject *length = SLOT(mapping, st->ld_len);
-        if (base == NULL || over == NULL || length == NULL || !PyDict_CheckExact(over)
-            || (PyObject *)Py_TYPE(base) != st->frozen_dict || !PyLong_CheckExact(length)) {
-            Py_DECREF(new);
-            return Py_NewRef(DECLINE);
-        }
-        old_len = PyLong_AsSsize_t(length);
-        if (old_len == -1 && PyErr_Occurred()) {
-            PyErr_Clear();
-            Py_DECREF(new);
-            return Py_NewRef(DECLINE);
-        }
         if (PyDict_Update(new, base) < 0 || PyDict_Update(new, over) < 0) {
             Py_DECREF(new);
             return NULL;
         }
     }
     else {
-        old_len = PyDict_GET_SIZE(mapping);
         if (PyDict_Update(new, mapping) < 0) {
             Py_DECREF(new);
             return NULL;
@@ -1725,8 +1722,6 @@ transition(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         result = FAIL;
         goto out;
     }
-    for (int i = 0; i < N_RECORD; i++)  /* the copy holds what the handlers read */
-        Py_XSETREF(SLOT(new, k->record[i]), Py_NewRef(rv[i]));
     for (int i = 0; i < ch.n; i++) {
         Py_XSETREF(SLOT(new, ch.at[i]), ch.value[i]);
         ch.value[i] = NULL;
