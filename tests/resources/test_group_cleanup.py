@@ -74,3 +74,29 @@ async def test_an_empty_scan_is_confirmed_by_a_second(monkeypatch: pytest.Monkey
     finally:
         child.kill()
         await child.wait()
+
+
+async def test_polling_reads_proc_off_the_trio_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Waiting for a group to go scans ``/proc`` (every process) at each
+    poll: never on the Trio thread, where it would stall every other task."""
+    import threading
+
+    group = await trio.lowlevel.open_process(["sleep", "47402"], start_new_session=True)
+    stat = read_stat(group.pid)
+    assert stat is not None
+    readers: list[bool] = []
+    real = _jobs.group_alive
+
+    def group_alive(pgid: int, start_time: int) -> bool:
+        readers.append(threading.current_thread() is threading.main_thread())
+        return real(pgid, start_time)
+
+    monkeypatch.setattr(_jobs, "group_alive", group_alive)
+    outcome = await _jobs.clean_group(stat.pgrp, stat.start_time, _jobs.default_signaler)
+    await group.wait()
+    assert outcome is None
+    # one round (sleep stops at SIGTERM): the look before and after it and
+    # the polls between run in threads; only the check just before the
+    # signal stays next to it, on the Trio thread
+    assert len(readers) >= 3, readers
+    assert readers.count(True) == 1, readers

@@ -115,9 +115,17 @@ class Job:
         )
 
 
+def _any_alive(pgid: int, start_time: int, escaped: list[ProcStat]) -> bool:
+    return group_alive(pgid, start_time) or any(map(same_process, escaped))
+
+
 async def _gone_within(pgid: int, start_time: int, escaped: list[ProcStat], seconds: float) -> None:
+    """Poll until the group and ``escaped`` are gone, for at most ``seconds``;
+    each look (a scan of ``/proc`` while the group lives) runs in a thread."""
     with trio.move_on_after(seconds):
-        while group_alive(pgid, start_time) or any(map(same_process, escaped)):
+        while await trio.to_thread.run_sync(
+            _any_alive, pgid, start_time, escaped, abandon_on_cancel=True
+        ):
             await trio.sleep(_POLL)
 
 
@@ -132,10 +140,10 @@ async def left_behind(pgid: int, start_time: int) -> tuple[bool, list[ProcStat]]
     member leaving the group between the two reads is seen by the second.
     Nothing left only when a second look, begun after the first ended,
     agrees: a marked process that forks and exits while a scan runs hides
-    its child from that scan, not from the next.  The scans of ``/proc``
+    its child from that scan, not from the next.  The reads of ``/proc``
     run in a thread (they read every process), abandoned on cancellation."""
     for _ in range(2):
-        alive = group_alive(pgid, start_time)
+        alive = await trio.to_thread.run_sync(group_alive, pgid, start_time, abandon_on_cancel=True)
         escaped = await trio.to_thread.run_sync(escapees, pgid, start_time, abandon_on_cancel=True)
         if alive or escaped:
             break
