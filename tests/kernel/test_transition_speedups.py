@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from trio_backplane.errors import Error
 from trio_backplane.kernel import (
+    COMMANDS,
     FrozenDict,
     FrozenList,
     LayeredDict,
@@ -34,8 +35,10 @@ from trio_backplane.kernel import (
     RunRecord,
     ToolCompleted,
     ToolInvoked,
+    _commands,
     _speedups,
     _transition,
+    build_command,
     thaw,
     transition,
 )
@@ -379,3 +382,69 @@ def test_configuration_checks_the_command_order() -> None:
         )
     # the configured layout is still the one in use
     assert _speedups.transition(_start(1, 10, None), ProviderStarted(at=1.0), None, 64, 32)
+
+
+# -- build_command: a command built without attrs' __init__ ----------------------
+
+
+def _built(build: Callable[[], Any]) -> Any:
+    try:
+        return build()
+    except (Error, TypeError) as exc:
+        return exc
+
+
+def _slots(command: Any) -> list[tuple[type, Any]]:
+    return [
+        (type(getattr(command, name)), getattr(command, name))
+        for name in [*(f.name for f in attrs.fields(type(command))), "_source"]
+    ]
+
+
+_COMMAND_CLASSES = sorted(COMMANDS.values(), key=lambda cls: cls.kind)
+
+
+@settings(max_examples=300)
+@given(
+    st.sampled_from(_COMMAND_CLASSES),
+    st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.integers(-(2**60), 2**60),
+        st.sampled_from([True, "1.0", None, 2**53, 2**53 + 1]),
+    ),
+    st.data(),
+)
+def test_build_command_builds_what_the_classes_init_builds(
+    cls: Any, at: Any, data: st.DataObject
+) -> None:
+    """For any class, time and fields (unknown ones, unfrozen values, UNSET
+    given explicitly), ``build_command`` gives the instance or the error
+    ``cls(at=at, **fields)`` gives."""
+    names = [f.name for f in attrs.fields(cls) if f.init and f.name != "at"]
+    keys = data.draw(st.lists(st.sampled_from([*names, "bogus"]), unique=True, max_size=5))
+    values = st.one_of(
+        st.just(UNSET),
+        _VALUES,
+        st.sampled_from([FrozenList([1]), FrozenDict({"a": 1}), [1, 2], {"a": [1]}]),
+    )
+    fields = {key: data.draw(values) for key in keys}
+    if data.draw(st.booleans()):
+        fields = FrozenDict(fields)  # type: ignore[assignment]
+    built = _built(functools.partial(build_command, cls, at, fields))
+    made = _built(functools.partial(cls, at=at, **fields))
+    if isinstance(made, TypeError | Error):
+        assert type(built) is type(made)
+        assert str(built) == str(made)
+    else:
+        assert type(built) is cls
+        assert _same(_slots(built), _slots(made))
+
+
+def test_build_command_takes_the_c_path_for_a_steps_commands() -> None:
+    """The commands a step builds are the accelerator's (its blank copied)."""
+    assert _commands._fast_make is not None
+    fields = {"invocation_id": "invocation-1-1", "messages": FrozenList([FrozenDict()])}
+    assert _commands._fast_make(ToolCompleted, 1.0, fields) is not NotImplemented
+    assert _commands._fast_make(ToolCompleted, 1.0, {"bogus": 1}) is NotImplemented
+    assert _commands._fast_make(ToolCompleted, math.nan, {}) is NotImplemented
+    assert _commands._fast_make(ToolCompleted, 1.0, {"messages": [1]}) is NotImplemented

@@ -25,6 +25,7 @@ from ._commands import (
     ToolInvoked,
     WaitResolved,
     WaitStarted,
+    build_command,
 )
 from ._derived import appended, assoc, changed_keys, dissoc
 from ._evolve import evolve_record
@@ -79,6 +80,7 @@ __all__ = [
     "WaitStarted",
     "appended",
     "assoc",
+    "build_command",
     "changed_keys",
     "check_json",
     "check_run_id",

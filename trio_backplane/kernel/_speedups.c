@@ -36,9 +36,11 @@
 #define INT_BITS_OK 14285
 
 typedef struct kernel_spec kernel_spec;
+typedef struct builders builders;
 
 typedef struct {
     kernel_spec *kernel;  /* configure_transition's, or NULL */
+    builders *builders;   /* configure_commands', or NULL */
     PyObject *frozen_dict;
     PyObject *frozen_list;
     PyObject *layered_dict;
@@ -1923,6 +1925,169 @@ failed:
     return NULL;
 }
 
+/* ---- command: a typed command built without attrs' __init__ --------------
+ *
+ * command(cls, at, fields) -> cls(at=at, **fields) | NotImplemented
+ *
+ * The same instance attrs' __init__ makes for the fields a runtime passes:
+ * a copy of the class's blank instance (every field UNSET, no source) with
+ * `at` and the given fields set.  It declines (the class's own __init__
+ * then decides and words any error) for a time its validator would refuse,
+ * a field the class does not have, and a value a field's converter would
+ * not keep as it is (anything but its default, a frozen container, None or
+ * a bool). */
+
+#define MAX_BUILDERS 16
+
+typedef struct {
+    PyObject *type, *blank;
+    Py_ssize_t at;                      /* the `at` slot */
+    Py_ssize_t n;                       /* its other init fields */
+    PyObject *name[MAX_INPUTS];
+    Py_ssize_t slot[MAX_INPUTS];
+    int converted[MAX_INPUTS];          /* frozen by a converter */
+} builder;
+
+struct builders {
+    Py_ssize_t n;
+    builder of[MAX_BUILDERS];
+};
+
+/* Whether `at` passes the commands' time validator (_fields.is_time). */
+static int
+is_time(PyObject *at)
+{
+    if (PyFloat_CheckExact(at))
+        return isfinite(PyFloat_AS_DOUBLE(at));
+    if (!PyLong_CheckExact(at))
+        return 0;
+    int big;
+    long long t = PyLong_AsLongLongAndOverflow(at, &big);
+    return !big && t <= (1LL << 53) && t >= -(1LL << 53);
+}
+
+static PyObject *
+command(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    module_state *st = called(module, nargs, 3, "command(cls, at, fields)");
+    if (st == NULL)
+        return NULL;
+    builders *all = st->builders;
+    PyObject *fields = args[2], *ft = (PyObject *)Py_TYPE(fields);
+    builder *b = NULL;
+    for (Py_ssize_t i = 0; all != NULL && i < all->n; i++)
+        if (all->of[i].type == args[0])
+            b = &all->of[i];
+    if (b == NULL || !is_time(args[1]) || (ft != (PyObject *)&PyDict_Type && ft != st->frozen_dict))
+        return Py_NewRef(DECLINE);
+    PyObject *new = slot_copy(b->blank);
+    if (new == NULL)
+        return NULL;
+    Py_ssize_t found = 0;
+    for (Py_ssize_t i = 0; i < b->n && found < PyDict_GET_SIZE(fields); i++) {
+        PyObject *v = PyDict_GetItemWithError(fields, b->name[i]);
+        if (v == NULL) {
+            if (PyErr_Occurred()) {
+                Py_DECREF(new);
+                return NULL;
+            }
+            continue;
+        }
+        PyObject *t = (PyObject *)Py_TYPE(v);
+        if (b->converted[i] && v != SLOT(b->blank, b->slot[i])  /* its default */
+            && !(t == st->frozen_list || t == st->frozen_dict || t == st->layered_dict
+                 || v == Py_None || t == (PyObject *)&PyBool_Type)) {
+            Py_DECREF(new);
+            return Py_NewRef(DECLINE);
+        }
+        Py_XSETREF(SLOT(new, b->slot[i]), Py_NewRef(v));
+        found++;
+    }
+    if (found != PyDict_GET_SIZE(fields)) {  /* a key the class does not have */
+        Py_DECREF(new);
+        return Py_NewRef(DECLINE);
+    }
+    Py_XSETREF(SLOT(new, b->at), Py_NewRef(args[1]));
+    return new;
+}
+
+static int
+builders_traverse(builders *all, visitproc visit, void *arg)
+{
+    for (Py_ssize_t i = 0; all != NULL && i < all->n; i++) {
+        Py_VISIT(all->of[i].type);
+        Py_VISIT(all->of[i].blank);
+    }
+    return 0;
+}
+
+static void
+builders_free(builders *all)
+{
+    for (Py_ssize_t i = 0; all != NULL && i < all->n; i++) {
+        Py_CLEAR(all->of[i].type);
+        Py_CLEAR(all->of[i].blank);
+        for (Py_ssize_t j = 0; j < all->of[i].n; j++)
+            Py_CLEAR(all->of[i].name[j]);
+    }
+    PyMem_Free(all);
+}
+
+/* configure_commands(((cls, blank, ((field, converted), ...)), ...)): each
+ * class, its blank instance (`at` set, every other field its default) and
+ * its other init fields. */
+static PyObject *
+configure_commands(PyObject *module, PyObject *specs)
+{
+    module_state *st = PyModule_GetState(module);
+    if (!PyTuple_Check(specs) || PyTuple_GET_SIZE(specs) > MAX_BUILDERS) {
+        PyErr_SetString(PyExc_TypeError, "configure_commands: a tuple of at most 16 classes");
+        return NULL;
+    }
+    builders *all = PyMem_Calloc(1, sizeof(builders));
+    if (all == NULL)
+        return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(specs); i++) {
+        builder *b = &all->of[i];
+        PyObject *type, *blank, *inputs;
+        PyObject *spec = PyTuple_GET_ITEM(specs, i);
+        if (!PyTuple_Check(spec)
+            || !PyArg_ParseTuple(spec, "OOO!", &type, &blank, &PyTuple_Type, &inputs))
+            goto failed;
+        if (!PyType_Check(type) || (PyObject *)Py_TYPE(blank) != type
+            || !slots_only((PyTypeObject *)type) || PyTuple_GET_SIZE(inputs) > MAX_INPUTS
+            || (b->at = slot_offset_in(type, "at")) < 0) {
+            PyErr_SetString(PyExc_TypeError, "configure_commands: a slotted class and its blank");
+            goto failed;
+        }
+        b->type = Py_NewRef(type);
+        b->blank = Py_NewRef(blank);
+        all->n = i + 1;
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(inputs); j++) {
+            PyObject *name;
+            int converted;
+            if (!PyArg_ParseTuple(PyTuple_GET_ITEM(inputs, j), "Up", &name, &converted))
+                goto failed;
+            const char *text = PyUnicode_AsUTF8(name);
+            if (text == NULL)
+                goto failed;
+            if ((b->slot[j] = slot_offset_in(type, text)) < 0) {
+                PyErr_Format(PyExc_TypeError, "configure_commands: no slot %U", name);
+                goto failed;
+            }
+            b->name[j] = Py_NewRef(name);
+            b->converted[j] = converted;
+            b->n = j + 1;
+        }
+    }
+    builders_free(st->builders);
+    st->builders = all;
+    Py_RETURN_NONE;
+failed:
+    builders_free(all);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"freeze", (PyCFunction)(void (*)(void))freeze, METH_FASTCALL,
      "freeze(value, limit, /)\n--\n\n"
@@ -1943,6 +2108,12 @@ static PyMethodDef methods[] = {
      "configure_transition(record_type, budget_type, event, unset, key_summaries, "
      "item_summaries, max_depth, record_depth, commands, /)\n--\n\n"
      "The kernel's types, helpers and command layouts transition works with."},
+    {"command", (PyCFunction)(void (*)(void))command, METH_FASTCALL,
+     "command(cls, at, fields, /)\n--\n\n"
+     "cls(at=at, **fields) for a configured command class, or NotImplemented."},
+    {"configure_commands", configure_commands, METH_O,
+     "configure_commands(specs, /)\n--\n\n"
+     "The command classes command builds: (cls, blank, ((field, converted), ...))."},
     {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL,
      "configure(frozen_dict, frozen_list, layered_dict, lineage_max, /)\n--\n\n"
      "The types the accelerator builds and keeps, and the lineage limit."},
@@ -1956,7 +2127,8 @@ module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->frozen_dict);
     Py_VISIT(st->frozen_list);
     Py_VISIT(st->layered_dict);
-    return kernel_traverse(st->kernel, visit, arg);
+    int failed = kernel_traverse(st->kernel, visit, arg);
+    return failed ? failed : builders_traverse(st->builders, visit, arg);
 }
 
 static int
@@ -1968,6 +2140,8 @@ module_clear(PyObject *module)
     Py_CLEAR(st->layered_dict);
     kernel_free(st->kernel);
     st->kernel = NULL;
+    builders_free(st->builders);
+    st->builders = NULL;
     return 0;
 }
 

@@ -35,3 +35,11 @@ def transition(
     record: object, command: object, revision: int | None, layer_from: int, overlay_max: int, /
 ) -> Any:
     """``_transition.transition`` of a tool step's four commands, or ``NotImplemented``."""
+
+def configure_commands(
+    specs: tuple[tuple[type, object, tuple[tuple[str, bool], ...]], ...], /
+) -> None:
+    """The command classes ``command`` builds, each with its blank instance and fields."""
+
+def command(cls: type, at: object, fields: object, /) -> Any:
+    """``cls(at=at, **fields)`` for a configured command class, or ``NotImplemented``."""

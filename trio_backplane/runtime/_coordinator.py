@@ -60,7 +60,7 @@ class Coordinator:
         )
 
     async def commit(
-        self, command: Callable[..., KernelCommand], fields: Mapping[str, Any] | None = None
+        self, command: type[KernelCommand], fields: Mapping[str, Any] | None = None
     ) -> RunRecord:
         """Apply ``command(at=now, **fields)`` to the last acknowledged record
         and commit it."""

@@ -17,6 +17,7 @@ from ..kernel import (
     RunRecord,
     ToolCompleted,
     ToolInvoked,
+    build_command,
     freeze,
     loads,
     thaw,
@@ -248,12 +249,12 @@ class ToolGateway:
         )
 
         def build(record: RunRecord, now: float) -> KernelCommand:
-            return ToolCompleted(
-                at=now,
-                invocation_id=invocation_id,
-                result=normalized,
-                messages=FrozenList((message,)),
-            )
+            fields = {
+                "invocation_id": invocation_id,
+                "result": normalized,
+                "messages": FrozenList((message,)),
+            }
+            return build_command(ToolCompleted, now, fields)
 
         def settled() -> None:
             state.unsettled.pop(invocation_id, None)

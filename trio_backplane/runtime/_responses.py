@@ -20,6 +20,7 @@ from ..kernel import (
     ProviderCompleted,
     ProviderStarted,
     RunRecord,
+    build_command,
     freeze,
 )
 from ._attempt import AttemptOutcome, ResponseAssembler
@@ -275,13 +276,13 @@ class Responses:
             result = (
                 {"message": frozen} if streamed is None else {"message": frozen, "calls": streamed}
             )
-            return ProviderCompleted(
-                at=now,
-                attempt_id=attempt_id,
-                result=FrozenDict(result),  # frozen: stored as it is
-                messages=FrozenList((frozen,)),
-                usage=_reports(usage),
-            )
+            fields = {
+                "attempt_id": attempt_id,
+                "result": FrozenDict(result),  # frozen: stored as it is
+                "messages": FrozenList((frozen,)),
+                "usage": _reports(usage),
+            }
+            return build_command(ProviderCompleted, now, fields)
 
         def completed_event() -> None:
             if publisher.active:

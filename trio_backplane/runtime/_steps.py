@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from ..kernel import ConversationUpdated, KernelCommand, RunRecord
+from ..kernel import ConversationUpdated, KernelCommand, RunRecord, build_command
 from ._conversation_state import ConversationState
 
 __all__ = ["Step", "checkpoint_step", "command_step"]
@@ -25,13 +25,13 @@ class Step(NamedTuple):
 
 
 def command_step(
-    command: Callable[..., KernelCommand],
+    command: type[KernelCommand],
     fields: Mapping[str, Any] | None = None,
     after: Callable[[], None] | None = None,
 ) -> Step:
     """A step committing ``command(at=now, **fields)`` (a typed command class)."""
     given = {} if fields is None else fields
-    return Step(lambda _record, now: command(at=now, **given), after)
+    return Step(lambda _record, now: build_command(command, now, given), after)
 
 
 def checkpoint_step(

@@ -79,7 +79,7 @@ class StepWriter:
 
     async def effect_commit(
         self,
-        command: Callable[..., KernelCommand],
+        command: type[KernelCommand],
         fields: Mapping[str, Any],
         before: Step | None = None,
         *,
