@@ -6,6 +6,7 @@
  * grown(items, more) -> a new FrozenList: the items of items, then of more
  * put(mapping, key, value, layer_from, overlay_max) -> derived | NotImplemented
  * configure_transition(...), transition(record, command, revision, ...) -> (new, [event]) | NotImplemented
+ * register_record(cls, blank, fields, positional), record(cls, *args, **fields) -> cls(*args, **fields)
  *
  * freeze builds exactly what the Python walk builds for JSON data made of
  * exact built-in types (dict, list, tuple, str, int, float, bool, None) and
@@ -37,10 +38,12 @@
 
 typedef struct kernel_spec kernel_spec;
 typedef struct builders builders;
+typedef struct records records;
 
 typedef struct {
     kernel_spec *kernel;  /* configure_transition's, or NULL */
     builders *builders;   /* configure_commands', or NULL */
+    records *records;     /* register_record's, or NULL */
     PyObject *frozen_dict;
     PyObject *frozen_list;
     PyObject *layered_dict;
@@ -2088,6 +2091,169 @@ failed:
     return NULL;
 }
 
+/* record(cls, /, *args, **fields): cls(*args, **fields) for a class
+ * register_record accepted (a slotted attrs class whose __init__ only
+ * stores its arguments, a constant default where one is missing): a copy
+ * of its blank instance (the defaults) with the arguments set, no
+ * __init__ run.  Any call it does not build exactly so (an unregistered
+ * class, too many positional arguments, an unknown or repeated keyword, a
+ * required field missing) is the call cls(*args, **fields) itself, which
+ * words the error. */
+
+#define MAX_RECORDS 32
+#define MAX_FIELDS 24
+
+typedef struct {
+    PyObject *type, *blank;
+    Py_ssize_t n, positional;           /* init fields; the first `positional` by position */
+    PyObject *alias[MAX_FIELDS];        /* each field's keyword */
+    Py_ssize_t slot[MAX_FIELDS];
+} record_spec;
+
+struct records {
+    Py_ssize_t n;
+    record_spec of[MAX_RECORDS];
+};
+
+static Py_ssize_t
+field_of(record_spec *r, PyObject *keyword)
+{
+    for (Py_ssize_t j = 0; j < r->n; j++)
+        if (r->alias[j] == keyword)
+            return j;
+    for (Py_ssize_t j = 0; j < r->n; j++) {  /* a keyword not interned */
+        int same = PyUnicode_Compare(r->alias[j], keyword);
+        if (same == 0)
+            return j;
+        if (same == -1 && PyErr_Occurred())
+            PyErr_Clear();  /* not a str: no field of ours */
+    }
+    return -1;
+}
+
+static PyObject *
+record(PyObject *module, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs < 1) {
+        PyErr_SetString(PyExc_TypeError, "record(cls, /, *args, **fields): no class given");
+        return NULL;
+    }
+    records *all = ((module_state *)PyModule_GetState(module))->records;
+    PyObject *cls = args[0];
+    Py_ssize_t given = nargs - 1, named = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    record_spec *r = NULL;
+    for (Py_ssize_t i = 0; all != NULL && i < all->n; i++)
+        if (all->of[i].type == cls)
+            r = &all->of[i];
+    if (r == NULL || given > r->positional)
+        goto declined;
+    PyObject *new = slot_copy(r->blank);
+    if (new == NULL)
+        return NULL;
+    for (Py_ssize_t j = 0; j < given; j++)
+        Py_XSETREF(SLOT(new, r->slot[j]), Py_NewRef(args[1 + j]));
+    for (Py_ssize_t k = 0; k < named; k++) {
+        Py_ssize_t j = field_of(r, PyTuple_GET_ITEM(kwnames, k));
+        if (j < given) {  /* unknown (-1), or given by position too */
+            Py_DECREF(new);
+            goto declined;
+        }
+        Py_XSETREF(SLOT(new, r->slot[j]), Py_NewRef(args[1 + given + k]));
+    }
+    for (Py_ssize_t j = 0; j < r->n; j++)
+        if (SLOT(new, r->slot[j]) == NULL) {  /* required, not given */
+            Py_DECREF(new);
+            goto declined;
+        }
+    return new;
+declined:
+    return PyObject_Vectorcall(cls, args + 1, given, kwnames);
+}
+
+/* register_record(cls, blank, fields, positional): fields is ((alias,
+ * slot name), ...) in __init__'s order, the first `positional` of them
+ * taken by position; blank an instance of cls whose slots hold the
+ * defaults (unset where a field is required). */
+static PyObject *
+register_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyType_Check(args[0]) || (PyObject *)Py_TYPE(args[1]) != args[0]
+        || !PyTuple_Check(args[2]) || !PyLong_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "register_record(cls, blank, fields, positional): a class, its blank, "
+                        "a tuple and an int");
+        return NULL;
+    }
+    module_state *st = PyModule_GetState(module);
+    PyObject *type = args[0], *fields = args[2];
+    Py_ssize_t positional = PyLong_AsSsize_t(args[3]);
+    if (positional == -1 && PyErr_Occurred())
+        return NULL;
+    if (!slots_only((PyTypeObject *)type) || PyTuple_GET_SIZE(fields) > MAX_FIELDS
+        || positional < 0 || positional > PyTuple_GET_SIZE(fields)) {
+        PyErr_SetString(PyExc_TypeError, "register_record: a slotted class of at most 24 fields");
+        return NULL;
+    }
+    if (st->records == NULL && (st->records = PyMem_Calloc(1, sizeof(records))) == NULL)
+        return PyErr_NoMemory();
+    records *all = st->records;
+    for (Py_ssize_t i = 0; i < all->n; i++)
+        if (all->of[i].type == type) {
+            PyErr_SetString(PyExc_TypeError, "register_record: registered already");
+            return NULL;
+        }
+    if (all->n == MAX_RECORDS) {
+        PyErr_SetString(PyExc_TypeError, "register_record: at most 32 classes");
+        return NULL;
+    }
+    record_spec spec = {.positional = positional};
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(fields); j++) {
+        PyObject *alias, *name;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(fields, j), "UU", &alias, &name))
+            return NULL;
+        const char *text = PyUnicode_AsUTF8(name);
+        if (text == NULL)
+            return NULL;
+        if ((spec.slot[j] = slot_offset_in(type, text)) < 0) {
+            PyErr_Format(PyExc_TypeError, "register_record: no slot %U", name);
+            return NULL;
+        }
+        spec.alias[j] = alias;
+        spec.n = j + 1;
+    }
+    record_spec *r = &all->of[all->n];
+    *r = spec;
+    r->type = Py_NewRef(type);
+    r->blank = Py_NewRef(args[1]);
+    for (Py_ssize_t j = 0; j < r->n; j++)
+        Py_INCREF(r->alias[j]);
+    all->n++;
+    Py_RETURN_NONE;
+}
+
+static int
+records_traverse(records *all, visitproc visit, void *arg)
+{
+    for (Py_ssize_t i = 0; all != NULL && i < all->n; i++) {
+        Py_VISIT(all->of[i].type);
+        Py_VISIT(all->of[i].blank);
+    }
+    return 0;
+}
+
+static void
+records_free(records *all)
+{
+    for (Py_ssize_t i = 0; all != NULL && i < all->n; i++) {
+        Py_CLEAR(all->of[i].type);
+        Py_CLEAR(all->of[i].blank);
+        for (Py_ssize_t j = 0; j < all->of[i].n; j++)
+            Py_CLEAR(all->of[i].alias[j]);
+    }
+    PyMem_Free(all);
+}
+
 static PyMethodDef methods[] = {
     {"freeze", (PyCFunction)(void (*)(void))freeze, METH_FASTCALL,
      "freeze(value, limit, /)\n--\n\n"
@@ -2114,6 +2280,12 @@ static PyMethodDef methods[] = {
     {"configure_commands", configure_commands, METH_O,
      "configure_commands(specs, /)\n--\n\n"
      "The command classes command builds: (cls, blank, ((field, converted), ...))."},
+    {"record", (PyCFunction)(void (*)(void))record, METH_FASTCALL | METH_KEYWORDS,
+     "record(cls, /, *args, **fields)\n--\n\n"
+     "cls(*args, **fields), built as a copy of a registered class's blank instance."},
+    {"register_record", (PyCFunction)(void (*)(void))register_record, METH_FASTCALL,
+     "register_record(cls, blank, fields, positional, /)\n--\n\n"
+     "A class record builds: its blank, ((keyword, slot name), ...) and how many by position."},
     {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL,
      "configure(frozen_dict, frozen_list, layered_dict, lineage_max, /)\n--\n\n"
      "The types the accelerator builds and keeps, and the lineage limit."},
@@ -2128,7 +2300,8 @@ module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->frozen_list);
     Py_VISIT(st->layered_dict);
     int failed = kernel_traverse(st->kernel, visit, arg);
-    return failed ? failed : builders_traverse(st->builders, visit, arg);
+    failed = failed ? failed : builders_traverse(st->builders, visit, arg);
+    return failed ? failed : records_traverse(st->records, visit, arg);
 }
 
 static int
@@ -2142,6 +2315,8 @@ module_clear(PyObject *module)
     st->kernel = NULL;
     builders_free(st->builders);
     st->builders = NULL;
+    records_free(st->records);
+    st->records = NULL;
     return 0;
 }
 

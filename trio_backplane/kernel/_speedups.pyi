@@ -43,3 +43,11 @@ def configure_commands(
 
 def command(cls: type, at: object, fields: object, /) -> Any:
     """``cls(at=at, **fields)`` for a configured command class, or ``NotImplemented``."""
+
+def register_record(
+    cls: type, blank: object, fields: tuple[tuple[str, str], ...], positional: int, /
+) -> None:
+    """A class ``record`` builds: its blank, ``(keyword, slot)`` pairs, how many by position."""
+
+def record(cls: type, /, *args: object, **fields: object) -> Any:
+    """``cls(*args, **fields)``, built as a copy of a registered class's blank instance."""

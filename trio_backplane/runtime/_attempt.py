@@ -11,12 +11,13 @@ the commits.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, final
+from typing import Any, Final, final
 
 import attrs
 
 from ..errors import Error, ErrorClass
 from ..kernel import FrozenDict, freeze, thaw, utf8_size
+from ..kernel._construct import fast_constructor
 from ._provider import (
     PROVIDER_EVENTS,
     ResponseCompleted,
@@ -48,6 +49,10 @@ class AttemptOutcome:
     #: the calls came from the stream, not from the message's blocks: the
     #: committed result must name them (a resumed run reads them there)
     streamed_calls: bool = False
+
+
+# One an attempt: without attrs' __init__ (see fast_constructor).
+_outcome: Final = fast_constructor(AttemptOutcome)
 
 
 class _Accounting:
@@ -138,7 +143,7 @@ class ResponseAssembler:
             assert message is not None
             calls = tool_calls(message, self._completed)
             failure = _malformed_call(calls)
-        return AttemptOutcome(
+        return _outcome(
             message=message,
             calls=calls,
             usage=usage,

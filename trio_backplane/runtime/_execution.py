@@ -5,14 +5,15 @@ run commits it (normalized, redacted, bounded) or as evidence."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, final
+from typing import Any, Final, final
 
 import trio
 
 from ..errors import Error, ErrorClass
 from ..kernel import RunRecord, ToolCompleted, freeze, thaw, utf8_size
+from ..kernel._construct import fast_constructor
 from ..schema import CompiledSchema, compile_with
-from ..tools import Rejection, ToolDescriptor, ToolResult
+from ..tools import Invocation, Rejection, ToolDescriptor, ToolResult
 from ._catalog import CatalogState
 from ._context import Effect, ToolContext, ToolOperation
 from ._coordinator import Coordinator
@@ -29,9 +30,15 @@ __all__ = [
     "error_result",
     "intent",
     "invocation_number",
+    "new_invocation",
     "plain",
     "started",
 ]
+
+# Built for every call: without attrs' __init__ (see fast_constructor).
+_operation: Final = fast_constructor(ToolOperation)
+#: ``Invocation(run_id, tool_name, tool_revision)``, what ``authorize`` reads
+new_invocation: Final = fast_constructor(Invocation)
 
 
 class CallerEnded(Exception):
@@ -132,7 +139,7 @@ class Executor:
         """What the backend's ``execute`` receives for the intent ``record`` holds."""
         state = self._state
         authority = self._catalog.bundle.authority
-        return ToolOperation(
+        return _operation(
             run_id=state.run_id,
             incarnation=record.incarnation,
             step_id=str(record.step_id),

@@ -25,7 +25,6 @@ from ..kernel import (
 from ..tools import (
     Approval,
     ApprovalDecision,
-    Invocation,
     ToolDescriptor,
     arguments_digest,
     authorize,
@@ -34,7 +33,14 @@ from ..tools import (
 )
 from ._catalog import CatalogState
 from ._context import ContextHost, Effect, ToolContext
-from ._execution import Executor, error_result, intent, invocation_number, started
+from ._execution import (
+    Executor,
+    error_result,
+    intent,
+    invocation_number,
+    new_invocation,
+    started,
+)
 from ._interactions import Interactions
 from ._options import HOST_RESOLVER
 from ._signals import _Stop
@@ -103,7 +109,7 @@ class ToolGateway:
             authorize(
                 bundle.authority,
                 descriptor,
-                Invocation(self._state.run_id, descriptor.name, descriptor.revision),
+                new_invocation(self._state.run_id, descriptor.name, descriptor.revision),
             )
             if descriptor.requires_approval:
                 await self._writer.flush(before)  # the response is durable before a human sees it

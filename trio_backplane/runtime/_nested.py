@@ -11,7 +11,7 @@ import trio
 
 from ..errors import Error, ErrorClass
 from ..kernel import RunRecord, ToolInvoked, thaw
-from ..tools import Invocation, ToolDescriptor, ToolResult, authorize, settlement
+from ..tools import ToolDescriptor, ToolResult, authorize, settlement
 from ._catalog import CatalogState
 from ._context import ContextHost, Effect, ToolContext, ToolOperation
 from ._execution import (
@@ -20,6 +20,7 @@ from ._execution import (
     error_result,
     intent,
     invocation_number,
+    new_invocation,
     plain,
     started,
 )
@@ -129,7 +130,7 @@ class NestedCalls:
         authorize(
             bundle.authority,
             descriptor,
-            Invocation(self._state.run_id, descriptor.name, descriptor.revision),
+            new_invocation(self._state.run_id, descriptor.name, descriptor.revision),
         )
         return descriptor, arguments
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
-from typing import Any, final
+from typing import Any, Final, final
 
 import trio
 
@@ -23,6 +23,7 @@ from ..kernel import (
     build_command,
     freeze,
 )
+from ..kernel._construct import fast_constructor
 from ._attempt import AttemptOutcome, ResponseAssembler
 from ._catalog import CatalogState
 from ._coordinator import Coordinator
@@ -36,6 +37,9 @@ from ._steps import Step
 from ._writer import StepWriter
 
 __all__ = ["Attempt", "Responses"]
+
+# One a provider attempt: without attrs' __init__ (see fast_constructor).
+_new_request: Final = fast_constructor(ProviderRequest)
 
 #: what an attempt gives the turn: the response message, its tool calls and
 #: its ``provider_completed`` step, still to commit
@@ -124,8 +128,10 @@ class Responses:
     def _request(
         self, record: RunRecord, turn_id: str, step_id: str, attempt_id: str
     ) -> ProviderRequest:
-        conversation = self._state.conversation
-        return ProviderRequest(
+        # held(): the catalog revision is not a growing field, and the
+        # transcript is the record's own (no state rebuilt for a grown one)
+        revision = self._state.held().catalog_revision
+        return _new_request(
             run_id=self._state.run_id,
             incarnation=record.incarnation,
             turn_id=turn_id,
@@ -134,8 +140,8 @@ class Responses:
             # The frozen transcript itself: FrozenDict/FrozenList are dict and
             # tuple subclasses, so providers read (and JSON-encode) them as is,
             # and a request costs nothing per past message.
-            messages=conversation.messages,
-            catalog_revision=conversation.catalog_revision or 1,
+            messages=record.transcript,
+            catalog_revision=revision or 1,
             tools=self._catalog.provider_tools,
         )
 

@@ -20,6 +20,7 @@ import trio
 
 from ..errors import Error, ErrorClass
 from ..kernel import RunRecord, freeze, thaw
+from ..kernel._construct import fast_constructor
 from ._clock import DurableClock
 from ._conversation_state import ConversationState
 from ._deadline import DeadlineBudget
@@ -40,6 +41,9 @@ _LAST_WORDS: Final = frozenset({"run_completed", "run_failed", "run_cancelled", 
 #: ``<kind>-<incarnation>-<n>``, numbers as this runtime writes them (an id
 #: with longer ones, a host's own, is no id of ours: never converted, so
 #: never past Python's int digit limit)
+#: ``Event(...)``, one a published event: without attrs' ``__init__``
+_event: Final = fast_constructor(Event)
+
 _OUR_ID: Final = re.compile(r"[a-z_]+-([0-9]{1,18})-([0-9]{1,18})")
 
 
@@ -276,12 +280,12 @@ class Publisher:
             # not JSON data (a provider's, refused once the response is
             # committed): a copy, never what the run holds
             payload = thaw(payload)
-        return Event(
+        return _event(
             type=type_,
             payload=payload,
             run_id=state.run_id,
             incarnation=state.record.incarnation,
-            turn_id=state.conversation.turn_id,
+            turn_id=state.held().turn_id,  # not a growing field
             step_id=state.step_id,
             attempt_id=state.attempt_id,
         )

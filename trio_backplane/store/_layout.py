@@ -46,6 +46,7 @@ from ..kernel import (
     decode_record,
     dumps,
 )
+from ..kernel._construct import fast_constructor
 
 __all__ = [
     "MESSAGES",
@@ -374,6 +375,9 @@ class Entry:
     usage: Sequence[Any] | None = None
 
 
+#: ``Entry(...)``, made for every commit: without attrs' ``__init__``
+_entry: Final = fast_constructor(Entry)
+
 #: The entry of "nothing stored yet": diffing against it writes every part.
 NOTHING: Final = Entry(RunRecord(run_id="-"), _NO_KEYS, _NO_KEYS, _NO_KEYS, None, None)
 
@@ -509,7 +513,7 @@ def diff(old: Entry, record: RunRecord) -> tuple[Entry, Upserts, Deletes]:
     deletes: Deletes = []
     messages = record.transcript
     usage = record.usage
-    entry = Entry(
+    entry = _entry(
         record,
         _diff_keyed("intents", old.intents, record.intents, upserts, deletes),
         _diff_keyed("tool_results", old.tool_results, record.tool_results, upserts, deletes),

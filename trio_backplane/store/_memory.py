@@ -13,6 +13,7 @@ from ._protocol import (
     check_arguments,
     check_commit,
     check_states,
+    make_receipt,
     prepare_create,
 )
 
@@ -93,7 +94,7 @@ class MemoryStore:
         # encoded, and a RunEvent's payload is frozen already.
         self._events[run_id].extend(events)
         self._records[run_id] = record
-        return Receipt(run_id, incarnation, record.revision)
+        return make_receipt(run_id, incarnation, record.revision)
 
     async def fence(self, run_id: str, *, incarnation: int) -> Receipt:
         check_arguments(run_id, incarnation=incarnation)

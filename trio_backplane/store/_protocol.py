@@ -8,7 +8,7 @@ decides only whether this writer may still write it.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import Any, Protocol, final, runtime_checkable
+from typing import Any, Final, Protocol, final, runtime_checkable
 
 import attrs
 
@@ -25,6 +25,7 @@ from ..kernel import (
     encode_record,
     is_time,
 )
+from ..kernel._construct import fast_constructor
 
 __all__ = [
     "PreparedCommit",
@@ -48,6 +49,11 @@ class Receipt:
     run_id: str
     incarnation: int
     revision: int
+
+
+#: ``Receipt(run_id, incarnation, revision)``, built without attrs' ``__init__``
+#: (a store makes one a commit)
+make_receipt: Final = fast_constructor(Receipt)
 
 
 @final

@@ -56,6 +56,7 @@ from .._protocol import (
     check_arguments,
     check_commit,
     check_states,
+    make_receipt,
     prepare_create,
 )
 from ._driver import Driver
@@ -466,7 +467,7 @@ class SQLStore:
             stats["part_rows"] += rows
             stats["last_part_rows"] = rows
             stats["last_bytes"] = size
-        return Receipt(record.run_id, record.incarnation, record.revision)
+        return make_receipt(record.run_id, record.incarnation, record.revision)
 
     async def fence(self, run_id: str, *, incarnation: int) -> Receipt:
         """Advance the run to ``incarnation`` atomically: afterwards the
