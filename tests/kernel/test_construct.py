@@ -10,6 +10,7 @@ records whose slots hold the very same objects, or both raise the same
 
 from __future__ import annotations
 
+import abc
 from typing import Any
 
 import attrs
@@ -174,10 +175,85 @@ class Plain:
     pass
 
 
-@pytest.mark.parametrize("cls", [Validated, Converted, Factory, Hooked, Cached, Dicted, Plain])
+@attrs.frozen
+class Base:
+    a: int
+
+
+class OwnInit(Base):
+    """Not an attrs class: its own ``__init__`` runs."""
+
+    __slots__ = ()
+
+    def __init__(self, a: int) -> None:
+        super().__init__(a * 2)
+
+
+@attrs.frozen
+class Interned:
+    a: int
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Interned:
+        return super().__new__(cls)
+
+
+class Counting(type):
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        return super().__call__(*args, **kwargs)
+
+
+@attrs.frozen
+class Metaclassed(metaclass=Counting):
+    a: int
+
+
+@attrs.define
+class Setter:
+    a: int
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value * 10)
+
+
+@attrs.frozen
+class Abstract(abc.ABC):
+    a: int
+
+    @abc.abstractmethod
+    def method(self) -> None: ...
+
+
+@attrs.frozen
+class Finalized:
+    a: int
+
+    def __del__(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    "cls",
+    [
+        Validated,
+        Converted,
+        Factory,
+        Hooked,
+        Cached,
+        Dicted,
+        Plain,
+        OwnInit,
+        Interned,
+        Metaclassed,
+        Setter,
+        Abstract,
+        Finalized,
+    ],
+)
 def test_classes_whose_init_does_more_keep_it(cls: type) -> None:
-    """A validator, converter, factory, hook, cached hash or ``__dict__``:
-    the constructor is the class itself."""
+    """A validator, converter, factory, hook, cached hash, ``__dict__``, a
+    subclass's own ``__init__``, a ``__new__``, a metaclass ``__call__``, a
+    ``__setattr__``, abstract methods or a finalizer: the constructor is the
+    class itself (review of session 23)."""
     assert fast_constructor(cls) is cls
 
 
@@ -192,3 +268,21 @@ def test_a_class_is_registered_once() -> None:
     assert fast_constructor(Once) is fast_constructor(Once) is not Once
     with pytest.raises(TypeError, match="registered already"):
         _speedups.register_record(Once, object.__new__(Once), (("a", "a"),), 1)
+
+
+def test_a_str_subclass_keyword_is_the_class_call() -> None:
+    """A keyword of a ``str`` subclass is matched by Python's own call (its
+    ``__eq__``), never by its text."""
+
+    class Never(str):
+        __hash__ = str.__hash__
+
+        def __eq__(self, other: object) -> bool:
+            return False
+
+    make = FAST[Receipt]
+    keywords: dict[str, Any] = {Never("revision"): 3}
+    with pytest.raises(TypeError):
+        Receipt("r", 1, **keywords)
+    with pytest.raises(TypeError):
+        make("r", 1, **keywords)

@@ -2121,13 +2121,11 @@ field_of(record_spec *r, PyObject *keyword)
     for (Py_ssize_t j = 0; j < r->n; j++)
         if (r->alias[j] == keyword)
             return j;
-    for (Py_ssize_t j = 0; j < r->n; j++) {  /* a keyword not interned */
-        int same = PyUnicode_Compare(r->alias[j], keyword);
-        if (same == 0)
+    if (!PyUnicode_CheckExact(keyword))  /* a str subclass's own __eq__ decides: the call */
+        return -1;
+    for (Py_ssize_t j = 0; j < r->n; j++)  /* an exact str not interned */
+        if (PyUnicode_Compare(r->alias[j], keyword) == 0)
             return j;
-        if (same == -1 && PyErr_Occurred())
-            PyErr_Clear();  /* not a str: no field of ours */
-    }
     return -1;
 }
 
@@ -2146,26 +2144,30 @@ record(PyObject *module, PyObject *const *args, size_t nargsf, PyObject *kwnames
     for (Py_ssize_t i = 0; all != NULL && i < all->n; i++)
         if (all->of[i].type == cls)
             r = &all->of[i];
-    if (r == NULL || given > r->positional)
+    if (r == NULL || given > r->positional || named > r->n)
         goto declined;
+    /* The whole call matched to fields before anything is made: a declined
+     * call allocates nothing (no instance to finalize). */
+    Py_ssize_t field[MAX_FIELDS];
+    char set[MAX_FIELDS] = {0};
+    memset(set, 1, (size_t)given);
+    for (Py_ssize_t k = 0; k < named; k++) {
+        Py_ssize_t j = field_of(r, PyTuple_GET_ITEM(kwnames, k));
+        if (j < 0 || set[j])  /* unknown, or given twice */
+            goto declined;
+        set[j] = 1;
+        field[k] = j;
+    }
+    for (Py_ssize_t j = 0; j < r->n; j++)
+        if (!set[j] && SLOT(r->blank, r->slot[j]) == NULL)  /* required, not given */
+            goto declined;
     PyObject *new = slot_copy(r->blank);
     if (new == NULL)
         return NULL;
     for (Py_ssize_t j = 0; j < given; j++)
         Py_XSETREF(SLOT(new, r->slot[j]), Py_NewRef(args[1 + j]));
-    for (Py_ssize_t k = 0; k < named; k++) {
-        Py_ssize_t j = field_of(r, PyTuple_GET_ITEM(kwnames, k));
-        if (j < given) {  /* unknown (-1), or given by position too */
-            Py_DECREF(new);
-            goto declined;
-        }
-        Py_XSETREF(SLOT(new, r->slot[j]), Py_NewRef(args[1 + given + k]));
-    }
-    for (Py_ssize_t j = 0; j < r->n; j++)
-        if (SLOT(new, r->slot[j]) == NULL) {  /* required, not given */
-            Py_DECREF(new);
-            goto declined;
-        }
+    for (Py_ssize_t k = 0; k < named; k++)
+        Py_XSETREF(SLOT(new, r->slot[field[k]]), Py_NewRef(args[1 + given + k]));
     return new;
 declined:
     return PyObject_Vectorcall(cls, args + 1, given, kwnames);

@@ -38,12 +38,12 @@ INACTIVE_PHASES: Final = frozenset({Phase.TERMINAL, Phase.RECOVERY_REQUIRED, Pha
 _LAST_WORDS: Final = frozenset({"run_completed", "run_failed", "run_cancelled", "storage_failed"})
 
 
-#: ``<kind>-<incarnation>-<n>``, numbers as this runtime writes them (an id
-#: with longer ones, a host's own, is no id of ours: never converted, so
-#: never past Python's int digit limit)
 #: ``Event(...)``, one a published event: without attrs' ``__init__``
 _event: Final = fast_constructor(Event)
 
+#: ``<kind>-<incarnation>-<n>``, numbers as this runtime writes them (an id
+#: with longer ones, a host's own, is no id of ours: never converted, so
+#: never past Python's int digit limit)
 _OUR_ID: Final = re.compile(r"[a-z_]+-([0-9]{1,18})-([0-9]{1,18})")
 
 
