@@ -37,12 +37,11 @@
 #define INT_BITS_OK 14285
 
 typedef struct kernel_spec kernel_spec;
-typedef struct builders builders;
 typedef struct records records;
 
 typedef struct {
     kernel_spec *kernel;  /* configure_transition's, or NULL */
-    builders *builders;   /* configure_commands', or NULL */
+    records *commands;    /* configure_commands', or NULL */
     records *records;     /* register_record's, or NULL */
     PyObject *frozen_dict;
     PyObject *frozen_list;
@@ -1940,21 +1939,48 @@ failed:
  * not keep as it is (anything but its default, a frozen container, None or
  * a bool). */
 
-#define MAX_BUILDERS 16
+/* A class table: configure_commands' (the command classes) and
+ * register_record's.  Each entry: the class, its blank instance (the
+ * defaults), its init fields' keywords and slots. */
+
+#define MAX_RECORDS 32
+#define MAX_FIELDS 24
 
 typedef struct {
     PyObject *type, *blank;
-    Py_ssize_t at;                      /* the `at` slot */
-    Py_ssize_t n;                       /* its other init fields */
-    PyObject *name[MAX_INPUTS];
-    Py_ssize_t slot[MAX_INPUTS];
-    int converted[MAX_INPUTS];          /* frozen by a converter */
-} builder;
+    Py_ssize_t n, positional;           /* init fields; the first `positional` by position */
+    PyObject *alias[MAX_FIELDS];        /* each field's keyword */
+    Py_ssize_t slot[MAX_FIELDS];
+    Py_ssize_t at;                      /* a command's `at` slot */
+    int converted[MAX_FIELDS];          /* a command's field frozen by a converter */
+} record_spec;
 
-struct builders {
+struct records {
     Py_ssize_t n;
-    builder of[MAX_BUILDERS];
+    record_spec of[MAX_RECORDS];
 };
+
+static int
+records_traverse(records *all, visitproc visit, void *arg)
+{
+    for (Py_ssize_t i = 0; all != NULL && i < all->n; i++) {
+        Py_VISIT(all->of[i].type);
+        Py_VISIT(all->of[i].blank);
+    }
+    return 0;
+}
+
+static void
+records_free(records *all)
+{
+    for (Py_ssize_t i = 0; all != NULL && i < all->n; i++) {
+        Py_CLEAR(all->of[i].type);
+        Py_CLEAR(all->of[i].blank);
+        for (Py_ssize_t j = 0; j < all->of[i].n; j++)
+            Py_CLEAR(all->of[i].alias[j]);
+    }
+    PyMem_Free(all);
+}
 
 /* Whether `at` passes the commands' time validator (_fields.is_time). */
 static int
@@ -1975,9 +2001,9 @@ command(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     module_state *st = called(module, nargs, 3, "command(cls, at, fields)");
     if (st == NULL)
         return NULL;
-    builders *all = st->builders;
+    records *all = st->commands;
     PyObject *fields = args[2], *ft = (PyObject *)Py_TYPE(fields);
-    builder *b = NULL;
+    record_spec *b = NULL;
     for (Py_ssize_t i = 0; all != NULL && i < all->n; i++)
         if (all->of[i].type == args[0])
             b = &all->of[i];
@@ -1988,7 +2014,7 @@ command(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     Py_ssize_t found = 0;
     for (Py_ssize_t i = 0; i < b->n && found < PyDict_GET_SIZE(fields); i++) {
-        PyObject *v = PyDict_GetItemWithError(fields, b->name[i]);
+        PyObject *v = PyDict_GetItemWithError(fields, b->alias[i]);
         if (v == NULL) {
             if (PyErr_Occurred()) {
                 Py_DECREF(new);
@@ -2014,28 +2040,6 @@ command(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return new;
 }
 
-static int
-builders_traverse(builders *all, visitproc visit, void *arg)
-{
-    for (Py_ssize_t i = 0; all != NULL && i < all->n; i++) {
-        Py_VISIT(all->of[i].type);
-        Py_VISIT(all->of[i].blank);
-    }
-    return 0;
-}
-
-static void
-builders_free(builders *all)
-{
-    for (Py_ssize_t i = 0; all != NULL && i < all->n; i++) {
-        Py_CLEAR(all->of[i].type);
-        Py_CLEAR(all->of[i].blank);
-        for (Py_ssize_t j = 0; j < all->of[i].n; j++)
-            Py_CLEAR(all->of[i].name[j]);
-    }
-    PyMem_Free(all);
-}
-
 /* configure_commands(((cls, blank, ((field, converted), ...)), ...)): each
  * class, its blank instance (`at` set, every other field its default) and
  * its other init fields. */
@@ -2043,22 +2047,22 @@ static PyObject *
 configure_commands(PyObject *module, PyObject *specs)
 {
     module_state *st = PyModule_GetState(module);
-    if (!PyTuple_Check(specs) || PyTuple_GET_SIZE(specs) > MAX_BUILDERS) {
-        PyErr_SetString(PyExc_TypeError, "configure_commands: a tuple of at most 16 classes");
+    if (!PyTuple_Check(specs) || PyTuple_GET_SIZE(specs) > MAX_RECORDS) {
+        PyErr_SetString(PyExc_TypeError, "configure_commands: a tuple of at most 32 classes");
         return NULL;
     }
-    builders *all = PyMem_Calloc(1, sizeof(builders));
+    records *all = PyMem_Calloc(1, sizeof(records));
     if (all == NULL)
         return PyErr_NoMemory();
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(specs); i++) {
-        builder *b = &all->of[i];
+        record_spec *b = &all->of[i];
         PyObject *type, *blank, *inputs;
         PyObject *spec = PyTuple_GET_ITEM(specs, i);
         if (!PyTuple_Check(spec)
             || !PyArg_ParseTuple(spec, "OOO!", &type, &blank, &PyTuple_Type, &inputs))
             goto failed;
         if (!PyType_Check(type) || (PyObject *)Py_TYPE(blank) != type
-            || !slots_only((PyTypeObject *)type) || PyTuple_GET_SIZE(inputs) > MAX_INPUTS
+            || !slots_only((PyTypeObject *)type) || PyTuple_GET_SIZE(inputs) > MAX_FIELDS
             || (b->at = slot_offset_in(type, "at")) < 0) {
             PyErr_SetString(PyExc_TypeError, "configure_commands: a slotted class and its blank");
             goto failed;
@@ -2078,16 +2082,16 @@ configure_commands(PyObject *module, PyObject *specs)
                 PyErr_Format(PyExc_TypeError, "configure_commands: no slot %U", name);
                 goto failed;
             }
-            b->name[j] = Py_NewRef(name);
+            b->alias[j] = Py_NewRef(name);
             b->converted[j] = converted;
             b->n = j + 1;
         }
     }
-    builders_free(st->builders);
-    st->builders = all;
+    records_free(st->commands);
+    st->commands = all;
     Py_RETURN_NONE;
 failed:
-    builders_free(all);
+    records_free(all);
     return NULL;
 }
 
@@ -2099,21 +2103,6 @@ failed:
  * class, too many positional arguments, an unknown or repeated keyword, a
  * required field missing) is the call cls(*args, **fields) itself, which
  * words the error. */
-
-#define MAX_RECORDS 32
-#define MAX_FIELDS 24
-
-typedef struct {
-    PyObject *type, *blank;
-    Py_ssize_t n, positional;           /* init fields; the first `positional` by position */
-    PyObject *alias[MAX_FIELDS];        /* each field's keyword */
-    Py_ssize_t slot[MAX_FIELDS];
-} record_spec;
-
-struct records {
-    Py_ssize_t n;
-    record_spec of[MAX_RECORDS];
-};
 
 static Py_ssize_t
 field_of(record_spec *r, PyObject *keyword)
@@ -2234,28 +2223,6 @@ register_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
-static int
-records_traverse(records *all, visitproc visit, void *arg)
-{
-    for (Py_ssize_t i = 0; all != NULL && i < all->n; i++) {
-        Py_VISIT(all->of[i].type);
-        Py_VISIT(all->of[i].blank);
-    }
-    return 0;
-}
-
-static void
-records_free(records *all)
-{
-    for (Py_ssize_t i = 0; all != NULL && i < all->n; i++) {
-        Py_CLEAR(all->of[i].type);
-        Py_CLEAR(all->of[i].blank);
-        for (Py_ssize_t j = 0; j < all->of[i].n; j++)
-            Py_CLEAR(all->of[i].alias[j]);
-    }
-    PyMem_Free(all);
-}
-
 static PyMethodDef methods[] = {
     {"freeze", (PyCFunction)(void (*)(void))freeze, METH_FASTCALL,
      "freeze(value, limit, /)\n--\n\n"
@@ -2302,7 +2269,7 @@ module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->frozen_list);
     Py_VISIT(st->layered_dict);
     int failed = kernel_traverse(st->kernel, visit, arg);
-    failed = failed ? failed : builders_traverse(st->builders, visit, arg);
+    failed = failed ? failed : records_traverse(st->commands, visit, arg);
     return failed ? failed : records_traverse(st->records, visit, arg);
 }
 
@@ -2315,8 +2282,8 @@ module_clear(PyObject *module)
     Py_CLEAR(st->layered_dict);
     kernel_free(st->kernel);
     st->kernel = NULL;
-    builders_free(st->builders);
-    st->builders = NULL;
+    records_free(st->commands);
+    st->commands = NULL;
     records_free(st->records);
     st->records = NULL;
     return 0;
