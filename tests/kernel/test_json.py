@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 from hypothesis import given
+from hypothesis import strategies as st
 
-from trio_backplane.kernel import dumps, freeze, utf8_size
+from trio_backplane.errors import Error
+from trio_backplane.kernel import LayeredDict, _json, _speedups, dumps, freeze, utf8_size
 
 from .support import json_values
 
@@ -39,3 +41,64 @@ def test_non_json_data_is_refused(bad: Any) -> None:
     """KER-11: NaN, infinities and runtime handles are not JSON data."""
     with pytest.raises((TypeError, ValueError)):
         dumps(bad)
+
+
+_ascii = st.text(alphabet=st.characters(max_codepoint=127), max_size=12)
+_leaves = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    # past the 4300-digit limit of int -> str: the stdlib refuses it
+    st.integers(min_value=4290, max_value=4310).map(lambda digits: 10**digits),
+    st.floats(),  # NaN and the infinities among them
+    _ascii,
+    st.text(max_size=6),  # non-ASCII and lone surrogates too
+)
+_data = st.recursive(
+    _leaves,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.lists(inner, max_size=4).map(tuple),
+        st.dictionaries(_ascii, inner, max_size=4),
+        st.dictionaries(st.integers(), inner, min_size=1, max_size=2),  # keys json converts
+    ),
+    max_leaves=20,
+)
+
+
+def _stdlib(value: Any) -> str | None:
+    try:
+        return "".join(_json._chunks(value, 0))
+    except (TypeError, ValueError, RecursionError):
+        return None
+
+
+@given(_data)
+def test_the_c_encoder_writes_the_stdlib_text_or_declines(value: Any) -> None:
+    """KER-11: the accelerator's ``dumps`` (ASCII text, exact types, frozen
+    containers) writes what the stdlib encoder writes, byte for byte, or
+    declines: never a text for what the stdlib refuses."""
+    for candidate in (value, _frozen_or_same(value)):
+        made = _speedups.dumps(candidate)
+        expected = _stdlib(candidate)
+        if made is not NotImplemented:
+            assert made == expected
+        if expected is not None:
+            assert dumps(candidate) == expected
+
+
+def _frozen_or_same(value: Any) -> Any:
+    try:
+        return freeze(value)
+    except Error:
+        return value
+
+
+def test_the_c_encoder_takes_ascii_data() -> None:
+    """Data of ASCII text, finite numbers and str keys is written in C,
+    control characters escaped as the stdlib escapes them."""
+    value = freeze({"a": ['\x00\x1f"\\\n\r\t\b\f\x7f', 1.5e-7, -0.0, 10**30, None, True], "b": {}})
+    made = _speedups.dumps(value)
+    assert made is not NotImplemented
+    assert made == reference(value)
+    assert _speedups.dumps(LayeredDict.__new__(LayeredDict)) is NotImplemented

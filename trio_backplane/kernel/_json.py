@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
-from ._frozen import LayeredDict
+from ._frozen import LayeredDict, _accelerator
 
 __all__ = ["dumps", "loads", "utf8_size"]
 
@@ -44,9 +44,18 @@ _chunks: Any = (
 )
 
 
+#: The C accelerator's encoder (one buffer, no object per token) of data
+#: whose every str is ASCII; it declines the rest to ``_chunks``.
+_fast_dumps: Final[Any] = getattr(_accelerator, "dumps", None)
+
+
 def dumps(value: Any) -> str:
     """Compact JSON text (UTF-8 kept, NaN refused): ``TypeError`` or
     ``ValueError`` for anything that is not JSON data."""
+    if _fast_dumps is not None:
+        text = _fast_dumps(value)
+        if text is not NotImplemented:
+            return text  # type: ignore[no-any-return]
     return "".join(_chunks(value, 0))
 
 

@@ -7,6 +7,7 @@
  * put(mapping, key, value, layer_from, overlay_max) -> derived | NotImplemented
  * configure_transition(...), transition(record, command, revision, ...) -> (new, [event]) | NotImplemented
  * register_record(cls, blank, fields, positional), record(cls, *args, **fields) -> cls(*args, **fields)
+ * dumps(value) -> compact JSON text | NotImplemented
  *
  * freeze builds exactly what the Python walk builds for JSON data made of
  * exact built-in types (dict, list, tuple, str, int, float, bool, None) and
@@ -2223,6 +2224,196 @@ register_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* dumps(value): the compact JSON text _json.dumps makes (the stdlib C
+ * encoder with ensure_ascii=False, allow_nan=False and "," ":"), written
+ * into one buffer, for JSON data of exact built-in types and the frozen
+ * containers whose every str is ASCII; anything else (a non-ASCII or a
+ * str subclass, a non-str key, a non-finite float, a LayeredDict, an int
+ * past the digit limit, nesting at C_DEPTH_MAX) returns NotImplemented:
+ * the stdlib encoder then decides and words the error.  No Python code
+ * runs: only exact types are walked. */
+
+typedef struct {
+    char *data;
+    Py_ssize_t len, cap;
+} text_buffer;
+
+static int
+reserve(text_buffer *b, Py_ssize_t more)
+{
+    if (b->len + more <= b->cap)
+        return 0;
+    Py_ssize_t cap = b->cap * 2 > b->len + more ? b->cap * 2 : b->len + more + 64;
+    char *data = PyMem_Realloc(b->data, (size_t)cap);
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->data = data;
+    b->cap = cap;
+    return 0;
+}
+
+static int
+put_bytes(text_buffer *b, const char *bytes, Py_ssize_t n)
+{
+    if (reserve(b, n) < 0)
+        return -1;
+    memcpy(b->data + b->len, bytes, (size_t)n);
+    b->len += n;
+    return 0;
+}
+
+/* 1: not ours to write (declined), 0: written, -1: an error is set. */
+static int
+put_text(text_buffer *b, PyObject *s)
+{
+#if PY_VERSION_HEX < 0x030C0000
+    if (PyUnicode_READY(s) < 0)
+        return -1;
+#endif
+    if (!PyUnicode_IS_ASCII(s))
+        return 1;
+    Py_ssize_t n = PyUnicode_GET_LENGTH(s);
+    const unsigned char *p = PyUnicode_DATA(s);
+    if (reserve(b, 2 + 6 * n) < 0)  /* every char escaped at worst */
+        return -1;
+    char *out = b->data + b->len;
+    *out++ = '"';
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = p[i];
+        if (c >= ' ' && c != '"' && c != '\\') {
+            *out++ = (char)c;
+            continue;
+        }
+        *out++ = '\\';
+        switch (c) {
+        case '"': *out++ = '"'; break;
+        case '\\': *out++ = '\\'; break;
+        case '\b': *out++ = 'b'; break;
+        case '\f': *out++ = 'f'; break;
+        case '\n': *out++ = 'n'; break;
+        case '\r': *out++ = 'r'; break;
+        case '\t': *out++ = 't'; break;
+        default:
+            *out++ = 'u';
+            *out++ = '0';
+            *out++ = '0';
+            *out++ = Py_hexdigits[c >> 4];
+            *out++ = Py_hexdigits[c & 0xf];
+        }
+    }
+    *out++ = '"';
+    b->len = out - b->data;
+    return 0;
+}
+
+/* The repr of an exact int or float, as the stdlib encoder writes it. */
+static int
+put_repr(text_buffer *b, PyObject *v)
+{
+    PyObject *text = Py_TYPE(v)->tp_repr(v);
+    if (text == NULL) {  /* an int past the digit limit: the stdlib words it */
+        PyErr_Clear();
+        return 1;
+    }
+    int r = put_bytes(b, (const char *)PyUnicode_DATA(text), PyUnicode_GET_LENGTH(text));
+    Py_DECREF(text);
+    return r;
+}
+
+static int put_value(module_state *st, text_buffer *b, PyObject *v, int depth);
+
+static int
+put_items(module_state *st, text_buffer *b, PyObject *v, int depth)
+{
+    /* an exact list or tuple, or a FrozenList: the items its base stores */
+    int tuple = PyTuple_Check(v);
+    Py_ssize_t n = tuple ? PyTuple_GET_SIZE(v) : PyList_GET_SIZE(v);
+    int r = put_bytes(b, "[", 1);
+    for (Py_ssize_t i = 0; r == 0 && i < n; i++) {
+        if (i > 0 && (r = put_bytes(b, ",", 1)) != 0)
+            break;
+        PyObject *item = Py_NewRef(tuple ? PyTuple_GET_ITEM(v, i) : PyList_GET_ITEM(v, i));
+        r = put_value(st, b, item, depth + 1);
+        Py_DECREF(item);
+    }
+    return r != 0 ? r : put_bytes(b, "]", 1);
+}
+
+static int
+put_mapping(module_state *st, text_buffer *b, PyObject *v, int depth)
+{
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    int r = put_bytes(b, "{", 1), first = 1;
+    while (r == 0 && PyDict_Next(v, &pos, &key, &value)) {
+        if (!PyUnicode_CheckExact(key))
+            return 1;  /* the stdlib converts or refuses other keys */
+        Py_INCREF(key);
+        Py_INCREF(value);
+        if (!first)
+            r = put_bytes(b, ",", 1);
+        first = 0;
+        if (r == 0)
+            r = put_text(b, key);
+        if (r == 0)
+            r = put_bytes(b, ":", 1);
+        if (r == 0)
+            r = put_value(st, b, value, depth + 1);
+        Py_DECREF(key);
+        Py_DECREF(value);
+    }
+    return r != 0 ? r : put_bytes(b, "}", 1);
+}
+
+static int
+put_value(module_state *st, text_buffer *b, PyObject *v, int depth)
+{
+    PyObject *t = (PyObject *)Py_TYPE(v);
+    if (depth >= C_DEPTH_MAX)
+        return 1;
+    if (t == (PyObject *)&PyUnicode_Type)
+        return put_text(b, v);
+    if (v == Py_None)
+        return put_bytes(b, "null", 4);
+    if (v == Py_True)
+        return put_bytes(b, "true", 4);
+    if (v == Py_False)
+        return put_bytes(b, "false", 5);
+    if (t == (PyObject *)&PyLong_Type)
+        return put_repr(b, v);
+    if (t == (PyObject *)&PyFloat_Type)
+        return isfinite(PyFloat_AS_DOUBLE(v)) ? put_repr(b, v) : 1;
+    if (t == (PyObject *)&PyDict_Type || t == st->frozen_dict)
+        return put_mapping(st, b, v, depth);
+    if (t == (PyObject *)&PyList_Type || t == (PyObject *)&PyTuple_Type || t == st->frozen_list)
+        return put_items(st, b, v, depth);
+    return 1;
+}
+
+static PyObject *
+dumps(PyObject *module, PyObject *value)
+{
+    module_state *st = PyModule_GetState(module);
+    if (st->frozen_dict == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "dumps: configure() was not called");
+        return NULL;
+    }
+    text_buffer b = {NULL, 0, 0};
+    int r = put_value(st, &b, value, 0);
+    PyObject *out = NULL;
+    if (r == 0) {
+        out = PyUnicode_New(b.len, 127);
+        if (out != NULL)
+            memcpy(PyUnicode_DATA(out), b.data, (size_t)b.len);
+    }
+    else if (r == 1)
+        out = Py_NewRef(DECLINE);
+    PyMem_Free(b.data);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"freeze", (PyCFunction)(void (*)(void))freeze, METH_FASTCALL,
      "freeze(value, limit, /)\n--\n\n"
@@ -2249,6 +2440,9 @@ static PyMethodDef methods[] = {
     {"configure_commands", configure_commands, METH_O,
      "configure_commands(specs, /)\n--\n\n"
      "The command classes command builds: (cls, blank, ((field, converted), ...))."},
+    {"dumps", dumps, METH_O,
+     "dumps(value, /)\n--\n\n"
+     "_json.dumps of JSON data whose every str is ASCII, or NotImplemented."},
     {"record", (PyCFunction)(void (*)(void))record, METH_FASTCALL | METH_KEYWORDS,
      "record(cls, /, *args, **fields)\n--\n\n"
      "cls(*args, **fields), built as a copy of a registered class's blank instance."},

@@ -51,3 +51,6 @@ def register_record(
 
 def record(cls: type, /, *args: object, **fields: object) -> Any:
     """``cls(*args, **fields)``, built as a copy of a registered class's blank instance."""
+
+def dumps(value: object, /) -> Any:
+    """``_json.dumps`` of JSON data whose every str is ASCII, or ``NotImplemented``."""
