@@ -2264,6 +2264,18 @@ put_bytes(text_buffer *b, const char *bytes, Py_ssize_t n)
     return 0;
 }
 
+/* Whether c (below ' ', or '"' or '\\') is written as a two-byte escape. */
+static int
+short_escape(unsigned char c)
+{
+    switch (c) {
+    case '"': case '\\': case '\b': case '\f': case '\n': case '\r': case '\t':
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 /* 1: not ours to write (declined), 0: written, -1: an error is set. */
 static int
 put_text(text_buffer *b, PyObject *s)
@@ -2274,9 +2286,12 @@ put_text(text_buffer *b, PyObject *s)
 #endif
     if (!PyUnicode_IS_ASCII(s))
         return 1;
-    Py_ssize_t n = PyUnicode_GET_LENGTH(s);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(s), size = n + 2;
     const unsigned char *p = PyUnicode_DATA(s);
-    if (reserve(b, 2 + 6 * n) < 0)  /* every char escaped at worst */
+    for (Py_ssize_t i = 0; i < n; i++)  /* the escapes' extra bytes: reserve what is written */
+        if (p[i] < ' ' || p[i] == '"' || p[i] == '\\')
+            size += short_escape(p[i]) ? 1 : 5;
+    if (reserve(b, size) < 0)
         return -1;
     char *out = b->data + b->len;
     *out++ = '"';
