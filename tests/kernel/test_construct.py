@@ -100,7 +100,8 @@ def test_fast_constructor_matches_the_class_on_hostile_calls() -> None:
         if isinstance(expected, tuple):
             assert made == expected
             return
-        assert made == expected
+        if cls.__eq__ is not object.__eq__:  # (an eq=False class, Entry: identity)
+            assert made == expected
         for field in attrs.fields(cls):
             assert getattr(made, field.name) is getattr(expected, field.name)
 
