@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import signal
+import sys
 from typing import Any
 
 import pytest
@@ -102,3 +104,41 @@ def test_the_c_encoder_takes_ascii_data() -> None:
     assert made is not NotImplemented
     assert made == reference(value)
     assert _speedups.dumps(LayeredDict.__new__(LayeredDict)) is NotImplemented
+
+
+def test_the_c_encoder_declines_where_the_stdlib_hits_the_recursion_limit() -> None:
+    """Nesting the stdlib encoder refuses under the interpreter's recursion
+    limit is declined, never written (review of session 23)."""
+    value: Any = 0
+    for _ in range(150):
+        value = [value]
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(100)
+    try:
+        assert _stdlib(value) is None
+        assert _speedups.dumps(value) is NotImplemented
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def test_an_interrupt_while_an_int_is_written_is_raised() -> None:
+    """An exception from int's repr other than the digit limit's
+    ``ValueError`` (a signal handler's ``KeyboardInterrupt``) is raised,
+    not swallowed by a decline (review of session 23)."""
+
+    data = [10**4000] * 5000  # about 0.2 s of int reprs: the timer fires inside
+    seen: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        seen.append(signum)
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, handler)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.01)
+        with pytest.raises(KeyboardInterrupt):
+            _speedups.dumps(data)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert seen

@@ -2230,8 +2230,10 @@ register_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
  * containers whose every str is ASCII; anything else (a non-ASCII or a
  * str subclass, a non-str key, a non-finite float, a LayeredDict, an int
  * past the digit limit, nesting at C_DEPTH_MAX) returns NotImplemented:
- * the stdlib encoder then decides and words the error.  No Python code
- * runs: only exact types are walked. */
+ * the stdlib encoder then decides and words the error.  Only exact types
+ * are walked, so no method of the data runs; int's repr may run a Python
+ * signal handler, which may shrink a list (read again at each item) or
+ * raise (raised). */
 
 typedef struct {
     char *data;
@@ -2241,9 +2243,14 @@ typedef struct {
 static int
 reserve(text_buffer *b, Py_ssize_t more)
 {
-    if (b->len + more <= b->cap)
+    if (more <= b->cap - b->len)
         return 0;
-    Py_ssize_t cap = b->cap * 2 > b->len + more ? b->cap * 2 : b->len + more + 64;
+    if (more > PY_SSIZE_T_MAX - 64 - b->len) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t need = b->len + more + 64;
+    Py_ssize_t cap = b->cap < PY_SSIZE_T_MAX / 2 && b->cap * 2 > need ? b->cap * 2 : need;
     char *data = PyMem_Realloc(b->data, (size_t)cap);
     if (data == NULL) {
         PyErr_NoMemory();
@@ -2328,7 +2335,12 @@ static int
 put_repr(text_buffer *b, PyObject *v)
 {
     PyObject *text = Py_TYPE(v)->tp_repr(v);
-    if (text == NULL) {  /* an int past the digit limit: the stdlib words it */
+    if (text == NULL) {
+        /* an int past the digit limit (ValueError): the stdlib words it;
+         * anything else (a signal handler's KeyboardInterrupt, run by int's
+         * repr) is raised */
+        if (!PyErr_ExceptionMatches(PyExc_ValueError))
+            return -1;
         PyErr_Clear();
         return 1;
     }
@@ -2344,9 +2356,10 @@ put_items(module_state *st, text_buffer *b, PyObject *v, int depth)
 {
     /* an exact list or tuple, or a FrozenList: the items its base stores */
     int tuple = PyTuple_Check(v);
-    Py_ssize_t n = tuple ? PyTuple_GET_SIZE(v) : PyList_GET_SIZE(v);
     int r = put_bytes(b, "[", 1);
-    for (Py_ssize_t i = 0; r == 0 && i < n; i++) {
+    /* the size read at each item: int's repr checks for signals, and a
+     * Python signal handler may shrink the list */
+    for (Py_ssize_t i = 0; r == 0 && i < (tuple ? PyTuple_GET_SIZE(v) : PyList_GET_SIZE(v)); i++) {
         if (i > 0 && (r = put_bytes(b, ",", 1)) != 0)
             break;
         PyObject *item = Py_NewRef(tuple ? PyTuple_GET_ITEM(v, i) : PyList_GET_ITEM(v, i));
@@ -2400,11 +2413,19 @@ put_value(module_state *st, text_buffer *b, PyObject *v, int depth)
         return put_repr(b, v);
     if (t == (PyObject *)&PyFloat_Type)
         return isfinite(PyFloat_AS_DOUBLE(v)) ? put_repr(b, v) : 1;
-    if (t == (PyObject *)&PyDict_Type || t == st->frozen_dict)
-        return put_mapping(st, b, v, depth);
-    if (t == (PyObject *)&PyList_Type || t == (PyObject *)&PyTuple_Type || t == st->frozen_list)
-        return put_items(st, b, v, depth);
-    return 1;
+    int mapping = t == (PyObject *)&PyDict_Type || t == st->frozen_dict;
+    if (!mapping && t != (PyObject *)&PyList_Type && t != (PyObject *)&PyTuple_Type
+        && t != st->frozen_list)
+        return 1;
+    /* the stdlib encoder counts each container against the recursion
+     * limit: decline where it would raise RecursionError */
+    if (Py_EnterRecursiveCall(" while encoding a JSON object")) {
+        PyErr_Clear();
+        return 1;
+    }
+    int r = mapping ? put_mapping(st, b, v, depth) : put_items(st, b, v, depth);
+    Py_LeaveRecursiveCall();
+    return r;
 }
 
 static PyObject *
@@ -2416,7 +2437,13 @@ dumps(PyObject *module, PyObject *value)
         return NULL;
     }
     text_buffer b = {NULL, 0, 0};
+    /* the level the stdlib encoder's own call counts */
+    if (Py_EnterRecursiveCall(" while encoding a JSON object")) {
+        PyErr_Clear();
+        return Py_NewRef(DECLINE);
+    }
     int r = put_value(st, &b, value, 0);
+    Py_LeaveRecursiveCall();
     PyObject *out = NULL;
     if (r == 0) {
         out = PyUnicode_New(b.len, 127);
