@@ -17,6 +17,7 @@ from trio_backplane.kernel import (
     Command,
     FrozenList,
     RunRecord,
+    _speedups,
     decode_record,
     encode_record,
     evolve_record,
@@ -288,3 +289,118 @@ def test_incremental_head_keeps_the_context_text_only_when_it_is_the_same() -> N
     update({"messages": [{"role": "user", "content": "b"}], "conversation": {"queue_status": "x"}})
     update({"conversation": {"queue_status": "x"}}, tenant="t1")  # a new context key
     _check_heads(chain)
+
+
+# -- the accelerator's head_fields ------------------------------------------------
+
+_BASE = _records()[-1]
+#: Head fields encoded as they are (not slots, not the budget).
+_PLAIN = [
+    name
+    for name in ("step_id", "context", "provider_result", "counters", "active_provider", "error")
+    if hasattr(_BASE, name)
+]
+
+
+def freeze_or_same(value: Any) -> Any:
+    try:
+        return freeze(value)
+    except Exception:
+        return value
+
+
+_hostile = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.sampled_from([-(2**63), 2**64])
+    | st.integers(0, 3).map(lambda k: 10**5000 + k)  # past the digit limit
+    | st.floats()
+    | st.text(max_size=6)
+    | st.sampled_from(["\ud800", "ünï", 'a\x00"\\\n\u2028', object()]),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.lists(inner, max_size=3).map(tuple)
+        | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+        | st.dictionaries(st.text(max_size=3), inner, max_size=3).map(freeze_or_same)
+    ),
+    max_leaves=8,
+)
+
+
+def _with(record: RunRecord, **values: Any) -> RunRecord:
+    """``record`` holding ``values`` as they are: no converter, no validator."""
+    out = _speedups.copy_slots(record)
+    for name, value in values.items():
+        object.__setattr__(out, name, value)
+    return out
+
+
+def _outcome(fn: Any, *args: Any) -> Any:
+    try:
+        return ("ok", fn(*args))
+    except Exception as exc:
+        return ("raised", type(exc), str(exc))
+
+
+@given(
+    values=st.dictionaries(st.sampled_from(_PLAIN), _hostile, min_size=1, max_size=3),
+    quota=_hostile,
+    used=_hostile,
+    budget=st.booleans(),
+)
+def test_c_head_fields_are_the_python_head_fields(
+    values: dict[str, Any], quota: Any, used: Any, budget: bool
+) -> None:
+    """KER-11: the accelerator's ``head_fields`` gives the Python code's
+    fields, whole or incremental, or its very error, on any values a record
+    may be made to hold (non-ASCII and lone surrogates, ints past the digit
+    limit, non-finite floats, runtime objects, deep and frozen containers)."""
+    if budget:
+        values["budget"] = _with_budget(_BASE.budget, quota, used)
+    record = _with(_BASE, **values)
+    base_fields = _layout._head_fields(_BASE)
+    for args in (
+        (record, None, ()),
+        (record, _BASE, base_fields),
+        (record, _BASE, tuple(base_fields)),
+    ):
+        assert _outcome(_layout.head_fields, *args) == _outcome(_layout._head_fields, *args)
+
+
+def _with_budget(budget: Budget, quota: Any, used: Any) -> Budget:
+    out = _speedups.copy_slots(budget)
+    object.__setattr__(out, "quota", quota)
+    object.__setattr__(out, "used", used)
+    return out
+
+
+def test_c_head_fields_write_only_changed_fields_and_decline_what_is_not_theirs() -> None:
+    """The accelerator encodes a field only when the record holds another
+    object there, and declines (the Python code then decides) a record
+    subclass, fields of another length and an unset slot."""
+    fast = _speedups.head_fields
+    fields = _layout._head_fields(_BASE)
+    marked = [f"<{i}>" for i in range(len(fields))]
+    changed = _with(_BASE, step_id="step-x")
+    out = fast(changed, _BASE, marked)
+    index = _layout._FIELDS.index("step_id")
+    assert out[index] == '"step_id":"step-x"'
+    assert [t for i, t in enumerate(out) if i != index] == [
+        t for i, t in enumerate(marked) if i != index
+    ]
+    assert fast(_BASE, None, ()) == fields
+    assert fast(_BASE, _BASE, fields[:-1]) is NotImplemented
+    assert fast(_BASE, _BASE, iter(fields)) is NotImplemented
+
+    @attrs.frozen
+    class Sub(RunRecord):
+        pass
+
+    sub = Sub(run_id="r")
+    assert fast(sub, None, ()) is NotImplemented
+    assert _layout.head_fields(sub) == _layout._head_fields(sub)
+    unset = object.__new__(RunRecord)
+    assert fast(unset, None, ()) is NotImplemented
+    with pytest.raises(AttributeError):
+        _layout.head_fields(unset)

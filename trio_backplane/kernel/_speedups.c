@@ -39,11 +39,13 @@
 
 typedef struct kernel_spec kernel_spec;
 typedef struct records records;
+typedef struct head_spec head_spec;
 
 typedef struct {
     kernel_spec *kernel;  /* configure_transition's, or NULL */
     records *commands;    /* configure_commands', or NULL */
     records *records;     /* register_record's, or NULL */
+    head_spec *head;      /* configure_head's, or NULL */
     PyObject *frozen_dict;
     PyObject *frozen_list;
     PyObject *layered_dict;
@@ -2456,6 +2458,246 @@ dumps(PyObject *module, PyObject *value)
     return out;
 }
 
+/* -- a SQL store's head, field by field ------------------------------------
+ *
+ * _layout.head_fields for an exact record type: each field's text
+ * '"name":value', re-encoded only where the record holds another object
+ * than the previous record did.  A field whose value put_value declines is
+ * the Python fallback's text, so every error and every non-ASCII text is
+ * the Python code's own. */
+
+#define HEAD_MAX 64
+enum { HEAD_PLAIN = 0, HEAD_SLOT = 1, HEAD_BUDGET = 2 };
+
+struct head_spec {
+    PyObject *type, *budget_type;
+    PyObject *keys;      /* tuple: '"name":' */
+    PyObject *fixed;     /* tuple: a slot field's whole text, else None */
+    PyObject *budget;    /* tuple: '{"quota":', ',"used":', ',"reservations":...}' */
+    PyObject *fallback;  /* fallback(i, value) -> the field's text */
+    Py_ssize_t n, offsets[HEAD_MAX], quota, used;
+    int kinds[HEAD_MAX];
+};
+
+static int
+head_traverse(head_spec *h, visitproc visit, void *arg)
+{
+    if (h == NULL)
+        return 0;
+    Py_VISIT(h->type);
+    Py_VISIT(h->budget_type);
+    Py_VISIT(h->keys);
+    Py_VISIT(h->fixed);
+    Py_VISIT(h->budget);
+    Py_VISIT(h->fallback);
+    return 0;
+}
+
+static void
+head_free(head_spec *h)
+{
+    if (h == NULL)
+        return;
+    Py_CLEAR(h->type);
+    Py_CLEAR(h->budget_type);
+    Py_CLEAR(h->keys);
+    Py_CLEAR(h->fixed);
+    Py_CLEAR(h->budget);
+    Py_CLEAR(h->fallback);
+    PyMem_Free(h);
+}
+
+static int
+ascii_tuple(PyObject *t, Py_ssize_t n, int none_ok)
+{
+    if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != n)
+        return 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *s = PyTuple_GET_ITEM(t, i);
+        if (none_ok && s == Py_None)
+            continue;
+        if (!PyUnicode_CheckExact(s) || !PyUnicode_IS_ASCII(s))
+            return 0;
+    }
+    return 1;
+}
+
+static PyObject *
+configure_head(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    module_state *st = called(module, nargs, 8,
+                              "configure_head(type, budget_type, names, kinds, keys, fixed, "
+                              "budget, fallback)");
+    if (st == NULL)
+        return NULL;
+    PyObject *type = args[0], *budget_type = args[1], *names = args[2], *kinds = args[3];
+    if (!PyType_Check(type) || !PyType_Check(budget_type) || !PyTuple_CheckExact(names)
+        || !PyTuple_CheckExact(kinds) || PyTuple_GET_SIZE(names) > HEAD_MAX
+        || PyTuple_GET_SIZE(kinds) != PyTuple_GET_SIZE(names) || !PyCallable_Check(args[7])) {
+        PyErr_SetString(PyExc_TypeError, "configure_head: bad arguments");
+        return NULL;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(names);
+    if (!ascii_tuple(args[4], n, 0) || !ascii_tuple(args[5], n, 1) || !ascii_tuple(args[6], 3, 0)) {
+        PyErr_SetString(PyExc_TypeError, "configure_head: keys, fixed or budget texts");
+        return NULL;
+    }
+    head_spec *h = PyMem_Calloc(1, sizeof(head_spec));
+    if (h == NULL)
+        return PyErr_NoMemory();
+    h->n = n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *name = PyTuple_GET_ITEM(names, i);
+        const char *text = PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : NULL;
+        long kind = PyLong_Check(PyTuple_GET_ITEM(kinds, i))
+                        ? PyLong_AsLong(PyTuple_GET_ITEM(kinds, i)) : -1;
+        h->offsets[i] = text == NULL ? -1 : slot_offset_in(type, text);
+        h->kinds[i] = (int)kind;
+        if (h->offsets[i] < 0 || kind < HEAD_PLAIN || kind > HEAD_BUDGET
+            || (kind == HEAD_SLOT && PyTuple_GET_ITEM(args[5], i) == Py_None)) {
+            PyErr_Clear();
+            PyMem_Free(h);
+            PyErr_Format(PyExc_TypeError, "configure_head: field %zd is not a slot of its kind", i);
+            return NULL;
+        }
+    }
+    h->quota = slot_offset_in(budget_type, "quota");
+    h->used = slot_offset_in(budget_type, "used");
+    if (h->quota < 0 || h->used < 0) {
+        PyMem_Free(h);
+        PyErr_SetString(PyExc_TypeError, "configure_head: budget_type has no quota/used slots");
+        return NULL;
+    }
+    h->type = Py_NewRef(type);
+    h->budget_type = Py_NewRef(budget_type);
+    h->keys = Py_NewRef(args[4]);
+    h->fixed = Py_NewRef(args[5]);
+    h->budget = Py_NewRef(args[6]);
+    h->fallback = Py_NewRef(args[7]);
+    head_free(st->head);
+    st->head = h;
+    Py_RETURN_NONE;
+}
+
+static int
+put_str(text_buffer *b, PyObject *ascii)
+{
+    return put_bytes(b, (const char *)PyUnicode_DATA(ascii), PyUnicode_GET_LENGTH(ascii));
+}
+
+/* The budget as {"quota":Q,"used":U,"reservations":...}: 0, 1 (declined), -1. */
+static int
+put_budget(module_state *st, head_spec *h, text_buffer *b, PyObject *v)
+{
+    if ((PyObject *)Py_TYPE(v) != h->budget_type)
+        return 1;
+    PyObject *quota = SLOT(v, h->quota), *used = SLOT(v, h->used);
+    if (quota == NULL || used == NULL)
+        return 1;
+    Py_INCREF(quota);
+    Py_INCREF(used);
+    int r = put_str(b, PyTuple_GET_ITEM(h->budget, 0));
+    if (r == 0)
+        r = put_value(st, b, quota, 1);
+    if (r == 0)
+        r = put_str(b, PyTuple_GET_ITEM(h->budget, 1));
+    if (r == 0)
+        r = put_value(st, b, used, 1);
+    if (r == 0)
+        r = put_str(b, PyTuple_GET_ITEM(h->budget, 2));
+    Py_DECREF(quota);
+    Py_DECREF(used);
+    return r;
+}
+
+/* Field i's text for value v (a new reference), or NULL with an error set. */
+static PyObject *
+field_text(module_state *st, head_spec *h, text_buffer *b, Py_ssize_t i, PyObject *v)
+{
+    if (h->kinds[i] == HEAD_SLOT)
+        return Py_NewRef(PyTuple_GET_ITEM(h->fixed, i));
+    b->len = 0;
+    int r = put_str(b, PyTuple_GET_ITEM(h->keys, i));
+    if (r == 0) {
+        if (h->kinds[i] == HEAD_BUDGET)
+            r = put_budget(st, h, b, v);
+        else if (Py_EnterRecursiveCall(" while encoding a JSON object")) {
+            PyErr_Clear();
+            r = 1;
+        }
+        else {
+            r = put_value(st, b, v, 0);
+            Py_LeaveRecursiveCall();
+        }
+    }
+    if (r < 0)
+        return NULL;
+    if (r == 1) {
+        PyObject *at = PyLong_FromSsize_t(i);
+        if (at == NULL)
+            return NULL;
+        PyObject *text = PyObject_CallFunctionObjArgs(h->fallback, at, v, NULL);
+        Py_DECREF(at);
+        if (text != NULL && !PyUnicode_CheckExact(text)) {
+            Py_DECREF(text);
+            PyErr_SetString(PyExc_TypeError, "head_fields: the fallback returned no str");
+            return NULL;
+        }
+        return text;
+    }
+    PyObject *out = PyUnicode_New(b->len, 127);
+    if (out != NULL)
+        memcpy(PyUnicode_DATA(out), b->data, (size_t)b->len);
+    return out;
+}
+
+static PyObject *
+head_fields(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    module_state *st = called(module, nargs, 3, "head_fields(record, previous, fields)");
+    if (st == NULL)
+        return NULL;
+    head_spec *h = st->head;
+    PyObject *record = args[0], *previous = args[1], *fields = args[2];
+    if (h == NULL || (PyObject *)Py_TYPE(record) != h->type)
+        return Py_NewRef(DECLINE);
+    int tuple = PyTuple_CheckExact(fields);
+    if (!tuple && !PyList_CheckExact(fields))
+        return Py_NewRef(DECLINE);
+    Py_ssize_t had = tuple ? PyTuple_GET_SIZE(fields) : PyList_GET_SIZE(fields);
+    /* as the Python code: the previous fields only with a previous record */
+    int incremental = previous != Py_None && had > 0;
+    if (incremental && ((PyObject *)Py_TYPE(previous) != h->type || had != h->n))
+        return Py_NewRef(DECLINE);
+    for (Py_ssize_t i = 0; i < h->n; i++)  /* an unset slot: Python raises */
+        if (SLOT(record, h->offsets[i]) == NULL
+            || (incremental && SLOT(previous, h->offsets[i]) == NULL))
+            return Py_NewRef(DECLINE);
+    PyObject *out = PyList_New(h->n);
+    if (out == NULL)
+        return NULL;
+    text_buffer b = {NULL, 0, 0};
+    for (Py_ssize_t i = 0; i < h->n; i++) {
+        PyObject *v = SLOT(record, h->offsets[i]);
+        PyObject *text;
+        if (incremental && v == SLOT(previous, h->offsets[i]))
+            text = Py_NewRef(tuple ? PyTuple_GET_ITEM(fields, i) : PyList_GET_ITEM(fields, i));
+        else {
+            Py_INCREF(v);  /* the fallback is Python code */
+            text = field_text(st, h, &b, i, v);
+            Py_DECREF(v);
+        }
+        if (text == NULL) {
+            PyMem_Free(b.data);
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, text);
+    }
+    PyMem_Free(b.data);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"freeze", (PyCFunction)(void (*)(void))freeze, METH_FASTCALL,
      "freeze(value, limit, /)\n--\n\n"
@@ -2482,6 +2724,12 @@ static PyMethodDef methods[] = {
     {"configure_commands", configure_commands, METH_O,
      "configure_commands(specs, /)\n--\n\n"
      "The command classes command builds: (cls, blank, ((field, converted), ...))."},
+    {"configure_head", (PyCFunction)(void (*)(void))configure_head, METH_FASTCALL,
+     "configure_head(type, budget_type, names, kinds, keys, fixed, budget, fallback, /)\n--\n\n"
+     "The record type head_fields encodes, and how each of its fields is written."},
+    {"head_fields", (PyCFunction)(void (*)(void))head_fields, METH_FASTCALL,
+     "head_fields(record, previous, fields, /)\n--\n\n"
+     "_layout.head_fields of a configured record type, or NotImplemented."},
     {"dumps", dumps, METH_O,
      "dumps(value, /)\n--\n\n"
      "_json.dumps of JSON data whose every str is ASCII, or NotImplemented."},
@@ -2506,6 +2754,7 @@ module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->layered_dict);
     int failed = kernel_traverse(st->kernel, visit, arg);
     failed = failed ? failed : records_traverse(st->commands, visit, arg);
+    failed = failed ? failed : head_traverse(st->head, visit, arg);
     return failed ? failed : records_traverse(st->records, visit, arg);
 }
 
@@ -2522,6 +2771,8 @@ module_clear(PyObject *module)
     st->commands = NULL;
     records_free(st->records);
     st->records = NULL;
+    head_free(st->head);
+    st->head = NULL;
     return 0;
 }
 

@@ -47,6 +47,7 @@ from ..kernel import (
     dumps,
 )
 from ..kernel._construct import fast_constructor
+from ..kernel._frozen import _accelerator
 
 __all__ = [
     "MESSAGES",
@@ -183,14 +184,26 @@ _INDICES: Final = range(len(_FIELDS))
 _encode_str: Final[Callable[[str], str]] = json.encoder.encode_basestring
 
 
-def head_fields(
+def _field_text(i: int, value: Any) -> str:
+    """Head field ``i``'s text, ``"name":value``, for ``value``."""
+    kind = _HEAD_KINDS[i]
+    if kind == _SLOT:
+        return _SLOT_FIELDS[i]
+    if kind == _BUDGET:
+        budget = {"quota": value.quota, "used": value.used, "reservations": PLACEHOLDER}
+        return _HEAD_KEYS[i] + encode_part(budget)
+    if value is None:
+        return _NULL_FIELDS[i]
+    if type(value) is int:
+        return _HEAD_KEYS[i] + int.__repr__(value)
+    if type(value) is str:
+        return _HEAD_KEYS[i] + _encode_str(value)
+    return _HEAD_KEYS[i] + encode_part(value)
+
+
+def _head_fields(
     record: RunRecord, previous: RunRecord | None = None, fields: Sequence[str] = ()
 ) -> list[str]:
-    """The head of ``record`` field by field (``"name":value``; joined with
-    :func:`join_head` they are :func:`head_text`).  ``fields`` are
-    ``previous``'s: a field holding the very object ``previous`` held is not
-    encoded again (a record's values are frozen), so a commit encodes only
-    the fields it changed."""
     values = _field_values(record)
     out: list[str]
     indices: Iterable[int]
@@ -201,23 +214,45 @@ def head_fields(
         out = list(_HEAD_KEYS)
         indices = _INDICES
     for i in indices:
-        value = values[i]
-        kind = _HEAD_KINDS[i]
-        if kind == _PLAIN:
-            if value is None:
-                out[i] = _NULL_FIELDS[i]
-            elif type(value) is int:
-                out[i] = _HEAD_KEYS[i] + int.__repr__(value)
-            elif type(value) is str:
-                out[i] = _HEAD_KEYS[i] + _encode_str(value)
-            else:
-                out[i] = _HEAD_KEYS[i] + encode_part(value)
-        elif kind == _SLOT:
-            out[i] = _SLOT_FIELDS[i]
-        else:
-            budget = {"quota": value.quota, "used": value.used, "reservations": PLACEHOLDER}
-            out[i] = _HEAD_KEYS[i] + encode_part(budget)
+        out[i] = _field_text(i, values[i])
     return out
+
+
+#: The kernel accelerator's ``_head_fields`` (for exact ``RunRecord`` values;
+#: a field it cannot write is ``_field_text``'s), or ``None``.
+_fast_head: Final[Callable[[Any, Any, Any], Any] | None] = getattr(
+    _accelerator, "head_fields", None
+)
+if _fast_head is not None:
+    _accelerator.configure_head(
+        RunRecord,
+        Budget,
+        _FIELDS,
+        _HEAD_KINDS,
+        _HEAD_KEYS,
+        tuple(_SLOT_FIELDS[i] if kind == _SLOT else None for i, kind in enumerate(_HEAD_KINDS)),
+        (
+            f"{{{dumps('quota')}:",
+            f",{dumps('used')}:",
+            f",{dumps('reservations')}:{dumps(PLACEHOLDER)}}}",
+        ),
+        _field_text,
+    )
+
+
+def head_fields(
+    record: RunRecord, previous: RunRecord | None = None, fields: Sequence[str] = ()
+) -> list[str]:
+    """The head of ``record`` field by field (``"name":value``; joined with
+    :func:`join_head` they are :func:`head_text`).  ``fields`` are
+    ``previous``'s: a field holding the very object ``previous`` held is not
+    encoded again (a record's values are frozen), so a commit encodes only
+    the fields it changed."""
+    if _fast_head is not None:
+        out = _fast_head(record, previous, fields)
+        if out is not NotImplemented:
+            return out  # type: ignore[no-any-return]
+    return _head_fields(record, previous, fields)
 
 
 def join_head(fields: Sequence[str]) -> str:
