@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.kernel.support import lifecycle_records
+from trio_backplane.errors import Error, ErrorClass
 from trio_backplane.kernel import (
     Budget,
     Command,
@@ -404,3 +405,86 @@ def test_c_head_fields_write_only_changed_fields_and_decline_what_is_not_theirs(
     assert fast(unset, None, ()) is NotImplemented
     with pytest.raises(AttributeError):
         _layout.head_fields(unset)
+
+
+# -- the accelerator's diff --------------------------------------------------------
+
+
+def _same_diff(fast: Any, ref: tuple[Any, Any, Any]) -> None:
+    entry, upserts, deletes = fast
+    assert (upserts, deletes) == (ref[1], ref[2])
+    want = ref[0]
+    assert entry.record is want.record
+    assert entry.messages is want.messages
+    assert entry.usage is want.usage
+    for name in ("intents", "tool_results", "reservations"):
+        assert getattr(entry, name).source is getattr(want, name).source
+
+
+def _chain_diffs(records: list[RunRecord]) -> int:
+    """Each record diffed by the accelerator and by the Python code against
+    the previous entry: the same rows and entry, or declined; how many were not."""
+    taken = 0
+    entry = entry_of(records[0])
+    for record in records[1:]:
+        ref = _layout._diff(entry, record)
+        fast = _speedups.diff(entry, record)
+        if fast is not NotImplemented:
+            _same_diff(fast, ref)
+            taken += 1
+        entry = ref[0]
+    return taken
+
+
+def test_c_diff_takes_the_common_commit() -> None:
+    """KER-11: on a workload chain every commit is the accelerator's, with
+    the Python code's rows and entry, but the first two: a map derived from
+    an empty one starts a lineage of its own (nothing to name the moved keys)."""
+    records = _records()
+    assert _chain_diffs(records) == len(records) - 3
+
+
+@given(lifecycle_records())
+def test_c_diff_is_the_python_diff_on_lifecycles(records: list[RunRecord]) -> None:
+    """KER-11: on any kernel lifecycle the accelerator's diff is the Python
+    code's, or declined."""
+    _chain_diffs(records)
+
+
+def test_c_diff_declines_what_the_kernel_did_not_derive() -> None:
+    """A reloaded map (no lineage), an edited or shortened transcript, a NUL
+    in a moved key and a record subclass go to the Python code; a value the
+    store refuses raises the Python code's error either way."""
+    records = _records()
+    old, new = records[-2], records[-1]
+    entry = _layout.diff(entry_of(records[-3]), old)[0]
+    assert _speedups.diff(entry, new) is not NotImplemented
+    reloaded = attrs.evolve(new, intents=dict(new.intents))
+    edited = attrs.evolve(new, transcript=[{"role": "user", "content": "x"}, *new.transcript[1:]])
+    shorter = attrs.evolve(new, transcript=new.transcript[:-2])
+    for record in (reloaded, edited, shorter):
+        assert _speedups.diff(entry, record) is NotImplemented
+    # derived from the remembered map, as the kernel derives: only the key decides
+    for key, value in (("a\x00b", {"x": 1}), ("k", {"x": 1}), ("k", object())):
+        records = _records()
+        entry = _layout.diff(entry_of(records[-2]), records[-1])[0]
+        record = _with(records[-1], intents=_with_lineage(records[-1].intents, key, value))
+        if "\x00" in key:
+            assert _speedups.diff(entry, record) is NotImplemented
+            with pytest.raises(Error) as raised:
+                _layout.diff(entry, record)
+            assert raised.value.error_class is ErrorClass.VALIDATION
+        elif isinstance(value, dict):
+            _same_diff(_speedups.diff(entry, record), _layout._diff(entry, record))
+        else:
+            for diff_of in (_speedups.diff, _layout._diff):
+                with pytest.raises(Error, match="runtime handle"):
+                    diff_of(entry, record)
+
+
+def _with_lineage(mapping: Any, key: str, value: Any) -> Any:
+    """``mapping`` with ``key`` set to ``value`` as the kernel derives (no
+    freeze: the value is taken as it is)."""
+    from trio_backplane.kernel._derived import put
+
+    return put(mapping, key, freeze(value) if isinstance(value, dict) else value)

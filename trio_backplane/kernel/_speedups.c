@@ -40,12 +40,14 @@
 typedef struct kernel_spec kernel_spec;
 typedef struct records records;
 typedef struct head_spec head_spec;
+typedef struct diff_spec diff_spec;
 
 typedef struct {
     kernel_spec *kernel;  /* configure_transition's, or NULL */
     records *commands;    /* configure_commands', or NULL */
     records *records;     /* register_record's, or NULL */
     head_spec *head;      /* configure_head's, or NULL */
+    diff_spec *diff;      /* configure_diff's, or NULL */
     PyObject *frozen_dict;
     PyObject *frozen_list;
     PyObject *layered_dict;
@@ -2698,6 +2700,342 @@ head_fields(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return out;
 }
 
+/* -- a SQL store's diff: the common commit ---------------------------------
+ *
+ * _layout.diff when every keyed part is the remembered one or derived from
+ * it by the kernel (its lineage names the keys that moved) and each list is
+ * the remembered one or the remembered one with items appended; anything
+ * else (a reload, an edit, a NUL in a key, a type set by hand) is declined
+ * before anything is returned, and the Python code decides. */
+
+#define DIFF_KEYED 3
+#define DIFF_LISTS 2
+
+struct diff_spec {
+    PyObject *entry_type, *keyed_type, *record_type, *budget_type;
+    PyObject *parts;       /* tuple: the keyed parts' names */
+    PyObject *lists;       /* tuple: the list parts' names */
+    PyObject *make_entry;  /* make_entry(record, keyed x 3, messages, usage) */
+    PyObject *encode;      /* encode(value) -> JSON text, raising as the store refuses */
+    Py_ssize_t entry_at[1 + DIFF_KEYED + DIFF_LISTS];  /* record, keyed..., lists... */
+    Py_ssize_t record_at[DIFF_KEYED + DIFF_LISTS];     /* intents, tool_results, budget, lists */
+    Py_ssize_t reservations_at, source_at, keys_at, values_at;
+};
+
+static int
+diff_traverse(diff_spec *d, visitproc visit, void *arg)
+{
+    if (d == NULL)
+        return 0;
+    Py_VISIT(d->entry_type);
+    Py_VISIT(d->keyed_type);
+    Py_VISIT(d->record_type);
+    Py_VISIT(d->budget_type);
+    Py_VISIT(d->parts);
+    Py_VISIT(d->lists);
+    Py_VISIT(d->make_entry);
+    Py_VISIT(d->encode);
+    return 0;
+}
+
+static void
+diff_free(diff_spec *d)
+{
+    if (d == NULL)
+        return;
+    Py_CLEAR(d->entry_type);
+    Py_CLEAR(d->keyed_type);
+    Py_CLEAR(d->record_type);
+    Py_CLEAR(d->budget_type);
+    Py_CLEAR(d->parts);
+    Py_CLEAR(d->lists);
+    Py_CLEAR(d->make_entry);
+    Py_CLEAR(d->encode);
+    PyMem_Free(d);
+}
+
+static PyObject *
+configure_diff(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    module_state *st = called(module, nargs, 8,
+                              "configure_diff(entry_type, keyed_type, record_type, budget_type, "
+                              "parts, lists, make_entry, encode)");
+    if (st == NULL)
+        return NULL;
+    static const char *const entry_names[] = {"record", "intents", "tool_results",
+                                              "reservations", "messages", "usage"};
+    static const char *const record_names[] = {"intents", "tool_results", "budget",
+                                               "transcript", "usage"};
+    for (int i = 0; i < 4; i++)
+        if (!PyType_Check(args[i]))
+            goto bad;
+    if (!ascii_tuple(args[4], DIFF_KEYED, 0) || !ascii_tuple(args[5], DIFF_LISTS, 0)
+        || !PyCallable_Check(args[6]) || !PyCallable_Check(args[7]))
+        goto bad;
+    diff_spec *d = PyMem_Calloc(1, sizeof(diff_spec));
+    if (d == NULL)
+        return PyErr_NoMemory();
+    int ok = offsets_of(args[0], entry_names, 1 + DIFF_KEYED + DIFF_LISTS, d->entry_at) == 0
+             && offsets_of(args[2], record_names, DIFF_KEYED + DIFF_LISTS, d->record_at) == 0;
+    d->reservations_at = ok ? slot_offset_in(args[3], "reservations") : -1;
+    d->source_at = ok ? slot_offset_in(args[1], "source") : -1;
+    d->keys_at = ok ? slot_offset_in(args[1], "_keys") : -1;
+    d->values_at = ok ? slot_offset_in(args[1], "_values") : -1;
+    if (d->reservations_at < 0 || d->source_at < 0 || d->keys_at < 0 || d->values_at < 0) {
+        PyMem_Free(d);
+        PyErr_Clear();
+        goto bad;
+    }
+    d->entry_type = Py_NewRef(args[0]);
+    d->keyed_type = Py_NewRef(args[1]);
+    d->record_type = Py_NewRef(args[2]);
+    d->budget_type = Py_NewRef(args[3]);
+    d->parts = Py_NewRef(args[4]);
+    d->lists = Py_NewRef(args[5]);
+    d->make_entry = Py_NewRef(args[6]);
+    d->encode = Py_NewRef(args[7]);
+    diff_free(st->diff);
+    st->diff = d;
+    Py_RETURN_NONE;
+bad:
+    PyErr_SetString(PyExc_TypeError, "configure_diff: bad arguments");
+    return NULL;
+}
+
+/* encode(value) of the store: the accelerator's text, else the Python one. */
+static PyObject *
+encoded(module_state *st, diff_spec *d, text_buffer *b, PyObject *value)
+{
+    b->len = 0;
+    int r;
+    if (Py_EnterRecursiveCall(" while encoding a JSON object")) {
+        PyErr_Clear();
+        r = 1;
+    }
+    else {
+        r = put_value(st, b, value, 0);
+        Py_LeaveRecursiveCall();
+    }
+    if (r < 0)
+        return NULL;
+    if (r == 1)
+        return PyObject_CallOneArg(d->encode, value);
+    PyObject *out = PyUnicode_New(b->len, 127);
+    if (out != NULL)
+        memcpy(PyUnicode_DATA(out), b->data, (size_t)b->len);
+    return out;
+}
+
+static int
+append_row(PyObject *rows, PyObject *part, PyObject *key, PyObject *text)
+{
+    PyObject *row = text == NULL ? PyTuple_Pack(2, part, key) : PyTuple_Pack(3, part, key, text);
+    if (row == NULL)
+        return -1;
+    int r = PyList_Append(rows, row);
+    Py_DECREF(row);
+    return r;
+}
+
+/* The keys a kernel derivation moved from old to new (a new dict, keys in
+ * first-moved order); DECLINE (new) when the lineage does not say; NULL. */
+static PyObject *
+moved_keys(module_state *st, PyObject *old, PyObject *new)
+{
+    PyObject *to = (PyObject *)Py_TYPE(old), *tn = (PyObject *)Py_TYPE(new);
+    if ((to != st->frozen_dict && to != st->layered_dict)
+        || (tn != st->frozen_dict && tn != st->layered_dict))
+        return Py_NewRef(DECLINE);
+    int bad = 0;
+    PyObject *a = lineage_of(old, to == st->layered_dict ? st->ld_lineage : st->fd_lineage, &bad);
+    PyObject *b = lineage_of(new, tn == st->layered_dict ? st->ld_lineage : st->fd_lineage, &bad);
+    if (a == NULL || b == NULL || bad || PyTuple_GET_ITEM(a, 0) != PyTuple_GET_ITEM(b, 0))
+        return Py_NewRef(DECLINE);
+    PyObject *log = PyTuple_GET_ITEM(a, 0);
+    Py_ssize_t from = PyLong_AsSsize_t(PyTuple_GET_ITEM(a, 1));
+    Py_ssize_t to_version = PyLong_AsSsize_t(PyTuple_GET_ITEM(b, 1));
+    if (from < 0 || to_version < from)
+        return Py_NewRef(DECLINE);
+    PyObject *keys = PyDict_New();
+    if (keys == NULL)
+        return NULL;
+    Py_INCREF(log);
+    for (Py_ssize_t i = from; i < to_version && i < PyList_GET_SIZE(log); i++) {
+        PyObject *key = PyList_GET_ITEM(log, i);
+        if (!PyUnicode_CheckExact(key) || PyUnicode_FindChar(key, 0, 0, PY_SSIZE_T_MAX, 1) != -1) {
+            /* a key set by hand, or one the Python code refuses (NUL) */
+            Py_DECREF(log);
+            Py_DECREF(keys);
+            return Py_NewRef(DECLINE);
+        }
+        if (PyDict_SetItem(keys, key, Py_None) < 0) {
+            Py_DECREF(log);
+            Py_DECREF(keys);
+            return NULL;
+        }
+    }
+    Py_DECREF(log);
+    return keys;
+}
+
+/* A new _Keyed of source (no aligned lists yet). */
+static PyObject *
+new_keyed(diff_spec *d, PyObject *source)
+{
+    PyTypeObject *t = (PyTypeObject *)d->keyed_type;
+    PyObject *k = t->tp_alloc(t, 0);
+    if (k == NULL)
+        return NULL;
+    SLOT(k, d->source_at) = Py_NewRef(source);
+    SLOT(k, d->keys_at) = Py_NewRef(Py_None);
+    SLOT(k, d->values_at) = Py_NewRef(Py_None);
+    return k;
+}
+
+/* The keyed part i: its new _Keyed (a new reference, DECLINE or NULL),
+ * its rows added to upserts and deletes. */
+static PyObject *
+diff_keyed_c(module_state *st, diff_spec *d, text_buffer *buf, int i, PyObject *old_keyed,
+             PyObject *new, PyObject *upserts, PyObject *deletes)
+{
+    if ((PyObject *)Py_TYPE(old_keyed) != d->keyed_type || SLOT(old_keyed, d->source_at) == NULL)
+        return Py_NewRef(DECLINE);
+    PyObject *old = SLOT(old_keyed, d->source_at);
+    if (new == old)
+        return Py_NewRef(old_keyed);
+    PyObject *moved = moved_keys(st, old, new);
+    if (moved == NULL || moved == DECLINE)
+        return moved;
+    PyObject *part = PyTuple_GET_ITEM(d->parts, i);
+    Py_ssize_t pos = 0;
+    PyObject *key, *unused;
+    int failed = 0;
+    while (!failed && PyDict_Next(moved, &pos, &key, &unused)) {
+        int how = OK;
+        PyObject *value = lookup(st, new, key, &how), *was = NULL;
+        if (how == OK)
+            was = lookup(st, old, key, &how);
+        if (how != OK)
+            failed = how == FAIL ? -1 : 1;
+        else if (value == NULL) {
+            if (was != NULL && append_row(deletes, part, key, NULL) < 0)
+                failed = -1;
+        }
+        else if (was != value) {
+            PyObject *text = encoded(st, d, buf, value);
+            failed = text == NULL || append_row(upserts, part, key, text) < 0 ? -1 : 0;
+            Py_XDECREF(text);
+        }
+        Py_XDECREF(value);
+        Py_XDECREF(was);
+    }
+    Py_DECREF(moved);
+    if (failed)
+        return failed < 0 ? NULL : Py_NewRef(DECLINE);
+    return new_keyed(d, new);
+}
+
+/* The items of a list or tuple (a FrozenList is a list), or NULL. */
+static PyObject **
+items_of(PyObject *v, Py_ssize_t *n)
+{
+    if (PyList_Check(v) || PyTuple_CheckExact(v)) {
+        *n = PySequence_Fast_GET_SIZE(v);
+        return PySequence_Fast_ITEMS(v);
+    }
+    return NULL;
+}
+
+/* The list part i: 0 (its appended rows added), 1 (declined), -1. */
+static int
+diff_list_c(module_state *st, diff_spec *d, text_buffer *buf, int i, PyObject *old, PyObject *new,
+            PyObject *upserts)
+{
+    if (new == old)
+        return 0;
+    Py_ssize_t n_old = 0, n_new;
+    PyObject **before = NULL, **after = items_of(new, &n_new);
+    if (after == NULL || (old != Py_None && (before = items_of(old, &n_old)) == NULL)
+        || n_new < n_old)
+        return 1;
+    for (Py_ssize_t j = 0; j < n_old; j++)
+        if (before[j] != after[j])
+            return 1;  /* an edit: the Python code compares */
+    PyObject *part = PyTuple_GET_ITEM(d->lists, i);
+    for (Py_ssize_t j = n_old; j < PySequence_Fast_GET_SIZE(new); j++) {
+        char digits[32];
+        snprintf(digits, sizeof digits, "%010zd", j);
+        PyObject *key = PyUnicode_FromString(digits);
+        PyObject *item = Py_NewRef(PySequence_Fast_GET_ITEM(new, j));
+        PyObject *text = key == NULL ? NULL : encoded(st, d, buf, item);
+        int r = text == NULL || append_row(upserts, part, key, text) < 0 ? -1 : 0;
+        Py_XDECREF(text);
+        Py_XDECREF(key);
+        Py_DECREF(item);
+        if (r < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+diff_fast(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    module_state *st = called(module, nargs, 2, "diff(entry, record)");
+    if (st == NULL)
+        return NULL;
+    diff_spec *d = st->diff;
+    PyObject *entry = args[0], *record = args[1];
+    if (d == NULL || (PyObject *)Py_TYPE(entry) != d->entry_type
+        || (PyObject *)Py_TYPE(record) != d->record_type)
+        return Py_NewRef(DECLINE);
+    PyObject *olds[1 + DIFF_KEYED + DIFF_LISTS], *news[DIFF_KEYED + DIFF_LISTS];
+    for (int i = 0; i < 1 + DIFF_KEYED + DIFF_LISTS; i++)
+        if ((olds[i] = SLOT(entry, d->entry_at[i])) == NULL)
+            return Py_NewRef(DECLINE);
+    for (int i = 0; i < DIFF_KEYED + DIFF_LISTS; i++)
+        if ((news[i] = SLOT(record, d->record_at[i])) == NULL)
+            return Py_NewRef(DECLINE);
+    PyObject *budget = news[2];
+    if ((PyObject *)Py_TYPE(budget) != d->budget_type
+        || (news[2] = SLOT(budget, d->reservations_at)) == NULL)
+        return Py_NewRef(DECLINE);
+    PyObject *out = NULL, *keyed[DIFF_KEYED] = {NULL, NULL, NULL};
+    PyObject *upserts = PyList_New(0), *deletes = PyList_New(0);
+    text_buffer buf = {NULL, 0, 0};
+    Py_INCREF(entry);
+    Py_INCREF(record);
+    Py_INCREF(budget);
+    if (upserts == NULL || deletes == NULL)
+        goto done;
+    int r = 0;
+    for (int i = 0; r == 0 && i < DIFF_KEYED; i++) {
+        keyed[i] = diff_keyed_c(st, d, &buf, i, olds[1 + i], news[i], upserts, deletes);
+        r = keyed[i] == NULL ? -1 : keyed[i] == DECLINE ? 1 : 0;
+    }
+    for (int i = 0; r == 0 && i < DIFF_LISTS; i++)
+        r = diff_list_c(st, d, &buf, i, olds[1 + DIFF_KEYED + i], news[DIFF_KEYED + i], upserts);
+    if (r == 1)
+        out = Py_NewRef(DECLINE);
+    if (r != 0)
+        goto done;
+    PyObject *made[] = {record, keyed[0], keyed[1], keyed[2], news[3], news[4]};
+    PyObject *new_entry = PyObject_Vectorcall(d->make_entry, made, 6, NULL);
+    if (new_entry != NULL)
+        out = PyTuple_Pack(3, new_entry, upserts, deletes);
+    Py_XDECREF(new_entry);
+done:
+    PyMem_Free(buf.data);
+    for (int i = 0; i < DIFF_KEYED; i++)
+        Py_XDECREF(keyed[i]);
+    Py_XDECREF(upserts);
+    Py_XDECREF(deletes);
+    Py_DECREF(budget);
+    Py_DECREF(record);
+    Py_DECREF(entry);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"freeze", (PyCFunction)(void (*)(void))freeze, METH_FASTCALL,
      "freeze(value, limit, /)\n--\n\n"
@@ -2730,6 +3068,13 @@ static PyMethodDef methods[] = {
     {"head_fields", (PyCFunction)(void (*)(void))head_fields, METH_FASTCALL,
      "head_fields(record, previous, fields, /)\n--\n\n"
      "_layout.head_fields of a configured record type, or NotImplemented."},
+    {"configure_diff", (PyCFunction)(void (*)(void))configure_diff, METH_FASTCALL,
+     "configure_diff(entry_type, keyed_type, record_type, budget_type, parts, lists, "
+     "make_entry, encode, /)\n--\n\n"
+     "The types and helpers diff works with."},
+    {"diff", (PyCFunction)(void (*)(void))diff_fast, METH_FASTCALL,
+     "diff(entry, record, /)\n--\n\n"
+     "_layout.diff of the common commit (entry, upserts, deletes), or NotImplemented."},
     {"dumps", dumps, METH_O,
      "dumps(value, /)\n--\n\n"
      "_json.dumps of JSON data whose every str is ASCII, or NotImplemented."},
@@ -2755,6 +3100,7 @@ module_traverse(PyObject *module, visitproc visit, void *arg)
     int failed = kernel_traverse(st->kernel, visit, arg);
     failed = failed ? failed : records_traverse(st->commands, visit, arg);
     failed = failed ? failed : head_traverse(st->head, visit, arg);
+    failed = failed ? failed : diff_traverse(st->diff, visit, arg);
     return failed ? failed : records_traverse(st->records, visit, arg);
 }
 
@@ -2773,6 +3119,8 @@ module_clear(PyObject *module)
     st->records = NULL;
     head_free(st->head);
     st->head = NULL;
+    diff_free(st->diff);
+    st->diff = NULL;
     return 0;
 }
 

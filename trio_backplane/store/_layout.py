@@ -544,6 +544,14 @@ def _diff_messages(
 def diff(old: Entry, record: RunRecord) -> tuple[Entry, Upserts, Deletes]:
     """``(entry of record, upserts, deletes)``: the part rows turning the
     stored ``old`` record into ``record``.  Encodes only what changed."""
+    if _fast_diff is not None:
+        out = _fast_diff(old, record)
+        if out is not NotImplemented:
+            return out  # type: ignore[no-any-return]
+    return _diff(old, record)
+
+
+def _diff(old: Entry, record: RunRecord) -> tuple[Entry, Upserts, Deletes]:
     upserts: Upserts = []
     deletes: Deletes = []
     messages = record.transcript
@@ -569,6 +577,22 @@ def diff(old: Entry, record: RunRecord) -> tuple[Entry, Upserts, Deletes]:
                 {"part": part, "key": key.replace("\x00", "\\x00")[:200]},
             )
     return entry, upserts, deletes
+
+
+#: The kernel accelerator's ``_diff`` of the common commit (kernel-derived
+#: maps, lists appended to), declining anything else to ``_diff``; or ``None``.
+_fast_diff: Final[Callable[[Entry, RunRecord], Any] | None] = getattr(_accelerator, "diff", None)
+if _fast_diff is not None:
+    _accelerator.configure_diff(
+        Entry,
+        _Keyed,
+        RunRecord,
+        Budget,
+        ("intents", "tool_results", RESERVATIONS),
+        (MESSAGES, USAGE),
+        _entry,
+        encode_part,
+    )
 
 
 def split(record: RunRecord) -> tuple[str, Parts]:
