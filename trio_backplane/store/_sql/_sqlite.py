@@ -162,6 +162,9 @@ class SQLiteDriver:
         self._path = path
         self._create = create_tables
         self._conn: sqlite3.Connection | None = None
+        #: the connection's one cursor for the commit path (a connection's
+        #: ``execute`` makes a cursor a call)
+        self._cursor: sqlite3.Cursor | None = None
         self._busy_ms = 0
         #: ``(st_dev, st_ino)`` of the file the connection opened: checked
         #: before each ``COMMIT``
@@ -204,6 +207,7 @@ class SQLiteDriver:
             conn.close()
             raise
         self._conn = conn
+        self._cursor = conn.cursor()
 
     def _prepare(self, conn: sqlite3.Connection, *, create: bool, in_memory: bool) -> None:
         self._busy_ms = int(_BUSY_TIMEOUT_S * 1000)
@@ -256,6 +260,10 @@ class SQLiteDriver:
         assert self._conn is not None  # the engine opens before every call
         return self._conn
 
+    def _writes(self) -> sqlite3.Cursor:
+        assert self._cursor is not None  # the engine opens before every call
+        return self._cursor
+
     def _lock_wait(self, seconds: float) -> None:
         ms = max(1, int(min(seconds, _BUSY_TIMEOUT_S) * 1000))
         if ms != self._busy_ms:
@@ -274,21 +282,21 @@ class SQLiteDriver:
         if patience <= 0:
             raise sqlite3.OperationalError("the commit's deadline passed before it was written")
         self._lock_wait(patience)
-        self._live().execute("BEGIN IMMEDIATE")
+        self._writes().execute("BEGIN IMMEDIATE")
 
     def begin_read(self) -> None:
         self._lock_wait(_BUSY_TIMEOUT_S)
         self._live().execute("BEGIN DEFERRED")
 
     def commit(self) -> None:
-        conn = self._live()
+        cursor = self._writes()
         if self._identity is not None:
             # Removed or replaced under the store, a COMMIT would land in a
             # file nobody opens again, acknowledged and lost.
             st = os.stat(self._file)
             if (st.st_dev, st.st_ino) != self._identity:
                 raise sqlite3.OperationalError("the database file was removed or replaced")
-        conn.execute("COMMIT")
+        cursor.execute("COMMIT")
 
     def rollback(self) -> None:
         conn = self._conn
@@ -313,7 +321,7 @@ class SQLiteDriver:
         return self._live().execute(_INSERT_RUN, row).rowcount == 1
 
     def write(self, writes: Writes) -> bool:
-        conn = self._live()
+        conn = self._writes()
         same = [
             (u.row.incarnation, u.row.revision, u.row.head, u.row.run_id, *u[1:3])
             for u in writes.updates
@@ -362,6 +370,7 @@ class SQLiteDriver:
 
     def close(self) -> None:
         conn, self._conn = self._conn, None
+        self._cursor = None
         if conn is not None:
             with contextlib.suppress(sqlite3.Error):
                 conn.close()
