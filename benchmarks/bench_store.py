@@ -61,7 +61,8 @@ from trio_backplane.kernel import (
 )
 from trio_backplane.kernel import transition as _transition
 from trio_backplane.store import MemoryStore, SQLiteStore
-from trio_backplane.store._layout import NOTHING, diff, dumps, head_text
+from trio_backplane.store._diff import NOTHING, diff
+from trio_backplane.store._layout import dumps, head_text
 from trio_backplane.store._sql._sqlite import _SCHEMA
 
 QUICK = "--quick" in sys.argv

@@ -25,7 +25,7 @@ from trio_backplane.runtime._context import ToolOperation
 from trio_backplane.runtime._provider import ProviderRequest
 from trio_backplane.runtime._types import Event
 from trio_backplane.store import Receipt
-from trio_backplane.store._layout import Entry
+from trio_backplane.store._diff import Entry
 from trio_backplane.tools import Invocation
 
 

@@ -25,19 +25,16 @@ from trio_backplane.kernel import (
     freeze,
     transition,
 )
-from trio_backplane.store import _layout
+from trio_backplane.store import _diff, _layout
+from trio_backplane.store._diff import NOTHING, diff, entry_of, split
 from trio_backplane.store._layout import (
-    NOTHING,
     PLACEHOLDER,
     blank,
-    diff,
     dumps,
-    entry_of,
     head_fields,
     head_text,
     join,
     join_head,
-    split,
 )
 
 
@@ -427,7 +424,7 @@ def _chain_diffs(records: list[RunRecord]) -> int:
     taken = 0
     entry = entry_of(records[0])
     for record in records[1:]:
-        ref = _layout._diff(entry, record)
+        ref = _diff._diff(entry, record)
         fast = _speedups.diff(entry, record)
         if fast is not NotImplemented:
             _same_diff(fast, ref)
@@ -457,7 +454,7 @@ def test_c_diff_declines_what_the_kernel_did_not_derive() -> None:
     store refuses raises the Python code's error either way."""
     records = _records()
     old, new = records[-2], records[-1]
-    entry = _layout.diff(entry_of(records[-3]), old)[0]
+    entry = _diff.diff(entry_of(records[-3]), old)[0]
     assert _speedups.diff(entry, new) is not NotImplemented
     reloaded = attrs.evolve(new, intents=dict(new.intents))
     edited = attrs.evolve(new, transcript=[{"role": "user", "content": "x"}, *new.transcript[1:]])
@@ -467,17 +464,17 @@ def test_c_diff_declines_what_the_kernel_did_not_derive() -> None:
     # derived from the remembered map, as the kernel derives: only the key decides
     for key, value in (("a\x00b", {"x": 1}), ("k", {"x": 1}), ("k", object())):
         records = _records()
-        entry = _layout.diff(entry_of(records[-2]), records[-1])[0]
+        entry = _diff.diff(entry_of(records[-2]), records[-1])[0]
         record = _with(records[-1], intents=_with_lineage(records[-1].intents, key, value))
         if "\x00" in key:
             assert _speedups.diff(entry, record) is NotImplemented
             with pytest.raises(Error) as raised:
-                _layout.diff(entry, record)
+                _diff.diff(entry, record)
             assert raised.value.error_class is ErrorClass.VALIDATION
         elif isinstance(value, dict):
-            _same_diff(_speedups.diff(entry, record), _layout._diff(entry, record))
+            _same_diff(_speedups.diff(entry, record), _diff._diff(entry, record))
         else:
-            for diff_of in (_speedups.diff, _layout._diff):
+            for diff_of in (_speedups.diff, _diff._diff):
                 with pytest.raises(Error, match="runtime handle"):
                     diff_of(entry, record)
 

@@ -13,7 +13,8 @@ from tests.store import faults
 from trio_backplane.errors import Error, ErrorClass
 from trio_backplane.kernel import Command, RunEvent, RunRecord, evolve_record, transition
 from trio_backplane.store import SQLiteStore
-from trio_backplane.store._layout import join, join_record, split
+from trio_backplane.store._diff import split
+from trio_backplane.store._layout import join, join_record
 
 
 def _admitted(run_id: str, **kwargs: Any) -> RunRecord:

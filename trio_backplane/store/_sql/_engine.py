@@ -11,7 +11,7 @@ Guarantees, for every driver:
   raises the revision, so an ``UPDATE`` that matched proves the memory
   current (events continue from the remembered sequence, no read); one
   that did not rolls back, and the commit is decided from the stored row.
-- A commit writes what changed (``_layout.diff``): commit 5,000 of a run
+- A commit writes what changed (``_diff.diff``): commit 5,000 of a run
   costs what commit 10 did.
 - Concurrent commits are written together (``GroupCommit``), at most one
   per run, in one transaction; a refused commit changes no row, so it fails
@@ -39,14 +39,12 @@ import trio
 from ...errors import Error, ErrorClass
 from ...kernel import RunEvent, RunRecord
 from ...kernel import fence as kernel_fence
+from .._diff import NOTHING, diff, entry_of
 from .._group import GroupCommit, Job
 from .._layout import (
-    NOTHING,
     CorruptRecord,
     decode_stored,
     decode_stored_event,
-    diff,
-    entry_of,
     head_fields,
     join_head,
 )

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from typing import Final
 
 from ...kernel import TERMINAL_STATES, RunEvent, RunRecord
-from .._layout import Entry, diff, encode_part, head_fields, join_head
+from .._diff import Entry, diff
+from .._layout import encode_part, head_fields, join_head
 from ._rows import EventRow, PartKey, PartRow, RunRow, RunUpdate, Writes, maker
 
 _run_row: Final = maker(RunRow)
