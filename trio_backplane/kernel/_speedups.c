@@ -2481,32 +2481,40 @@ struct head_spec {
     int kinds[HEAD_MAX];
 };
 
+/* A spec's owned references, each listed once by its refs function; its
+ * traverse and free walk them. */
+#define MAX_REFS 8
+typedef int (*refs_fn)(void *spec, PyObject **refs[MAX_REFS]);
+
 static int
-head_traverse(head_spec *h, visitproc visit, void *arg)
+spec_visit(void *spec, refs_fn list, visitproc visit, void *arg)
 {
-    if (h == NULL)
+    if (spec == NULL)
         return 0;
-    Py_VISIT(h->type);
-    Py_VISIT(h->budget_type);
-    Py_VISIT(h->keys);
-    Py_VISIT(h->fixed);
-    Py_VISIT(h->budget);
-    Py_VISIT(h->fallback);
+    PyObject **refs[MAX_REFS];
+    for (int i = 0, n = list(spec, refs); i < n; i++)
+        Py_VISIT(*refs[i]);
     return 0;
 }
 
 static void
-head_free(head_spec *h)
+spec_free(void *spec, refs_fn list)
 {
-    if (h == NULL)
+    if (spec == NULL)
         return;
-    Py_CLEAR(h->type);
-    Py_CLEAR(h->budget_type);
-    Py_CLEAR(h->keys);
-    Py_CLEAR(h->fixed);
-    Py_CLEAR(h->budget);
-    Py_CLEAR(h->fallback);
-    PyMem_Free(h);
+    PyObject **refs[MAX_REFS];
+    for (int i = 0, n = list(spec, refs); i < n; i++)
+        Py_CLEAR(*refs[i]);
+    PyMem_Free(spec);
+}
+
+static int
+head_refs(void *spec, PyObject **refs[MAX_REFS])
+{
+    head_spec *h = spec;
+    PyObject **all[] = {&h->type, &h->budget_type, &h->keys, &h->fixed, &h->budget, &h->fallback};
+    memcpy(refs, all, sizeof all);
+    return (int)(sizeof all / sizeof all[0]);
 }
 
 static int
@@ -2576,7 +2584,7 @@ configure_head(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     h->fixed = Py_NewRef(args[5]);
     h->budget = Py_NewRef(args[6]);
     h->fallback = Py_NewRef(args[7]);
-    head_free(st->head);
+    spec_free(st->head, head_refs);
     st->head = h;
     Py_RETURN_NONE;
 }
@@ -2702,7 +2710,7 @@ head_fields(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 /* -- a SQL store's diff: the common commit ---------------------------------
  *
- * _layout.diff when every keyed part is the remembered one or derived from
+ * _diff.diff when every keyed part is the remembered one or derived from
  * it by the kernel (its lineage names the keys that moved) and each list is
  * the remembered one or the remembered one with items appended; anything
  * else (a reload, an edit, a NUL in a key, a type set by hand) is declined
@@ -2723,35 +2731,13 @@ struct diff_spec {
 };
 
 static int
-diff_traverse(diff_spec *d, visitproc visit, void *arg)
+diff_refs(void *spec, PyObject **refs[MAX_REFS])
 {
-    if (d == NULL)
-        return 0;
-    Py_VISIT(d->entry_type);
-    Py_VISIT(d->keyed_type);
-    Py_VISIT(d->record_type);
-    Py_VISIT(d->budget_type);
-    Py_VISIT(d->parts);
-    Py_VISIT(d->lists);
-    Py_VISIT(d->make_entry);
-    Py_VISIT(d->encode);
-    return 0;
-}
-
-static void
-diff_free(diff_spec *d)
-{
-    if (d == NULL)
-        return;
-    Py_CLEAR(d->entry_type);
-    Py_CLEAR(d->keyed_type);
-    Py_CLEAR(d->record_type);
-    Py_CLEAR(d->budget_type);
-    Py_CLEAR(d->parts);
-    Py_CLEAR(d->lists);
-    Py_CLEAR(d->make_entry);
-    Py_CLEAR(d->encode);
-    PyMem_Free(d);
+    diff_spec *d = spec;
+    PyObject **all[] = {&d->entry_type, &d->keyed_type, &d->record_type, &d->budget_type,
+                        &d->parts, &d->lists, &d->make_entry, &d->encode};
+    memcpy(refs, all, sizeof all);
+    return (int)(sizeof all / sizeof all[0]);
 }
 
 static PyObject *
@@ -2794,7 +2780,7 @@ configure_diff(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     d->lists = Py_NewRef(args[5]);
     d->make_entry = Py_NewRef(args[6]);
     d->encode = Py_NewRef(args[7]);
-    diff_free(st->diff);
+    spec_free(st->diff, diff_refs);
     st->diff = d;
     Py_RETURN_NONE;
 bad:
@@ -3074,7 +3060,7 @@ static PyMethodDef methods[] = {
      "The types and helpers diff works with."},
     {"diff", (PyCFunction)(void (*)(void))diff_fast, METH_FASTCALL,
      "diff(entry, record, /)\n--\n\n"
-     "_layout.diff of the common commit (entry, upserts, deletes), or NotImplemented."},
+     "_diff.diff of the common commit (entry, upserts, deletes), or NotImplemented."},
     {"dumps", dumps, METH_O,
      "dumps(value, /)\n--\n\n"
      "_json.dumps of JSON data whose every str is ASCII, or NotImplemented."},
@@ -3099,8 +3085,8 @@ module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->layered_dict);
     int failed = kernel_traverse(st->kernel, visit, arg);
     failed = failed ? failed : records_traverse(st->commands, visit, arg);
-    failed = failed ? failed : head_traverse(st->head, visit, arg);
-    failed = failed ? failed : diff_traverse(st->diff, visit, arg);
+    failed = failed ? failed : spec_visit(st->head, head_refs, visit, arg);
+    failed = failed ? failed : spec_visit(st->diff, diff_refs, visit, arg);
     return failed ? failed : records_traverse(st->records, visit, arg);
 }
 
@@ -3117,9 +3103,9 @@ module_clear(PyObject *module)
     st->commands = NULL;
     records_free(st->records);
     st->records = NULL;
-    head_free(st->head);
+    spec_free(st->head, head_refs);
     st->head = NULL;
-    diff_free(st->diff);
+    spec_free(st->diff, diff_refs);
     st->diff = NULL;
     return 0;
 }
