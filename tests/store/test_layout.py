@@ -479,9 +479,99 @@ def test_c_diff_declines_what_the_kernel_did_not_derive() -> None:
                     diff_of(entry, record)
 
 
+def _put(mapping: Any, key: str, value: Any) -> Any:
+    """``mapping`` with ``key`` set to ``value`` as it is, as the kernel derives."""
+    from trio_backplane.kernel._derived import put
+
+    return put(mapping, key, value)
+
+
 def _with_lineage(mapping: Any, key: str, value: Any) -> Any:
     """``mapping`` with ``key`` set to ``value`` as the kernel derives (no
     freeze: the value is taken as it is)."""
     from trio_backplane.kernel._derived import put
 
     return put(mapping, key, freeze(value) if isinstance(value, dict) else value)
+
+
+class _Meddling(dict):  # type: ignore[type-arg]
+    """A value whose encoding runs ``meddle`` (the stdlib encoder reads a
+    dict subclass through ``items``): Python code in the middle of a call."""
+
+    meddle: Any = None
+
+    def items(self) -> Any:
+        if self.meddle is not None:
+            self.meddle()
+        return super().items()
+
+
+def _configure_head_again() -> None:
+    layout = _layout
+    _speedups.configure_head(
+        RunRecord,
+        Budget,
+        layout._FIELDS,
+        layout._HEAD_KINDS,
+        layout._HEAD_KEYS,
+        tuple(
+            layout._SLOT_FIELDS[i] if kind == layout._SLOT else None
+            for i, kind in enumerate(layout._HEAD_KINDS)
+        ),
+        ('{"quota":', ',"used":', ',"reservations":"__parts__"}'),
+        layout._field_text,
+    )
+
+
+def test_c_head_fields_hold_what_they_read_while_python_code_runs() -> None:
+    """KER-11: a field's fallback is Python code that may delete a later slot,
+    clear the caller's fields or configure the accelerator again: the fields
+    are those read when the call began (as the Python code reads them all
+    first), never a crash."""
+    base_fields = _layout._head_fields(_BASE)
+    for meddle in ("slot", "fields", "configure"):
+        value = _Meddling(a=1)
+        record = _with(_BASE, context=value)
+        fields = list(base_fields)
+        expected = _layout._head_fields(record, _BASE, fields)
+        value.meddle = {
+            "slot": lambda record=record: object.__delattr__(record, "schema_version"),
+            "fields": fields.clear,
+            "configure": _configure_head_again,
+        }[meddle]
+        assert _speedups.head_fields(record, _BASE, fields) == expected
+
+
+def test_c_diff_holds_what_it_reads_and_declines_before_running_python_code() -> None:
+    """KER-11: an encode that replaces the record's transcript leaves the
+    rows of the transcript the call began with; a list subclass (whose
+    methods the Python code would call) is declined; a decline comes before
+    any value's Python code runs (the Python code then encodes it once)."""
+    records = _records()
+    entry = _diff.diff(entry_of(records[-2]), records[-1])[0]
+    holder: dict[str, RunRecord] = {}
+    value = _Meddling(a=1)
+    grown = FrozenList([*records[-1].transcript, value, freeze({"b": 2})])
+    holder["record"] = _with(records[-1], transcript=grown)
+    expected = _diff._diff(entry, holder["record"])
+    value.meddle = lambda: object.__setattr__(holder["record"], "transcript", FrozenList())
+    _same_diff(_speedups.diff(entry, holder["record"]), expected)
+
+    class Shorter(list):  # type: ignore[type-arg]
+        def __len__(self) -> int:
+            return 0
+
+    sub = _with(records[-1], transcript=Shorter(grown))
+    assert _speedups.diff(entry, sub) is NotImplemented
+
+    calls: list[int] = []
+    counted = _Meddling(a=1)
+    counted.meddle = lambda: calls.append(1)
+    edited = FrozenList([freeze({"edited": 1}), *records[-1].transcript[1:]])
+    record = _with(
+        records[-1],
+        intents=_put(records[-1].intents, "k", counted),
+        transcript=edited,
+    )
+    _diff.diff(entry, record)
+    assert calls == [1]

@@ -2508,11 +2508,26 @@ spec_free(void *spec, refs_fn list)
     PyMem_Free(spec);
 }
 
+/* A new (take) or a released reference to each of a spec's objects: a
+ * copy of the spec is then safe to use while Python code reconfigures. */
+static void
+spec_hold(void *spec, refs_fn list, int take)
+{
+    PyObject **refs[MAX_REFS];
+    for (int i = 0, n = list(spec, refs); i < n; i++) {
+        if (take)
+            Py_XINCREF(*refs[i]);
+        else
+            Py_XDECREF(*refs[i]);
+    }
+}
+
 static int
 head_refs(void *spec, PyObject **refs[MAX_REFS])
 {
     head_spec *h = spec;
     PyObject **all[] = {&h->type, &h->budget_type, &h->keys, &h->fixed, &h->budget, &h->fallback};
+    _Static_assert(sizeof all / sizeof all[0] <= MAX_REFS, "MAX_REFS");
     memcpy(refs, all, sizeof all);
     return (int)(sizeof all / sizeof all[0]);
 }
@@ -2584,8 +2599,9 @@ configure_head(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     h->fixed = Py_NewRef(args[5]);
     h->budget = Py_NewRef(args[6]);
     h->fallback = Py_NewRef(args[7]);
-    spec_free(st->head, head_refs);
-    st->head = h;
+    head_spec *old = st->head;
+    st->head = h;  /* before the old one's references go: they may run __del__ */
+    spec_free(old, head_refs);
     Py_RETURN_NONE;
 }
 
@@ -2662,14 +2678,40 @@ field_text(module_state *st, head_spec *h, text_buffer *b, Py_ssize_t i, PyObjec
 }
 
 static PyObject *
+head_fields_held(module_state *st, head_spec *h, PyObject **values, PyObject **before,
+                 PyObject *fields)
+{
+    /* as the Python code: list(fields), then the fields that changed */
+    PyObject *out = before != NULL ? PySequence_List(fields) : PyList_New(h->n);
+    if (out == NULL)
+        return NULL;
+    text_buffer b = {NULL, 0, 0};
+    for (Py_ssize_t i = 0; i < h->n; i++) {
+        if (before != NULL && values[i] == before[i])
+            continue;
+        PyObject *text = field_text(st, h, &b, i, values[i]);
+        if (text == NULL) {
+            PyMem_Free(b.data);
+            Py_DECREF(out);
+            return NULL;
+        }
+        if (before != NULL)
+            Py_SETREF(PyList_GET_ITEM(out, i), text);  /* out is ours alone */
+        else
+            PyList_SET_ITEM(out, i, text);
+    }
+    PyMem_Free(b.data);
+    return out;
+}
+
+static PyObject *
 head_fields(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     module_state *st = called(module, nargs, 3, "head_fields(record, previous, fields)");
     if (st == NULL)
         return NULL;
-    head_spec *h = st->head;
     PyObject *record = args[0], *previous = args[1], *fields = args[2];
-    if (h == NULL || (PyObject *)Py_TYPE(record) != h->type)
+    if (st->head == NULL || (PyObject *)Py_TYPE(record) != st->head->type)
         return Py_NewRef(DECLINE);
     int tuple = PyTuple_CheckExact(fields);
     if (!tuple && !PyList_CheckExact(fields))
@@ -2677,34 +2719,30 @@ head_fields(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t had = tuple ? PyTuple_GET_SIZE(fields) : PyList_GET_SIZE(fields);
     /* as the Python code: the previous fields only with a previous record */
     int incremental = previous != Py_None && had > 0;
-    if (incremental && ((PyObject *)Py_TYPE(previous) != h->type || had != h->n))
+    if (incremental && ((PyObject *)Py_TYPE(previous) != st->head->type || had != st->head->n))
         return Py_NewRef(DECLINE);
-    for (Py_ssize_t i = 0; i < h->n; i++)  /* an unset slot: Python raises */
-        if (SLOT(record, h->offsets[i]) == NULL
-            || (incremental && SLOT(previous, h->offsets[i]) == NULL))
+    /* Everything read before any Python code runs (a fallback may change
+     * the record, the fields or the configuration), as attrgetter and
+     * list(fields) do for the Python code. */
+    head_spec h = *st->head;
+    PyObject *values[HEAD_MAX], *before[HEAD_MAX];
+    for (Py_ssize_t i = 0; i < h.n; i++)  /* an unset slot: Python raises */
+        if (SLOT(record, h.offsets[i]) == NULL
+            || (incremental && SLOT(previous, h.offsets[i]) == NULL))
             return Py_NewRef(DECLINE);
-    PyObject *out = PyList_New(h->n);
-    if (out == NULL)
-        return NULL;
-    text_buffer b = {NULL, 0, 0};
-    for (Py_ssize_t i = 0; i < h->n; i++) {
-        PyObject *v = SLOT(record, h->offsets[i]);
-        PyObject *text;
-        if (incremental && v == SLOT(previous, h->offsets[i]))
-            text = Py_NewRef(tuple ? PyTuple_GET_ITEM(fields, i) : PyList_GET_ITEM(fields, i));
-        else {
-            Py_INCREF(v);  /* the fallback is Python code */
-            text = field_text(st, h, &b, i, v);
-            Py_DECREF(v);
-        }
-        if (text == NULL) {
-            PyMem_Free(b.data);
-            Py_DECREF(out);
-            return NULL;
-        }
-        PyList_SET_ITEM(out, i, text);
+    for (Py_ssize_t i = 0; i < h.n; i++) {
+        values[i] = Py_NewRef(SLOT(record, h.offsets[i]));
+        before[i] = incremental ? Py_NewRef(SLOT(previous, h.offsets[i])) : NULL;
     }
-    PyMem_Free(b.data);
+    spec_hold(&h, head_refs, 1);
+    Py_INCREF(fields);
+    PyObject *out = head_fields_held(st, &h, values, incremental ? before : NULL, fields);
+    Py_DECREF(fields);
+    spec_hold(&h, head_refs, 0);
+    for (Py_ssize_t i = 0; i < h.n; i++) {
+        Py_DECREF(values[i]);
+        Py_XDECREF(before[i]);
+    }
     return out;
 }
 
@@ -2736,6 +2774,7 @@ diff_refs(void *spec, PyObject **refs[MAX_REFS])
     diff_spec *d = spec;
     PyObject **all[] = {&d->entry_type, &d->keyed_type, &d->record_type, &d->budget_type,
                         &d->parts, &d->lists, &d->make_entry, &d->encode};
+    _Static_assert(sizeof all / sizeof all[0] <= MAX_REFS, "MAX_REFS");
     memcpy(refs, all, sizeof all);
     return (int)(sizeof all / sizeof all[0]);
 }
@@ -2780,8 +2819,9 @@ configure_diff(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     d->lists = Py_NewRef(args[5]);
     d->make_entry = Py_NewRef(args[6]);
     d->encode = Py_NewRef(args[7]);
-    spec_free(st->diff, diff_refs);
+    diff_spec *old = st->diff;
     st->diff = d;
+    spec_free(old, diff_refs);
     Py_RETURN_NONE;
 bad:
     PyErr_SetString(PyExc_TypeError, "configure_diff: bad arguments");
@@ -2878,21 +2918,38 @@ new_keyed(diff_spec *d, PyObject *source)
     return k;
 }
 
-/* The keyed part i: its new _Keyed (a new reference, DECLINE or NULL),
- * its rows added to upserts and deletes. */
+/* Whether m is a mapping lookup() reads (a LayeredDict as its class lays it out). */
+static int
+readable(module_state *st, PyObject *m)
+{
+    PyObject *base, *over;
+    Py_ssize_t length;
+    return (PyObject *)Py_TYPE(m) == st->frozen_dict
+           || ((PyObject *)Py_TYPE(m) == st->layered_dict && layers_of(st, m, &base, &over, &length));
+}
+
+/* Keyed part old_keyed -> new, decided before anything is encoded: None
+ * (unchanged), the keys that moved (a new dict), DECLINE (new) or NULL;
+ * *source: old_keyed's map (a new reference) unless declined. */
 static PyObject *
-diff_keyed_c(module_state *st, diff_spec *d, text_buffer *buf, int i, PyObject *old_keyed,
-             PyObject *new, PyObject *upserts, PyObject *deletes)
+keyed_moves(module_state *st, diff_spec *d, PyObject *old_keyed, PyObject *new, PyObject **source)
 {
     if ((PyObject *)Py_TYPE(old_keyed) != d->keyed_type || SLOT(old_keyed, d->source_at) == NULL)
         return Py_NewRef(DECLINE);
     PyObject *old = SLOT(old_keyed, d->source_at);
+    *source = Py_NewRef(old);
     if (new == old)
-        return Py_NewRef(old_keyed);
-    PyObject *moved = moved_keys(st, old, new);
-    if (moved == NULL || moved == DECLINE)
-        return moved;
-    PyObject *part = PyTuple_GET_ITEM(d->parts, i);
+        return Py_NewRef(Py_None);
+    if (!readable(st, old) || !readable(st, new))
+        return Py_NewRef(DECLINE);
+    return moved_keys(st, old, new);
+}
+
+/* The rows of the moved keys of old -> new: 0, 1 (declined) or -1. */
+static int
+keyed_rows(module_state *st, diff_spec *d, text_buffer *buf, PyObject *part, PyObject *old,
+           PyObject *new, PyObject *moved, PyObject *upserts, PyObject *deletes)
+{
     Py_ssize_t pos = 0;
     PyObject *key, *unused;
     int failed = 0;
@@ -2915,40 +2972,48 @@ diff_keyed_c(module_state *st, diff_spec *d, text_buffer *buf, int i, PyObject *
         Py_XDECREF(value);
         Py_XDECREF(was);
     }
-    Py_DECREF(moved);
-    if (failed)
-        return failed < 0 ? NULL : Py_NewRef(DECLINE);
-    return new_keyed(d, new);
+    return failed;
 }
 
-/* The items of a list or tuple (a FrozenList is a list), or NULL. */
+/* The items of an exact list or tuple or a FrozenList (whose methods are
+ * list's: its storage is what the Python code reads), or NULL. */
 static PyObject **
-items_of(PyObject *v, Py_ssize_t *n)
+items_of(module_state *st, PyObject *v, Py_ssize_t *n)
 {
-    if (PyList_Check(v) || PyTuple_CheckExact(v)) {
+    if (PyList_CheckExact(v) || PyTuple_CheckExact(v) || (PyObject *)Py_TYPE(v) == st->frozen_list) {
         *n = PySequence_Fast_GET_SIZE(v);
         return PySequence_Fast_ITEMS(v);
     }
     return NULL;
 }
 
-/* The list part i: 0 (its appended rows added), 1 (declined), -1. */
+/* Whether new is old (None: empty) with items appended: 0, or 1 (declined). */
 static int
-diff_list_c(module_state *st, diff_spec *d, text_buffer *buf, int i, PyObject *old, PyObject *new,
-            PyObject *upserts)
+appended_to(module_state *st, PyObject *old, PyObject *new)
 {
     if (new == old)
         return 0;
     Py_ssize_t n_old = 0, n_new;
-    PyObject **before = NULL, **after = items_of(new, &n_new);
-    if (after == NULL || (old != Py_None && (before = items_of(old, &n_old)) == NULL)
+    PyObject **before = NULL, **after = items_of(st, new, &n_new);
+    if (after == NULL || (old != Py_None && (before = items_of(st, old, &n_old)) == NULL)
         || n_new < n_old)
         return 1;
     for (Py_ssize_t j = 0; j < n_old; j++)
         if (before[j] != after[j])
             return 1;  /* an edit: the Python code compares */
-    PyObject *part = PyTuple_GET_ITEM(d->lists, i);
-    for (Py_ssize_t j = n_old; j < PySequence_Fast_GET_SIZE(new); j++) {
+    return 0;
+}
+
+/* The rows of the items new has past old's: 0 or -1. */
+static int
+list_rows(module_state *st, diff_spec *d, text_buffer *buf, PyObject *part, PyObject *old,
+          PyObject *new, PyObject *upserts)
+{
+    if (new == old)
+        return 0;
+    Py_ssize_t from = old == Py_None ? 0 : PySequence_Fast_GET_SIZE(old);
+    /* the size read at each item: an encode may run Python code */
+    for (Py_ssize_t j = from; j < PySequence_Fast_GET_SIZE(new); j++) {
         char digits[32];
         snprintf(digits, sizeof digits, "%010zd", j);
         PyObject *key = PyUnicode_FromString(digits);
@@ -2964,61 +3029,99 @@ diff_list_c(module_state *st, diff_spec *d, text_buffer *buf, int i, PyObject *o
     return 0;
 }
 
+#define DIFF_OLD (1 + DIFF_KEYED + DIFF_LISTS)
+#define DIFF_NEW (DIFF_KEYED + DIFF_LISTS)
+
+/* The diff of held (strong) references: the decisions first, then the
+ * encoding, so a decline comes before any Python code runs. */
+static PyObject *
+diff_held(module_state *st, diff_spec *d, PyObject **olds, PyObject **news)
+{
+    PyObject *out = NULL, *moved[DIFF_KEYED] = {NULL, NULL, NULL};
+    PyObject *sources[DIFF_KEYED] = {NULL, NULL, NULL};
+    PyObject *keyed[DIFF_KEYED] = {NULL, NULL, NULL}, *upserts = NULL, *deletes = NULL;
+    text_buffer buf = {NULL, 0, 0};
+    int r = 0;
+    for (int i = 0; r == 0 && i < DIFF_KEYED; i++) {
+        moved[i] = keyed_moves(st, d, olds[1 + i], news[i], &sources[i]);
+        r = moved[i] == NULL ? -1 : moved[i] == DECLINE ? 1 : 0;
+    }
+    for (int i = 0; r == 0 && i < DIFF_LISTS; i++)
+        r = appended_to(st, olds[1 + DIFF_KEYED + i], news[DIFF_KEYED + i]);
+    if (r == 0 && ((upserts = PyList_New(0)) == NULL || (deletes = PyList_New(0)) == NULL))
+        r = -1;
+    for (int i = 0; r == 0 && i < DIFF_KEYED; i++) {
+        if (moved[i] == Py_None) {
+            keyed[i] = Py_NewRef(olds[1 + i]);
+            continue;
+        }
+        r = keyed_rows(st, d, &buf, PyTuple_GET_ITEM(d->parts, i), sources[i], news[i], moved[i],
+                       upserts, deletes);
+        if (r == 0 && (keyed[i] = new_keyed(d, news[i])) == NULL)
+            r = -1;
+    }
+    for (int i = 0; r == 0 && i < DIFF_LISTS; i++)
+        r = list_rows(st, d, &buf, PyTuple_GET_ITEM(d->lists, i), olds[1 + DIFF_KEYED + i],
+                      news[DIFF_KEYED + i], upserts);
+    if (r == 1)
+        out = Py_NewRef(DECLINE);
+    else if (r == 0) {
+        PyObject *made[] = {news[DIFF_NEW], keyed[0], keyed[1], keyed[2], news[3], news[4]};
+        PyObject *entry = PyObject_Vectorcall(d->make_entry, made, 6, NULL);
+        if (entry != NULL)
+            out = PyTuple_Pack(3, entry, upserts, deletes);
+        Py_XDECREF(entry);
+    }
+    PyMem_Free(buf.data);
+    for (int i = 0; i < DIFF_KEYED; i++) {
+        Py_XDECREF(keyed[i]);
+        Py_XDECREF(moved[i]);
+        Py_XDECREF(sources[i]);
+    }
+    Py_XDECREF(upserts);
+    Py_XDECREF(deletes);
+    return out;
+}
+
 static PyObject *
 diff_fast(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     module_state *st = called(module, nargs, 2, "diff(entry, record)");
     if (st == NULL)
         return NULL;
-    diff_spec *d = st->diff;
     PyObject *entry = args[0], *record = args[1];
+    diff_spec *d = st->diff;
     if (d == NULL || (PyObject *)Py_TYPE(entry) != d->entry_type
         || (PyObject *)Py_TYPE(record) != d->record_type)
         return Py_NewRef(DECLINE);
-    PyObject *olds[1 + DIFF_KEYED + DIFF_LISTS], *news[DIFF_KEYED + DIFF_LISTS];
-    for (int i = 0; i < 1 + DIFF_KEYED + DIFF_LISTS; i++)
+    /* olds: the entry's record, keyed parts and lists; news: the record's
+     * keyed parts (the budget's reservations third), lists, then the record */
+    PyObject *olds[DIFF_OLD], *news[DIFF_NEW + 1];
+    for (int i = 0; i < DIFF_OLD; i++)
         if ((olds[i] = SLOT(entry, d->entry_at[i])) == NULL)
             return Py_NewRef(DECLINE);
-    for (int i = 0; i < DIFF_KEYED + DIFF_LISTS; i++)
+    for (int i = 0; i < DIFF_NEW; i++)
         if ((news[i] = SLOT(record, d->record_at[i])) == NULL)
             return Py_NewRef(DECLINE);
     PyObject *budget = news[2];
     if ((PyObject *)Py_TYPE(budget) != d->budget_type
         || (news[2] = SLOT(budget, d->reservations_at)) == NULL)
         return Py_NewRef(DECLINE);
-    PyObject *out = NULL, *keyed[DIFF_KEYED] = {NULL, NULL, NULL};
-    PyObject *upserts = PyList_New(0), *deletes = PyList_New(0);
-    text_buffer buf = {NULL, 0, 0};
-    Py_INCREF(entry);
-    Py_INCREF(record);
-    Py_INCREF(budget);
-    if (upserts == NULL || deletes == NULL)
-        goto done;
-    int r = 0;
-    for (int i = 0; r == 0 && i < DIFF_KEYED; i++) {
-        keyed[i] = diff_keyed_c(st, d, &buf, i, olds[1 + i], news[i], upserts, deletes);
-        r = keyed[i] == NULL ? -1 : keyed[i] == DECLINE ? 1 : 0;
-    }
-    for (int i = 0; r == 0 && i < DIFF_LISTS; i++)
-        r = diff_list_c(st, d, &buf, i, olds[1 + DIFF_KEYED + i], news[DIFF_KEYED + i], upserts);
-    if (r == 1)
-        out = Py_NewRef(DECLINE);
-    if (r != 0)
-        goto done;
-    PyObject *made[] = {record, keyed[0], keyed[1], keyed[2], news[3], news[4]};
-    PyObject *new_entry = PyObject_Vectorcall(d->make_entry, made, 6, NULL);
-    if (new_entry != NULL)
-        out = PyTuple_Pack(3, new_entry, upserts, deletes);
-    Py_XDECREF(new_entry);
-done:
-    PyMem_Free(buf.data);
-    for (int i = 0; i < DIFF_KEYED; i++)
-        Py_XDECREF(keyed[i]);
-    Py_XDECREF(upserts);
-    Py_XDECREF(deletes);
-    Py_DECREF(budget);
-    Py_DECREF(record);
-    Py_DECREF(entry);
+    news[DIFF_NEW] = record;
+    /* Everything held before any Python code runs: an encode may change the
+     * entry, the record or the configuration. */
+    diff_spec held = *d;
+    spec_hold(&held, diff_refs, 1);
+    for (int i = 0; i < DIFF_OLD; i++)
+        Py_INCREF(olds[i]);
+    for (int i = 0; i <= DIFF_NEW; i++)
+        Py_INCREF(news[i]);
+    PyObject *out = diff_held(st, &held, olds, news);
+    for (int i = 0; i < DIFF_OLD; i++)
+        Py_DECREF(olds[i]);
+    for (int i = 0; i <= DIFF_NEW; i++)
+        Py_DECREF(news[i]);
+    spec_hold(&held, diff_refs, 0);
     return out;
 }
 
