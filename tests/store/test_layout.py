@@ -25,6 +25,7 @@ from trio_backplane.kernel import (
     freeze,
     transition,
 )
+from trio_backplane.kernel._derived import put
 from trio_backplane.store import _diff, _layout
 from trio_backplane.store._diff import NOTHING, diff, entry_of, split
 from trio_backplane.store._layout import (
@@ -462,10 +463,10 @@ def test_c_diff_declines_what_the_kernel_did_not_derive() -> None:
     for record in (reloaded, edited, shorter):
         assert _speedups.diff(entry, record) is NotImplemented
     # derived from the remembered map, as the kernel derives: only the key decides
-    for key, value in (("a\x00b", {"x": 1}), ("k", {"x": 1}), ("k", object())):
+    for key, value in (("a\x00b", freeze({"x": 1})), ("k", freeze({"x": 1})), ("k", object())):
         records = _records()
         entry = _diff.diff(entry_of(records[-2]), records[-1])[0]
-        record = _with(records[-1], intents=_with_lineage(records[-1].intents, key, value))
+        record = _with(records[-1], intents=_put(records[-1].intents, key, value))
         if "\x00" in key:
             assert _speedups.diff(entry, record) is NotImplemented
             with pytest.raises(Error) as raised:
@@ -480,18 +481,9 @@ def test_c_diff_declines_what_the_kernel_did_not_derive() -> None:
 
 
 def _put(mapping: Any, key: str, value: Any) -> Any:
-    """``mapping`` with ``key`` set to ``value`` as it is, as the kernel derives."""
-    from trio_backplane.kernel._derived import put
-
+    """``mapping`` with ``key`` set to ``value`` as it is (no freeze), as the
+    kernel derives it."""
     return put(mapping, key, value)
-
-
-def _with_lineage(mapping: Any, key: str, value: Any) -> Any:
-    """``mapping`` with ``key`` set to ``value`` as the kernel derives (no
-    freeze: the value is taken as it is)."""
-    from trio_backplane.kernel._derived import put
-
-    return put(mapping, key, freeze(value) if isinstance(value, dict) else value)
 
 
 class _Meddling(dict):  # type: ignore[type-arg]
