@@ -2432,6 +2432,30 @@ put_value(module_state *st, text_buffer *b, PyObject *v, int depth)
     return r;
 }
 
+/* put_value of a whole value, counted against the recursion limit as the
+ * stdlib encoder's own call is: 0, 1 (declined) or -1. */
+static int
+put_top(module_state *st, text_buffer *b, PyObject *v)
+{
+    if (Py_EnterRecursiveCall(" while encoding a JSON object")) {
+        PyErr_Clear();
+        return 1;
+    }
+    int r = put_value(st, b, v, 0);
+    Py_LeaveRecursiveCall();
+    return r;
+}
+
+/* The buffer's ASCII text as a new str. */
+static PyObject *
+buffer_text(text_buffer *b)
+{
+    PyObject *out = PyUnicode_New(b->len, 127);
+    if (out != NULL)
+        memcpy(PyUnicode_DATA(out), b->data, (size_t)b->len);
+    return out;
+}
+
 static PyObject *
 dumps(PyObject *module, PyObject *value)
 {
@@ -2441,21 +2465,8 @@ dumps(PyObject *module, PyObject *value)
         return NULL;
     }
     text_buffer b = {NULL, 0, 0};
-    /* the level the stdlib encoder's own call counts */
-    if (Py_EnterRecursiveCall(" while encoding a JSON object")) {
-        PyErr_Clear();
-        return Py_NewRef(DECLINE);
-    }
-    int r = put_value(st, &b, value, 0);
-    Py_LeaveRecursiveCall();
-    PyObject *out = NULL;
-    if (r == 0) {
-        out = PyUnicode_New(b.len, 127);
-        if (out != NULL)
-            memcpy(PyUnicode_DATA(out), b.data, (size_t)b.len);
-    }
-    else if (r == 1)
-        out = Py_NewRef(DECLINE);
+    int r = put_top(st, &b, value);
+    PyObject *out = r == 0 ? buffer_text(&b) : r == 1 ? Py_NewRef(DECLINE) : NULL;
     PyMem_Free(b.data);
     return out;
 }
@@ -2645,16 +2656,7 @@ field_text(module_state *st, head_spec *h, text_buffer *b, Py_ssize_t i, PyObjec
     b->len = 0;
     int r = put_str(b, PyTuple_GET_ITEM(h->keys, i));
     if (r == 0) {
-        if (h->kinds[i] == HEAD_BUDGET)
-            r = put_budget(st, h, b, v);
-        else if (Py_EnterRecursiveCall(" while encoding a JSON object")) {
-            PyErr_Clear();
-            r = 1;
-        }
-        else {
-            r = put_value(st, b, v, 0);
-            Py_LeaveRecursiveCall();
-        }
+        r = h->kinds[i] == HEAD_BUDGET ? put_budget(st, h, b, v) : put_top(st, b, v);
     }
     if (r < 0)
         return NULL;
@@ -2671,10 +2673,7 @@ field_text(module_state *st, head_spec *h, text_buffer *b, Py_ssize_t i, PyObjec
         }
         return text;
     }
-    PyObject *out = PyUnicode_New(b->len, 127);
-    if (out != NULL)
-        memcpy(PyUnicode_DATA(out), b->data, (size_t)b->len);
-    return out;
+    return buffer_text(b);
 }
 
 static PyObject *
@@ -2833,23 +2832,10 @@ static PyObject *
 encoded(module_state *st, diff_spec *d, text_buffer *b, PyObject *value)
 {
     b->len = 0;
-    int r;
-    if (Py_EnterRecursiveCall(" while encoding a JSON object")) {
-        PyErr_Clear();
-        r = 1;
-    }
-    else {
-        r = put_value(st, b, value, 0);
-        Py_LeaveRecursiveCall();
-    }
+    int r = put_top(st, b, value);
     if (r < 0)
         return NULL;
-    if (r == 1)
-        return PyObject_CallOneArg(d->encode, value);
-    PyObject *out = PyUnicode_New(b->len, 127);
-    if (out != NULL)
-        memcpy(PyUnicode_DATA(out), b->data, (size_t)b->len);
-    return out;
+    return r == 1 ? PyObject_CallOneArg(d->encode, value) : buffer_text(b);
 }
 
 static int

@@ -54,3 +54,35 @@ def record(cls: type, /, *args: object, **fields: object) -> Any:
 
 def dumps(value: object, /) -> Any:
     """``_json.dumps`` of JSON data whose every str is ASCII, or ``NotImplemented``."""
+
+def configure_head(
+    type: type,
+    budget_type: type,
+    names: tuple[str, ...],
+    kinds: tuple[int, ...],
+    keys: tuple[str, ...],
+    fixed: tuple[str | None, ...],
+    budget: tuple[str, str, str],
+    fallback: Any,
+    /,
+) -> None:
+    """The record type ``head_fields`` encodes, and how each of its fields is written."""
+
+def head_fields(record: object, previous: object, fields: object, /) -> Any:
+    """``_layout.head_fields`` of a configured record type, or ``NotImplemented``."""
+
+def configure_diff(
+    entry_type: type,
+    keyed_type: type,
+    record_type: type,
+    budget_type: type,
+    parts: tuple[str, str, str],
+    lists: tuple[str, str],
+    make_entry: Any,
+    encode: Any,
+    /,
+) -> None:
+    """The types and helpers ``diff`` works with."""
+
+def diff(entry: object, record: object, /) -> Any:
+    """``_diff.diff`` of the common commit ``(entry, upserts, deletes)``, or ``NotImplemented``."""
