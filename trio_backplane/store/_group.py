@@ -109,9 +109,9 @@ class GroupCommit(Generic[J]):
     def _take_batch(self) -> list[J]:
         queued = self.queue
         if len(queued) == 1:
-            batch, self.queue = queued, []
-            batch[0].state = IN_FLIGHT
-            return batch
+            self.queue = []
+            queued[0].state = IN_FLIGHT
+            return queued
         batch = []
         seen: set[str] = set()
         rest: list[J] = []
@@ -125,46 +125,34 @@ class GroupCommit(Generic[J]):
         self.queue = rest
         return batch
 
-    async def _write_taken(self, own: J) -> None:
-        """Take a batch and write it; every job of it learns its outcome."""
-        batch = self._take_batch()
-        try:
-            await self._write(batch)
-        except BaseException as exc:  # pragma: no cover - a bug: release the batch
-            for job in batch:
-                if job.receipt is None and job.error is None:
-                    job.error = exc
-            raise
-        finally:
-            for job in batch:
-                job.state = DONE
-                if job.receipt is None and job.error is None:  # pragma: no cover
-                    job.error = Error(ErrorClass.STORAGE_FAILED, "commit not attempted")
-                if job is not own:
-                    assert job.task is not None
-                    trio.lowlevel.reschedule(job.task, outcome.Value("done"))
-
     async def _lead(self, own: J) -> None:
         """Write batches until ``own`` is done, then hand the role on."""
+        slot = self._slot
         try:
             while own.state != DONE:
-                if self._slot is None:
-                    await self._write_taken(own)
-                    continue
-                slot = self._slot
+                if slot is not None:
+                    try:
+                        await slot.__aenter__()
+                    except BaseException:
+                        # Cancelled before taking anything: withdraw our own
+                        # commit (still queued), the others wait for the next
+                        # leader.
+                        if own.state == QUEUED:
+                            self.queue.remove(own)
+                            own.state = DONE
+                        raise
+                batch = self._take_batch()
                 try:
-                    await slot.__aenter__()
-                except BaseException:
-                    # Cancelled before taking anything: withdraw our own commit
-                    # (still queued), the others wait for the next leader.
-                    if own.state == QUEUED:
-                        self.queue.remove(own)
-                        own.state = DONE
+                    await self._write(batch)
+                except BaseException as exc:  # pragma: no cover - a bug: release the batch
+                    for job in batch:
+                        if job.receipt is None and job.error is None:
+                            job.error = exc
                     raise
-                try:
-                    await self._write_taken(own)
                 finally:
-                    await slot.__aexit__(None, None, None)
+                    self._release(batch, own)
+                    if slot is not None:
+                        await slot.__aexit__(None, None, None)
         finally:
             if self.queue:
                 task = self.queue[0].task
@@ -172,3 +160,14 @@ class GroupCommit(Generic[J]):
                 trio.lowlevel.reschedule(task, outcome.Value("lead"))
             else:
                 self._leading = False
+
+    @staticmethod
+    def _release(batch: list[J], own: J) -> None:
+        """Every job of ``batch`` done, its caller woken (``own``'s is running)."""
+        for job in batch:
+            job.state = DONE
+            if job.receipt is None and job.error is None:  # pragma: no cover
+                job.error = Error(ErrorClass.STORAGE_FAILED, "commit not attempted")
+            if job is not own:
+                assert job.task is not None
+                trio.lowlevel.reschedule(job.task, outcome.Value("done"))

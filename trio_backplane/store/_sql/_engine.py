@@ -296,18 +296,13 @@ class SQLStore:
     async def _write_batch(self, batch: list[_Job]) -> None:
         """Write ``batch`` in a worker and wait it out, cancelled or not;
         afterwards every job has its receipt or error."""
-        deadline = max(job.deadline for job in batch)  # cut once every caller stopped waiting
+        # cut once every caller stopped waiting
+        deadline = batch[0].deadline if len(batch) == 1 else max(job.deadline for job in batch)
         try:
             self._check_open()
-            result, _ = await self._workers.run(
-                partial(self._batch, batch, _monotonic(deadline)),
-                cut_at=self._cut_at(deadline),
-                withdrawable=False,
-                wake=True,
-                slot_held=True,  # the group's leader took the slot
-                writer=True,
+            await self._workers.write(
+                partial(self._batch, batch, _monotonic(deadline)), self._cut_at(deadline)
             )
-            result.unwrap()
         except BaseException as exc:  # the worker never got it
             for job in batch:
                 if job.receipt is None and job.error is None:

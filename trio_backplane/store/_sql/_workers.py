@@ -11,7 +11,6 @@ dropped without ``aclose`` stops them from a ``weakref.finalize``.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import queue
@@ -31,6 +30,7 @@ __all__ = ["Workers", "current_cut"]
 
 T = TypeVar("T")
 
+#: A call's states, in the order it goes through them.
 _QUEUED: Final = 0
 _RUNNING: Final = 1
 _FINISHED: Final = 2
@@ -147,6 +147,14 @@ def _deliver(call: _Call, wake: tuple[int, int] | None) -> None:
         pass
     except trio.RunFinishedError:  # the Trio run is over: nobody waits
         pass
+
+
+def _drain(fd: int) -> None:
+    """Read the wake-up pipe empty enough (one more wake-up, at worst)."""
+    try:
+        os.read(fd, 512)
+    except BlockingIOError:  # another waiter read it
+        return
 
 
 def _stop_all(shared: _Shared, count: int, abandoned: list[bool]) -> None:
@@ -287,6 +295,31 @@ class Workers:
         async with self.slot:
             return await self._run(fn, cut_at, withdrawable, wake, writer)
 
+    async def write(self, fn: Callable[[Driver], None], cut_at: float) -> None:
+        """``fn(driver)`` in the writer thread (the group commit's batch; its
+        caller holds a slot of :attr:`limiter` when there is one), waited out
+        whatever happens: a cancellation strikes at the caller's next
+        checkpoint.  Raises what ``fn`` raised; cut at ``cut_at`` (Trio time)."""
+        if cut_at != math.inf or not _PIPES:
+            result, _ = await self._run(fn, cut_at, False, True, True)
+            return result.unwrap()
+        # The common case, a call never cut, waited for here without the
+        # general path's layers (a commit's worth of work on a small one).
+        call = _Call(fn, None)
+        self._submit(call, True)
+        assert self._shared is not None
+        assert self._shared.wake is not None
+        fd = self._shared.wake[0]
+        try:
+            while call.state < _FINISHED:
+                await trio.lowlevel.wait_readable(fd)
+                _drain(fd)
+        except trio.Cancelled:
+            with trio.CancelScope(shield=True):
+                await self._done(call)
+        assert call.result is not None
+        return call.result.unwrap()
+
     async def _run(
         self, fn: Callable[[Driver], T], cut_at: float, withdrawable: bool, wake: bool, writer: bool
     ) -> tuple[outcome.Outcome[T], bool]:
@@ -371,8 +404,7 @@ class Workers:
         fd = self._shared.wake[0]
         while call.state not in (_FINISHED, _WITHDRAWN):
             await trio.lowlevel.wait_readable(fd)
-            with contextlib.suppress(BlockingIOError):
-                os.read(fd, 512)
+            _drain(fd)
 
     async def aclose(self) -> None:
         """Let the calls submitted finish, then stop and join the threads
