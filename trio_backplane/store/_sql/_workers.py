@@ -302,7 +302,8 @@ class Workers:
         checkpoint.  Raises what ``fn`` raised; cut at ``cut_at`` (Trio time)."""
         if cut_at != math.inf or not _PIPES:
             result, _ = await self._run(fn, cut_at, False, True, True)
-            return result.unwrap()
+            result.unwrap()
+            return
         # The common case, a call never cut, waited for here without the
         # general path's layers (a commit's worth of work on a small one).
         call = _Call(fn, None)
@@ -318,7 +319,7 @@ class Workers:
             with trio.CancelScope(shield=True):
                 await self._done(call)
         assert call.result is not None
-        return call.result.unwrap()
+        call.result.unwrap()
 
     async def _run(
         self, fn: Callable[[Driver], T], cut_at: float, withdrawable: bool, wake: bool, writer: bool
