@@ -118,16 +118,10 @@ class SQLStore:
         self._where = dict(where or {})
         self._group: GroupCommit[_Job] = GroupCommit(self._write_batch, self._workers.slot)
         self._memory = Memory(cache_items)
-        self._lock = threading.Lock()  # guards the stats
+        self._lock = threading.Lock()  # guards the counts (several workers make commits)
         self._closed = False
-        #: Diagnostics and tests: ``commits`` (acknowledged), ``batches``
-        #: (transactions that committed several runs' commits),
-        #: ``fast_commits`` (written without reading the run), ``part_rows``
-        #: (part rows upserted or deleted), ``last_part_rows`` and
-        #: ``last_bytes`` (head and part text written) of the last commit.
-        self.stats: dict[str, int] = dict.fromkeys(
-            ("commits", "batches", "fast_commits", "part_rows", "last_part_rows", "last_bytes"), 0
-        )
+        self._commits = self._batches = self._fast_commits = self._part_rows = 0
+        self._last: Plan | None = None
 
     # -- memory ---------------------------------------------------------------
 
@@ -315,7 +309,7 @@ class SQLStore:
         if len(jobs) > 1:
             jobs.sort(key=_by_run)  # one row-lock order across hosts
         alone: list[_Job] = []
-        staged: list[tuple[_Job, tuple[Remembered, int, int]]] = []
+        staged: list[_Job] = []
         writes = Writes()
         try:
             driver.open(current_cut()[0])
@@ -329,7 +323,7 @@ class SQLStore:
                 staged = []
             else:  # a run moved on: nothing of the group is written
                 driver.rollback()
-                alone = sorted(alone + [job for job, _ in staged], key=_by_run)
+                alone = sorted(alone + staged, key=_by_run)
         except BaseException as exc:
             driver.rollback()
             failure = self._classed(driver, exc)
@@ -361,24 +355,26 @@ class SQLStore:
         jobs: list[_Job],
         driver: Driver,
         writes: Writes,
-        staged: list[tuple[_Job, tuple[Remembered, int, int]]],
+        staged: list[_Job],
         alone: list[_Job],
     ) -> None:
         """Add to ``writes`` the rows of every job planned against the run
-        remembered now (to ``staged``); the others go to ``alone``, and a
-        job the decision refuses gets its error."""
+        remembered now (to ``staged``, its plan staged); the others go to
+        ``alone``, and a job the decision refuses gets its error."""
+        remembered = self._memory.get
         for job in jobs:
             plan = job.plan
-            if plan is None or plan.base is not self._memory.get(job.run_id):
+            if plan is None or plan.base is not remembered(job.run_id):
                 try:
-                    plan = self._planned(job)
+                    job.plan = plan = self._planned(job)
                 except Error as exc:
                     job.error = exc
                     continue
-            if plan is None:
-                alone.append(job)
-                continue
-            staged.append((job, self._staged(driver, plan, writes)))
+                if plan is None:
+                    alone.append(job)
+                    continue
+            self._staged(driver, plan, writes)
+            staged.append(job)
 
     def _alone(self, job: _Job, deadline: float, driver: Driver) -> None:
         """One commit in its own transaction: written at once when it is at
@@ -388,10 +384,9 @@ class SQLStore:
         plan = self._planned(job)
         if plan is not None:
             driver.begin(deadline)
-            written = self._written(driver, plan)
-            if written is not None:
+            if self._written(driver, plan):
                 driver.commit()
-                job.receipt = self._acknowledged(job.record, written, fast=True)
+                job.receipt = self._acknowledged(job.record, plan, fast=True)
                 return
             driver.rollback()
             self._memory.forget(run_id)  # another writer moved the run on
@@ -410,57 +405,81 @@ class SQLStore:
             events=job.events,
         )
         assert row is not None
-        written = self._replace(driver, self._read(driver, row), job.record, job.events)
+        plan = self._replace(driver, self._read(driver, row), job.record, job.events)
         driver.commit()
-        job.receipt = self._acknowledged(job.record, written, fast=False)
+        job.receipt = self._acknowledged(job.record, plan, fast=False)
 
     def _replace(
         self, driver: Driver, base: Remembered, record: RunRecord, events: Sequence[RunEvent]
-    ) -> tuple[Remembered, int, int]:
-        """Write ``base`` -> ``record`` under the row lock; what
-        :meth:`Plan.stage` returns."""
-        written = self._written(driver, Plan(base, record, events))
-        if written is None:  # pragma: no cover - the row is locked
+    ) -> Plan:
+        """Write ``base`` -> ``record`` under the row lock; the plan, staged."""
+        plan = Plan(base, record, events)
+        if not self._written(driver, plan):  # pragma: no cover - the row is locked
             raise _conflict("stale revision", record.run_id)
-        return written
+        return plan
 
     @staticmethod
-    def _staged(driver: Driver, plan: Plan, writes: Writes) -> tuple[Remembered, int, int]:
+    def _staged(driver: Driver, plan: Plan, writes: Writes) -> None:
         """``plan`` staged into ``writes``, its events numbered after the
         run's last (read inside the transaction when not remembered)."""
         last = plan.base.last
-        if plan.events and last is None:
+        if last is None and plan.events:
             last = driver.last_sequence(plan.update.row.run_id)
-        return plan.stage(writes, last)
+        plan.stage(writes, last)
 
-    def _written(self, driver: Driver, plan: Plan) -> tuple[Remembered, int, int] | None:
-        """``plan`` written alone; ``None`` when the compare-and-set did not
-        match (nothing the caller may keep: it rolls back)."""
+    def _written(self, driver: Driver, plan: Plan) -> bool:
+        """``plan`` staged and written alone; ``False`` when the
+        compare-and-set did not match (the caller rolls back)."""
         writes = Writes()
-        written = self._staged(driver, plan, writes)
-        return written if driver.write(writes) else None
+        self._staged(driver, plan, writes)
+        return driver.write(writes)
 
-    def _acknowledge(
-        self, staged: list[tuple[_Job, tuple[Remembered, int, int]]], *, fast: bool
-    ) -> None:
-        for job, written in staged:
-            job.receipt = self._acknowledged(job.record, written, fast=fast)
-        if len(staged) > 1:
-            self.stats["batches"] += 1  # (one batch in flight at a time)
+    def _acknowledge(self, jobs: list[_Job], *, fast: bool) -> None:
+        """``jobs`` committed: each one's run remembered and its receipt made."""
+        remember = self._memory.remember
+        rows = 0
+        plan: Plan | None = None
+        for job in jobs:
+            plan = job.plan
+            assert plan is not None
+            remember(plan.staged)
+            rows += plan.rows
+            record = job.record
+            job.receipt = make_receipt(record.run_id, record.incarnation, record.revision)
+        assert plan is not None
+        self._count(len(jobs), rows, plan, fast)
 
-    def _acknowledged(
-        self, record: RunRecord, written: tuple[Remembered, int, int], *, fast: bool
-    ) -> Receipt:
-        run, rows, size = written
-        self._memory.remember(run)
-        stats = self.stats
-        with self._lock:
-            stats["commits"] += 1
-            stats["fast_commits"] += fast
-            stats["part_rows"] += rows
-            stats["last_part_rows"] = rows
-            stats["last_bytes"] = size
+    def _acknowledged(self, record: RunRecord, plan: Plan, *, fast: bool) -> Receipt:
+        self._memory.remember(plan.staged)
+        self._count(1, plan.rows, plan, fast)
         return make_receipt(record.run_id, record.incarnation, record.revision)
+
+    def _count(self, commits: int, rows: int, last: Plan, fast: bool) -> None:
+        with self._lock:
+            self._commits += commits
+            self._batches += commits > 1
+            if fast:
+                self._fast_commits += commits
+            self._part_rows += rows
+            self._last = last
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Diagnostics and tests: ``commits`` (acknowledged), ``batches``
+        (transactions that committed several runs' commits), ``fast_commits``
+        (written without reading the run), ``part_rows`` (part rows upserted
+        or deleted), ``last_part_rows`` and ``last_bytes`` (head and part
+        text written) of the last commit."""
+        with self._lock:
+            last = self._last
+            return {
+                "commits": self._commits,
+                "batches": self._batches,
+                "fast_commits": self._fast_commits,
+                "part_rows": self._part_rows,
+                "last_part_rows": 0 if last is None else last.rows,
+                "last_bytes": 0 if last is None else last.size(),
+            }
 
     async def fence(self, run_id: str, *, incarnation: int) -> Receipt:
         """Advance the run to ``incarnation`` atomically: afterwards the
@@ -476,9 +495,9 @@ class SQLStore:
                 raise _conflict("run does not exist", run_id)
             base = self._read(driver, row)
             new, events = kernel_fence(base.entry.record, incarnation, at=at)
-            written = self._replace(driver, base, new, events)
+            plan = self._replace(driver, base, new, events)
             driver.commit()
-            return self._acknowledged(new, written, fast=False)
+            return self._acknowledged(new, plan, fast=False)
 
         return await self._call(write)
 

@@ -47,9 +47,10 @@ class Remembered:
 
 
 class Plan:
-    """A commit decided and encoded against ``base``; events not numbered."""
+    """A commit decided and encoded against ``base``; events not numbered
+    until :meth:`stage`."""
 
-    __slots__ = ("base", "deletes", "entry", "events", "head", "update", "upserts")
+    __slots__ = ("base", "deletes", "entry", "events", "head", "staged", "update", "upserts")
 
     def __init__(self, base: Remembered, record: RunRecord, events: Sequence[RunEvent]) -> None:
         old = base.entry.record
@@ -61,10 +62,21 @@ class Plan:
         moved = state != old.state
         self.update = _run_update((_run_row(row), old.incarnation, old.revision, moved))
         self.events = [(e.type, e.occurred_at, encode_part(e.payload)) for e in events]
+        #: what to remember once the rows are committed (set by :meth:`stage`)
+        self.staged: Remembered = base
 
-    def stage(self, writes: Writes, last: int | None) -> tuple[Remembered, int, int]:
-        """Add the rows to ``writes``, events numbered after ``last``; what to
-        remember once committed, the part rows and the bytes written."""
+    @property
+    def rows(self) -> int:
+        """The part rows it writes (upserts and deletes)."""
+        return len(self.upserts) + len(self.deletes)
+
+    def size(self) -> int:
+        """The bytes of text it writes (head and part values)."""
+        return len(self.update.row.head) + sum(len(row[2]) for row in self.upserts)
+
+    def stage(self, writes: Writes, last: int | None) -> None:
+        """Add the rows to ``writes``, events numbered after ``last``, and
+        set :attr:`staged`."""
         update = self.update
         run_id = update.row.run_id
         writes.updates.append(update)
@@ -81,8 +93,7 @@ class Plan:
                 for sequence, event in enumerate(events, last + 1)
             ]
             last += len(events)
-        size = len(update.row.head) + sum(len(row[2]) for row in upserts)
-        return Remembered(self.entry, last, self.head), len(upserts) + len(self.deletes), size
+        self.staged = Remembered(self.entry, last, self.head)
 
 
 class Memory:
@@ -110,7 +121,9 @@ class Memory:
             old = runs.get(run_id)
             if old is not None:
                 known = old.entry.record
-                if (known.incarnation, known.revision) > (record.incarnation, record.revision):
+                if known.incarnation > record.incarnation or (
+                    known.incarnation == record.incarnation and known.revision > record.revision
+                ):
                     return
                 del runs[run_id]
                 self._items -= old.size
@@ -118,9 +131,10 @@ class Memory:
                 return
             runs[run_id] = run
             self._items += run.size
-            while self._items > self._budget and len(runs) > 1:
-                _, evicted = runs.popitem(last=False)
-                self._items -= evicted.size
+            if self._items > self._budget:
+                while self._items > self._budget and len(runs) > 1:
+                    _, evicted = runs.popitem(last=False)
+                    self._items -= evicted.size
 
     def forget(self, run_id: str) -> None:
         with self._lock:

@@ -10,6 +10,7 @@ another connection's lock until its callers' latest deadline at most.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sqlite3
 import time
@@ -20,13 +21,14 @@ from typing import Final, final
 from ...errors import Error, ErrorClass
 from ._driver import EventTuple
 from ._engine import CACHE_ITEMS, SQLStore
-from ._rows import RunRow, Writes
+from ._rows import RunRow, RunUpdate, Writes
 
 __all__ = ["LAYOUT_VERSION", "SQLiteDriver", "SQLiteStore"]
 
 #: Version of the table layout written by this code (``meta.layout_version``).
 LAYOUT_VERSION: Final = 2
 _BUSY_TIMEOUT_S: Final = 10.0
+_BUSY_MS: Final = int(_BUSY_TIMEOUT_S * 1000)
 
 _SCHEMA: Final = (
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -210,8 +212,8 @@ class SQLiteDriver:
         self._cursor = conn.cursor()
 
     def _prepare(self, conn: sqlite3.Connection, *, create: bool, in_memory: bool) -> None:
-        self._busy_ms = int(_BUSY_TIMEOUT_S * 1000)
-        conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+        self._busy_ms = _BUSY_MS
+        conn.execute(f"PRAGMA busy_timeout = {_BUSY_MS}")
         _check_ours(conn, self._path)  # before anything changes the file
         if create:
             mode = _journal_wal(conn)
@@ -278,10 +280,13 @@ class SQLiteDriver:
                 " (which upgrades it, and older trio_backplane then refuses it)",
                 {"path": self._path, "layout_version": self._older},
             )
-        patience = deadline - time.monotonic()
-        if patience <= 0:
-            raise sqlite3.OperationalError("the commit's deadline passed before it was written")
-        self._lock_wait(patience)
+        if deadline != math.inf:
+            patience = deadline - time.monotonic()
+            if patience <= 0:
+                raise sqlite3.OperationalError("the commit's deadline passed before it was written")
+            self._lock_wait(patience)
+        elif self._busy_ms != _BUSY_MS:
+            self._lock_wait(_BUSY_TIMEOUT_S)
         self._writes().execute("BEGIN IMMEDIATE")
 
     def begin_read(self) -> None:
@@ -321,34 +326,48 @@ class SQLiteDriver:
         return self._live().execute(_INSERT_RUN, row).rowcount == 1
 
     def write(self, writes: Writes) -> bool:
-        conn = self._writes()
-        same = [
-            (u.row.incarnation, u.row.revision, u.row.head, u.row.run_id, *u[1:3])
-            for u in writes.updates
-            if not u.moved
-        ]
-        moved = [
-            (u.row.incarnation, u.row.revision, u.row.state, u.row.head, u.row.run_id, *u[1:3])
-            for u in writes.updates
-            if u.moved
-        ]
-        matched = 0
-        if same:
-            matched += conn.executemany(_UPDATE_RUN_SAME_STATE, same).rowcount
-        if moved:
-            matched += conn.executemany(_UPDATE_RUN, moved).rowcount
-        if matched != len(writes.updates):
+        cursor = self._writes()
+        updates = writes.updates
+        if len(updates) == 1:  # one run's commit: no lists to build
+            update = updates[0]
+            row = update.row
+            if update.moved:
+                cursor.execute(_UPDATE_RUN, (*row[1:], row.run_id, *update[1:3]))
+            else:
+                cursor.execute(
+                    _UPDATE_RUN_SAME_STATE,
+                    (row.incarnation, row.revision, row.head, row.run_id, *update[1:3]),
+                )
+            if cursor.rowcount != 1:
+                return False
+        elif not self._update_runs(cursor, updates):
             return False
         if writes.parts:
-            conn.executemany(_UPSERT_PART, writes.parts)
+            cursor.executemany(_UPSERT_PART, writes.parts)
         if writes.gone:
-            conn.executemany(_DELETE_PART, writes.gone)
+            cursor.executemany(_DELETE_PART, writes.gone)
         if writes.events:
             try:
-                conn.executemany(_INSERT_EVENT, writes.events)
+                cursor.executemany(_INSERT_EVENT, writes.events)
             except sqlite3.IntegrityError:  # a sequence taken: the memory was stale
                 return False
         return True
+
+    @staticmethod
+    def _update_runs(cursor: sqlite3.Cursor, updates: list[RunUpdate]) -> bool:
+        """Every compare-and-set of ``updates``; whether each matched its row."""
+        same = [
+            (u.row.incarnation, u.row.revision, u.row.head, u.row.run_id, *u[1:3])
+            for u in updates
+            if not u.moved
+        ]
+        moved = [(*u.row[1:], u.row.run_id, *u[1:3]) for u in updates if u.moved]
+        matched = 0
+        if same:
+            matched += cursor.executemany(_UPDATE_RUN_SAME_STATE, same).rowcount
+        if moved:
+            matched += cursor.executemany(_UPDATE_RUN, moved).rowcount
+        return matched == len(updates)
 
     def list_runs(
         self, states: Sequence[str] | None
