@@ -323,7 +323,7 @@ class SQLiteDriver:
         return int(last)
 
     def insert_run(self, row: RunRow) -> bool:
-        return self._live().execute(_INSERT_RUN, row).rowcount == 1
+        return self._live().execute(_INSERT_RUN, tuple(row)).rowcount == 1
 
     def write(self, writes: Writes) -> bool:
         cursor = self._writes()
@@ -342,13 +342,16 @@ class SQLiteDriver:
                 return False
         elif not self._update_runs(cursor, updates):
             return False
+        # Rows bound as exact tuples: ``sqlite3`` reads any other sequence
+        # item by item through ``__getitem__`` (a NamedTuple's costs a method
+        # call a field).
         if writes.parts:
-            cursor.executemany(_UPSERT_PART, writes.parts)
+            cursor.executemany(_UPSERT_PART, map(tuple, writes.parts))
         if writes.gone:
-            cursor.executemany(_DELETE_PART, writes.gone)
+            cursor.executemany(_DELETE_PART, map(tuple, writes.gone))
         if writes.events:
             try:
-                cursor.executemany(_INSERT_EVENT, writes.events)
+                cursor.executemany(_INSERT_EVENT, map(tuple, writes.events))
             except sqlite3.IntegrityError:  # a sequence taken: the memory was stale
                 return False
         return True
