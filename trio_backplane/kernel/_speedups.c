@@ -48,6 +48,9 @@ typedef struct {
     records *records;     /* register_record's, or NULL */
     head_spec *head;      /* configure_head's, or NULL */
     diff_spec *diff;      /* configure_diff's, or NULL */
+    /* commit_checked's types (held) and their slot offsets, found once */
+    PyObject *check_record, *check_event;
+    Py_ssize_t check_at[5];
     PyObject *frozen_dict;
     PyObject *frozen_list;
     PyObject *layered_dict;
@@ -3111,6 +3114,157 @@ diff_fast(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return out;
 }
 
+/* -- the store's commit checks ------------------------------------------ */
+
+/* An exact int in [low, high) (high may be any exact int: no Python code runs). */
+static int
+int_within(PyObject *v, long long low, PyObject *high)
+{
+    if (!PyLong_CheckExact(v))
+        return 0;
+    int overflow = 0;
+    long long n = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow != 0 || (n == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (n < low)
+        return 0;
+    int below = PyObject_RichCompareBool(v, high, Py_LT);
+    if (below < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    return below;
+}
+
+/* An exact str of 1..max ASCII characters without NUL. */
+static int
+ascii_text(PyObject *v, Py_ssize_t max)
+{
+    if (!PyUnicode_CheckExact(v) || !PyUnicode_IS_ASCII(v))
+        return 0;
+    Py_ssize_t n = PyUnicode_GET_LENGTH(v);
+    return n > 0 && n <= max && memchr(PyUnicode_DATA(v), 0, (size_t)n) == NULL;
+}
+
+/* _fields.is_time: a finite float, or an exact int within +-exact_int. */
+static int
+is_time_value(PyObject *v, long long exact_int)
+{
+    if (PyFloat_CheckExact(v))
+        return isfinite(PyFloat_AS_DOUBLE(v));
+    if (!PyLong_CheckExact(v))
+        return 0;
+    int overflow = 0;
+    long long n = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow != 0 || (n == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    return -exact_int <= n && n <= exact_int;
+}
+
+/* A slot's value (borrowed) by its member descriptor's offset, or NULL. */
+static PyObject *
+slot_value(PyObject *obj, Py_ssize_t offset)
+{
+    return offset < 0 ? NULL : SLOT(obj, offset);
+}
+
+enum { C_RUN_ID, C_INCARNATION, C_REVISION, C_TYPE, C_AT };
+
+/* The slot offsets commit_checked reads (-1 where a type has none), found
+ * when the types differ from the last call's. */
+static void
+check_offsets(module_state *st, PyObject *record_type, PyObject *event_type)
+{
+    if (st->check_record == record_type && st->check_event == event_type)
+        return;
+    Py_XSETREF(st->check_record, Py_NewRef(record_type));
+    Py_XSETREF(st->check_event, Py_NewRef(event_type));
+    st->check_at[C_RUN_ID] = slot_offset_in(record_type, "run_id");
+    st->check_at[C_INCARNATION] = slot_offset_in(record_type, "incarnation");
+    st->check_at[C_REVISION] = slot_offset_in(record_type, "revision");
+    st->check_at[C_TYPE] = slot_offset_in(event_type, "type");
+    st->check_at[C_AT] = slot_offset_in(event_type, "occurred_at");
+}
+
+/* commit_checked(record_type, event_type, max_run_id, max_int, exact_int,
+ *                run_id, incarnation, expected_revision, record, events) -> bool
+ *
+ * True when _protocol.check_arguments(run_id, incarnation=...,
+ * expected_revision=..., events=...) and every check of
+ * _protocol.check_commit but those against the stored record pass, for exact
+ * types only; False otherwise (the Python checks then decide and word the
+ * error).  Reads slots and exact built-ins alone: no Python code runs. */
+static PyObject *
+commit_checked(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "commit_checked takes 10 arguments");
+        return NULL;
+    }
+    PyObject *record_type = args[0], *event_type = args[1], *max_int = args[3];
+    PyObject *run_id = args[5], *incarnation = args[6], *expected = args[7];
+    PyObject *record = args[8], *events = args[9];
+    if (!PyType_Check(record_type) || !PyType_Check(event_type) || !PyLong_CheckExact(max_int)) {
+        PyErr_SetString(PyExc_TypeError, "commit_checked: two types and exact int limits");
+        return NULL;
+    }
+    Py_ssize_t max_run_id = PyLong_AsSsize_t(args[2]);
+    long long exact_int = PyLong_AsLongLong(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (!ascii_text(run_id, max_run_id) || !int_within(incarnation, 1, max_int)
+        || !int_within(expected, 0, max_int)
+        || !(PyTuple_CheckExact(events) || PyList_CheckExact(events))
+        || (PyObject *)Py_TYPE(record) != record_type)
+        Py_RETURN_FALSE;
+    module_state *st = PyModule_GetState(module);
+    check_offsets(st, record_type, event_type);
+    Py_ssize_t *at = st->check_at;
+    PyObject *r_run_id = slot_value(record, at[C_RUN_ID]);
+    PyObject *r_incarnation = slot_value(record, at[C_INCARNATION]);
+    PyObject *r_revision = slot_value(record, at[C_REVISION]);
+    if (r_run_id == NULL || r_incarnation == NULL || r_revision == NULL
+        || !PyUnicode_CheckExact(r_run_id) || !PyLong_CheckExact(r_incarnation)
+        || !PyLong_CheckExact(r_revision))
+        Py_RETURN_FALSE;
+    /* run_id, incarnation and expected are exact and in range: these compare
+     * without Python code */
+    long long inc = PyLong_AsLongLong(incarnation), rev = PyLong_AsLongLong(expected);
+    int overflow = 0;
+    long long r_inc = PyLong_AsLongLongAndOverflow(r_incarnation, &overflow);
+    if (overflow == 0 && !PyErr_Occurred()) {
+        long long r_rev = PyLong_AsLongLongAndOverflow(r_revision, &overflow);
+        if (overflow != 0 || PyErr_Occurred() || r_inc != inc || rev == LLONG_MAX
+            || r_rev != rev + 1)
+            overflow = 1;
+    }
+    if (overflow != 0 || PyErr_Occurred()) {
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    int same = PyUnicode_Compare(r_run_id, run_id);
+    if (same != 0) {
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(events);
+    PyObject **items = PySequence_Fast_ITEMS(events);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *event = items[i];
+        if ((PyObject *)Py_TYPE(event) != event_type)
+            Py_RETURN_FALSE;
+        PyObject *kind = slot_value(event, at[C_TYPE]), *when = slot_value(event, at[C_AT]);
+        if (kind == NULL || when == NULL || !ascii_text(kind, PY_SSIZE_T_MAX)
+            || !is_time_value(when, exact_int))
+            Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}
+
 static PyMethodDef methods[] = {
     {"freeze", (PyCFunction)(void (*)(void))freeze, METH_FASTCALL,
      "freeze(value, limit, /)\n--\n\n"
@@ -3150,6 +3304,11 @@ static PyMethodDef methods[] = {
     {"diff", (PyCFunction)(void (*)(void))diff_fast, METH_FASTCALL,
      "diff(entry, record, /)\n--\n\n"
      "_diff.diff of the common commit (entry, upserts, deletes), or NotImplemented."},
+    {"commit_checked", (PyCFunction)(void (*)(void))commit_checked, METH_FASTCALL,
+     "commit_checked(record_type, event_type, max_run_id, max_int, exact_int, run_id, "
+     "incarnation, expected_revision, record, events, /)\n--\n\n"
+     "Whether a store commit's arguments certainly pass the store's checks (False: "
+     "run them)."},
     {"dumps", dumps, METH_O,
      "dumps(value, /)\n--\n\n"
      "_json.dumps of JSON data whose every str is ASCII, or NotImplemented."},
@@ -3172,6 +3331,8 @@ module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->frozen_dict);
     Py_VISIT(st->frozen_list);
     Py_VISIT(st->layered_dict);
+    Py_VISIT(st->check_record);
+    Py_VISIT(st->check_event);
     int failed = kernel_traverse(st->kernel, visit, arg);
     failed = failed ? failed : records_traverse(st->commands, visit, arg);
     failed = failed ? failed : spec_visit(st->head, head_refs, visit, arg);
@@ -3186,6 +3347,8 @@ module_clear(PyObject *module)
     Py_CLEAR(st->frozen_dict);
     Py_CLEAR(st->frozen_list);
     Py_CLEAR(st->layered_dict);
+    Py_CLEAR(st->check_record);
+    Py_CLEAR(st->check_event);
     kernel_free(st->kernel);
     st->kernel = NULL;
     records_free(st->commands);

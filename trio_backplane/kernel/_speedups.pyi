@@ -86,3 +86,19 @@ def configure_diff(
 
 def diff(entry: object, record: object, /) -> Any:
     """``_diff.diff`` of the common commit ``(entry, upserts, deletes)``, or ``NotImplemented``."""
+
+def commit_checked(
+    record_type: type,
+    event_type: type,
+    max_run_id: int,
+    max_int: int,
+    exact_int: int,
+    run_id: object,
+    incarnation: object,
+    expected_revision: object,
+    record: object,
+    events: object,
+    /,
+) -> bool:
+    """Whether a store commit's arguments certainly pass the store's checks
+    (``False``: run them)."""

@@ -7,7 +7,8 @@ decides only whether this writer may still write it.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+from functools import partial
 from typing import Any, Final, Protocol, final, runtime_checkable
 
 import attrs
@@ -26,6 +27,8 @@ from ..kernel import (
     is_time,
 )
 from ..kernel._construct import fast_constructor
+from ..kernel._fields import _EXACT_INT
+from ..kernel._frozen import _accelerator
 
 __all__ = [
     "PreparedCommit",
@@ -34,6 +37,7 @@ __all__ = [
     "Store",
     "check_arguments",
     "check_commit",
+    "commit_checked",
     "check_states",
     "prepare_commit",
     "prepare_create",
@@ -217,6 +221,18 @@ def _prepare(record: RunRecord, events: Sequence[RunEvent]) -> PreparedCommit:
     # The events are checked (check_commit); JSON by construction: a
     # RunEvent's payload is frozen.
     return PreparedCommit(record=record, events=[encode_event(event) for event in events])
+
+
+#: ``commit_checked(run_id, incarnation, expected_revision, record, events)``:
+#: ``True`` when :func:`check_arguments` and every check of
+#: :func:`check_commit` but those against the stored record certainly pass
+#: (the kernel accelerator's, for exact types); ``False``: run them, they
+#: decide.  ``None`` without the accelerator.
+commit_checked: Final[Callable[[str, int, int, RunRecord, Sequence[RunEvent]], bool] | None] = (
+    None
+    if _accelerator is None
+    else partial(_accelerator.commit_checked, RunRecord, RunEvent, MAX_RUN_ID, MAX_INT, _EXACT_INT)
+)
 
 
 def prepare_create(record: RunRecord) -> PreparedCommit:

@@ -54,6 +54,7 @@ from .._protocol import (
     check_arguments,
     check_commit,
     check_states,
+    commit_checked,
     make_receipt,
     prepare_create,
 )
@@ -68,7 +69,10 @@ T = TypeVar("T")
 
 
 class _Job(Job):
-    __slots__ = ("deadline", "plan")
+    __slots__ = ("checked", "deadline", "plan")
+    #: whether ``commit_checked`` passed its arguments (then only the stored
+    #: record's checks are left)
+    checked: bool
     #: its caller's effective deadline (Trio time; ``inf``: none)
     deadline: float
     #: decided and encoded by its caller against the run remembered then
@@ -256,12 +260,17 @@ class SQLStore:
     ) -> Receipt:
         """Atomic compare-and-set on ``(run_id, incarnation, expected_revision)``,
         group-committed with concurrent callers."""
-        check_arguments(
-            run_id, incarnation=incarnation, expected_revision=expected_revision, events=events
+        checked = commit_checked is not None and commit_checked(
+            run_id, incarnation, expected_revision, record, events
         )
+        if not checked:
+            check_arguments(
+                run_id, incarnation=incarnation, expected_revision=expected_revision, events=events
+            )
+        job = _Job(run_id, incarnation, expected_revision, record, tuple(events))
         await trio.lowlevel.checkpoint_if_cancelled()
         self._check_open()
-        job = _Job(run_id, incarnation, expected_revision, record, tuple(events))
+        job.checked = checked
         job.deadline = trio.current_effective_deadline()
         job.plan = self._planned(job)
         receipt: Receipt = await self._group.submit(job)
@@ -277,6 +286,8 @@ class SQLStore:
         stored = run.entry.record
         if stored.incarnation != job.incarnation or stored.revision != job.expected_revision:
             return None
+        if job.checked:  # all that is left to check is the stored record's, just done
+            return Plan(run, job.record, job.events)
         check_commit(
             stored,
             job.run_id,
