@@ -460,6 +460,37 @@ async def test_no_orphan_at_200_randomized_cancel_times(tmp_path: Path) -> None:
     assert _sleepers(marks) == []
 
 
+async def test_a_cancel_landing_after_admission_still_stops_the_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An owner-wide cancel that lands after the launch was admitted but
+    before its command is registered (while the launcher is acknowledged)
+    stops the command as soon as it is: the owner's cleanup is confirmed and
+    no process is left.  (It was left running, its owner pending for ever:
+    the 200-cancel test above found it on a loaded machine.)"""
+    from trio_backplane.resources import _command
+
+    mark = 40_999
+    real = _command.launch
+    async with LocalCommand() as backend:
+
+        async def launch_then_cancel(*args: Any, **kwargs: Any) -> Any:
+            launched = await real(*args, **kwargs)
+            backend.cancel("late")  # admitted, acknowledged, not yet registered
+            return launched
+
+        monkeypatch.setattr(_command, "launch", launch_then_cancel)
+        (tmp_path / "w").mkdir()
+        command = f"sleep {mark} & sleep {mark} & wait"
+        out = await backend.start(inv(1, owner="late"), command, workspace=tmp_path / "w")
+        assert out.status == "cancelled"
+        with trio.fail_after(10):  # a hang guard: it settles in about 0.1 s
+            while backend.owner_status("late") == "pending":
+                await trio.sleep(0.005)
+        assert backend.owner_status("late") == "confirmed"
+        assert _sleepers({mark}) == []
+
+
 async def test_before_run_sees_the_verified_group_and_its_refusal_runs_nothing(
     command: LocalCommand, tmp_path: Path
 ) -> None:

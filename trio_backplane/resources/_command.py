@@ -174,6 +174,10 @@ class LocalCommand:
         self._jobs[job.session_id] = job
         assert self._nursery is not None
         self._nursery.start_soon(self._supervise, job)
+        if job.obligation.fenced:
+            # An owner-wide cancel came after the launch was admitted, while
+            # the launcher was acknowledged: it found no job to stop then.
+            self._stop(job)
         return job.output(0)
 
     def validate_refusal(self, invocation: CommandInvocation, error: BaseException) -> None:
