@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from tests.conftest import LINUX_ONLY
 from trio_backplane import Error, ErrorClass
@@ -488,6 +489,57 @@ async def test_a_cancel_landing_after_admission_still_stops_the_command(
             while backend.owner_status("late") == "pending":
                 await trio.sleep(0.005)
         assert backend.owner_status("late") == "confirmed"
+        assert _sleepers({mark}) == []
+
+
+@pytest.mark.parametrize("when", ["before admission", "after admission"])
+async def test_cancel_confirmed_during_a_launch_waits_for_it_and_stops_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """``cancel_confirmed`` of a session whose launch is in progress fences
+    it and waits: refused at its admission (nothing ran), or stopped as
+    soon as it is registered; either way the cleanup is confirmed and no
+    process is left.  (It answered ``unknown_outcome`` at once and the
+    command ran on.)"""
+    from trio_backplane.resources import _command
+
+    mark = 40_998
+    real = _command.launch
+    outcome: list[BaseException | None] = []
+    async with LocalCommand() as backend, trio.open_nursery() as nursery:
+
+        async def cancel() -> None:
+            try:
+                await backend.cancel_confirmed(inv(1, owner="mid"), 5.0)
+                outcome.append(None)
+            except Error as exc:
+                outcome.append(exc)
+
+        async def launch_with_cancel(*args: Any, **kwargs: Any) -> Any:
+            if when == "before admission":
+                nursery.start_soon(cancel)
+                await trio.testing.wait_all_tasks_blocked()
+                return await real(*args, **kwargs)
+            launched = await real(*args, **kwargs)
+            nursery.start_soon(cancel)
+            await trio.testing.wait_all_tasks_blocked()  # it fenced the launch, and waits
+            return launched
+
+        monkeypatch.setattr(_command, "launch", launch_with_cancel)
+        (tmp_path / "w").mkdir()
+        command = f"sleep {mark} & sleep {mark} & wait"
+        if when == "before admission":
+            with pytest.raises(Error) as refused:
+                await backend.start(inv(1, owner="mid"), command, workspace=tmp_path / "w")
+            assert refused.value.details["launch_status"] == "never_started"
+        else:
+            out = await backend.start(inv(1, owner="mid"), command, workspace=tmp_path / "w")
+            assert out.status == "cancelled"
+        with trio.fail_after(10):  # a hang guard: it settles in about 0.1 s
+            while not outcome:
+                await trio.sleep(0.005)
+        assert outcome == [None]
+        assert backend.session_status(inv(1, owner="mid")) == "confirmed"
         assert _sleepers({mark}) == []
 
 

@@ -95,6 +95,9 @@ class LocalCommand:
         self._stack = contextlib.AsyncExitStack()
         self._nursery: trio.Nursery | None = None
         self._refusals = RefusalSigner()
+        #: sessions being launched: set once each is registered (and stopped
+        #: if cancelled meanwhile) or refused
+        self._launching: dict[int, trio.Event] = {}
 
     async def __aenter__(self) -> LocalCommand:
         if not supported():
@@ -175,9 +178,10 @@ class LocalCommand:
         assert self._nursery is not None
         self._nursery.start_soon(self._supervise, job)
         if job.obligation.fenced:
-            # An owner-wide cancel came after the launch was admitted, while
-            # the launcher was acknowledged: it found no job to stop then.
+            # A cancel came after the launch was admitted, while the launcher
+            # was acknowledged: it found no job to stop then.
             self._stop(job)
+        self._launching.pop(job.session_id).set()
         return job.output(0)
 
     def validate_refusal(self, invocation: CommandInvocation, error: BaseException) -> None:
@@ -224,6 +228,7 @@ class LocalCommand:
             )
         deadline = math.inf if timeout is None else trio.current_time() + timeout
         self._ledger.launching(obligation)
+        settled = self._launching[obligation.session_id] = trio.Event()
         self._workspaces[where] = obligation.session_id
         try:
             job = await self._launch(obligation, command, where, deadline, how)
@@ -231,6 +236,8 @@ class LocalCommand:
             # nothing ran: the launcher is killed before it execs the command
             del self._workspaces[where]
             obligation.state, obligation.fenced = "confirmed", True
+            del self._launching[obligation.session_id]
+            settled.set()
             raise
         job.output_limit = output_limit
         return job
@@ -449,12 +456,20 @@ class LocalCommand:
                 invocation.session_id, invocation.owner, invocation.incarnation
             )
             raise _unknown("local command cleanup identity is unknown", invocation) from None
+        deadline = trio.current_time() + timeout
         if obligation.state == "reserved":
             self._ledger.fence(obligation)
+        elif obligation.state == "launching":
+            # refused at its admission, or stopped as soon as it is registered
+            obligation.fenced = True
+            launching = self._launching.get(obligation.session_id)
+            if launching is not None:
+                with trio.move_on_at(deadline):
+                    await launching.wait()
         job = self._jobs.get(obligation.session_id) or self._evidence.get(obligation.session_id)
         if job is not None:
             self._stop(job)
-            with trio.move_on_after(timeout):
+            with trio.move_on_at(deadline):
                 await job.settled.wait()
         if obligation.state == "uncertain":
             raise _unknown("local command cleanup is uncertain", invocation)
