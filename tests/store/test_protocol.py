@@ -341,3 +341,22 @@ def test_commit_checked_declines(change: dict[str, Any], why: str) -> None:
     assert checked(fields["run_id"], fields["incarnation"], fields["expected"], record, events) is (
         False
     ), why
+
+
+def test_commit_checked_refuses_limits_that_are_not_exact_ints() -> None:
+    """Its limits are exact ints (``TypeError`` otherwise): an int-like
+    limit's ``__index__`` is never called (no Python code runs in it)."""
+    from trio_backplane.kernel._frozen import _accelerator
+
+    called: list[str] = []
+
+    class Index:
+        def __index__(self) -> int:
+            called.append("index")
+            return 256
+
+    record = _record("r", 1, 5)
+    for limits in ((Index(), 2**63, 2**53), (256, 2**63, Index()), (256, True, 2**53)):
+        with pytest.raises(TypeError):
+            _accelerator.commit_checked(RunRecord, RunEvent, *limits, "r", 1, 4, record, ())
+    assert called == []

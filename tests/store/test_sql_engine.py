@@ -220,3 +220,48 @@ def test_a_memory_bound_that_is_not_a_positive_int_is_refused(tmp_path: Path, it
     with pytest.raises(Error) as raised:
         SQLiteStore(tmp_path / "runs.db", cache_items=items)
     assert raised.value.error_class is ErrorClass.VALIDATION
+
+
+async def test_a_finished_run_is_not_kept_alive_by_the_store(tmp_path: Path) -> None:
+    """Once a run finishes the store holds none of its records: not in its
+    memory, and not through its counts (the last commit's figures are
+    numbers, not the commit's plan, which held two records)."""
+    import gc
+    import weakref
+
+    from trio_backplane.kernel import FrozenList, freeze
+
+    async with SQLiteStore(tmp_path / "runs.db", cache_items=10) as store:
+        record = RunRecord.new("kept", work=100)
+        await store.create(record)
+        refs = []
+        for n in range(5):
+            if record.state == "queued":
+                command = Command("admit", 0.0, {"state": "running"})
+            elif record.active_provider is None:
+                command = Command("provider_started", float(n))
+            else:
+                message = freeze({"role": "assistant", "content": "x" * 10_000})
+                fields = {"result": {"text": "x"}, "messages": FrozenList((message,))}
+                command = Command("provider_completed", float(n), fields)
+            new, events = transition(record, command)
+            await store.commit(
+                "kept", incarnation=1, expected_revision=n, record=new, events=events
+            )
+            refs.append(weakref.ref(new))
+            record = new
+        finished, events = transition(
+            record, Command("finish", 9.0, {"status": "completed", "outcome": {}})
+        )
+        await store.commit(
+            "kept", incarnation=1, expected_revision=5, record=finished, events=events
+        )
+        refs.append(weakref.ref(finished))
+        stats = store.stats
+        del record, new, finished, events, message, command
+        gc.collect()
+        assert store.remembered("kept") is None
+        alive = [ref() is not None for ref in refs]
+        assert not any(alive), alive
+        assert stats["commits"] == 6
+        assert store.stats == stats

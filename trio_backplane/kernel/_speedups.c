@@ -3208,13 +3208,16 @@ commit_checked(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *record_type = args[0], *event_type = args[1], *max_int = args[3];
     PyObject *run_id = args[5], *incarnation = args[6], *expected = args[7];
     PyObject *record = args[8], *events = args[9];
-    if (!PyType_Check(record_type) || !PyType_Check(event_type) || !PyLong_CheckExact(max_int)) {
+    if (!PyType_Check(record_type) || !PyType_Check(event_type) || !PyLong_CheckExact(args[2])
+        || !PyLong_CheckExact(max_int) || !PyLong_CheckExact(args[4])) {
         PyErr_SetString(PyExc_TypeError, "commit_checked: two types and exact int limits");
         return NULL;
     }
     Py_ssize_t max_run_id = PyLong_AsSsize_t(args[2]);
+    if (max_run_id == -1 && PyErr_Occurred())
+        return NULL;
     long long exact_int = PyLong_AsLongLong(args[4]);
-    if (PyErr_Occurred())
+    if (exact_int == -1 && PyErr_Occurred())
         return NULL;
     if (!ascii_text(run_id, max_run_id) || !int_within(incarnation, 1, max_int)
         || !int_within(expected, 0, max_int)

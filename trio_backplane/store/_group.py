@@ -150,9 +150,11 @@ class GroupCommit(Generic[J]):
                             job.error = exc
                     raise
                 finally:
-                    self._release(batch, own)
-                    if slot is not None:
-                        await slot.__aexit__(None, None, None)
+                    try:
+                        self._release(batch, own)
+                    finally:
+                        if slot is not None:
+                            await slot.__aexit__(None, None, None)
         finally:
             if self.queue:
                 task = self.queue[0].task

@@ -125,7 +125,7 @@ class SQLStore:
         self._lock = threading.Lock()  # guards the counts (several workers make commits)
         self._closed = False
         self._commits = self._batches = self._fast_commits = self._part_rows = 0
-        self._last: Plan | None = None
+        self._last = (0, 0)  # the last commit's part rows and bytes
 
     # -- memory ---------------------------------------------------------------
 
@@ -472,7 +472,7 @@ class SQLStore:
             if fast:
                 self._fast_commits += commits
             self._part_rows += rows
-            self._last = last
+            self._last = (last.rows, last.size())  # not the plan: it holds two records
 
     @property
     def stats(self) -> dict[str, int]:
@@ -482,14 +482,13 @@ class SQLStore:
         or deleted), ``last_part_rows`` and ``last_bytes`` (head and part
         text written) of the last commit."""
         with self._lock:
-            last = self._last
             return {
                 "commits": self._commits,
                 "batches": self._batches,
                 "fast_commits": self._fast_commits,
                 "part_rows": self._part_rows,
-                "last_part_rows": 0 if last is None else last.rows,
-                "last_bytes": 0 if last is None else last.size(),
+                "last_part_rows": self._last[0],
+                "last_bytes": self._last[1],
             }
 
     async def fence(self, run_id: str, *, incarnation: int) -> Receipt:
