@@ -8,6 +8,7 @@ import os
 import random
 import sys
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -541,6 +542,58 @@ async def test_cancel_confirmed_during_a_launch_waits_for_it_and_stops_it(
         assert outcome == [None]
         assert backend.session_status(inv(1, owner="mid")) == "confirmed"
         assert _sleepers({mark}) == []
+
+
+async def test_a_backend_closed_during_a_launch_kills_the_command_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A launch that completes after its backend closed has no supervisor:
+    its group is stopped and its cleanup verified, ``start`` raises
+    ``unknown_outcome`` (the command ran), and a ``cancel_confirmed``
+    waiting on the launch returns confirmed at once (it waited out its
+    timeout and left the command running)."""
+    from trio_backplane.resources import _command
+
+    mark, at_gate, gate = 41_777, trio.Event(), trio.Event()
+    real = _command.launch
+
+    async def gated(*args: Any, **kwargs: Any) -> Any:
+        launched = await real(*args, **kwargs)  # admitted and acknowledged
+        at_gate.set()
+        await gate.wait()
+        return launched
+
+    monkeypatch.setattr(_command, "launch", gated)
+    (tmp_path / "w").mkdir()
+    results: dict[str, BaseException | None] = {}
+
+    async def record(name: str, call: Any) -> None:
+        try:
+            await call()
+            results[name] = None
+        except Error as exc:
+            results[name] = exc
+
+    async with trio.open_nursery() as outer:
+        async with LocalCommand() as backend:
+            command = f"sleep {mark} & sleep {mark} & wait"
+            start = partial(backend.start, inv(1, owner="o"), command, workspace=tmp_path / "w")
+            outer.start_soon(record, "start", start)
+            await at_gate.wait()
+            confirm = partial(backend.cancel_confirmed, inv(1, owner="o"), 60.0)
+            outer.start_soon(record, "confirm", confirm)
+            await trio.testing.wait_all_tasks_blocked()
+        gate.set()
+        with trio.fail_after(10):  # a hang guard: the confirm waited 60 s before
+            while len(results) < 2:
+                await trio.sleep(0.005)
+    error = results["start"]
+    assert isinstance(error, Error)
+    assert error.error_class is ErrorClass.UNKNOWN_OUTCOME
+    assert results["confirm"] is None
+    assert backend._launching == {}
+    assert backend.session_status(inv(1, owner="o")) == "confirmed"
+    assert _sleepers({mark}) == []
 
 
 async def test_before_run_sees_the_verified_group_and_its_refusal_runs_nothing(

@@ -95,6 +95,7 @@ class LocalCommand:
         self._stack = contextlib.AsyncExitStack()
         self._nursery: trio.Nursery | None = None
         self._refusals = RefusalSigner()
+        self._closing = False
         #: sessions being launched: set once each is registered (and stopped
         #: if cancelled meanwhile) or refused
         self._launching: dict[int, trio.Event] = {}
@@ -106,6 +107,7 @@ class LocalCommand:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
+        self._closing = True
         try:
             with trio.CancelScope(shield=True):
                 await self._shutdown()
@@ -174,14 +176,22 @@ class LocalCommand:
             if type(invocation) is not CommandInvocation:
                 raise
             raise self._refusals.sign(invocation, error, self._ledger.floor) from error
-        self._jobs[job.session_id] = job
-        assert self._nursery is not None
-        self._nursery.start_soon(self._supervise, job)
-        if job.obligation.fenced:
-            # A cancel came after the launch was admitted, while the launcher
-            # was acknowledged: it found no job to stop then.
-            self._stop(job)
-        self._launching.pop(job.session_id).set()
+        try:
+            self._jobs[job.session_id] = job
+            assert self._nursery is not None
+            if self._closing:  # closed while it launched: nobody would supervise it
+                await self._abandon(job)
+                raise _unknown(
+                    "local command backend closed while the command launched; it was stopped",
+                    invocation,
+                )
+            self._nursery.start_soon(self._supervise, job)
+            if job.obligation.fenced:
+                # A cancel came after the launch was admitted, while the
+                # launcher was acknowledged: it found no job to stop then.
+                self._stop(job)
+        finally:
+            self._launching.pop(job.session_id).set()
         return job.output(0)
 
     def validate_refusal(self, invocation: CommandInvocation, error: BaseException) -> None:
@@ -210,7 +220,7 @@ class LocalCommand:
         output_limit: int,
         how: tuple[CommandLimits | None, BeforeRun | None],
     ) -> Job:
-        if self._nursery is None:
+        if self._nursery is None or self._closing:
             raise Error(ErrorClass.RESOURCE_CONFLICT, "LocalCommand is not open")
         if type(command) is not str or not command or "\0" in command:
             raise Error(ErrorClass.VALIDATION, "command must be a non-empty str without NUL")
@@ -421,11 +431,23 @@ class LocalCommand:
             if job.obligation.owner == owner:
                 self._stop(job)
 
+    async def _abandon(self, job: Job) -> None:
+        """Stop the group of a job nobody can supervise (its backend closed
+        while it launched), its cleanup verified as any other's."""
+        job.end("cancelled")
+        await self._clean(job)
+        process = job.launched.process
+        with trio.CancelScope(shield=True):
+            for stream in (process.stdin, process.stdout):  # nobody reads them now
+                if stream is not None:
+                    await stream.aclose()
+        job.settled.set()
+
     def _stop(self, job: Job) -> None:
         if job.status == "running":
             job.end("cancelled")
             job.waiting.cancel()
-        elif job.cleanup_status == "uncertain" and not job.cleaning:
+        elif job.cleanup_status == "uncertain" and not job.cleaning and not self._closing:
             assert self._nursery is not None
             job.cleaning, job.settled = True, trio.Event()  # waiters wait for the retry
             self._nursery.start_soon(self._retry, job)
