@@ -125,7 +125,8 @@ class SQLStore:
         self._lock = threading.Lock()  # guards the counts (several workers make commits)
         self._closed = False
         self._commits = self._batches = self._fast_commits = self._part_rows = 0
-        self._last = (0, 0)  # the last commit's part rows and bytes
+        #: the last commit's part rows, head length and part upserts
+        self._last: tuple[int, int, Sequence[tuple[str, str, str]]] = (0, 0, ())
 
     # -- memory ---------------------------------------------------------------
 
@@ -472,7 +473,8 @@ class SQLStore:
             if fast:
                 self._fast_commits += commits
             self._part_rows += rows
-            self._last = (last.rows, last.size())  # not the plan: it holds two records
+            # its rows' text, not the plan: that holds two whole records
+            self._last = (last.rows, len(last.update.row.head), last.upserts)
 
     @property
     def stats(self) -> dict[str, int]:
@@ -488,7 +490,7 @@ class SQLStore:
                 "fast_commits": self._fast_commits,
                 "part_rows": self._part_rows,
                 "last_part_rows": self._last[0],
-                "last_bytes": self._last[1],
+                "last_bytes": self._last[1] + sum(len(row[2]) for row in self._last[2]),
             }
 
     async def fence(self, run_id: str, *, incarnation: int) -> Receipt:

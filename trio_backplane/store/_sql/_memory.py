@@ -70,10 +70,6 @@ class Plan:
         """The part rows it writes (upserts and deletes)."""
         return len(self.upserts) + len(self.deletes)
 
-    def size(self) -> int:
-        """The bytes of text it writes (head and part values)."""
-        return len(self.update.row.head) + sum(len(row[2]) for row in self.upserts)
-
     def stage(self, writes: Writes, last: int | None) -> None:
         """Add the rows to ``writes``, events numbered after ``last``, and
         set :attr:`staged`."""
