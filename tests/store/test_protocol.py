@@ -266,19 +266,11 @@ def test_commit_checked_passes_every_commit_of_a_kernel_lifecycle() -> None:
     """The shortcut is taken: every commit of a run the kernel made passes
     it (and the Python checks, which agree)."""
     checked = _checked()
-    from trio_backplane.kernel import FrozenList, freeze
+    from tests.store.workload import next_turn
 
     record = RunRecord.new("lifecycle", work=100)
     for n in range(30):
-        if record.state == "queued":
-            command = Command("admit", 0.0, {"state": "running"})
-        elif record.active_provider is None:
-            command = Command("provider_started", float(n))
-        else:
-            message = freeze({"role": "assistant", "content": f"reply {n}"})
-            fields = {"result": {"text": "x"}, "messages": FrozenList((message,))}
-            command = Command("provider_completed", n, fields)
-        new, events = transition(record, command)
+        new, events = transition(record, next_turn(record, n, f"reply {n}"))
         args = (record.run_id, record.incarnation, record.revision, new, events)
         assert checked(*args) is True
         assert _python_passes(*args)

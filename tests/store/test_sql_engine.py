@@ -229,22 +229,14 @@ async def test_a_finished_run_is_not_kept_alive_by_the_store(tmp_path: Path) -> 
     import gc
     import weakref
 
-    from trio_backplane.kernel import FrozenList, freeze
+    from tests.store.workload import next_turn
 
     async with SQLiteStore(tmp_path / "runs.db", cache_items=10) as store:
         record = RunRecord.new("kept", work=100)
         await store.create(record)
         refs = []
         for n in range(5):
-            if record.state == "queued":
-                command = Command("admit", 0.0, {"state": "running"})
-            elif record.active_provider is None:
-                command = Command("provider_started", float(n))
-            else:
-                message = freeze({"role": "assistant", "content": "x" * 10_000})
-                fields = {"result": {"text": "x"}, "messages": FrozenList((message,))}
-                command = Command("provider_completed", float(n), fields)
-            new, events = transition(record, command)
+            new, events = transition(record, next_turn(record, n, "x" * 10_000))
             await store.commit(
                 "kept", incarnation=1, expected_revision=n, record=new, events=events
             )
@@ -258,7 +250,7 @@ async def test_a_finished_run_is_not_kept_alive_by_the_store(tmp_path: Path) -> 
         )
         refs.append(weakref.ref(finished))
         stats = store.stats
-        del record, new, finished, events, message, command
+        del record, new, finished, events
         gc.collect()
         assert store.remembered("kept") is None
         alive = [ref() is not None for ref in refs]

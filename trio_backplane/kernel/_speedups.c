@@ -3116,19 +3116,27 @@ diff_fast(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 /* -- the store's commit checks ------------------------------------------ */
 
-/* An exact int in [low, high) (high may be any exact int: no Python code runs). */
+/* Whether v is an exact int a long long holds (then *out), no error set. */
 static int
-int_within(PyObject *v, long long low, PyObject *high)
+exact_long_long(PyObject *v, long long *out)
 {
     if (!PyLong_CheckExact(v))
         return 0;
     int overflow = 0;
-    long long n = PyLong_AsLongLongAndOverflow(v, &overflow);
-    if (overflow != 0 || (n == -1 && PyErr_Occurred())) {
+    *out = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow != 0 || (*out == -1 && PyErr_Occurred())) {
         PyErr_Clear();
         return 0;
     }
-    if (n < low)
+    return 1;
+}
+
+/* An exact int in [low, high) (high may be any exact int: no Python code runs). */
+static int
+int_within(PyObject *v, long long low, PyObject *high)
+{
+    long long n;
+    if (!exact_long_long(v, &n) || n < low)
         return 0;
     int below = PyObject_RichCompareBool(v, high, Py_LT);
     if (below < 0) {
@@ -3154,15 +3162,8 @@ is_time_value(PyObject *v, long long exact_int)
 {
     if (PyFloat_CheckExact(v))
         return isfinite(PyFloat_AS_DOUBLE(v));
-    if (!PyLong_CheckExact(v))
-        return 0;
-    int overflow = 0;
-    long long n = PyLong_AsLongLongAndOverflow(v, &overflow);
-    if (overflow != 0 || (n == -1 && PyErr_Occurred())) {
-        PyErr_Clear();
-        return 0;
-    }
-    return -exact_int <= n && n <= exact_int;
+    long long n;
+    return exact_long_long(v, &n) && -exact_int <= n && n <= exact_int;
 }
 
 /* A slot's value (borrowed) by its member descriptor's offset, or NULL. */
@@ -3237,18 +3238,10 @@ commit_checked(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     /* run_id, incarnation and expected are exact and in range: these compare
      * without Python code */
     long long inc = PyLong_AsLongLong(incarnation), rev = PyLong_AsLongLong(expected);
-    int overflow = 0;
-    long long r_inc = PyLong_AsLongLongAndOverflow(r_incarnation, &overflow);
-    if (overflow == 0 && !PyErr_Occurred()) {
-        long long r_rev = PyLong_AsLongLongAndOverflow(r_revision, &overflow);
-        if (overflow != 0 || PyErr_Occurred() || r_inc != inc || rev == LLONG_MAX
-            || r_rev != rev + 1)
-            overflow = 1;
-    }
-    if (overflow != 0 || PyErr_Occurred()) {
-        PyErr_Clear();
+    long long r_inc, r_rev;
+    if (!exact_long_long(r_incarnation, &r_inc) || !exact_long_long(r_revision, &r_rev)
+        || r_inc != inc || rev == LLONG_MAX || r_rev != rev + 1)
         Py_RETURN_FALSE;
-    }
     int same = PyUnicode_Compare(r_run_id, run_id);
     if (same != 0) {
         PyErr_Clear();
