@@ -185,9 +185,9 @@ def _python_passes(run_id: Any, incarnation: Any, expected: Any, record: Any, ev
 
 
 def _checked() -> Any:
-    from trio_backplane.store._protocol import commit_checked
+    from trio_backplane.store._protocol import _unchecked, commit_checked
 
-    assert commit_checked is not None, "the kernel accelerator is built with the package"
+    assert commit_checked is not _unchecked, "the kernel accelerator is built with the package"
     return commit_checked
 
 

@@ -37,8 +37,8 @@ __all__ = [
     "Store",
     "check_arguments",
     "check_commit",
-    "commit_checked",
     "check_states",
+    "commit_checked",
     "prepare_commit",
     "prepare_create",
     "verify_receipt",
@@ -223,13 +223,19 @@ def _prepare(record: RunRecord, events: Sequence[RunEvent]) -> PreparedCommit:
     return PreparedCommit(record=record, events=[encode_event(event) for event in events])
 
 
+def _unchecked(
+    run_id: str, incarnation: int, expected_revision: int, record: RunRecord, events: Any
+) -> bool:
+    return False
+
+
 #: ``commit_checked(run_id, incarnation, expected_revision, record, events)``:
 #: ``True`` when :func:`check_arguments` and every check of
 #: :func:`check_commit` but those against the stored record certainly pass
 #: (the kernel accelerator's, for exact types); ``False``: run them, they
-#: decide.  ``None`` without the accelerator.
-commit_checked: Final[Callable[[str, int, int, RunRecord, Sequence[RunEvent]], bool] | None] = (
-    None
+#: decide (always, without the accelerator).
+commit_checked: Final[Callable[[str, int, int, RunRecord, Sequence[RunEvent]], bool]] = (
+    _unchecked
     if _accelerator is None
     else partial(_accelerator.commit_checked, RunRecord, RunEvent, MAX_RUN_ID, MAX_INT, _EXACT_INT)
 )

@@ -261,9 +261,7 @@ class SQLStore:
     ) -> Receipt:
         """Atomic compare-and-set on ``(run_id, incarnation, expected_revision)``,
         group-committed with concurrent callers."""
-        checked = commit_checked is not None and commit_checked(
-            run_id, incarnation, expected_revision, record, events
-        )
+        checked = commit_checked(run_id, incarnation, expected_revision, record, events)
         if not checked:
             check_arguments(
                 run_id, incarnation=incarnation, expected_revision=expected_revision, events=events

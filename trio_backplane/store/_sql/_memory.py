@@ -117,9 +117,7 @@ class Memory:
             old = runs.get(run_id)
             if old is not None:
                 known = old.entry.record
-                if known.incarnation > record.incarnation or (
-                    known.incarnation == record.incarnation and known.revision > record.revision
-                ):
+                if (known.incarnation, known.revision) > (record.incarnation, record.revision):
                     return
                 del runs[run_id]
                 self._items -= old.size
@@ -127,10 +125,9 @@ class Memory:
                 return
             runs[run_id] = run
             self._items += run.size
-            if self._items > self._budget:
-                while self._items > self._budget and len(runs) > 1:
-                    _, evicted = runs.popitem(last=False)
-                    self._items -= evicted.size
+            while self._items > self._budget and len(runs) > 1:
+                _, evicted = runs.popitem(last=False)
+                self._items -= evicted.size
 
     def forget(self, run_id: str) -> None:
         with self._lock:

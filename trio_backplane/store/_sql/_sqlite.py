@@ -81,6 +81,20 @@ _SELECT_EVENTS: Final = (
 _SELECT_LAYOUT: Final = "SELECT value FROM meta WHERE key = 'layout_version'"
 
 
+def _compare_and_set(update: RunUpdate) -> tuple[str, tuple[object, ...]]:
+    """The statement and values of ``update``'s compare-and-set."""
+    row = update.row
+    if update.moved:
+        return _UPDATE_RUN, (*row[1:], row.run_id, *update[1:3])
+    return _UPDATE_RUN_SAME_STATE, (
+        row.incarnation,
+        row.revision,
+        row.head,
+        row.run_id,
+        *update[1:3],
+    )
+
+
 def _journal_wal(conn: sqlite3.Connection) -> object:
     """``PRAGMA journal_mode = WAL``, retried while another connection holds
     the lock it needs (a new file several processes open at once): SQLite
@@ -329,15 +343,7 @@ class SQLiteDriver:
         cursor = self._writes()
         updates = writes.updates
         if len(updates) == 1:  # one run's commit: no lists to build
-            update = updates[0]
-            row = update.row
-            if update.moved:
-                cursor.execute(_UPDATE_RUN, (*row[1:], row.run_id, *update[1:3]))
-            else:
-                cursor.execute(
-                    _UPDATE_RUN_SAME_STATE,
-                    (row.incarnation, row.revision, row.head, row.run_id, *update[1:3]),
-                )
+            cursor.execute(*_compare_and_set(updates[0]))
             if cursor.rowcount != 1:
                 return False
         elif not self._update_runs(cursor, updates):
@@ -359,17 +365,11 @@ class SQLiteDriver:
     @staticmethod
     def _update_runs(cursor: sqlite3.Cursor, updates: list[RunUpdate]) -> bool:
         """Every compare-and-set of ``updates``; whether each matched its row."""
-        same = [
-            (u.row.incarnation, u.row.revision, u.row.head, u.row.run_id, *u[1:3])
-            for u in updates
-            if not u.moved
-        ]
-        moved = [(*u.row[1:], u.row.run_id, *u[1:3]) for u in updates if u.moved]
-        matched = 0
-        if same:
-            matched += cursor.executemany(_UPDATE_RUN_SAME_STATE, same).rowcount
-        if moved:
-            matched += cursor.executemany(_UPDATE_RUN, moved).rowcount
+        by_statement: dict[str, list[tuple[object, ...]]] = {}
+        for update in updates:
+            sql, values = _compare_and_set(update)
+            by_statement.setdefault(sql, []).append(values)
+        matched = sum(cursor.executemany(sql, rows).rowcount for sql, rows in by_statement.items())
         return matched == len(updates)
 
     def list_runs(

@@ -304,17 +304,12 @@ class Workers:
             result, _ = await self._run(fn, cut_at, False, True, True)
             result.unwrap()
             return
-        # The common case, a call never cut, waited for here without the
-        # general path's layers (a commit's worth of work on a small one).
+        # The common case, a call never cut, waited for without the general
+        # path's layers (a commit's worth of work on a small one).
         call = _Call(fn, None)
         self._submit(call, True)
-        assert self._shared is not None
-        assert self._shared.wake is not None
-        fd = self._shared.wake[0]
         try:
-            while call.state < _FINISHED:
-                await trio.lowlevel.wait_readable(fd)
-                _drain(fd)
+            await self._done(call)
         except trio.Cancelled:
             with trio.CancelScope(shield=True):
                 await self._done(call)
@@ -403,7 +398,7 @@ class Workers:
         assert self._shared is not None
         assert self._shared.wake is not None
         fd = self._shared.wake[0]
-        while call.state not in (_FINISHED, _WITHDRAWN):
+        while call.state < _FINISHED:  # finished or withdrawn
             await trio.lowlevel.wait_readable(fd)
             _drain(fd)
 
