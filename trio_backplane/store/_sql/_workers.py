@@ -44,7 +44,7 @@ _PIPES: Final = os.name == "posix"
 
 
 class _Call:
-    __slots__ = ("cut", "cut_at", "driver", "event", "fn", "result", "state", "token")
+    __slots__ = ("cut", "cut_at", "driver", "error", "event", "fn", "state", "token", "value")
 
     def __init__(
         self,
@@ -58,7 +58,9 @@ class _Call:
         self.token = token
         self.event: trio.Event | None = None if token is None else trio.Event()
         self.state = _QUEUED
-        self.result: outcome.Outcome[Any] | None = None
+        #: what ``fn`` returned, or raised (set before the call finishes)
+        self.value: Any = None
+        self.error: BaseException | None = None
         self.driver: Driver | None = None
         #: whether the call was interrupted at its cut time
         self.cut = False
@@ -117,7 +119,10 @@ def _serve(
             fn, call.fn = call.fn, None
             assert fn is not None
             _CURRENT.call = call
-            call.result = outcome.capture(fn, driver)
+            try:
+                call.value = fn(driver)
+            except BaseException as exc:  # the caller's to raise
+                call.error = exc
             _CURRENT.call = None
             del fn
             with lock:
@@ -147,6 +152,17 @@ def _deliver(call: _Call, wake: tuple[int, int] | None) -> None:
         pass
     except trio.RunFinishedError:  # the Trio run is over: nobody waits
         pass
+
+
+def _raise(call: _Call) -> None:
+    """Raise what ``call`` raised, its reference dropped (no cycle through
+    the traceback)."""
+    error, call.error = call.error, None
+    assert error is not None
+    try:
+        raise error
+    finally:
+        del error
 
 
 def _drain(fd: int) -> None:
@@ -313,8 +329,8 @@ class Workers:
         except trio.Cancelled:
             with trio.CancelScope(shield=True):
                 await self._done(call)
-        assert call.result is not None
-        call.result.unwrap()
+        if call.error is not None:
+            _raise(call)
 
     async def _run(
         self, fn: Callable[[Driver], T], cut_at: float, withdrawable: bool, wake: bool, writer: bool
@@ -326,8 +342,9 @@ class Workers:
         call = _Call(fn, token, cut_mono)
         self._submit(call, writer)
         await self._wait(call, cut_at, withdrawable)
-        assert call.result is not None
-        return call.result, call.cut
+        if call.error is None:
+            return outcome.Value(call.value), call.cut
+        return outcome.Error(call.error), call.cut
 
     async def _wait(self, call: _Call, cut_at: float, withdrawable: bool) -> None:
         if cut_at == math.inf:
@@ -364,12 +381,10 @@ class Workers:
     def _not_started(self, call: _Call) -> None:
         """``call``, withdrawn at its cut time: cut, and failed."""
         call.cut = True
-        call.result = outcome.Error(
-            Error(
-                ErrorClass.STORAGE_FAILED,
-                f"{self._name} call cut at its deadline: no worker took it in time",
-                {"store": self._name},
-            )
+        call.error = Error(
+            ErrorClass.STORAGE_FAILED,
+            f"{self._name} call cut at its deadline: no worker took it in time",
+            {"store": self._name},
         )
 
     def _withdraw(self, call: _Call) -> bool:
