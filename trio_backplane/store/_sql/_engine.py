@@ -304,25 +304,27 @@ class SQLStore:
         deadline = batch[0].deadline if len(batch) == 1 else max(job.deadline for job in batch)
         try:
             self._check_open()
+            cut_at = self._cut_at(deadline)
             await self._workers.write(
-                partial(self._batch, batch, _monotonic(deadline)), self._cut_at(deadline)
+                partial(self._batch, batch, _monotonic(deadline), _monotonic(cut_at)), cut_at
             )
         except BaseException as exc:  # the worker never got it
             for job in batch:
                 if job.receipt is None and job.error is None:
                     job.error = exc
 
-    def _batch(self, jobs: list[_Job], deadline: float, driver: Driver) -> None:
+    def _batch(self, jobs: list[_Job], deadline: float, cut: float, driver: Driver) -> None:
         """In a worker: the jobs planned against remembered runs in one
         transaction; the others, and all of them when a compare-and-set
-        found a run moved on, one by one from their stored rows."""
+        found a run moved on, one by one from their stored rows.  ``cut``:
+        when the call is cut (``time.monotonic``)."""
         if len(jobs) > 1:
             jobs.sort(key=_by_run)  # one row-lock order across hosts
         alone: list[_Job] = []
         staged: list[_Job] = []
         writes = Writes()
         try:
-            driver.open(current_cut()[0])
+            driver.open(cut)
             driver.begin(deadline)
             self._stage(jobs, driver, writes, staged, alone)
             if not staged:

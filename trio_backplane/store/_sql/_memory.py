@@ -50,12 +50,24 @@ class Plan:
     """A commit decided and encoded against ``base``; events not numbered
     until :meth:`stage`."""
 
-    __slots__ = ("base", "deletes", "entry", "events", "head", "staged", "update", "upserts")
+    __slots__ = (
+        "base",
+        "deletes",
+        "entry",
+        "events",
+        "head",
+        "rows",
+        "staged",
+        "update",
+        "upserts",
+    )
 
     def __init__(self, base: Remembered, record: RunRecord, events: Sequence[RunEvent]) -> None:
         old = base.entry.record
         self.base = base
         self.entry, self.upserts, self.deletes = diff(base.entry, record)
+        #: the part rows it writes (upserts and deletes)
+        self.rows = len(self.upserts) + len(self.deletes)
         self.head = head_fields(record, old, base.head)
         state = record.state
         row = (record.run_id, record.incarnation, record.revision, state, join_head(self.head))
@@ -64,11 +76,6 @@ class Plan:
         self.events = [(e.type, e.occurred_at, encode_part(e.payload)) for e in events]
         #: what to remember once the rows are committed (set by :meth:`stage`)
         self.staged: Remembered = base
-
-    @property
-    def rows(self) -> int:
-        """The part rows it writes (upserts and deletes)."""
-        return len(self.upserts) + len(self.deletes)
 
     def stage(self, writes: Writes, last: int | None) -> None:
         """Add the rows to ``writes``, events numbered after ``last``, and
