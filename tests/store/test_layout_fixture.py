@@ -197,8 +197,9 @@ async def test_a_schema_version_1_run_is_upgraded_by_its_next_commit(stored: Pat
 
 
 async def test_a_newer_record_schema_is_refused(stored: Path) -> None:
-    """A record written by a later schema is never misread: its run is
-    ``storage_failed`` (for that run alone), saying why."""
+    """A record written by a later schema is never misread, nor called
+    damaged: its run is ``unsupported_capability`` (for that run alone),
+    naming the versions, and the other runs read on."""
     connection = sqlite3.connect(stored)
     head = _heads(stored)["done"]
     head["schema_version"] = SCHEMA_VERSION + 1
@@ -208,6 +209,12 @@ async def test_a_newer_record_schema_is_refused(stored: Path) -> None:
     async with SQLiteStore(stored) as store:
         with pytest.raises(Error) as raised:
             await store.load("done")
-    assert raised.value.error_class is ErrorClass.STORAGE_FAILED
-    assert raised.value.details["run_id"] == "done"
-    assert "written by a newer trio_backplane" in raised.value.details["cause"]
+        assert await store.load("asking") is not None
+    assert raised.value.error_class is ErrorClass.UNSUPPORTED_CAPABILITY
+    assert "written by a newer trio_backplane" in raised.value.message
+    assert dict(raised.value.details) == {
+        "run_id": "done",
+        "path": str(stored),
+        "schema_version": SCHEMA_VERSION + 1,
+        "supported": SCHEMA_VERSION,
+    }

@@ -316,9 +316,17 @@ def decode_stored(
 ) -> tuple[RunRecord, frozenset[str]]:
     """The record stored as ``head`` and ``parts``, and the lists its head holds
     inline (:func:`inline_lists`); :class:`CorruptRecord` when they do not
-    decode (never a raw ``JSONDecodeError`` or ``AttributeError``)."""
+    decode (never a raw ``JSONDecodeError`` or ``AttributeError``), and
+    ``unsupported_capability`` (naming the run) for a record a newer
+    trio_backplane wrote."""
     try:
         return decode_record(join(head, parts)), inline_lists(head)
+    except Error as exc:
+        if exc.error_class is ErrorClass.UNSUPPORTED_CAPABILITY:
+            # written by a newer trio_backplane: sound, and not this one's to read
+            where = {"run_id": run_id} if path is None else {"run_id": run_id, "path": path}
+            raise Error(exc.error_class, exc.message, {**exc.details, **where}) from exc
+        raise CorruptRecord(run_id, exc, path) from exc
     except Exception as exc:  # any damage: JSON, shape, or a record the kernel refuses
         raise CorruptRecord(run_id, exc, path) from exc
 
