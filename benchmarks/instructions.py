@@ -58,6 +58,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -79,16 +80,11 @@ class Failure(Exception):
 # -- the measured program ----------------------------------------------------------
 
 
-def store_commits(count: int, total: int) -> None:
-    """The ``store`` workload: ``total`` kernel transitions of one run made
-    first (the same in every run of the program), then the first ``count``
-    committed to a ``SQLiteStore``, one after the other: what a store costs
-    a commit, without the engine.  A commit alternates ``provider_started``
-    and ``provider_completed`` (one message appended to the transcript)."""
-    import trio
-
+def store_chain(total: int) -> tuple[Any, list[tuple[Any, Any, Any]]]:
+    """The ``store`` workload's first record and ``total`` kernel transitions
+    of its run: ``(old, new, events)``, alternating ``provider_started`` and
+    ``provider_completed`` (one message appended to the transcript)."""
     from trio_backplane.kernel import Command, FrozenList, RunRecord, freeze, transition
-    from trio_backplane.store import SQLiteStore
 
     first = RunRecord.new("instructions", work=10**6)
     record, chain = first, []
@@ -108,6 +104,19 @@ def store_commits(count: int, total: int) -> None:
         new, events = transition(record, command)
         chain.append((record, new, events))
         record = new
+    return first, chain
+
+
+def store_commits(count: int, total: int) -> None:
+    """The ``store`` workload: ``total`` kernel transitions of one run made
+    first (the same in every run of the program, :func:`store_chain`), then
+    the first ``count`` committed to a ``SQLiteStore``, one after the other:
+    what a store costs a commit, without the engine."""
+    import trio
+
+    from trio_backplane.store import SQLiteStore
+
+    first, chain = store_chain(total)
 
     async def main() -> None:
         with tempfile.TemporaryDirectory(prefix="instructions-store-") as root:
@@ -124,6 +133,32 @@ def store_commits(count: int, total: int) -> None:
             await store.aclose()
 
     trio.run(main)
+
+
+def raw_commits(count: int, total: int) -> None:
+    """The ``raw`` workload: the ``store`` workload's rows (head, changed
+    parts, events), diffed and encoded before counting starts, the first
+    ``count`` commits written by ``bench_store.raw_loop`` (the same
+    statements and durability settings, in one thread, no store code): the
+    floor of the ``store`` workload's SQL."""
+    from bench_store import open_raw, raw_create, raw_loop
+
+    from trio_backplane.kernel import encode_event
+    from trio_backplane.store._diff import NOTHING, diff
+    from trio_backplane.store._layout import head_text
+
+    first, chain = store_chain(total)
+    entry = diff(NOTHING, first)[0]
+    plan = []
+    for old, new, events in chain:
+        entry, upserts, _deletes = diff(entry, new)
+        plan.append((old, new, head_text(new), upserts, [encode_event(e) for e in events]))
+    with tempfile.TemporaryDirectory(prefix="instructions-raw-") as root:
+        conn = open_raw(Path(root) / "raw.db")
+        raw_create(conn, first)
+        if count:
+            raw_loop(conn, plan[:count])
+        conn.close()
 
 
 def engine_on_sqlite(steps: int) -> None:
@@ -202,7 +237,7 @@ def with_otel(sdk: bool) -> None:
 def measured(steps: int, pure: bool, check: bool, workload: str, total: int) -> None:
     """One run of ``steps`` tool steps on a MemoryStore (the ``engine``
     workload; ``engine-sqlite``: :func:`engine_on_sqlite`; ``store``:
-    :func:`store_commits`; ``compile``:
+    :func:`store_commits`; ``raw``: :func:`raw_commits`; ``compile``:
     :func:`compiles`), then one line naming the ``trio_backplane`` imported
     and which of its C extensions were loaded (printed in every run alike,
     so its cost cancels).  ``check`` (the run
@@ -221,6 +256,8 @@ def measured(steps: int, pure: bool, check: bool, workload: str, total: int) -> 
 
     if workload == "store":
         store_commits(steps, total)
+    elif workload == "raw":
+        raw_commits(steps, total)
     elif workload == "handoff":
         handoffs(steps)
     elif workload == "compile":
@@ -509,7 +546,8 @@ def measure(
         total, total_command = run(steps, total=steps)
         print(f"  {steps}-step run: {total / 1e6:10.1f} M instructions: {total_command}")
     figure = total - base
-    unit = {"store": "commit", "handoff": "round trip", "compile": "compile"}.get(workload, "step")
+    units = {"store": "commit", "raw": "commit", "handoff": "round trip", "compile": "compile"}
+    unit = units.get(workload, "step")
     print(
         f"{steps} {unit}s: {figure / 1e6:.1f} M instructions"
         f" ({figure / steps / 1e6:.3f} M a {unit};"
@@ -537,11 +575,22 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument(
         "--workload",
-        choices=("engine", "engine-sqlite", "otel-api", "otel-sdk", "store", "handoff", "compile"),
+        choices=(
+            "engine",
+            "engine-sqlite",
+            "otel-api",
+            "otel-sdk",
+            "store",
+            "raw",
+            "handoff",
+            "compile",
+        ),
         default="engine",
         help="engine: N tool steps on a MemoryStore (default); engine-sqlite: the same on a"
         " SQLiteStore (every thread's instructions); store: N SQLiteStore commits"
-        " of precomputed records, no engine; handoff: N bare round trips through the"
+        " of precomputed records, no engine; raw: the same commits' rows written by"
+        " bench_store's raw sqlite3 loop (the store's SQL floor); handoff: N bare round"
+        " trips through the"
         " SQLiteStore's worker thread (this checkout's engine only); compile: N uncached"
         " schema compiles of benchmarks/workloads/schemas.json, in turn (an even N"
         " weighs them alike); otel-api: the engine with opentelemetry-api imported and no"
