@@ -19,7 +19,13 @@ Conventions of the ``.rst`` sources (``docs/**/*.rst``):
   runs with that environment variable (a DSN) as set for the test session.
   Without it the block is skipped, or fails when ``CI`` is set (``nox -s
   tests`` sets both).
-* ``console`` and other blocks are not run.
+* A ``.. code-block:: console`` block with ``:class: checked`` is a shell
+  session that runs, in a fresh empty directory: ``$ cat NAME`` writes the
+  lines that follow it (up to the next ``$``) to ``NAME``, and ``$ backplane
+  ARGS`` runs the command line (``python -m trio_backplane.cli ARGS``), which
+  must exit with status 0 and print exactly the lines that follow it.
+  Other commands are refused: a checked block says only what runs.
+* Other ``console`` blocks, and other blocks, are not run.
 
 The API reference itself is checked against the public surface in
 ``tests/test_public_api.py``.
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -148,9 +155,66 @@ def collect_examples() -> tuple[list[Example], list[str]]:
 EXAMPLES, UNUSED_MODULES = collect_examples()
 
 
+def collect_sessions() -> list[Block]:
+    """Every ``console`` block marked ``:class: checked``."""
+    return [
+        block
+        for page in sorted(DOCS.rglob("*.rst"))
+        if "_build" not in page.parts
+        for block in parse_blocks(page)
+        if block.language == "console" and block.options.get("class") == "checked"
+    ]
+
+
+SESSIONS = collect_sessions()
+
+
+def session_steps(text: str) -> list[tuple[list[str], list[str]]]:
+    """A session's commands (split as a shell would) and the lines after each."""
+    steps: list[tuple[list[str], list[str]]] = []
+    for line in text.splitlines():
+        if line.startswith("$ "):
+            steps.append((shlex.split(line[2:]), []))
+        else:
+            assert steps, f"a line before the session's first command: {line!r}"
+            steps[-1][1].append(line.rstrip())
+    return steps
+
+
 def test_docs_have_examples() -> None:
     assert len(EXAMPLES) >= 10
     assert UNUSED_MODULES == [], "module blocks that no later example of their page runs"
+
+
+def test_docs_have_checked_sessions() -> None:
+    """The command line guide's examples that print the same on every
+    machine run as written."""
+    assert {block.page.name for block in SESSIONS} >= {"cli.rst"}
+
+
+@pytest.mark.parametrize(
+    "block", SESSIONS, ids=[f"{block.page.relative_to(DOCS)}:{block.line}" for block in SESSIONS]
+)
+def test_console_session(block: Block, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", "COLUMNS": "200"}
+    for argv, lines in session_steps(block.text):
+        if argv[:1] == ["cat"] and len(argv) == 2:
+            (tmp_path / argv[1]).write_text("\n".join(lines) + "\n", encoding="utf-8")
+            continue
+        assert argv[:1] == ["backplane"], f"a checked session runs cat and backplane only: {argv}"
+        result = subprocess.run(
+            [sys.executable, "-m", "trio_backplane.cli", *argv[1:]],
+            cwd=tmp_path,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+            check=False,
+        )
+        assert result.returncode == 0, f"exit status {result.returncode}\n{result.stderr}"
+        printed = [line.rstrip() for line in result.stdout.rstrip("\n").splitlines()]
+        assert printed == lines, result.stderr
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[example.id for example in EXAMPLES])
