@@ -160,33 +160,43 @@ def raw_create(conn: sqlite3.Connection, record: RunRecord) -> None:
     )
 
 
-def raw_commit(conn: sqlite3.Connection, item: tuple[Any, ...], last: int) -> int:
-    """One commit of a ``raw_rows`` plan, its events numbered after ``last``:
-    the rows a store must write (the compare-and-set ``UPDATE``, the changed
-    parts, the events) in one durable transaction, and nothing else.  The
-    last event sequence afterwards."""
+def raw_params(
+    item: tuple[Any, ...], last: int
+) -> tuple[tuple[Any, ...], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """One commit of a ``raw_rows`` plan as the parameters of its statements,
+    its events numbered after ``last``: the compare-and-set ``UPDATE``'s
+    (new identity, state and head; run id, old incarnation and revision),
+    the changed parts' and the events' rows."""
     old, new, head, upserts, events = item
     run_id = new.run_id
+    update = (new.incarnation, new.revision, new.state, head, run_id, old.incarnation, old.revision)
+    parts = [(run_id, *row) for row in upserts]
+    rows = [
+        (run_id, last + i, e["type"], e["occurred_at"], dumps(e["payload"]))
+        for i, e in enumerate(events, start=1)
+    ]
+    return update, parts, rows
+
+
+def raw_commit(conn: sqlite3.Connection, item: tuple[Any, ...], last: int) -> int:
+    """One commit of a ``raw_rows`` plan (:func:`raw_params`): the rows a
+    store must write in one durable transaction, and nothing else.  The
+    last event sequence afterwards."""
+    update, parts, rows = raw_params(item, last)
     conn.execute("BEGIN IMMEDIATE")
     conn.execute(
         "UPDATE runs SET incarnation = ?, revision = ?, state = ?, head = ?"
         " WHERE run_id = ? AND incarnation = ? AND revision = ?",
-        (new.incarnation, new.revision, new.state, head, run_id, old.incarnation, old.revision),
+        update,
     )
     conn.executemany(
         "INSERT INTO run_parts VALUES (?, ?, ?, ?) ON CONFLICT (run_id, part, key)"
         " DO UPDATE SET value = excluded.value",
-        [(run_id, *row) for row in upserts],
+        parts,
     )
-    conn.executemany(
-        "INSERT INTO run_events VALUES (?, ?, ?, ?, ?)",
-        [
-            (run_id, last + i, e["type"], e["occurred_at"], dumps(e["payload"]))
-            for i, e in enumerate(events, start=1)
-        ],
-    )
+    conn.executemany("INSERT INTO run_events VALUES (?, ?, ?, ?, ?)", rows)
     conn.execute("COMMIT")
-    return last + len(events)
+    return last + len(rows)
 
 
 def last_sequence(conn: sqlite3.Connection, run_id: str) -> int:
@@ -514,32 +524,24 @@ async def late_vs_early(root: Path) -> None:
 
 
 def pg_commit(conn: Any, item: tuple[Any, ...], last: int) -> int:
-    """One commit of a ``raw_rows`` plan with psycopg: the compare-and-set
-    ``UPDATE``, the parts and the events in one pipeline, then ``COMMIT``,
-    as a store's fast path sends them.  The last event sequence afterwards."""
-    old, new, head, upserts, events = item
-    run_id = new.run_id
-    where = (run_id, old.incarnation, old.revision)
+    """One commit of a ``raw_rows`` plan with psycopg (:func:`raw_params`):
+    the statements in one pipeline, then ``COMMIT``, as a store's fast path
+    sends them.  The last event sequence afterwards."""
+    update, parts, rows = raw_params(item, last)
     with conn.pipeline(), conn.cursor() as cur:
         cur.execute(
             "UPDATE runs SET incarnation = %s, revision = %s, state = %s, head = %s"
             " WHERE run_id = %s AND incarnation = %s AND revision = %s",
-            (*(new.incarnation, new.revision, new.state, head), *where),
+            update,
         )
         cur.executemany(
             "INSERT INTO run_parts VALUES (%s, %s, %s, %s)"
             " ON CONFLICT (run_id, part, key) DO UPDATE SET value = EXCLUDED.value",
-            [(run_id, *row) for row in upserts],
+            parts,
         )
-        cur.executemany(
-            "INSERT INTO run_events VALUES (%s, %s, %s, %s, %s)",
-            [
-                (run_id, last + i, e["type"], e["occurred_at"], dumps(e["payload"]))
-                for i, e in enumerate(events, start=1)
-            ],
-        )
+        cur.executemany("INSERT INTO run_events VALUES (%s, %s, %s, %s, %s)", rows)
     conn.commit()
-    return last + len(events)
+    return last + len(rows)
 
 
 def pg_connect(dsn: str, schema: str) -> Any:

@@ -186,6 +186,20 @@ def test_docs_have_examples() -> None:
     assert UNUSED_MODULES == [], "module blocks that no later example of their page runs"
 
 
+def _run(argv: list[str], where: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``argv`` run in ``where`` with ``env``, no input, its output captured."""
+    return subprocess.run(
+        argv,
+        cwd=where,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+
+
 def test_docs_have_checked_sessions() -> None:
     """The command line guide's examples that print the same on every
     machine run as written."""
@@ -202,16 +216,7 @@ def test_console_session(block: Block, tmp_path: Path) -> None:
             (tmp_path / argv[1]).write_text("\n".join(lines) + "\n", encoding="utf-8")
             continue
         assert argv[:1] == ["backplane"], f"a checked session runs cat and backplane only: {argv}"
-        result = subprocess.run(
-            [sys.executable, "-m", "trio_backplane.cli", *argv[1:]],
-            cwd=tmp_path,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-            check=False,
-        )
+        result = _run([sys.executable, "-m", "trio_backplane.cli", *argv[1:]], tmp_path, env)
         assert result.returncode == 0, f"exit status {result.returncode}\n{result.stderr}"
         printed = [line.rstrip() for line in result.stdout.rstrip("\n").splitlines()]
         assert printed == lines, result.stderr
@@ -231,16 +236,7 @@ def test_example(example: Example, tmp_path: Path) -> None:
         (tmp_path / name).write_text(text, encoding="utf-8")
     script = tmp_path / "example.py"
     script.write_text(example.block.text + "\n", encoding="utf-8")
-    result = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        check=False,
-    )
+    result = _run([sys.executable, str(script)], tmp_path, env)
     assert result.returncode == 0, f"exit status {result.returncode}\n{result.stderr}"
     if example.expected is None:
         assert result.stdout == "", (
