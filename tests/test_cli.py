@@ -19,7 +19,7 @@ import trio
 from tests.conftest import FIXTURES, LINUX_ONLY
 from trio_backplane.cli import _demo as demo
 from trio_backplane.cli import main
-from trio_backplane.kernel import Command, RunRecord, thaw, transition
+from trio_backplane.kernel import SCHEMA_VERSION, Command, RunRecord, thaw, transition
 from trio_backplane.store import PostgresStore, SQLiteStore
 from trio_backplane.testing import RecoveryHarness
 
@@ -940,6 +940,62 @@ def test_a_run_id_that_is_not_utf8_is_a_usage_error(demo_store: tuple[Path, str,
 
 def _snapshot(directory: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+def _unreadable_store(path: Path) -> None:
+    """Three runs: ``good``; ``broken`` (its head is not JSON); ``newer``
+    (written by a later record schema)."""
+    import sqlite3
+
+    async def create() -> None:
+        async with SQLiteStore(path) as store:
+            for run_id in ("good", "broken", "newer"):
+                await store.create(RunRecord.new(run_id, work=10))
+
+    trio.run(create)
+    conn = sqlite3.connect(path)
+    head = json.loads(conn.execute("SELECT head FROM runs WHERE run_id = 'newer'").fetchone()[0])
+    head["schema_version"] = 99
+    conn.execute("UPDATE runs SET head = ? WHERE run_id = 'newer'", (json.dumps(head),))
+    conn.execute("UPDATE runs SET head = '{not json' WHERE run_id = 'broken'")
+    conn.commit()
+    conn.close()
+
+
+def test_runs_list_names_the_runs_it_cannot_read_and_lists_the_rest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A damaged run, or one a newer trio_backplane wrote, no longer hides
+    every other: the listing shows each run from its summary, says on
+    standard error which run cannot be read and why (its class, the run,
+    the versions), and exits 1; ``runs show`` of such a run names it."""
+    db = tmp_path / "runs.db"
+    _unreadable_store(db)
+    status, text = run("runs", "list", str(db), "--json")
+    err = capsys.readouterr().err.splitlines()
+    assert status == 1
+    rows = {row["run_id"]: row for row in json.loads(text)}
+    assert rows["good"] == {
+        "run_id": "good", "state": "queued", "incarnation": 1, "revision": 0,
+        "work": "0/10", "messages": 0,
+    }  # fmt: skip
+    assert (rows["broken"]["work"], rows["broken"]["messages"]) == (None, None)
+    assert rows["broken"]["unreadable"].startswith("storage_failed: stored run cannot be decoded")
+    assert rows["newer"]["unreadable"] == (
+        "unsupported_capability: stored record was written by a newer trio_backplane"
+        f" run_id=newer path={db} schema_version=99 supported={SCHEMA_VERSION}"
+    )
+    assert err == [
+        f"backplane: {rows['broken']['unreadable']}",
+        f"backplane: {rows['newer']['unreadable']}",
+    ]
+    status, text = run("runs", "list", str(db))
+    assert status == 1
+    assert "3 runs" in text
+    assert len(capsys.readouterr().err.splitlines()) == 2
+    status, text = run("runs", "show", str(db), "newer")
+    assert (status, text) == (1, "")
+    assert "run_id=newer" in capsys.readouterr().err
 
 
 def test_runs_refuse_a_file_that_is_not_a_store(

@@ -49,8 +49,8 @@ def reason(error: Error) -> str:
     """One line naming an error's class, reason, message and telling details."""
     why = error.details.get("reason")
     extra = [
-        f"{k}={error.details[k]}"
-        for k in ("schema", "reference", "path")
+        f"{k}={clean(error.details[k])}"
+        for k in ("run_id", "schema", "reference", "path", "schema_version", "supported")
         if error.details.get(k) not in (None, "")
     ]
     cause = error.details.get("cause")

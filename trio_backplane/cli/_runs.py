@@ -148,39 +148,54 @@ async def _load(store: Any, run_id: str) -> Any:
 
 
 async def _list(store: Any, args: argparse.Namespace, out: Out) -> int:
+    """Every run, one row each; a run whose stored rows cannot be read is
+    listed from its summary (``unreadable``), said on standard error, and
+    makes the status 1.  A failure of the store itself fails the listing."""
     out.spin("listing runs…")
     summaries = await store.list_runs(states=args.state or None)
     out.stop()
-    rows = []
+    rows, unreadable = [], []
     with out.progress("reading runs", len(summaries)) as advance:
         for summary in summaries:
-            record = await store.load(summary.run_id)
+            record, error = await _listed(store, summary.run_id)
             advance()
-            messages = len(record.transcript) if record is not None else 0
-            used = f"{record.budget.used}/{record.budget.quota}" if record is not None else "?"
-            rows.append(
-                (
-                    summary.run_id,
-                    summary.state,
-                    summary.incarnation,
-                    summary.revision,
-                    used,
-                    messages,
-                )
-            )
+            if error is not None:
+                unreadable.append((summary.run_id, error))
+            row = (summary.run_id, summary.state, summary.incarnation, summary.revision)
+            if record is None:
+                rows.append((*row, "?", "?" if error is not None else 0))
+            else:
+                used = f"{record.budget.used}/{record.budget.quota}"
+                rows.append((*row, used, len(record.transcript)))
     if args.json:
         keys = ("run_id", "state", "incarnation", "revision", "work", "messages")
-        out.file.write(
-            json.dumps([dict(zip(keys, row, strict=True)) for row in rows], indent=2) + "\n"
+        problems = {run_id: reason(error) for run_id, error in unreadable}
+        listed = [dict(zip(keys, row, strict=True)) for row in rows]
+        for item in listed:
+            if item["run_id"] in problems:
+                item.update(work=None, messages=None, unreadable=problems[item["run_id"]])
+        out.file.write(json.dumps(listed, indent=2) + "\n")
+    else:
+        out.table(
+            "runs",
+            ("run id", "state", "incarnation", "revision", "work", "messages"),
+            rows,
+            caption=f"{len(rows)} runs",
         )
-        return EXIT_OK
-    out.table(
-        "runs",
-        ("run id", "state", "incarnation", "revision", "work", "messages"),
-        rows,
-        caption=f"{len(rows)} runs",
-    )
-    return EXIT_OK
+    for _, error in unreadable:
+        print(hide_dsn_secret(f"backplane: {reason(error)}", args.store), file=sys.stderr)
+    return EXIT_REJECTED if unreadable else EXIT_OK
+
+
+async def _listed(store: Any, run_id: str) -> tuple[Any, Error | None]:
+    """``run_id``'s record (``None``: gone since listed), or the error that
+    names this run alone (rows damaged, or written by a newer version)."""
+    try:
+        return await store.load(run_id), None
+    except Error as error:
+        if error.details.get("run_id") != run_id:  # the store failed, not this run
+            raise
+        return None, error
 
 
 # -- runs show ----------------------------------------------------------------------
