@@ -181,6 +181,54 @@ async def test_the_runs_page_reads_only_the_records_it_shows() -> None:
     assert shown.index("run-29") < shown.index("run-20")  # newest first
 
 
+async def test_a_run_that_cannot_be_read_is_shown_as_such_and_hides_no_other(
+    tmp_path: Path,
+) -> None:
+    """A run whose rows are damaged, or that a newer trio_backplane wrote,
+    is listed from its summary with why it cannot be read, the other runs
+    as usual; its own page says so (500), naming the run."""
+    import sqlite3
+
+    path = tmp_path / "runs.sqlite3"
+    async with SQLiteStore(path) as store:
+        for run_id in ("good", "broken", "newer"):
+            await store.create(RunRecord.new(run_id, work=10))
+    conn = sqlite3.connect(path)
+    head = json.loads(conn.execute("SELECT head FROM runs WHERE run_id = 'newer'").fetchone()[0])
+    head["schema_version"] = 99
+    conn.execute("UPDATE runs SET head = ? WHERE run_id = 'newer'", (json.dumps(head),))
+    conn.execute("UPDATE runs SET head = '{not json' WHERE run_id = 'broken'")
+    conn.commit()
+    conn.close()
+    async with (
+        SQLiteStore(path) as store,
+        served(store) as s,
+        httpx.AsyncClient(base_url=s.url) as client,
+    ):
+        await _signed_in(client, s.console)
+        listing = await client.get("/")
+        newer = await client.get("/runs/newer")
+        good = await client.get("/runs/good")
+    assert listing.status_code == 200
+    rows = listing.text.split('id="runs"', 1)[1].split("</table>", 1)[0].split('<tr class="run">')
+    by_run = {
+        run_id: row
+        for row in rows[1:]
+        for run_id in ("good", "broken", "newer")
+        if f">{run_id}</a>" in row
+    }
+    assert "cannot be read" not in by_run["good"]
+    assert "0/10" in by_run["good"]
+    assert "cannot be read: storage_failed: stored run cannot be decoded" in by_run["broken"]
+    assert (
+        "cannot be read: unsupported_capability: stored record was written by a newer"
+        " trio_backplane" in by_run["newer"]
+    )
+    assert newer.status_code == 500
+    assert "run &#39;newer&#39;: unsupported_capability" in newer.text
+    assert good.status_code == 200
+
+
 async def test_live_events_resume_after_the_last_one_seen(tmp_path: Path) -> None:
     """The event stream sends each stored event with its sequence as ``id``,
     from ``Last-Event-ID`` on, and ends once the run is terminal."""

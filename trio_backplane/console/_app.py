@@ -21,7 +21,7 @@ from ..errors import Error, ErrorClass
 from ..kernel import RUN_STATES, RunRecord
 from ._answers import Answerer
 from ._guard import AUTH_COOKIE, SESSION_COOKIE, Guard
-from ._views import asked, event_view, events_view, run_row, run_view
+from ._views import asked, event_view, events_view, run_row, run_view, unreadable_row
 
 __all__ = ["Console"]
 
@@ -134,9 +134,16 @@ class Console:
         # newest first by admission, from the listing alone: a page reads its own records only
         ordered = sorted(((s.admitted_at or 0.0, s.run_id) for s in summaries), reverse=True)
         start = (page - 1) * self.page_size
+        listed = {summary.run_id: summary for summary in summaries}
         rows = []
         for _, run_id in ordered[start : start + self.page_size]:
-            record = await self.store.load(run_id)
+            try:
+                record = await self.store.load(run_id)
+            except Error as error:
+                if error.details.get("run_id") != run_id:  # the store failed, not this run
+                    raise
+                rows.append(unreadable_row(listed[run_id], error))
+                continue
             if record is not None:
                 rows.append(run_row(record))
         pages = max(1, -(-len(ordered) // self.page_size))
@@ -149,10 +156,14 @@ class Console:
         run_id = request.path_params["run_id"]
         try:
             record: RunRecord | None = await self.store.load(run_id)
-        except Error as error:  # an id no run can have (empty, too long, NUL)
-            if error.error_class is not ErrorClass.VALIDATION:
+        except Error as error:
+            if error.error_class is ErrorClass.VALIDATION:  # an id no run can have
+                record = None
+            elif error.details.get("run_id") == run_id:  # damaged, or from a newer version
+                why = f"{error.error_class.value}: {error.message}"
+                return self._page(request, "error.html", 500, message=f"run {run_id!r}: {why}")
+            else:
                 raise
-            record = None
         if record is None:
             return self._page(request, "error.html", 404, message=f"no run {run_id!r}")
         return record

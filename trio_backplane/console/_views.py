@@ -11,8 +11,17 @@ from .._numbers import iso_instant as instant
 from ..errors import Error
 from ..kernel import RunEvent, RunRecord, thaw
 from ..recovery import recover
+from ..store import RunSummary
 
-__all__ = ["asked", "event_view", "events_view", "run_row", "run_view", "timeline"]
+__all__ = [
+    "asked",
+    "event_view",
+    "events_view",
+    "run_row",
+    "run_view",
+    "timeline",
+    "unreadable_row",
+]
 
 #: How much of one value a page shows (the rest is cut, said so).
 _SHOWN: Final = 4000
@@ -47,6 +56,22 @@ def run_row(record: RunRecord) -> dict[str, Any]:
         "messages": len(record.transcript),
         "pending": _pending(record) is not None,
         "deadline": instant(record.deadline),
+    }
+
+
+def unreadable_row(summary: RunSummary, error: Error) -> dict[str, Any]:
+    """The runs page's line for a run whose record cannot be read: its
+    summary, and why."""
+    return {
+        "run_id": summary.run_id,
+        "state": summary.state,
+        "incarnation": summary.incarnation,
+        "revision": summary.revision,
+        "work": "?",
+        "messages": "?",
+        "pending": False,
+        "deadline": "",
+        "unreadable": f"{error.error_class.value}: {error.message}",
     }
 
 
