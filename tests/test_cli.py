@@ -17,6 +17,7 @@ import pytest
 import trio
 
 from tests.conftest import FIXTURES, LINUX_ONLY
+from tests.store.unreadable import unreadable_runs
 from trio_backplane.cli import _demo as demo
 from trio_backplane.cli import main
 from trio_backplane.kernel import SCHEMA_VERSION, Command, RunRecord, thaw, transition
@@ -942,26 +943,6 @@ def _snapshot(directory: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
 
 
-def _unreadable_store(path: Path) -> None:
-    """Three runs: ``good``; ``broken`` (its head is not JSON); ``newer``
-    (written by a later record schema)."""
-    import sqlite3
-
-    async def create() -> None:
-        async with SQLiteStore(path) as store:
-            for run_id in ("good", "broken", "newer"):
-                await store.create(RunRecord.new(run_id, work=10))
-
-    trio.run(create)
-    conn = sqlite3.connect(path)
-    head = json.loads(conn.execute("SELECT head FROM runs WHERE run_id = 'newer'").fetchone()[0])
-    head["schema_version"] = 99
-    conn.execute("UPDATE runs SET head = ? WHERE run_id = 'newer'", (json.dumps(head),))
-    conn.execute("UPDATE runs SET head = '{not json' WHERE run_id = 'broken'")
-    conn.commit()
-    conn.close()
-
-
 def test_runs_list_names_the_runs_it_cannot_read_and_lists_the_rest(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -970,7 +951,7 @@ def test_runs_list_names_the_runs_it_cannot_read_and_lists_the_rest(
     standard error which run cannot be read and why (its class, the run,
     the versions), and exits 1; ``runs show`` of such a run names it."""
     db = tmp_path / "runs.db"
-    _unreadable_store(db)
+    trio.run(unreadable_runs, db)
     status, text = run("runs", "list", str(db), "--json")
     err = capsys.readouterr().err.splitlines()
     assert status == 1

@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from tests.console.support import CANARY, Deploy, served, waiting_run
+from tests.store.unreadable import RUNS, unreadable_runs
 from trio_backplane import Error, ErrorClass
 from trio_backplane.console import Console, serve
 from trio_backplane.kernel import Admit, RunRecord, transition
@@ -187,19 +188,8 @@ async def test_a_run_that_cannot_be_read_is_shown_as_such_and_hides_no_other(
     """A run whose rows are damaged, or that a newer trio_backplane wrote,
     is listed from its summary with why it cannot be read, the other runs
     as usual; its own page says so (500), naming the run."""
-    import sqlite3
-
     path = tmp_path / "runs.sqlite3"
-    async with SQLiteStore(path) as store:
-        for run_id in ("good", "broken", "newer"):
-            await store.create(RunRecord.new(run_id, work=10))
-    conn = sqlite3.connect(path)
-    head = json.loads(conn.execute("SELECT head FROM runs WHERE run_id = 'newer'").fetchone()[0])
-    head["schema_version"] = 99
-    conn.execute("UPDATE runs SET head = ? WHERE run_id = 'newer'", (json.dumps(head),))
-    conn.execute("UPDATE runs SET head = '{not json' WHERE run_id = 'broken'")
-    conn.commit()
-    conn.close()
+    await unreadable_runs(path)
     async with (
         SQLiteStore(path) as store,
         served(store) as s,
@@ -211,12 +201,7 @@ async def test_a_run_that_cannot_be_read_is_shown_as_such_and_hides_no_other(
         good = await client.get("/runs/good")
     assert listing.status_code == 200
     rows = listing.text.split('id="runs"', 1)[1].split("</table>", 1)[0].split('<tr class="run">')
-    by_run = {
-        run_id: row
-        for row in rows[1:]
-        for run_id in ("good", "broken", "newer")
-        if f">{run_id}</a>" in row
-    }
+    by_run = {run_id: row for row in rows[1:] for run_id in RUNS if f">{run_id}</a>" in row}
     assert "cannot be read" not in by_run["good"]
     assert "0/10" in by_run["good"]
     assert "cannot be read: storage_failed: stored run cannot be decoded" in by_run["broken"]
