@@ -393,6 +393,41 @@ async def test_a_run_that_keeps_failing_is_parked_not_retried_forever(
     )
 
 
+def _from_a_newer_version(dsn: str, schema: str, run_id: str) -> None:
+    """Mark ``run_id``'s stored record as a later record schema's."""
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        runs = f'"{schema}".runs'
+        (head,) = conn.execute(f"SELECT head FROM {runs} WHERE run_id = %s", (run_id,)).fetchone()
+        head = json.loads(head)
+        head["schema_version"] = 99
+        conn.execute(f"UPDATE {runs} SET head = %s WHERE run_id = %s", (json.dumps(head), run_id))
+
+
+async def test_a_run_that_cannot_be_read_is_parked_saying_why(pg_dsn: str, pg_schema: str) -> None:
+    """A run whose record this version cannot read (here a newer
+    trio_backplane's) fails each claim, noted on its row, and past
+    ``max_claims`` is parked with the reason, not claimed for ever."""
+    from trio_backplane.kernel import RunRecord
+    from trio_backplane.store import PostgresStore
+
+    run_id = await submit(pg_dsn, agent="writer", prompt="go", schema=pg_schema)
+    async with PostgresStore(pg_dsn, schema=pg_schema) as store:
+        await store.create(RunRecord.new(run_id, work=10))
+    await trio.to_thread.run_sync(_from_a_newer_version, pg_dsn, pg_schema, run_id)
+    worker = Worker(pg_dsn, app, schema=pg_schema, lease=0.3, max_claims=2, worker_id="w")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker.run)
+        status = await wait(pg_dsn, run_id, schema=pg_schema, timeout=60)
+        worker.drain()
+    assert (status["state"], status["claims"]) == ("parked", 3)
+    assert status["outcome"] == (
+        "claimed 3 times; the run cannot be read: unsupported_capability:"
+        " stored record was written by a newer trio_backplane"
+    )
+
+
 async def test_a_run_waiting_for_a_person_is_released_past_the_idle_bound(
     pg_dsn: str, pg_schema: str, monkeypatch: Any
 ) -> None:
