@@ -266,14 +266,15 @@ class Worker:
         if claim.claims > self.max_claims:
             # claimed again and again (a run whose host keeps failing): stop
             try:
-                if await store.load(claim.current_run) is not None:
-                    await settle_run(store, claim.current_run, park_uncertain=True)
+                record = await store.load(claim.current_run)
             except Error as error:
                 if error.details.get("run_id") != claim.current_run:  # the store, not the run
                     raise
                 # its record cannot be read (damaged, or a newer version's): parked as it is
                 why = f"{error.error_class.value}: {error.message}"
                 return "parked", f"claimed {claim.claims} times; the run cannot be read: {why}"
+            if record is not None:
+                await settle_run(store, claim.current_run, park_uncertain=True)
             return "parked", f"claimed {claim.claims} times"
         start = await self._start(store, claim)
         try:
