@@ -154,35 +154,40 @@ async def _list(store: Any, args: argparse.Namespace, out: Out) -> int:
     out.spin("listing runs…")
     summaries = await store.list_runs(states=args.state or None)
     out.stop()
-    rows, unreadable = [], []
+    listed: list[tuple[tuple[Any, ...], Error | None]] = []
     with out.progress("reading runs", len(summaries)) as advance:
         for summary in summaries:
             record, error = await _listed(store, summary.run_id)
             advance()
-            if error is not None:
-                unreadable.append((summary.run_id, error))
-            row = (summary.run_id, summary.state, summary.incarnation, summary.revision)
+            row: tuple[Any, ...] = (
+                summary.run_id,
+                summary.state,
+                summary.incarnation,
+                summary.revision,
+            )
             if record is None:
-                rows.append((*row, "?", "?" if error is not None else 0))
+                row += ("?", "?" if error is not None else 0)
             else:
-                used = f"{record.budget.used}/{record.budget.quota}"
-                rows.append((*row, used, len(record.transcript)))
+                row += (f"{record.budget.used}/{record.budget.quota}", len(record.transcript))
+            listed.append((row, error))
+    unreadable = [error for _, error in listed if error is not None]
     if args.json:
         keys = ("run_id", "state", "incarnation", "revision", "work", "messages")
-        problems = {run_id: reason(error) for run_id, error in unreadable}
-        listed = [dict(zip(keys, row, strict=True)) for row in rows]
-        for item in listed:
-            if item["run_id"] in problems:
-                item.update(work=None, messages=None, unreadable=problems[item["run_id"]])
-        out.file.write(json.dumps(listed, indent=2) + "\n")
+        items = []
+        for row, error in listed:
+            item = dict(zip(keys, row, strict=True))
+            if error is not None:
+                item.update(work=None, messages=None, unreadable=reason(error))
+            items.append(item)
+        out.file.write(json.dumps(items, indent=2) + "\n")
     else:
         out.table(
             "runs",
             ("run id", "state", "incarnation", "revision", "work", "messages"),
-            rows,
-            caption=f"{len(rows)} runs",
+            [row for row, _ in listed],
+            caption=f"{len(listed)} runs",
         )
-    for _, error in unreadable:
+    for error in unreadable:
         print(hide_dsn_secret(f"backplane: {reason(error)}", args.store), file=sys.stderr)
     return EXIT_REJECTED if unreadable else EXIT_OK
 
